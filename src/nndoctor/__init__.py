@@ -1,0 +1,25 @@
+"""nndoctor: finds the bugs that silently ruin deep-learning training.
+
+The public API is small: ``watch()`` to observe training in your own code or a notebook,
+and the ``Report``/``Finding`` types it returns. Importing nndoctor does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nndoctor._version import __version__
+from nndoctor.findings import Finding, Location, Report, Severity
+
+if TYPE_CHECKING:
+    from nndoctor.api import watch
+
+__all__ = ["Finding", "Location", "Report", "Severity", "__version__", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "watch":
+        from nndoctor.api import watch
+
+        return watch
+    raise AttributeError(f"module 'nndoctor' has no attribute {name!r}")

@@ -1,0 +1,7 @@
+"""``python -m nndoctor``."""
+
+import sys
+
+from nndoctor.cli import main
+
+sys.exit(main())

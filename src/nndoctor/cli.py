@@ -1,0 +1,81 @@
+"""The ``nndoctor`` command line: shared options, subcommand dispatch, exit statuses.
+
+Each subcommand lives in its own module exposing ``configure(parser)`` and
+``run(args) -> int``; this file only wires them together, so ``nndoctor data`` is found in
+``nndoctor/data/cli.py`` and so on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from nndoctor._version import __version__
+from nndoctor.errors import UsageError
+
+# name -> (module, one-line help). Order is the order of ``nndoctor --help``.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("nndoctor.runner_cli", "run a training script under the doctor"),
+    "demo": ("nndoctor.demo.cli", "run the bundled, deliberately buggy training demo"),
+    "checks": ("nndoctor.catalog_cli", "list the catalog, or show one check's documentation"),
+    "explain": ("nndoctor.explain.cli", "explain a saved traceback or log"),
+    "data": ("nndoctor.data.cli", "check an image dataset or TFRecord files before training"),
+    "ckpt": ("nndoctor.ckpt.cli", "inspect, diff, repair and convert checkpoints"),
+    "perf": ("nndoctor.perf.cli", "where the step time goes and what to change"),
+}
+
+FAIL_ON_CHOICES = ("error", "warning", "info", "never")
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """Options every subcommand shares (DESIGN.md: --json, --select, --ignore, --fail-on)."""
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--select", metavar="CODES", action="append", default=[],
+                        help="only these checks (codes, prefixes like O1, or names; comma-separated)")
+    parser.add_argument("--ignore", metavar="CODES", action="append", default=[],
+                        help="skip these checks (codes, prefixes or names; comma-separated)")
+    parser.add_argument("--fail-on", choices=FAIL_ON_CHOICES, default="error",
+                        help="exit 1 when a finding reaches this severity (default: error)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nndoctor",
+        description="Finds the bugs that silently ruin deep-learning training, and explains the crashes that stop it.",
+    )
+    parser.add_argument("--version", action="version", version=f"nndoctor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name and module_name.startswith(error.name):
+                continue  # subcommand not built yet
+            raise
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(sub_parser)
+        sub_parser.set_defaults(_handler=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "_handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except UsageError as error:
+        print(f"nndoctor: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("nndoctor: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

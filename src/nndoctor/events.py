@@ -1,0 +1,274 @@
+"""Event types: what the instrumentation layer tells the checks about a training run.
+
+Events are short-lived. They may hold the user's objects (modules, tensors, optimizers)
+while they are being dispatched; a check must copy what it needs (numbers, names, a
+``Location``, weak references) and never keep the event itself, or the user's tensors
+would outlive their step (observer rule: no retained references).
+
+``step`` is the number of optimizer steps completed so far (the largest count over all
+optimizers, so a GAN with two optimizers advances one step per iteration). ``sampled``
+says whether this step is fully instrumented (the first window of steps, then one in
+every few); heavy statistics are only computed on sampled steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, ClassVar
+
+from nndoctor.findings import Location
+
+
+@dataclass(eq=False)
+class Event:
+    kind: ClassVar[str] = "event"
+
+    step: int = 0
+    sampled: bool = False
+    # The frame that produced the event; resolved lazily to the user's code location.
+    frame: FrameType | None = field(default=None, repr=False)
+    _location: Location | None = field(default=None, repr=False)
+    _resolved: bool = field(default=False, repr=False)
+    # Statistics computed once per event and shared by every check that asks.
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def location(self) -> Location | None:
+        """The first frame of the user's code (outside torch, nndoctor and the stdlib)."""
+        if not self._resolved:
+            from nndoctor.instrument.location import user_location
+
+            self._location = user_location(self.frame)
+            self._resolved = True
+        return self._location
+
+    def release(self) -> None:
+        """Drop every reference to the user's objects once dispatch is over."""
+        self.frame = None
+        self.cache.clear()
+        for name in self.__dataclass_fields__:
+            if name in _KEEP:
+                continue
+            value = getattr(self, name)
+            if not isinstance(value, (bool, int, float, str, type(None), Location)):
+                object.__setattr__(self, name, None)
+
+
+_KEEP = {"step", "sampled", "_location", "_resolved", "cache", "frame"}
+
+
+def caller_frame(depth: int = 2) -> FrameType | None:
+    try:
+        return sys._getframe(depth)
+    except ValueError:
+        return None
+
+
+@dataclass(eq=False)
+class ModeChange(Event):
+    """``module.train(mode)`` / ``module.eval()`` was called (outermost call only)."""
+
+    kind: ClassVar[str] = "mode_change"
+    module: Any = None
+    training: bool = True
+
+
+@dataclass(eq=False)
+class Forward(Event):
+    """A top-level module call finished (a model, or a loss module, called from user code)."""
+
+    kind: ClassVar[str] = "forward"
+    module: Any = None
+    inputs: tuple = ()
+    kwargs: dict | None = None
+    output: Any = None
+    training: bool = True
+    grad_enabled: bool = True
+    inference_mode: bool = False
+    is_loss: bool = False
+
+
+@dataclass(eq=False)
+class ModuleOutput(Event):
+    """A submodule's forward finished, on a sampled step (activation statistics)."""
+
+    kind: ClassVar[str] = "module_output"
+    module: Any = None
+    qualname: str = ""
+    root: Any = None
+    inputs: tuple = ()
+    output: Any = None
+
+
+@dataclass(eq=False)
+class LossComputed(Event):
+    """A loss function or loss module produced a value.
+
+    ``function`` is the torch.nn.functional name (``cross_entropy``, ``nll_loss`` …);
+    ``options`` holds keyword arguments such as ``reduction`` and ``ignore_index``.
+    """
+
+    kind: ClassVar[str] = "loss"
+    function: str = ""
+    module: Any = None
+    input: Any = None
+    target: Any = None
+    output: Any = None
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Backward(Event):
+    """``tensor.backward()`` / ``torch.autograd.backward`` is about to run."""
+
+    kind: ClassVar[str] = "backward"
+    tensor: Any = None
+    index_since_step: int = 0  # 0 for the first backward after an optimizer step
+    batches_since_last_backward: int = 0
+    retain_graph: bool = False
+
+
+@dataclass(eq=False)
+class BackwardDone(Event):
+    """The backward pass finished; gradients are in ``.grad``."""
+
+    kind: ClassVar[str] = "backward_done"
+    tensor: Any = None
+
+
+@dataclass(eq=False)
+class StepStart(Event):
+    """``optimizer.step()`` is about to run (gradients present, weights not yet updated)."""
+
+    kind: ClassVar[str] = "step_start"
+    optimizer: Any = None
+    has_closure: bool = False
+    backwards_since_step: int = 0
+    zero_grads_since_backward: int = 0
+
+
+@dataclass(eq=False)
+class StepEnd(Event):
+    """``optimizer.step()`` returned; ``step`` already counts it."""
+
+    kind: ClassVar[str] = "step_end"
+    optimizer: Any = None
+
+
+@dataclass(eq=False)
+class ZeroGrad(Event):
+    """``optimizer.zero_grad()`` or ``module.zero_grad()``."""
+
+    kind: ClassVar[str] = "zero_grad"
+    owner: Any = None
+    set_to_none: bool = True
+
+
+@dataclass(eq=False)
+class EpochStart(Event):
+    """A DataLoader started a new pass (``iter(loader)``)."""
+
+    kind: ClassVar[str] = "epoch_start"
+    loader: Any = None
+    length: int | None = None
+    epoch: int = 0
+
+
+@dataclass(eq=False)
+class BatchFetched(Event):
+    """A DataLoader yielded a batch. ``wait_s`` is how long the loop waited for it."""
+
+    kind: ClassVar[str] = "batch"
+    loader: Any = None
+    batch: Any = None
+    index: int = 0  # position within the current pass
+    epoch: int = 0
+    length: int | None = None
+    wait_s: float = 0.0
+
+
+@dataclass(eq=False)
+class SchedulerStep(Event):
+    """``scheduler.step()``; ``initial`` is the call the constructor makes itself."""
+
+    kind: ClassVar[str] = "scheduler_step"
+    scheduler: Any = None
+    initial: bool = False
+    lr_before: list = field(default_factory=list)
+    lr_after: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class StateDictLoad(Event):
+    """``module.load_state_dict(...)`` returned (or raised)."""
+
+    kind: ClassVar[str] = "state_dict_load"
+    module: Any = None
+    keys: list = field(default_factory=list)
+    strict: bool = True
+    missing: list = field(default_factory=list)
+    unexpected: list = field(default_factory=list)
+    model_keys: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class CheckpointSave(Event):
+    """``torch.save(obj, f)`` returned; ``seconds`` is the time it took."""
+
+    kind: ClassVar[str] = "checkpoint_save"
+    obj: Any = None
+    path: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(eq=False)
+class CheckpointLoad(Event):
+    """``torch.load(f, ...)`` was called."""
+
+    kind: ClassVar[str] = "checkpoint_load"
+    path: str | None = None
+    weights_only: bool | None = None
+    seconds: float = 0.0
+
+
+@dataclass(eq=False)
+class Crash(Event):
+    """The user's script raised. ``context`` holds what the engine knew at that moment."""
+
+    kind: ClassVar[str] = "crash"
+    exception: BaseException | None = None
+    context: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class RunEnd(Event):
+    """The run is over; ``status`` is completed, stopped, crashed or interrupted."""
+
+    kind: ClassVar[str] = "run_end"
+    status: str = "completed"
+    wall_s: float = 0.0
+
+
+ALL_EVENTS: tuple[type[Event], ...] = (
+    ModeChange,
+    Forward,
+    ModuleOutput,
+    LossComputed,
+    Backward,
+    BackwardDone,
+    StepStart,
+    StepEnd,
+    ZeroGrad,
+    EpochStart,
+    BatchFetched,
+    SchedulerStep,
+    StateDictLoad,
+    CheckpointSave,
+    CheckpointLoad,
+    Crash,
+    RunEnd,
+)
+
+EVENT_KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in ALL_EVENTS}

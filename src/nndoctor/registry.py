@@ -1,0 +1,205 @@
+"""The check registry: the Check base class, registration, and catalog lookup.
+
+A check is one small class. Its class attributes are its catalog entry (code, name,
+severity, summary, fix); its docstring is its long documentation under fixed headings
+(What it does / Why is this bad? / Example / Use instead / References), printed by
+``nndoctor checks CODE``. A runtime check subscribes to events by defining methods
+named ``on_<event kind>`` (``on_forward``, ``on_step_start`` …); the engine calls only
+those, and only for enabled checks. Checks never install hooks themselves.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from nndoctor.events import EVENT_KINDS
+from nndoctor.findings import Finding, Location, Severity
+
+if TYPE_CHECKING:
+    from nndoctor.engine import Session
+
+DOC_HEADINGS = ("What it does", "Why is this bad?", "Example", "Use instead", "References")
+
+# Families of checks, by the subcommand that runs them. Modules listed here register their
+# checks on import; adding a family means adding its module here, nothing else.
+CHECK_MODULES = (
+    "nndoctor.checks",
+    "nndoctor.explain.checks",
+    "nndoctor.data.checks",
+    "nndoctor.ckpt.checks",
+    "nndoctor.perf.checks",
+)
+
+_REGISTRY: dict[str, type[Check]] = {}
+_CODE_RE = re.compile(r"^[A-Z][0-9]{3}$")
+
+
+class Check:
+    """Base class of every diagnosis. Subclasses set the class attributes below."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    severity: ClassVar[Severity]
+    summary: ClassVar[str]
+    fix: ClassVar[str]
+    # "run" checks see runtime events; "data", "ckpt", "perf" and "explain" checks are
+    # produced by their subcommands and only use the metadata and ``finding()``.
+    scope: ClassVar[str] = "run"
+    # Heuristic checks state their evidence and threshold in the message (see docs).
+    heuristic: ClassVar[bool] = False
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    # -- emitting ----------------------------------------------------------------
+    def report(
+        self,
+        message: str,
+        *,
+        location: Location | None = None,
+        evidence: dict[str, Any] | None = None,
+        fix: str | None = None,
+        severity: Severity | None = None,
+        step: int | None = None,
+        count: int = 1,
+    ) -> Finding:
+        """Record a finding for this check in the session's report (merged by place)."""
+        finding = self.finding(
+            message, location=location, evidence=evidence, fix=fix, severity=severity
+        )
+        finding.first_step = step
+        finding.count = count
+        return self.session.add_finding(finding)
+
+    @classmethod
+    def finding(
+        cls,
+        message: str,
+        *,
+        location: Location | None = None,
+        evidence: dict[str, Any] | None = None,
+        fix: str | None = None,
+        severity: Severity | None = None,
+    ) -> Finding:
+        """Build a Finding of this check without a session (for data/ckpt/explain)."""
+        return Finding(
+            code=cls.code,
+            name=cls.name,
+            severity=severity or cls.severity,
+            message=message,
+            fix=fix or cls.fix,
+            location=location,
+            evidence=dict(evidence or {}),
+        )
+
+    # -- documentation -----------------------------------------------------------
+    @classmethod
+    def documentation(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    @classmethod
+    def doc_sections(cls) -> dict[str, str]:
+        """The docstring split under its ``## Heading`` lines."""
+        sections: dict[str, str] = {}
+        current: str | None = None
+        lines: list[str] = []
+        for line in cls.documentation().splitlines():
+            match = re.match(r"^##\s+(.*?)\s*$", line)
+            if match:
+                if current is not None:
+                    sections[current] = "\n".join(lines).strip()
+                current, lines = match.group(1), []
+            elif current is not None:
+                lines.append(line)
+        if current is not None:
+            sections[current] = "\n".join(lines).strip()
+        return sections
+
+    @classmethod
+    def handlers(cls) -> dict[str, str]:
+        """Event kind -> method name, for every ``on_<kind>`` this check defines."""
+        found = {}
+        for kind in EVENT_KINDS:
+            method = f"on_{kind}"
+            if callable(getattr(cls, method, None)):
+                found[kind] = method
+        return found
+
+
+def register(cls: type[Check]) -> type[Check]:
+    """Class decorator: add a check to the catalog. Codes are unique and stable."""
+    code = cls.code
+    if not _CODE_RE.match(code):
+        raise ValueError(f"bad check code {code!r}")
+    existing = _REGISTRY.get(code)
+    if existing is not None and existing.__qualname__ != cls.__qualname__:
+        raise ValueError(f"check code {code} registered twice ({existing.__name__}, {cls.__name__})")
+    _REGISTRY[code] = cls
+    return cls
+
+
+def load_all() -> None:
+    for module in CHECK_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            # A family whose package is not there yet is simply absent from the catalog.
+            if error.name is None or not module.startswith(error.name):
+                raise
+
+
+def all_checks(scope: str | None = None) -> list[type[Check]]:
+    load_all()
+    checks = sorted(_REGISTRY.values(), key=lambda c: c.code)
+    return [c for c in checks if scope is None or c.scope == scope]
+
+
+def get_check(code_or_name: str) -> type[Check] | None:
+    load_all()
+    key = code_or_name.strip()
+    if key.upper() in _REGISTRY:
+        return _REGISTRY[key.upper()]
+    for cls in _REGISTRY.values():
+        if cls.name == key.lower():
+            return cls
+    return None
+
+
+def parse_codes(text: str | Iterable[str] | None) -> list[str]:
+    """``"M101,O1"`` -> ``["M101", "O1"]``; accepts codes, prefixes, names or ``ALL``."""
+    if text is None:
+        return []
+    parts = text.split(",") if isinstance(text, str) else [p for t in text for p in t.split(",")]
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _matches(cls: type[Check], selector: str) -> bool:
+    if selector.upper() == "ALL":
+        return True
+    if selector.lower() == cls.name:
+        return True
+    return cls.code.startswith(selector.upper())
+
+
+def unknown_selectors(selectors: Iterable[str]) -> list[str]:
+    """Selectors that match no known check (a typo in ``--select`` should be reported)."""
+    checks = all_checks()
+    return [s for s in selectors if not any(_matches(c, s) for c in checks)]
+
+
+def is_enabled(cls: type[Check], select: Iterable[str], ignore: Iterable[str]) -> bool:
+    select = list(select)
+    if select and not any(_matches(cls, s) for s in select):
+        return False
+    return not any(_matches(cls, s) for s in ignore)
+
+
+def enabled_checks(
+    select: Iterable[str] = (), ignore: Iterable[str] = (), scope: str | None = "run"
+) -> list[type[Check]]:
+    select, ignore = list(select), list(ignore)
+    return [c for c in all_checks(scope) if is_enabled(c, select, ignore)]

@@ -1,0 +1,26 @@
+"""The JSON reporter: the stable, versioned schema of DESIGN.md."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from nndoctor._version import __version__
+from nndoctor.atomic import atomic_write_text
+from nndoctor.findings import Report
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report.to_json(__version__), indent=2, ensure_ascii=False) + "\n"
+
+
+def write_json(report: Report, path: str | os.PathLike[str]) -> None:
+    """Write the report atomically; ``-`` means standard output."""
+    text = render_json(report)
+    if str(path) == "-":
+        import sys
+
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    atomic_write_text(path, text)

@@ -1,0 +1,119 @@
+"""The terminal reporter: a short, ranked list of findings rendered with rich."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from typing import IO, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from nndoctor.findings import Finding, Report, Severity
+
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
+_EVIDENCE_SHOWN = 6
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(_format_value(v) for v in list(value)[:6])
+        more = f", … (+{len(value) - 6})" if len(value) > 6 else ""
+        return f"[{shown}{more}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_format_value(v)}" for k, v in list(value.items())[:6]) + "}"
+    return str(value)
+
+
+def _headline(report: Report) -> Text:
+    command = " ".join(report.command) if report.command else "nndoctor"
+    status = report.status
+    if report.steps:
+        status += f" after {report.steps} optimizer step{'s' if report.steps != 1 else ''}"
+    text = Text()
+    text.append("nndoctor", style="bold")
+    text.append(f" · {command} · {status}")
+    return text
+
+
+def _finding_block(console: Console, finding: Finding) -> None:
+    head = Text()
+    head.append(f"{finding.severity.label:<7} ", style=_STYLE[finding.severity])
+    head.append(f"{finding.code} ", style="bold")
+    head.append(finding.name)
+    if finding.location:
+        head.append(f"  {finding.location}", style="cyan")
+    extras = []
+    if finding.count > 1:
+        extras.append(f"×{finding.count}")
+    if finding.first_step is not None:
+        extras.append(f"first at step {finding.first_step}")
+    if extras:
+        head.append(f"  ({', '.join(extras)})", style="dim")
+    console.print(head)
+    console.print(Text("    " + finding.message))
+    shown = [(k, v) for k, v in finding.evidence.items() if not k.startswith("_")]
+    if shown:
+        parts = [f"{k}={_format_value(v)}" for k, v in shown[:_EVIDENCE_SHOWN]]
+        if len(shown) > _EVIDENCE_SHOWN:
+            parts.append(f"… (+{len(shown) - _EVIDENCE_SHOWN} in JSON)")
+        console.print(Text("    evidence: " + "; ".join(parts), style="dim"))
+    console.print(Text("    fix: " + finding.fix, style="green"))
+
+
+def render_to(console: Console, report: Report, *, json_path: str | None = None) -> None:
+    console.print(_headline(report))
+    findings = report.sorted_findings()
+    if report.traceback and report.status == "crashed":
+        console.print(Text("\nThe script raised:", style="bold"))
+        console.print(Text(report.traceback.rstrip(), style="dim"))
+    console.print()
+    if not findings:
+        console.print(Text("No problems found.", style="bold green"))
+    for finding in findings:
+        _finding_block(console, finding)
+        console.print()
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in Severity}
+    summary = ", ".join(
+        f"{n} {s.label}{'s' if n != 1 else ''}" for s, n in sorted(counts.items(), reverse=True) if n
+    )
+    tail = f"{len(findings)} finding{'s' if len(findings) != 1 else ''}"
+    if summary:
+        tail += f": {summary}"
+    if report.internal_errors:
+        tail += f" · {len(report.internal_errors)} internal error(s) in nndoctor (see JSON)"
+        for err in report.internal_errors[:3]:
+            console.print(Text(f"internal error in {err.where}: {err.error}", style="magenta"))
+    if json_path:
+        tail += f" · JSON: {json_path}"
+    console.print(Text(tail, style="bold"))
+    console.print(Text("Details: nndoctor checks CODE", style="dim"))
+
+
+def make_console(file: IO[str] | None = None, width: int | None = None) -> Console:
+    return Console(
+        file=file or sys.stderr,
+        width=width,
+        highlight=False,
+        soft_wrap=False,
+        no_color=bool(os.environ.get("NO_COLOR")) or None,
+    )
+
+
+def print_report(report: Report, file: IO[str] | None = None, *, json_path: str | None = None) -> None:
+    render_to(make_console(file), report, json_path=json_path)
+
+
+def render_text(report: Report, width: int = 100, *, json_path: str | None = None) -> str:
+    """Plain text of the terminal report at a fixed width (for tests and logs)."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, highlight=False, no_color=True)
+    render_to(console, report, json_path=json_path)
+    return buffer.getvalue()
+
+
+__all__ = ["escape", "make_console", "print_report", "render_text", "render_to"]
