@@ -60,9 +60,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Subcommands that run a user's script: everything from the script (or ``-m MODULE``) on
+# belongs to the script, even options like ``--lr``.
+SCRIPT_RUNNERS = ("run", "perf")
+
+
+def _split_script_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """Insert ``--`` where the script's own arguments start, so argparse leaves them alone."""
+    if not argv or argv[0] not in SCRIPT_RUNNERS:
+        return argv
+    sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub = sub_action.choices.get(argv[0])
+    if sub is None:
+        return argv
+    takes_value = {
+        option for action in sub._actions for option in action.option_strings if action.nargs != 0
+    }
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv
+        if token == "-m":
+            if i + 1 >= len(argv):
+                return argv
+            return argv[: i + 2] + ["--"] + argv[i + 2:]
+        if not token.startswith("-") or token == "-":
+            return argv[:i] + ["--"] + argv[i:]
+        i += 2 if (token in takes_value and "=" not in token) else 1
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_split_script_argv(parser, argv))
     handler = getattr(args, "_handler", None)
     if handler is None:
         parser.print_help()

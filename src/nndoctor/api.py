@@ -1,0 +1,55 @@
+"""``nndoctor.watch()``: observe training inside your own code or a notebook."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+from nndoctor.engine import Session, StopRun
+from nndoctor.findings import Report
+
+
+@contextlib.contextmanager
+def watch(
+    *,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    max_steps: int | None = None,
+    print_report: bool = False,
+) -> Iterator[Report]:
+    """Instrument the training that runs inside the ``with`` block.
+
+    Yields the Report, which is complete when the block exits::
+
+        with nndoctor.watch() as report:
+            train(model, loader)
+        for finding in report.findings:
+            print(finding.code, finding.message)
+
+    ``max_steps`` ends the block quietly after that many optimizer steps. An exception
+    raised by the block is explained in the report and then re-raised unchanged.
+    """
+    from nndoctor.instrument import install
+    from nndoctor.runner import finish
+    from nndoctor.selection import parse_codes
+
+    session = Session(select=parse_codes(list(select)), ignore=parse_codes(list(ignore)),
+                      max_steps=max_steps)
+    installation = install(session)
+    status, crash = "completed", None
+    try:
+        yield session.report
+    except StopRun:
+        status = "stopped"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException as error:
+        status, crash = "crashed", error
+        raise
+    finally:
+        finish(session, installation, status, crash)
+        if print_report:
+            from nndoctor.report import print_report as show
+
+            show(session.report)

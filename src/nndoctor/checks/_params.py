@@ -1,0 +1,47 @@
+"""Pure helpers over optimizer and model parameters, shared by the optimizer checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+def optimizer_params(optimizer: Any) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def spread_sample(items: list[Any], k: int = 8) -> list[Any]:
+    """Up to ``k`` items spread evenly over the list (first and last included)."""
+    if len(items) <= k:
+        return list(items)
+    step = (len(items) - 1) / (k - 1)
+    return [items[round(i * step)] for i in range(k)]
+
+
+def grad_slice(p: torch.Tensor, n: int = 64) -> torch.Tensor | None:
+    """A small copy of the start of a gradient (cheap fingerprint; no host sync)."""
+    g = p.grad
+    if g is None or g.is_sparse:
+        return None
+    return g.detach().reshape(-1)[:n].clone()
+
+
+def value_slice(p: torch.Tensor, n: int = 64) -> torch.Tensor:
+    return p.detach().reshape(-1)[:n].clone()
+
+
+def learning_rates(optimizer: Any) -> list[float]:
+    return [float(g.get("lr", float("nan"))) if not torch.is_tensor(g.get("lr")) else float(g["lr"])
+            for g in optimizer.param_groups]
+
+
+def named_params_of(roots: Iterable[Any]) -> dict[int, str]:
+    """id(param) -> "Model.layer.weight" for every parameter of the given root modules."""
+    names: dict[int, str] = {}
+    for root in roots:
+        prefix = type(root).__name__
+        for name, p in root.named_parameters():
+            names.setdefault(id(p), f"{prefix}.{name}")
+    return names

@@ -1,0 +1,302 @@
+"""When gradients are cleared, applied and scaled: O101, O102, O103, O108."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from nndoctor.checks._params import grad_slice, optimizer_params, spread_sample
+from nndoctor.events import Backward, LossComputed, StepStart
+from nndoctor.findings import Severity
+from nndoctor.registry import Check, register
+
+
+@register
+class MissingZeroGrad(Check):
+    """
+    ## What it does
+    At a sampled ``optimizer.step()``, keeps a small fingerprint of a spread sample of the
+    gradients. At the next ``backward()`` it looks again: if the gradients are still there,
+    non-zero and unchanged, nothing cleared them between the two steps, so the new
+    backward *adds* to the old gradients.
+
+    ## Why is this bad?
+    ``backward()`` accumulates into ``.grad``. Without ``optimizer.zero_grad()`` (or
+    ``model.zero_grad()``) every step applies the sum of all gradients so far: the
+    effective learning rate grows with the step count and training diverges or stalls
+    (seeds 002 and 004).
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+    Deliberate gradient accumulation (several ``backward()`` per ``step()``, then
+    ``zero_grad()``) is not reported: the gradients are cleared after each step.
+
+    ## References
+    - PyTorch docs, ``Optimizer.zero_grad``: https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html
+    - shared/seeds 002, 004.
+    """
+
+    code = "O101"
+    name = "missing-zero-grad"
+    severity = Severity.ERROR
+    summary = "gradients accumulate across optimizer steps: no zero_grad between steps"
+    fix = "call optimizer.zero_grad() once per step, before loss.backward()"
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._snapshots: list[tuple[weakref.ref, torch.Tensor, int]] = []
+        self._snapshot_step = -1
+
+    def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled or event.has_closure:
+            return
+        with_grads = [p for p in optimizer_params(event.optimizer) if p.grad is not None]
+        snaps = []
+        for p in spread_sample(with_grads):
+            g = grad_slice(p)
+            if g is not None:
+                snaps.append((weakref.ref(p), g, event.step))
+        self._snapshots = snaps
+        self._snapshot_step = event.step
+
+    def on_backward(self, event: Backward) -> None:
+        if not self._snapshots or event.index_since_step != 0:
+            return
+        snaps, self._snapshots = self._snapshots, []
+        if event.step != self._snapshot_step + 1:
+            return  # a step we did not see in between
+        kept = 0
+        for ref, old, _ in snaps:
+            p = ref()
+            if p is None:
+                continue
+            now = grad_slice(p)
+            if now is None or not bool(old.any()) or not torch.equal(now, old):
+                return
+            kept += 1
+        if kept:
+            self.report(
+                f"Gradients from the previous optimizer step were still in .grad when backward() ran "
+                f"again ({kept} sampled parameter tensors unchanged and non-zero): zero_grad() is never "
+                "called between steps, so gradients accumulate and every step applies their running sum.",
+                location=event.location,
+                evidence={"sampled_parameters_with_stale_grads": kept, "step": event.step},
+                step=event.step,
+            )
+
+
+@register
+class ZeroGradBeforeStep(Check):
+    """
+    ## What it does
+    Flags ``optimizer.step()`` calls that follow ``backward()`` but come after a
+    ``zero_grad()`` that cleared the gradients, so the step applies nothing.
+
+    ## Why is this bad?
+    The order ``backward(); zero_grad(); step()`` throws away every gradient just before
+    it is used: the weights only change through weight decay or momentum and the loss
+    does not go down (seed 004 explains why ``zero_grad`` must come *before* backward).
+
+    ## Example
+    ```python
+    loss.backward()
+    optimizer.zero_grad()
+    optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    ```
+
+    ## References
+    - PyTorch docs, "Taking an optimization step": https://pytorch.org/docs/stable/optim.html
+    - shared/seeds 004.
+    """
+
+    code = "O102"
+    name = "zero-grad-before-step"
+    severity = Severity.ERROR
+    summary = "gradients cleared between backward() and step(): the step applies nothing"
+    fix = "call zero_grad() before loss.backward(), not between backward() and step()"
+
+    def on_step_start(self, event: StepStart) -> None:
+        if event.has_closure or event.backwards_since_step == 0 or event.zero_grads_since_backward == 0:
+            return
+        if not event.sampled:
+            return
+        params = optimizer_params(event.optimizer)
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads and any(bool(g.any()) for g in spread_sample(grads)):
+            return
+        self.report(
+            f"{type(event.optimizer).__name__}.step() runs after backward() but a zero_grad() call in "
+            f"between cleared the gradients of all {len(params)} parameter tensors: the step applies nothing.",
+            location=event.location,
+            evidence={"backwards_since_last_step": event.backwards_since_step,
+                      "zero_grad_calls_after_backward": event.zero_grads_since_backward},
+            step=event.step,
+        )
+
+
+@register
+class StepWithoutGradients(Check):
+    """
+    ## What it does
+    Flags ``optimizer.step()`` when none of the optimizer's parameters has a gradient and
+    no ``zero_grad()`` explains it (that case is O102).
+
+    ## Why is this bad?
+    The step does nothing: ``backward()`` was never called, was called on a loss that
+    does not depend on these parameters, or the optimizer was built on another copy of
+    the model. Training silently does not happen for these parameters.
+
+    ## Example
+    ```python
+    loss = criterion(model(x), y)
+    optimizer.step()          # backward() forgotten
+    ```
+
+    ## Use instead
+    ```python
+    loss.backward()
+    optimizer.step()
+    ```
+    Closure-based optimizers (LBFGS) compute gradients inside ``step(closure)`` and are
+    not reported.
+
+    ## References
+    - PyTorch docs, ``torch.optim``: https://pytorch.org/docs/stable/optim.html
+    """
+
+    code = "O103"
+    name = "step-without-gradients"
+    severity = Severity.WARNING
+    summary = "optimizer.step() while none of its parameters has a gradient"
+    fix = "call loss.backward() before optimizer.step(), on a loss computed from these parameters"
+
+    def on_step_start(self, event: StepStart) -> None:
+        if event.has_closure or not event.sampled:
+            return
+        if event.backwards_since_step and event.zero_grads_since_backward:
+            return  # O102's case
+        params = optimizer_params(event.optimizer)
+        if not params or any(p.grad is not None for p in params):
+            return
+        why = ("no backward() ran since the previous step" if event.backwards_since_step == 0
+               else "the backward() did not reach them")
+        self.report(
+            f"{type(event.optimizer).__name__}.step() called while none of its {len(params)} parameter "
+            f"tensors has a gradient: {why}.",
+            location=event.location,
+            evidence={"parameters": len(params), "backwards_since_last_step": event.backwards_since_step},
+            step=event.step,
+        )
+
+
+@register
+class UnscaledGradientAccumulation(Check):
+    """
+    ## What it does
+    Recognises gradient accumulation — several ``backward()`` calls on losses of
+    *different batches* before one ``optimizer.step()`` — and checks whether the tensor
+    given to each ``backward()`` is the loss function's output itself (or only multiplied
+    by a GradScaler), i.e. not divided by the number of accumulated batches.
+
+    ## Why is this bad?
+    With ``k`` undivided mean losses the accumulated gradient is ``k`` times the gradient
+    of the large batch you meant to simulate: the effective learning rate is ``k×`` too
+    high (seed 002). It does not crash; it trains worse, or diverges when ``k`` grows.
+
+    ## Example
+    ```python
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        if (i + 1) % 4 == 0:
+            optimizer.step(); optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+        loss = criterion(model(x), y) / 4
+    ```
+    Several backward calls on losses of the *same* batch (a GAN discriminator's real and
+    fake terms) are not accumulation and are not reported; neither are losses with
+    ``reduction="sum"``, where dividing is a choice, or hand-written losses, whose scale
+    nndoctor cannot know.
+
+    ## References
+    - Hugging Face Accelerate, "Gradient accumulation": https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation
+    - shared/seeds 002.
+    """
+
+    code = "O108"
+    name = "unscaled-gradient-accumulation"
+    severity = Severity.WARNING
+    summary = "k backward() per step with an undivided loss: effective LR × k"
+    fix = "divide each accumulated loss by the number of accumulation steps: (loss / k).backward()"
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._last_loss: weakref.ref | None = None
+        self._last_reduction: str | None = None
+        self._backwards: list[tuple[bool | None, int]] = []
+        self._where = None
+
+    def on_loss(self, event: LossComputed) -> None:
+        out = event.output
+        if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+            self._last_loss = weakref.ref(out)
+            self._last_reduction = event.options.get("reduction")
+
+    def on_backward(self, event: Backward) -> None:
+        if event.index_since_step == 0:
+            self._backwards = []
+            self._where = event.location if event.sampled else None
+        self._backwards.append((self._is_raw_loss(event.tensor), event.batches_since_last_backward))
+
+    def _is_raw_loss(self, tensor) -> bool | None:
+        loss = self._last_loss() if self._last_loss else None
+        if loss is None or self._last_reduction == "sum" or not isinstance(tensor, torch.Tensor):
+            return None
+        if tensor is loss:
+            return True
+        scaler = self.session.state.scaler
+        if scaler is not None and tensor.grad_fn is not None and type(tensor.grad_fn).__name__ == "MulBackward0":
+            nexts = [fn for fn, _ in tensor.grad_fn.next_functions if fn is not None]
+            return len(nexts) == 1 and nexts[0] is loss.grad_fn
+        return False
+
+    def on_step_start(self, event: StepStart) -> None:
+        records, self._backwards = self._backwards, []
+        k = len(records)
+        if k < 2 or not event.sampled:
+            return
+        if not all(raw for raw, _ in records) or not all(b > 0 for _, b in records[1:]):
+            return
+        self.report(
+            f"{k} backward() calls on losses of {k} different batches were accumulated into one "
+            f"optimizer step, each on the undivided loss: gradients are {k}× those of one batch of "
+            f"{k}× the size, so the effective learning rate is {k}× what you set.",
+            location=self._where or event.location,
+            evidence={"backward_calls_per_step": k},
+            step=event.step,
+        )

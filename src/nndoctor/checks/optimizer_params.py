@@ -1,0 +1,313 @@
+"""Which parameters the optimizers update: M103, M104, M105, M106."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from nndoctor.checks._params import (
+    learning_rates,
+    named_params_of,
+    optimizer_params,
+    spread_sample,
+    value_slice,
+)
+from nndoctor.checks._source import attribute_definition
+from nndoctor.events import RunEnd, StepEnd, StepStart
+from nndoctor.findings import Severity
+from nndoctor.registry import Check, register
+
+
+@register
+class ParamsMissingFromOptimizer(Check):
+    """
+    ## What it does
+    At sampled optimizer steps, looks for parameters of a trained model that received a
+    gradient but belong to no optimizer's param groups.
+
+    ## Why is this bad?
+    Those parameters never change. The usual causes: a layer added or replaced *after*
+    the optimizer was built (`model.fc = nn.Linear(512, 10)` after
+    `optimizer = SGD(model.parameters())`), or an optimizer built from another copy of the
+    model (seed 002). Training looks normal; the new head stays at its random init.
+
+    ## Example
+    ```python
+    model = torchvision.models.resnet18()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.fc = nn.Linear(512, 10)        # new parameters, unknown to the optimizer
+    ```
+
+    ## Use instead
+    ```python
+    model = torchvision.models.resnet18()
+    model.fc = nn.Linear(512, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ```
+    To freeze part of a model on purpose, set `requires_grad_(False)` on it: it then gets
+    no gradient (no wasted compute) and is not reported.
+
+    ## References
+    - PyTorch docs, "Constructing an optimizer": https://pytorch.org/docs/stable/optim.html
+    - shared/seeds 002.
+    """
+
+    code = "M103"
+    name = "params-missing-from-optimizer"
+    severity = Severity.WARNING
+    summary = "parameters that receive gradients belong to no optimizer (layer added after the optimizer was built)"
+    fix = ("build the optimizer after the model is complete (or optimizer.add_param_group(...)); "
+           "to freeze parameters on purpose use requires_grad_(False)")
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._reported: set[str] = set()
+
+    def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled:
+            return
+        owners = self.session.state.optimizer_param_ids()
+        missing: list[str] = []
+        numel = 0
+        for root in self.session.state.trained_roots():
+            prefix = type(root).__name__
+            for name, p in root.named_parameters():
+                if p.requires_grad and p.grad is not None and id(p) not in owners:
+                    missing.append(f"{prefix}.{name}")
+                    numel += p.numel()
+        fresh = [m for m in missing if m not in self._reported]
+        if not fresh:
+            return
+        self._reported.update(missing)
+        self.report(
+            f"{len(missing)} parameter tensor(s) ({numel:,} values) receive gradients but no optimizer "
+            f"updates them, e.g. {', '.join(missing[:3])}: they keep their initial values.",
+            location=event.location,
+            evidence={"parameters": missing, "numel": numel},
+            step=event.step,
+        )
+
+
+@register
+class StaleOptimizerParams(Check):
+    """
+    ## What it does
+    At sampled optimizer steps, finds tensors in an optimizer's param groups that no
+    longer belong to the model being trained: they get no gradient while the optimizer's
+    other parameters do, and no model seen running holds them.
+
+    ## Why is this bad?
+    A parameter replaced by assignment (`model.fc.weight = nn.Parameter(...)`,
+    `model.head = new_head`) leaves the optimizer updating the old tensor, which nothing
+    uses, while the new one is never updated (seed 002). Optimizer state such as Adam
+    moments also keeps the stale tensors alive.
+
+    ## Example
+    ```python
+    optimizer = torch.optim.Adam(model.parameters())
+    model.classifier = nn.Linear(256, 5)   # the optimizer still holds the old classifier
+    ```
+
+    ## Use instead
+    ```python
+    model.classifier = nn.Linear(256, 5)
+    optimizer = torch.optim.Adam(model.parameters())   # rebuild after changing the model
+    # or update in place: with torch.no_grad(): model.fc.weight.copy_(new_weight)
+    ```
+
+    ## References
+    - PyTorch forums, "Optimizer does not update replaced parameters".
+    - shared/seeds 002.
+    """
+
+    code = "M104"
+    name = "stale-optimizer-params"
+    severity = Severity.ERROR
+    summary = "the optimizer updates tensors that are no longer part of the model (parameter replaced by assignment)"
+    fix = "rebuild the optimizer after replacing layers, or copy new values into the existing parameters in place"
+
+    def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled or event.has_closure or event.step < 1:
+            return
+        params = optimizer_params(event.optimizer)
+        if not any(p.grad is not None for p in params):
+            return
+        roots = self.session.state.trained_roots()
+        in_models = named_params_of(roots)
+        stale = [p for p in params if p.grad is None and id(p) not in in_models and p.requires_grad]
+        if not stale or not any(id(p) in in_models for p in params):
+            return
+        owners = self.session.state.optimizer_param_ids()
+        shapes = [tuple(p.shape) for p in stale]
+        replacements = sorted({name for root in roots for name, p in
+                               ((f"{type(root).__name__}.{n}", q) for n, q in root.named_parameters())
+                               if id(p) not in owners and tuple(p.shape) in shapes})
+        message = (f"{type(event.optimizer).__name__} updates {len(stale)} tensor(s) of shape(s) "
+                   f"{', '.join(str(list(s)) for s in shapes[:4])} that are not part of the trained model "
+                   "and get no gradient")
+        if replacements:
+            message += f"; the model's {', '.join(replacements[:3])} (same shape) is not in any optimizer — it was replaced by assignment"
+        self.report(message + ".", location=event.location,
+                    evidence={"stale_shapes": [list(s) for s in shapes], "replacements": replacements},
+                    step=event.step)
+
+
+@register
+class UnusedParameters(Check):
+    """
+    ## What it does
+    Records which trainable parameters of a trained model (``requires_grad=True`` and in an
+    optimizer) hold a gradient at sampled optimizer steps; at the end of the run, reports
+    those that never did over at least three sampled steps.
+
+    ## Why is this bad?
+    A layer defined but never called in ``forward`` (or whose output is discarded) wastes
+    memory and optimizer time, and usually means the forward is not the one intended:
+    a skip connection never added, a head computed but not returned. Under
+    DistributedDataParallel it also forces ``find_unused_parameters=True``.
+
+    ## Example
+    ```python
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(10, 10)
+            self.aux = nn.Linear(10, 10)      # never used in forward
+        def forward(self, x):
+            return self.body(x)
+    ```
+
+    ## Use instead
+    Use the layer in ``forward``, or delete it (or freeze it with
+    ``requires_grad_(False)`` if it is kept for later).
+
+    ## References
+    - PyTorch DDP docs on ``find_unused_parameters``: https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
+    """
+
+    code = "M105"
+    name = "unused-parameters"
+    severity = Severity.WARNING
+    summary = "trainable parameters that never receive a gradient"
+    fix = "use the layer in forward(), delete it, or freeze it with requires_grad_(False)"
+    heuristic = True
+    MIN_SAMPLED_STEPS = 3
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._used: set[int] = set()
+        self._sampled_steps = 0
+        self._location = None
+
+    def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled:
+            return
+        self._sampled_steps += 1
+        if self._location is None:
+            self._location = event.location
+        for p in optimizer_params(event.optimizer):
+            if p.grad is not None:
+                self._used.add(id(p))
+
+    def on_run_end(self, event: RunEnd) -> None:
+        if self._sampled_steps < self.MIN_SAMPLED_STEPS:
+            return
+        owners = self.session.state.optimizer_param_ids()
+        unused, numel, where = [], 0, None
+        for root in self.session.state.trained_roots():
+            for name, p in root.named_parameters():
+                if p.requires_grad and id(p) in owners and id(p) not in self._used:
+                    unused.append(f"{type(root).__name__}.{name}")
+                    numel += p.numel()
+                    if where is None:
+                        where = attribute_definition(root, name)
+        if unused:
+            self.report(
+                f"{len(unused)} trainable parameter tensor(s) ({numel:,} values) never received a gradient "
+                f"in {self._sampled_steps} sampled optimizer steps, e.g. {', '.join(unused[:3])}.",
+                location=where or self._location,
+                evidence={"parameters": unused, "numel": numel, "sampled_steps": self._sampled_steps},
+                step=event.step,
+            )
+
+
+@register
+class ModelNotUpdating(Check):
+    """
+    ## What it does
+    On sampled steps, fingerprints a spread sample of each optimizer's parameters just
+    before and just after ``optimizer.step()``. When no sampled parameter changes in
+    ``5`` consecutive sampled steps, the model is not learning at all.
+
+    ## Why is this bad?
+    The loop runs, the loss prints, nothing trains: learning rate 0 (a scheduler or a
+    warm-up bug), gradients that are all zero (a detached graph, ``loss`` computed on
+    ``.data``), or ``step()`` on an optimizer whose parameters are not the model's.
+
+    ## Example
+    ```python
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    ```
+
+    ## Use instead
+    A non-zero learning rate and a loss connected to the model's parameters; check
+    ``[g["lr"] for g in optimizer.param_groups]`` and the gradient norms.
+
+    The threshold of 5 consecutive sampled steps tolerates a warm-up that starts at
+    ``lr=0`` for a few steps. GradScaler steps skipped for inf/NaN never reach
+    ``optimizer.step()`` and are not counted.
+
+    ## References
+    - Karpathy, "A Recipe for Training Neural Networks" (verify the loss moves the weights).
+    """
+
+    code = "M106"
+    name = "model-not-updating"
+    severity = Severity.ERROR
+    summary = "optimizer steps run but no trainable parameter changes (lr 0, zero gradients, wrong target)"
+    fix = "check the learning rate and that the loss is computed from the model's outputs with gradients"
+    heuristic = True
+    CONSECUTIVE = 5
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._before: dict[int, list[tuple[weakref.ref, torch.Tensor]]] = {}
+        self._unchanged: dict[int, int] = {}
+        self._reported: set[int] = set()
+
+    def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled or id(event.optimizer) in self._reported:
+            return
+        params = [p for p in optimizer_params(event.optimizer) if p.requires_grad and p.numel()]
+        self._before[id(event.optimizer)] = [(weakref.ref(p), value_slice(p)) for p in spread_sample(params)]
+
+    def on_step_end(self, event: StepEnd) -> None:
+        key = id(event.optimizer)
+        before = self._before.pop(key, None)
+        if not before:
+            return
+        changed = False
+        for ref, old in before:
+            p = ref()
+            if p is not None and not torch.equal(value_slice(p), old):
+                changed = True
+                break
+        self._unchanged[key] = 0 if changed else self._unchanged.get(key, 0) + 1
+        if self._unchanged[key] >= self.CONSECUTIVE and key not in self._reported:
+            self._reported.add(key)
+            lrs = learning_rates(event.optimizer)
+            with torch.no_grad():
+                grads = [p.grad for p in optimizer_params(event.optimizer) if p.grad is not None]
+                grad_norm = float(torch.linalg.vector_norm(torch.stack(
+                    [torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
+            cause = "the learning rate is 0" if all(lr == 0 for lr in lrs) else (
+                "all gradients are zero or missing" if grad_norm == 0 else "the update rounds to nothing")
+            self.report(
+                f"{type(event.optimizer).__name__}.step() ran {self._unchanged[key]} sampled steps in a row "
+                f"without changing any sampled parameter: {cause} (lr={lrs[:4]}, grad norm={grad_norm:.3g}).",
+                location=event.location,
+                evidence={"consecutive_unchanged_steps": self._unchanged[key], "lr": lrs,
+                          "grad_norm": grad_norm},
+                step=event.step,
+            )

@@ -1,0 +1,64 @@
+"""``nndoctor ckpt``: inspect, diff, fix and convert checkpoints (sub-subcommands)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nndoctor.findings import Report
+from nndoctor.report import print_report, write_json
+from nndoctor.selection import fail_threshold, filter_findings, selectors
+
+_ACTIONS = {
+    "inspect": ("nndoctor.ckpt.inspect_cmd", "show what a checkpoint holds, safely"),
+    "diff": ("nndoctor.ckpt.diff_cmd", "compare a checkpoint's keys with another checkpoint or a model"),
+    "fix": ("nndoctor.ckpt.fix_cmd", "strip wrapper prefixes, rename or drop keys; write a new file"),
+    "convert": ("nndoctor.ckpt.convert_cmd", "convert Keras weights to a PyTorch state_dict, verified"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    import importlib
+
+    from nndoctor.cli import add_common_options
+
+    sub = parser.add_subparsers(dest="ckpt_action", metavar="ACTION")
+    for name, (module_name, help_text) in _ACTIONS.items():
+        module = importlib.import_module(module_name)
+        action_parser = sub.add_parser(name, help=help_text, description=module.__doc__)
+        module.configure(action_parser)
+        add_common_options(action_parser)
+        action_parser.set_defaults(_ckpt_run=module.run)
+    parser.set_defaults(_ckpt_parser=parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = getattr(args, "_ckpt_run", None)
+    if handler is None:
+        args._ckpt_parser.print_help()
+        return 2
+    return int(handler(args) or 0)
+
+
+def finish(report: Report, args: argparse.Namespace) -> int:
+    """Filter by --select/--ignore, print, write --json, and turn --fail-on into an exit status."""
+    select, ignore = selectors(args)
+    filter_findings(report, select, ignore)
+    json_path = getattr(args, "json", None)
+    if json_path != "-":
+        print_report(report, file=sys.stdout, json_path=json_path)
+    if json_path:
+        write_json(report, json_path)
+    return 1 if report.reaches(fail_threshold(args)) else 0
+
+
+def add_trust_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust", action="store_true",
+                        help="allow the pickle to import and call what it references "
+                             "(weights_only=False) — only for files you created yourself")
+
+
+def add_key_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--key", metavar="WHERE",
+                        help="which state dict of a container to use (e.g. state_dict, model, ema); "
+                             "default: the model's")

@@ -1,0 +1,143 @@
+"""Finding the state dicts inside whatever object a checkpoint holds.
+
+Checkpoints are rarely a bare state_dict: training loops save ``{"model": …, "optimizer": …,
+"epoch": …}``, Lightning saves ``{"state_dict": …, "optimizer_states": […], …}``, and
+``torch.save(model)`` pickles the module itself. This walks the object once and reports
+every flat name->tensor mapping, plus a one-line summary of everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nndoctor.ckpt.checkpoint import StateDict, TensorInfo
+from nndoctor.ckpt.safe_unpickle import OpaqueObject
+
+_MAX_DEPTH = 5
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _is_optimizer_state(value: Any) -> bool:
+    return isinstance(value, Mapping) and {"state", "param_groups"} <= set(value.keys())
+
+
+def _placeholder_is_module(obj: OpaqueObject) -> bool:
+    state = _placeholder_state(obj)
+    return isinstance(state, Mapping) and "_parameters" in state and "_modules" in state
+
+
+def _placeholder_state(obj: OpaqueObject) -> Any:
+    state = obj.state
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], Mapping):
+        state = state[0]  # (dict state, slot state)
+    return state
+
+
+def placeholder_module_state_dict(obj: OpaqueObject, prefix: str = "") -> dict[str, Any]:
+    """The state_dict a pickled nn.Module would return, read from its pickled ``__dict__``.
+
+    Mirrors ``nn.Module.state_dict``: parameters, then persistent buffers, then children.
+    """
+    state = _placeholder_state(obj)
+    result: dict[str, Any] = {}
+    if not isinstance(state, Mapping):
+        return result
+    for name, value in (state.get("_parameters") or {}).items():
+        if value is not None and _is_tensor(value):
+            result[prefix + name] = value
+    non_persistent = set(state.get("_non_persistent_buffers_set") or ())
+    for name, value in (state.get("_buffers") or {}).items():
+        if value is not None and name not in non_persistent and _is_tensor(value):
+            result[prefix + name] = value
+    for name, child in (state.get("_modules") or {}).items():
+        if isinstance(child, OpaqueObject) and _placeholder_is_module(child):
+            result.update(placeholder_module_state_dict(child, f"{prefix}{name}."))
+    return result
+
+
+def summarize(value: Any) -> str:
+    """A short description of a non-tensor entry (epoch: 3, optimizer: SGD state …)."""
+    if _is_optimizer_state(value):
+        groups = value.get("param_groups") or []
+        n_state = len(value.get("state") or {})
+        hyper = ""
+        if groups and isinstance(groups[0], Mapping):
+            shown = {k: groups[0][k] for k in ("lr", "momentum", "betas", "weight_decay") if k in groups[0]}
+            hyper = " " + ", ".join(f"{k}={v}" for k, v in shown.items())
+        return f"optimizer state: {len(groups)} param group(s), state for {n_state} parameter(s){hyper}"
+    if isinstance(value, OpaqueObject):
+        return f"{value.global_name} instance (class not loaded)"
+    if _is_tensor(value):
+        info = TensorInfo.of(value)
+        return f"tensor {info.shape_text()} {info.dtype}"
+    if isinstance(value, (int, float, bool, str)) or value is None:
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    if isinstance(value, Mapping):
+        return f"{type(value).__name__} with {len(value)} entries"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)} items"
+    return type(value).__module__ + "." + type(value).__qualname__
+
+
+class ContainerWalk:
+    """The result of walking a loaded checkpoint object."""
+
+    def __init__(self) -> None:
+        self.state_dicts: list[StateDict] = []
+        self.whole_model_at: list[str] = []
+        self.other_entries: dict[str, str] = {}
+
+    def walk(self, obj: Any, where: str = "", depth: int = 0) -> None:
+        import torch
+
+        if isinstance(obj, torch.nn.Module):
+            self.whole_model_at.append(where)
+            self.state_dicts.append(StateDict(where, dict(obj.state_dict()), role="whole-model"))
+            return
+        if isinstance(obj, OpaqueObject):
+            if _placeholder_is_module(obj):
+                self.whole_model_at.append(where)
+                self.state_dicts.append(
+                    StateDict(where, placeholder_module_state_dict(obj), role="whole-model"))
+            else:
+                self.other_entries[where or "(root)"] = summarize(obj)
+            return
+        if _is_optimizer_state(obj):
+            self.other_entries[where or "(root)"] = summarize(obj)
+            return
+        if isinstance(obj, Mapping):
+            self._walk_mapping(obj, where, depth)
+            return
+        if isinstance(obj, (list, tuple)) and depth < _MAX_DEPTH and obj and any(
+            isinstance(v, (Mapping, torch.nn.Module, OpaqueObject)) for v in obj
+        ):
+            for index, value in enumerate(obj):
+                self.walk(value, _join(where, index), depth + 1)
+            return
+        self.other_entries[where or "(root)"] = summarize(obj)
+
+    def _walk_mapping(self, obj: Mapping, where: str, depth: int) -> None:
+        tensors = {k: v for k, v in obj.items() if isinstance(k, str) and _is_tensor(v)}
+        # A state dict is a mapping whose values are (almost) all tensors.
+        if tensors and len(tensors) >= max(1, len(obj) // 2):
+            self.state_dicts.append(StateDict(where, tensors))
+            for key, value in obj.items():
+                if key not in tensors:
+                    self.other_entries[_join(where, key)] = summarize(value)
+            return
+        if depth >= _MAX_DEPTH:
+            self.other_entries[where or "(root)"] = summarize(obj)
+            return
+        for key, value in obj.items():
+            self.walk(value, _join(where, key), depth + 1)

@@ -1,0 +1,54 @@
+"""Show a checkpoint's tensors as a tree (shapes, dtypes, parameter counts), its other
+entries (epoch, optimizer …) and its problems: wrapper prefixes (C101), pickled models
+(C103), globals outside the weights_only allowlist (C104), NaN/Inf weights (C209).
+Nothing in the file is executed unless --trust is given."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nndoctor.ckpt.analysis import inspect_findings
+from nndoctor.ckpt.reader import read_checkpoint
+from nndoctor.ckpt.render import print_inspect
+from nndoctor.findings import Report
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from nndoctor.ckpt.cli import add_trust_option
+
+    parser.add_argument("file", help=".pt/.pth/.bin, Lightning .ckpt, .safetensors, .h5/.keras/.weights.h5")
+    parser.add_argument("--depth", type=int, default=None,
+                        help="levels of the key tree to show (default: all, or 3 for big models)")
+    add_trust_option(parser)
+
+
+def build_report(args: argparse.Namespace) -> Report:
+    ckpt = read_checkpoint(args.file, trust=args.trust)
+    if getattr(args, "json", None) != "-":
+        print_inspect(ckpt, sys.stdout, max_depth=args.depth)
+    report = Report(command=["ckpt", "inspect", args.file])
+    for finding in inspect_findings(ckpt):
+        report.add(finding)
+    report.extra["checkpoint"] = {
+        "path": ckpt.path,
+        "format": ckpt.format,
+        "read_mode": ckpt.read_mode,
+        "globals": ckpt.globals,
+        "unsafe_globals": ckpt.unsafe_globals,
+        "state_dicts": [
+            {"where": sd.where, "role": sd.role, "tensors": len(sd.tensors),
+             "parameters": sd.parameter_count,
+             "keys": {k: {"shape": list(i.shape), "dtype": i.dtype} for k, i in sd.infos().items()}}
+            for sd in ckpt.state_dicts
+        ],
+        "other_entries": ckpt.other_entries,
+        "metadata": ckpt.metadata,
+    }
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    from nndoctor.ckpt.cli import finish
+
+    return finish(build_report(args), args)

@@ -1,0 +1,134 @@
+"""Static scan of pickle opcodes: which globals a file would import, found without running it.
+
+Unpickling calls whatever callables the pickle names, so the only safe way to judge a file is
+to read its opcodes first. This module never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import io
+import pickletools
+from dataclasses import dataclass, field
+
+# Globals that hand an attacker code execution or file access if a pickle may call them.
+# Anything outside the allowlist is already refused; these make the finding an error.
+_DANGEROUS_MODULES = {
+    "os", "posix", "nt", "subprocess", "sys", "shutil", "socket", "pty", "runpy",
+    "importlib", "ctypes", "marshal", "pickle", "_pickle", "dill", "code", "codeop",
+    "webbrowser", "urllib", "requests", "http", "commands", "multiprocessing",
+}
+_DANGEROUS_BUILTINS = {
+    "eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "__import__",
+    "globals", "locals", "vars", "input", "breakpoint", "apply", "execfile",
+}
+
+UNRESOLVED = "<unresolved STACK_GLOBAL>"
+
+
+def python3_name(module: str, name: str) -> str:
+    """``__builtin__.set`` -> ``builtins.set``: the renames pickle applies for protocols < 3."""
+    import _compat_pickle
+
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    return f"{module}.{name}"
+
+
+class PickleCorrupt(ValueError):
+    """The bytes are not a complete, well-formed pickle."""
+
+
+@dataclass
+class PickleGlobals:
+    """The globals a pickle references, in order of first appearance."""
+
+    names: list[str] = field(default_factory=list)
+
+    def add(self, name: str) -> None:
+        if name not in self.names:
+            self.names.append(name)
+
+
+def is_dangerous(global_name: str) -> bool:
+    """True for globals whose call can run commands, import code or touch files."""
+    if global_name == UNRESOLVED or global_name.startswith("<"):
+        return True
+    module, _, name = global_name.rpartition(".")
+    top = module.split(".")[0]
+    if module in ("builtins", "__builtin__"):
+        return name in _DANGEROUS_BUILTINS
+    return top in _DANGEROUS_MODULES
+
+
+def scan_pickle(data: bytes | io.BufferedIOBase, *, max_pickles: int = 1) -> tuple[PickleGlobals, int]:
+    """Globals referenced by up to ``max_pickles`` consecutive pickles at the start of ``data``.
+
+    Returns the globals and the number of pickles read. Raises PickleCorrupt when the first
+    pickle is malformed or truncated; a malformed later pickle ends the scan (the legacy
+    torch format stores raw tensor bytes after its pickles).
+    """
+    stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    found = PickleGlobals()
+    count = 0
+    while count < max_pickles:
+        start = stream.tell()
+        if not stream.read(1):
+            break
+        stream.seek(start)
+        try:
+            _scan_one(stream, found)
+        except PickleCorrupt:
+            if count == 0:
+                raise
+            break
+        count += 1
+    if count == 0:
+        raise PickleCorrupt("empty file: no pickle data")
+    return found, count
+
+
+def _scan_one(stream: io.BufferedIOBase, found: PickleGlobals) -> None:
+    # Strings are tracked through the memo because STACK_GLOBAL takes its module and name
+    # from the stack, where they often arrive via BINGET of an earlier string.
+    memo: dict[int, object] = {}
+    recent: list[object] = []
+    next_memo = 0
+    saw_stop = False
+    try:
+        for opcode, arg, _pos in pickletools.genops(stream):
+            name = opcode.name
+            if name in ("GLOBAL", "INST"):
+                module, _, attr = str(arg).partition(" ")
+                found.add(python3_name(module, attr))
+                recent.append(None)
+            elif name == "STACK_GLOBAL":
+                if len(recent) >= 2 and isinstance(recent[-2], str) and isinstance(recent[-1], str):
+                    found.add(python3_name(recent[-2], recent[-1]))
+                else:
+                    found.add(UNRESOLVED)
+                recent.append(None)
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                found.add(f"<copyreg extension {arg}>")
+                recent.append(None)
+            elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE",
+                          "SHORT_BINSTRING", "BINSTRING", "STRING"):
+                recent.append(arg)
+            elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[int(arg)] = recent[-1] if recent else None
+            elif name == "MEMOIZE":
+                memo[next_memo] = recent[-1] if recent else None
+                next_memo += 1
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                recent.append(memo.get(int(arg)))
+            elif name == "STOP":
+                saw_stop = True
+            else:
+                recent.append(None)
+            if len(recent) > 64:
+                del recent[:-8]
+    except Exception as error:  # genops raises ValueError, EOFError, struct errors …
+        raise PickleCorrupt(f"malformed or truncated pickle: {error}") from None
+    if not saw_stop:
+        raise PickleCorrupt("truncated pickle: no STOP opcode")

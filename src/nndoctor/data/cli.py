@@ -1,0 +1,74 @@
+"""``nndoctor data PATH...``: check image folders or TFRecord files before training."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nndoctor.cli import add_common_options
+from nndoctor.data.analyze import NEAR_DISTANCE, AnalysisOptions, image_findings
+from nndoctor.data.layout import plan
+from nndoctor.data.scan import ScanOptions, scan
+from nndoctor.data.tfrecord_analyze import tfrecord_findings
+from nndoctor.errors import UsageError
+from nndoctor.findings import Report
+from nndoctor.registry import get_check, is_enabled
+from nndoctor.report import print_report, write_json
+from nndoctor.selection import fail_threshold, filter_findings, selectors
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths", nargs="+", metavar="PATH",
+        help="a folder of class folders, a folder of split folders (train/ val/ test/), several "
+             "folders (one split each), a flat folder of images, or TFRecord files/globs",
+    )
+    parser.add_argument("--crop", type=int, metavar="N", help="training crop size: list images smaller than N×N (F103)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: all cores)")
+    parser.add_argument("--no-cache", action="store_true", help="read every file; do not use or update the scan cache")
+    parser.add_argument(
+        "--near-distance", type=int, default=NEAR_DISTANCE, metavar="BITS",
+        help=f"perceptual-hash distance for cross-split near duplicates (default {NEAR_DISTANCE} of 64; F110)",
+    )
+    add_common_options(parser)
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    command = ["nndoctor", "data", *args.paths]
+    if args.crop is not None:
+        command += ["--crop", str(args.crop)]
+    if args.workers:
+        command += ["--workers", str(args.workers)]
+    if args.no_cache:
+        command.append("--no-cache")
+    return command
+
+
+def run(args: argparse.Namespace) -> int:
+    select, ignore = selectors(args)
+    fail_on = fail_threshold(args)
+    if args.crop is not None and args.crop < 1:
+        raise UsageError("--crop must be a positive number of pixels")
+    if args.workers < 0:
+        raise UsageError("--workers must be 0 (all cores) or more")
+    if not 0 <= args.near_distance <= 32:
+        raise UsageError("--near-distance must be between 0 and 32 bits")
+    layout = plan(args.paths)
+    near_enabled = is_enabled(get_check("F110"), select, ignore)
+    result = scan(layout, ScanOptions(workers=args.workers, use_cache=not args.no_cache))
+    try:
+        options = AnalysisOptions(crop=args.crop, near_distance=args.near_distance, near_duplicates=near_enabled)
+        findings = image_findings(result, options) + tfrecord_findings(result.tfrecords)
+    finally:
+        result.close()
+    report = Report(command=_command(args), status="completed", steps=0)
+    for finding in findings:
+        report.add(finding)
+    filter_findings(report, select, ignore)
+    report.extra = {"scan": result.stats, "splits": [s.name for s in layout.splits]}
+    to_stdout = args.json == "-"
+    # With --json -, stdout carries the JSON alone; the readable report moves to stderr.
+    print_report(report, file=sys.stderr if to_stdout else sys.stdout, json_path=None if to_stdout else args.json)
+    if args.json:
+        write_json(report, args.json)
+    return 1 if report.reaches(fail_on) else 0

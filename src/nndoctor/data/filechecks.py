@@ -1,0 +1,67 @@
+"""Per-file verdicts: what one probed file says on its own (F101, F104, F105, F111, F112).
+
+Pure functions of a path and its FileRecord, so thresholds are unit-testable.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nndoctor.data.formats import IMAGE_EXTENSIONS, IMAGEFOLDER_EXTENSIONS
+from nndoctor.data.probe import FileRecord
+
+# F112 thresholds (justified in DegenerateImage's documentation).
+TINY_SIDE = 10  # px: below this an image carries almost no information (icons, pixels)
+EXTREME_ASPECT = 10.0  # longer / shorter side: strips, banners, panoramas
+BLANK_GRAY_STD = 1.0  # grayscale std on 0–255: one flat colour (failed loads, black frames)
+
+_ORIENTATIONS = {
+    2: "mirrored horizontally",
+    3: "upside down (rotated 180°)",
+    4: "mirrored vertically",
+    5: "transposed (mirrored + rotated 90°)",
+    6: "stored sideways (displays rotated 90° clockwise)",
+    7: "transversed (mirrored + rotated 270°)",
+    8: "stored sideways (displays rotated 90° counter-clockwise)",
+}
+
+
+def extension(path: str) -> str:
+    return os.path.splitext(path)[1].lower()
+
+
+def per_file_issues(path: str, record: FileRecord) -> list[tuple[str, str]]:
+    """``[(code, detail)]`` for one file; cross-file checks come later, from the index."""
+    ext = extension(path)
+    if record.kind == "unreadable":
+        return [("F101", record.reason)]
+    if record.kind == "other":
+        if ext in IMAGEFOLDER_EXTENSIONS or ext in IMAGE_EXTENSIONS:
+            # Named like an image, so ImageFolder will try to load it and crash mid-epoch.
+            return [("F101", f"not an image: the content is {record.content_format}")]
+        return [("F105", f"{record.content_format} file")]
+    issues = []
+    expected = IMAGE_EXTENSIONS.get(ext)
+    if expected is None:
+        shown = f"'{ext}'" if ext else "no extension"
+        issues.append(("F104", f"{record.content_format} content with {shown}: ImageFolder skips it"))
+    elif expected != record.content_format:
+        issues.append(("F104", f"{record.content_format} content named {ext}"))
+    if record.orientation in _ORIENTATIONS:
+        issues.append(("F111", f"EXIF orientation {record.orientation}: {_ORIENTATIONS[record.orientation]}"))
+    degenerate = degenerate_reason(record)
+    if degenerate:
+        issues.append(("F112", degenerate))
+    return issues
+
+
+def degenerate_reason(record: FileRecord) -> str | None:
+    width, height = record.width, record.height
+    if min(width, height) < TINY_SIDE:
+        return f"tiny: {width}x{height} px"
+    aspect = max(width, height) / max(1, min(width, height))
+    if aspect > EXTREME_ASPECT:
+        return f"extreme aspect ratio {aspect:.1f}:1 ({width}x{height})"
+    if record.gray_std is not None and record.gray_std < BLANK_GRAY_STD:
+        return f"blank: one flat colour (grayscale std {record.gray_std:.2f} of 255)"
+    return None

@@ -1,0 +1,181 @@
+"""The engine: a Session owns the enabled checks, dispatches events to them, and keeps run state.
+
+Run state lives here, on the session object, never in module globals (so two sessions in
+one process, e.g. nested ``watch()`` in tests, cannot see each other's data).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from nndoctor.events import Event
+from nndoctor.findings import Finding, InternalError, Report
+from nndoctor.registry import Check, enabled_checks
+
+DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
+DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "32"))
+_MAX_INTERNAL_ERRORS = 20
+
+
+class StopRun(BaseException):
+    """Raised out of ``optimizer.step()`` when ``--max-steps`` is reached.
+
+    A BaseException so that a user's ``except Exception`` does not swallow it.
+    """
+
+
+class RunState:
+    """Facts about the run that several checks need, maintained by the instrumentation.
+
+    Everything the user owns is held through weak references.
+    """
+
+    def __init__(self) -> None:
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.step_counts: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.mode_generation = 0
+        self.backwards_since_step = 0
+        self.zero_grads_since_backward = 0
+        self.batches_fetched = 0
+        self.batches_at_last_backward = 0
+        self.scaler: weakref.ref | None = None
+        self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+        self._param_owner_cache: tuple[int, dict[int, Any]] | None = None
+
+    # -- optimizers and the parameters they own -----------------------------------------
+    def optimizer_param_ids(self) -> dict[int, Any]:
+        """id(param) -> a weak reference to the optimizer that updates it."""
+        key = sum(
+            sum(len(g["params"]) for g in opt.param_groups) for opt in list(self.optimizers)
+        ) + len(self.optimizers)
+        if self._param_owner_cache is None or self._param_owner_cache[0] != key:
+            owners: dict[int, Any] = {}
+            for opt in list(self.optimizers):
+                ref = weakref.ref(opt)
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        owners[id(p)] = ref
+            self._param_owner_cache = (key, owners)
+        return self._param_owner_cache[1]
+
+    def is_trained(self, module: Any) -> bool:
+        """True when some optimizer updates at least one of the module's parameters."""
+        owners = self.optimizer_param_ids()
+        if not owners:
+            return False
+        return any(id(p) in owners for p in module.parameters())
+
+    def trained_roots(self) -> list[Any]:
+        return [m for m in list(self.roots) if self.is_trained(m)]
+
+
+class Session:
+    """One observed run: checks, dispatch, findings and the state they share."""
+
+    def __init__(
+        self,
+        *,
+        select: Iterable[str] = (),
+        ignore: Iterable[str] = (),
+        command: list[str] | None = None,
+        max_steps: int | None = None,
+        full_window: int = DEFAULT_FULL_WINDOW,
+        sample_every: int = DEFAULT_SAMPLE_EVERY,
+        checks: Iterable[type[Check]] | None = None,
+    ) -> None:
+        self.report = Report(command=list(command or []))
+        self.max_steps = max_steps
+        self.full_window = full_window
+        self.sample_every = max(1, sample_every)
+        self.pid = os.getpid()
+        self.state = RunState()
+        self.step = 0
+        self.active = False
+        self.started = time.perf_counter()
+        classes = list(checks) if checks is not None else enabled_checks(select, ignore)
+        self.checks: list[Check] = []
+        self._handlers: dict[str, list[tuple[Check, Any]]] = {}
+        for cls in classes:
+            self._add_check(cls)
+        # The context of the last exception seen unwinding through a module (crash path only).
+        self.crash_context: dict[str, Any] = {}
+        self.crash_exception: weakref.ref | None = None
+
+    def _add_check(self, cls: type[Check]) -> None:
+        try:
+            check = cls(self)
+        except Exception as error:  # noqa: BLE001 - a broken check must not break the run
+            self.internal_error(f"{cls.code} setup", error)
+            return
+        self.checks.append(check)
+        for kind, method in cls.handlers().items():
+            self._handlers.setdefault(kind, []).append((check, getattr(check, method)))
+
+    # -- dispatch ------------------------------------------------------------------------
+    def wants(self, kind: str) -> bool:
+        return kind in self._handlers
+
+    @property
+    def sampled(self) -> bool:
+        """Is the current step fully instrumented?"""
+        return self.is_sampled(self.step)
+
+    def is_sampled(self, step: int) -> bool:
+        return step < self.full_window or step % self.sample_every == 0
+
+    def emit(self, event: Event) -> None:
+        """Give the event to every check that subscribed to its kind; never raise."""
+        handlers = self._handlers.get(event.kind)
+        if not handlers or os.getpid() != self.pid:
+            return
+        try:
+            for check, handler in list(handlers):
+                try:
+                    handler(event)
+                except StopRun:
+                    raise
+                except Exception as error:  # noqa: BLE001 - observer rule
+                    self.internal_error(f"{check.code} {check.name} on {event.kind}", error)
+                    self._disable(check)
+        finally:
+            event.release()
+
+    def _disable(self, check: Check) -> None:
+        for kind, handlers in self._handlers.items():
+            self._handlers[kind] = [(c, h) for c, h in handlers if c is not check]
+        self._handlers = {k: v for k, v in self._handlers.items() if v}
+
+    # -- findings and errors -------------------------------------------------------------
+    def add_finding(self, finding: Finding) -> Finding:
+        if finding.first_step is None:
+            finding.first_step = self.step
+        return self.report.add(finding)
+
+    def internal_error(self, where: str, error: BaseException) -> None:
+        if len(self.report.internal_errors) >= _MAX_INTERNAL_ERRORS:
+            return
+        self.report.internal_errors.append(
+            InternalError(
+                where=where,
+                error=f"{type(error).__name__}: {error}",
+                traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            )
+        )
+
+    # -- steps -----------------------------------------------------------------------------
+    def count_step(self, optimizer: Any) -> None:
+        counts = self.state.step_counts
+        counts[optimizer] = counts.get(optimizer, 0) + 1
+        self.step = max(self.step, counts[optimizer])
+
+    def should_stop(self) -> bool:
+        return self.max_steps is not None and self.step >= self.max_steps
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started

@@ -1,0 +1,599 @@
+"""PyTorch instrumentation: global hooks where torch has them, reversible patches elsewhere.
+
+Hooks used: global module forward pre/post hooks (``always_call`` so a crash inside a
+module is seen on its way out), global optimizer step pre/post hooks. Patches (undone at
+uninstall): ``Module.train``, ``Module.zero_grad``, ``Optimizer.zero_grad``,
+``Tensor.backward`` / ``torch.autograd.backward``, DataLoader iteration, the functional
+losses, LR scheduler ``step``, ``Module.load_state_dict``, ``torch.save`` / ``torch.load``,
+``GradScaler.scale``.
+
+Deliberately *not* used: global full backward hooks. They wrap every module output in a
+``BackwardHookFunction`` and make legal in-place operations on those outputs raise
+("Output 0 of BackwardHookFunctionBackward is a view and is being modified inplace") —
+that would change the patient. Gradient facts are read from ``.grad`` at step time.
+
+Every wrapper checks ``session.active`` first and otherwise calls straight through, so a
+function object captured by the user's code (``from torch.nn.functional import
+cross_entropy``) stays harmless after uninstall.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.loss import _Loss
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from nndoctor import events as ev
+from nndoctor.engine import Session, StopRun
+from nndoctor.instrument.patches import Patcher
+
+# Functional losses observed when called from user code (not from inside a loss module).
+LOSS_FUNCTIONS = (
+    "cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "poisson_nll_loss",
+    "gaussian_nll_loss", "soft_margin_loss", "multilabel_soft_margin_loss", "margin_ranking_loss",
+    "hinge_embedding_loss", "cosine_embedding_loss", "multi_margin_loss", "triplet_margin_loss",
+)
+
+# Loss module class -> the functional name it computes (for checks keyed on the function).
+_LOSS_MODULE_FUNCTION = {
+    "CrossEntropyLoss": "cross_entropy", "NLLLoss": "nll_loss", "BCELoss": "binary_cross_entropy",
+    "BCEWithLogitsLoss": "binary_cross_entropy_with_logits", "MSELoss": "mse_loss",
+    "L1Loss": "l1_loss", "SmoothL1Loss": "smooth_l1_loss", "HuberLoss": "huber_loss",
+    "KLDivLoss": "kl_div", "PoissonNLLLoss": "poisson_nll_loss", "GaussianNLLLoss": "gaussian_nll_loss",
+}
+
+_LOSS_OPTION_NAMES = ("reduction", "ignore_index", "label_smoothing", "weight", "pos_weight", "log_target")
+
+
+class Installation:
+    """The installed instrumentation of one session. ``uninstall()`` restores everything."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.patcher = Patcher()
+        # Module-call stack of the current forward (modules only; popped in the post-hook).
+        self._stack: list[Any] = []
+        self._in_loss = 0
+        self._in_backward = 0
+        self._in_train = 0
+        self._in_scheduler = 0
+        self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+
+    # -------------------------------------------------------------------------------------
+    def install(self) -> Installation:
+        session, patcher = self.session, self.patcher
+        session.active = True
+        try:
+            self._install_module_hooks()
+            self._install_optimizer_hooks()
+            self._install_patches()
+            from nndoctor.instrument import extensions
+
+            for installer in extensions.INSTALLERS:
+                installer(self)
+        except BaseException:
+            self.uninstall()
+            raise
+        del patcher
+        return self
+
+    def uninstall(self) -> None:
+        self.session.active = False
+        for error in self.patcher.undo_all():
+            self.session.internal_error("uninstall", error)
+
+    # -- modules ---------------------------------------------------------------------------
+    def _install_module_hooks(self) -> None:
+        from torch.nn.modules import module as module_mod
+
+        pre = module_mod.register_module_forward_pre_hook(self._forward_pre)
+        post = module_mod.register_module_forward_hook(self._forward_post, always_call=True)
+        self.patcher.on_undo(pre.remove)
+        self.patcher.on_undo(post.remove)
+
+    def _forward_pre(self, module: Any, args: tuple) -> None:
+        if not self.session.active:
+            return None
+        self._stack.append(module)
+        if isinstance(module, _Loss):
+            self._in_loss += 1
+        return None
+
+    def _forward_post(self, module: Any, args: tuple, output: Any) -> None:
+        session = self.session
+        if not session.active:
+            return None
+        stack = self._stack
+        # Pop this module (search from the top: a user may have caught an exception that
+        # left deeper entries behind).
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is module:
+                if output is None and sys.exc_info()[1] is not None:
+                    self._record_crash_context(stack[: i + 1], args, sys.exc_info()[1])
+                del stack[i:]
+                break
+        is_loss = isinstance(module, _Loss)
+        if is_loss and self._in_loss:
+            self._in_loss -= 1
+        if output is None and sys.exc_info()[1] is not None:
+            return None
+        try:
+            if not stack:  # a top-level call from user code
+                self._root_forward(module, args, output, is_loss)
+            elif session.sampled and session.wants("module_output"):
+                root = stack[0]
+                session.emit(ev.ModuleOutput(
+                    step=session.step, sampled=True, module=module,
+                    qualname=self.qualname(root, module), root=root, inputs=args, output=output,
+                ))
+        except StopRun:
+            raise
+        except Exception as error:  # noqa: BLE001
+            session.internal_error("forward hook", error)
+        return None
+
+    def _root_forward(self, module: Any, args: tuple, output: Any, is_loss: bool) -> None:
+        session = self.session
+        grad_enabled = torch.is_grad_enabled()
+        if not is_loss and grad_enabled:
+            session.state.roots.add(module)
+        if session.wants("forward"):
+            session.emit(ev.Forward(
+                step=session.step, sampled=session.sampled, frame=sys._getframe(1), module=module,
+                inputs=args, output=output, training=module.training, grad_enabled=grad_enabled,
+                inference_mode=torch.is_inference_mode_enabled(), is_loss=is_loss,
+            ))
+        if is_loss and session.wants("loss"):
+            name = _LOSS_MODULE_FUNCTION.get(type(module).__name__, type(module).__name__)
+            options = {k: getattr(module, k) for k in _LOSS_OPTION_NAMES if hasattr(module, k)}
+            session.emit(ev.LossComputed(
+                step=session.step, sampled=session.sampled, frame=sys._getframe(1), function=name,
+                module=module, input=args[0] if args else None,
+                target=args[1] if len(args) > 1 else None, output=output, options=options,
+            ))
+
+    def qualname(self, root: Any, module: Any) -> str:
+        """``layer3.1.conv2`` for a submodule of ``root`` ('' for the root itself)."""
+        names = self._names.get(root)
+        if names is None:
+            names = {id(m): n for n, m in root.named_modules()}
+            self._names[root] = names
+        name = names.get(id(module))
+        if name is None:  # the model changed shape since we looked
+            names.clear()
+            names.update({id(m): n for n, m in root.named_modules()})
+            name = names.get(id(module), type(module).__name__)
+        return name
+
+    def _record_crash_context(self, stack: list[Any], args: tuple, error: BaseException) -> None:
+        """On the exception path only: remember which module was running, and on what."""
+        session = self.session
+        previous = session.crash_exception() if session.crash_exception else None
+        if previous is error:
+            return  # already recorded at the innermost module
+        try:
+            from nndoctor.instrument.stats import describe_structure
+
+            root, inner = stack[0], stack[-1]
+            params = {
+                name: f"{str(p.dtype).replace('torch.', '')}{list(p.shape)}@{p.device}"
+                for name, p in list(inner.named_parameters(recurse=False))[:8]
+            }
+            session.crash_context = {
+                "module_path": [self.qualname(root, m) for m in stack],
+                "module_qualname": self.qualname(root, inner),
+                "module_type": type(inner).__name__,
+                "module_repr": repr(inner)[:300] if not list(inner.children()) else type(inner).__name__,
+                "root_type": type(root).__name__,
+                "inputs": describe_structure(args),
+                "parameters": params,
+                "training": inner.training,
+                "step": session.step,
+            }
+            session.crash_module = weakref.ref(inner)
+            session.crash_exception = weakref.ref(error)
+        except Exception as failure:  # noqa: BLE001
+            session.internal_error("crash context", failure)
+
+    # -- optimizers ------------------------------------------------------------------------
+    def _install_optimizer_hooks(self) -> None:
+        pre = register_optimizer_step_pre_hook(self._step_pre)
+        post = register_optimizer_step_post_hook(self._step_post)
+        self.patcher.on_undo(pre.remove)
+        self.patcher.on_undo(post.remove)
+
+    def _step_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        session = self.session
+        if not session.active:
+            return None
+        session.state.optimizers.add(optimizer)
+        if session.wants("step_start"):
+            has_closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
+            session.emit(ev.StepStart(
+                step=session.step, sampled=session.sampled, frame=sys._getframe(1),
+                optimizer=optimizer, has_closure=has_closure,
+                backwards_since_step=session.state.backwards_since_step,
+                zero_grads_since_backward=session.state.zero_grads_since_backward,
+            ))
+        return None
+
+    def _step_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        session = self.session
+        if not session.active:
+            return None
+        state = session.state
+        sampled = session.sampled
+        session.count_step(optimizer)
+        state.backwards_since_step = 0
+        if session.wants("step_end"):
+            session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
+                                    optimizer=optimizer))
+        if session.should_stop():
+            raise StopRun(f"--max-steps {session.max_steps} reached")
+        return None
+
+    # -- patches ---------------------------------------------------------------------------
+    def _install_patches(self) -> None:
+        self._patch_add_param_group()
+        self._patch_train()
+        self._patch_zero_grad()
+        self._patch_backward()
+        self._patch_losses()
+        self._patch_dataloader()
+        self._patch_schedulers()
+        self._patch_state_dict()
+        self._patch_save_load()
+        self._patch_grad_scaler()
+
+    def _patch_add_param_group(self) -> None:
+        """Know every optimizer from its construction (not only once it steps), so a GAN's
+        second optimizer is known before its first step."""
+        inst = self
+        original = self.patcher.patch(torch.optim.Optimizer, "add_param_group", None)
+
+        @functools.wraps(original)
+        def add_param_group(optimizer, param_group):
+            result = original(optimizer, param_group)
+            if inst.session.active:
+                inst.session.state.optimizers.add(optimizer)
+            return result
+
+        torch.optim.Optimizer.add_param_group = add_param_group
+
+    def _patch_train(self) -> None:
+        inst = self
+        original = self.patcher.patch(torch.nn.Module, "train", None)
+
+        @functools.wraps(original)
+        def train(module, mode: bool = True):
+            session = inst.session
+            if not session.active or inst._in_train:
+                return original(module, mode)
+            inst._in_train += 1
+            try:
+                result = original(module, mode)
+            finally:
+                inst._in_train -= 1
+                session.state.mode_generation += 1
+            if session.wants("mode_change"):
+                session.emit(ev.ModeChange(step=session.step, sampled=session.sampled,
+                                           frame=sys._getframe(1), module=module, training=bool(mode)))
+            return result
+
+        torch.nn.Module.train = train
+
+    def _patch_zero_grad(self) -> None:
+        inst = self
+
+        def make(original):
+            @functools.wraps(original)
+            def zero_grad(owner, set_to_none: bool = True, *args, **kwargs):
+                session = inst.session
+                result = original(owner, set_to_none, *args, **kwargs)
+                if session.active:
+                    session.state.zero_grads_since_backward += 1
+                    if session.wants("zero_grad"):
+                        session.emit(ev.ZeroGrad(step=session.step, sampled=session.sampled,
+                                                 frame=sys._getframe(1), owner=owner,
+                                                 set_to_none=bool(set_to_none)))
+                return result
+            return zero_grad
+
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            original = self.patcher.patch(owner, "zero_grad", None)
+            setattr(owner, "zero_grad", make(original))
+
+    def _patch_backward(self) -> None:
+        inst = self
+        original_tensor_backward = self.patcher.patch(torch.Tensor, "backward", None)
+        original_autograd_backward = self.patcher.patch(torch.autograd, "backward", None)
+
+        def before(tensor, retain_graph, frame) -> None:
+            session = inst.session
+            state = session.state
+            batches = state.batches_fetched - state.batches_at_last_backward
+            index = state.backwards_since_step
+            state.backwards_since_step += 1
+            state.batches_at_last_backward = state.batches_fetched
+            if session.wants("backward"):
+                session.emit(ev.Backward(step=session.step, sampled=session.sampled, frame=frame,
+                                         tensor=tensor, index_since_step=index,
+                                         batches_since_last_backward=batches,
+                                         retain_graph=bool(retain_graph)))
+
+        def after(tensor, frame) -> None:
+            session = inst.session
+            session.state.zero_grads_since_backward = 0
+            if session.wants("backward_done"):
+                session.emit(ev.BackwardDone(step=session.step, sampled=session.sampled,
+                                             frame=frame, tensor=tensor))
+
+        @functools.wraps(original_tensor_backward)
+        def tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+            session = inst.session
+            if not session.active or inst._in_backward:
+                return original_tensor_backward(self, gradient, retain_graph, create_graph, inputs)
+            frame = sys._getframe(1)
+            inst._safe(before, self, retain_graph, frame)
+            inst._in_backward += 1
+            try:
+                result = original_tensor_backward(self, gradient, retain_graph, create_graph, inputs)
+            finally:
+                inst._in_backward -= 1
+            inst._safe(after, self, frame)
+            return result
+
+        @functools.wraps(original_autograd_backward)
+        def autograd_backward(tensors, *args, **kwargs):
+            session = inst.session
+            if not session.active or inst._in_backward:
+                return original_autograd_backward(tensors, *args, **kwargs)
+            frame = sys._getframe(1)
+            first = tensors if isinstance(tensors, torch.Tensor) else (tensors[0] if tensors else None)
+            retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+            inst._safe(before, first, retain, frame)
+            inst._in_backward += 1
+            try:
+                result = original_autograd_backward(tensors, *args, **kwargs)
+            finally:
+                inst._in_backward -= 1
+            inst._safe(after, first, frame)
+            return result
+
+        torch.Tensor.backward = tensor_backward
+        torch.autograd.backward = autograd_backward
+
+    def _safe(self, fn, *args) -> None:
+        """Run instrumentation code; an internal failure is recorded, never raised."""
+        try:
+            fn(*args)
+        except StopRun:
+            raise
+        except Exception as error:  # noqa: BLE001
+            self.session.internal_error(getattr(fn, "__name__", "hook"), error)
+
+    def _patch_losses(self) -> None:
+        inst = self
+        for name in LOSS_FUNCTIONS:
+            original = getattr(F, name, None)
+            if original is None:
+                continue
+            self.patcher.patch(F, name, _make_loss_wrapper(inst, name, original))
+
+    def _patch_dataloader(self) -> None:
+        from torch.utils.data import DataLoader
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        inst = self
+        original_iter = self.patcher.patch(DataLoader, "__iter__", None)
+        original_next = self.patcher.patch(_BaseDataLoaderIter, "__next__", None)
+
+        @functools.wraps(original_iter)
+        def loader_iter(loader):
+            iterator = original_iter(loader)
+            session = inst.session
+            if session.active:
+                inst._safe(inst._epoch_start, loader, iterator)
+            return iterator
+
+        @functools.wraps(original_next)
+        def loader_next(iterator):
+            session = inst.session
+            if not session.active:
+                return original_next(iterator)
+            started = time.perf_counter()
+            batch = original_next(iterator)
+            waited = time.perf_counter() - started
+            inst._safe(inst._batch_fetched, iterator, batch, waited)
+            return batch
+
+        DataLoader.__iter__ = loader_iter
+        _BaseDataLoaderIter.__next__ = loader_next
+
+    def _epoch_start(self, loader: Any, iterator: Any) -> None:
+        session = self.session
+        epoch = self._epochs.get(loader, -1) + 1
+        self._epochs[loader] = epoch
+        try:
+            length = len(loader)
+        except TypeError:
+            length = None
+        session.state.loader_lengths[loader] = length
+        self._iterators[iterator] = {"loader": weakref.ref(loader), "index": 0, "epoch": epoch,
+                                     "length": length}
+        if session.wants("epoch_start"):
+            session.emit(ev.EpochStart(step=session.step, sampled=session.sampled,
+                                       frame=sys._getframe(1), loader=loader, length=length,
+                                       epoch=epoch))
+
+    def _batch_fetched(self, iterator: Any, batch: Any, waited: float) -> None:
+        session = self.session
+        session.state.batches_fetched += 1
+        info = self._iterators.get(iterator)
+        if info is None:
+            return
+        index = info["index"]
+        info["index"] = index + 1
+        if session.wants("batch"):
+            session.emit(ev.BatchFetched(step=session.step, sampled=session.sampled,
+                                         frame=sys._getframe(1), loader=info["loader"](),
+                                         batch=batch, index=index, epoch=info["epoch"],
+                                         length=info["length"], wait_s=waited))
+
+    def _patch_schedulers(self) -> None:
+        from torch.optim import lr_scheduler
+
+        inst = self
+        classes = [lr_scheduler.LRScheduler] + [
+            cls for cls in vars(lr_scheduler).values()
+            if isinstance(cls, type) and issubclass(cls, lr_scheduler.LRScheduler)
+            and cls is not lr_scheduler.LRScheduler and "step" in cls.__dict__
+        ]
+        for cls in classes:
+            original = self.patcher.patch(cls, "step", None)
+            setattr(cls, "step", _make_scheduler_wrapper(inst, original))
+
+    def _patch_state_dict(self) -> None:
+        inst = self
+        original = self.patcher.patch(torch.nn.Module, "load_state_dict", None)
+
+        @functools.wraps(original)
+        def load_state_dict(module, state_dict, strict: bool = True, assign: bool = False):
+            result = original(module, state_dict, strict, assign)
+            session = inst.session
+            if session.active and session.wants("state_dict_load"):
+                def emit():
+                    session.emit(ev.StateDictLoad(
+                        step=session.step, sampled=session.sampled, frame=sys._getframe(1),
+                        module=module, keys=list(state_dict.keys()), strict=bool(strict),
+                        missing=list(result.missing_keys), unexpected=list(result.unexpected_keys),
+                        model_keys=list(module.state_dict().keys()),
+                    ))
+                inst._safe(emit)
+            return result
+
+        torch.nn.Module.load_state_dict = load_state_dict
+
+    def _patch_save_load(self) -> None:
+        inst = self
+        original_save = self.patcher.patch(torch, "save", None)
+        original_load = self.patcher.patch(torch, "load", None)
+
+        @functools.wraps(original_save)
+        def save(obj, f, *args, **kwargs):
+            session = inst.session
+            if not session.active:
+                return original_save(obj, f, *args, **kwargs)
+            started = time.perf_counter()
+            result = original_save(obj, f, *args, **kwargs)
+            seconds = time.perf_counter() - started
+            if session.wants("checkpoint_save"):
+                frame = sys._getframe(1)
+                inst._safe(lambda: session.emit(ev.CheckpointSave(
+                    step=session.step, sampled=session.sampled, frame=frame, obj=obj,
+                    path=_path_of(f), seconds=seconds)))
+            return result
+
+        @functools.wraps(original_load)
+        def load(f, *args, **kwargs):
+            session = inst.session
+            if not session.active:
+                return original_load(f, *args, **kwargs)
+            started = time.perf_counter()
+            result = original_load(f, *args, **kwargs)
+            seconds = time.perf_counter() - started
+            if session.wants("checkpoint_load"):
+                weights_only = kwargs.get("weights_only")
+                frame = sys._getframe(1)
+                inst._safe(lambda: session.emit(ev.CheckpointLoad(
+                    step=session.step, sampled=session.sampled, frame=frame, path=_path_of(f),
+                    weights_only=weights_only, seconds=seconds)))
+            return result
+
+        torch.save = save
+        torch.load = load
+
+    def _patch_grad_scaler(self) -> None:
+        try:
+            from torch.amp.grad_scaler import GradScaler
+        except ImportError:  # pragma: no cover - very old torch
+            return
+        inst = self
+        original = self.patcher.patch(GradScaler, "scale", None)
+
+        @functools.wraps(original)
+        def scale(scaler, outputs):
+            if inst.session.active:
+                inst.session.state.scaler = weakref.ref(scaler)
+            return original(scaler, outputs)
+
+        GradScaler.scale = scale
+
+
+def _path_of(f: Any) -> str | None:
+    if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
+        return str(f)
+    return getattr(f, "name", None) if isinstance(getattr(f, "name", None), str) else None
+
+
+def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def loss_function(input, target, *args, **kwargs):
+        session = inst.session
+        if not session.active or inst._in_loss:
+            return original(input, target, *args, **kwargs)
+        output = original(input, target, *args, **kwargs)
+        if session.wants("loss"):
+            options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
+            frame = sys._getframe(1)
+            inst._safe(lambda: session.emit(ev.LossComputed(
+                step=session.step, sampled=session.sampled, frame=frame, function=name,
+                input=input, target=target, output=output, options=options)))
+        return output
+
+    return loss_function
+
+
+def _make_scheduler_wrapper(inst: Installation, original: Any) -> Any:
+    @functools.wraps(original)
+    def step(scheduler, *args, **kwargs):
+        session = inst.session
+        # Composite schedulers (SequentialLR, ChainedScheduler) step their children: only the
+        # outermost call is an event. The depth lives on the installation, not on the user's
+        # scheduler, whose __dict__ is its state_dict.
+        if not session.active or inst._in_scheduler:
+            return original(scheduler, *args, **kwargs)
+        initial = getattr(scheduler, "_step_count", 1) == 0
+        optimizer = getattr(scheduler, "optimizer", None)
+        lr_before = [g.get("lr") for g in optimizer.param_groups] if optimizer is not None else []
+        inst._in_scheduler += 1
+        try:
+            result = original(scheduler, *args, **kwargs)
+        finally:
+            inst._in_scheduler -= 1
+        if session.wants("scheduler_step"):
+            lr_after = [g.get("lr") for g in optimizer.param_groups] if optimizer is not None else []
+            frame = sys._getframe(1)
+            inst._safe(lambda: session.emit(ev.SchedulerStep(
+                step=session.step, sampled=session.sampled, frame=frame, scheduler=scheduler,
+                initial=initial, lr_before=lr_before, lr_after=lr_after)))
+        return result
+
+    return step
+
+
+def install(session: Session) -> Installation:
+    return Installation(session).install()

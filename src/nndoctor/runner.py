@@ -1,0 +1,163 @@
+"""Running the user's unchanged script (or module) under a session, like ``python`` would.
+
+The script sees the argv it was given, ``__name__ == "__main__"``, its own folder first on
+``sys.path`` and the caller's working directory; its ``sys.exit`` code is kept. Every
+outcome — completed, stopped by ``--max-steps``, crashed, interrupted — ends with a report.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from nndoctor import events as ev
+from nndoctor.engine import Session, StopRun
+from nndoctor.errors import UsageError
+from nndoctor.findings import Report
+
+_NNDOCTOR_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class Target:
+    """What to run: a script path or a module name, with its arguments."""
+
+    name: str
+    args: list[str]
+    is_module: bool = False
+
+    @property
+    def command(self) -> list[str]:
+        return (["-m", self.name] if self.is_module else [self.name]) + list(self.args)
+
+
+def check_target(target: Target) -> None:
+    """Refuse clearly what Python would refuse, before instrumenting anything."""
+    if target.is_module:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(target.name)
+        except (ImportError, ValueError) as error:
+            raise UsageError(f"cannot find module {target.name!r}: {error}") from None
+        if spec is None:
+            raise UsageError(f"no module named {target.name!r}")
+        return
+    if not os.path.exists(target.name):
+        raise UsageError(f"can't open file {target.name!r}: no such file")
+    if os.path.isdir(target.name) and not os.path.exists(os.path.join(target.name, "__main__.py")):
+        raise UsageError(f"{target.name!r} is a directory without __main__.py")
+    if not os.path.isdir(target.name):
+        try:
+            with open(target.name, "rb") as handle:
+                source = handle.read()
+            compile(source, target.name, "exec")
+        except SyntaxError as error:
+            where = f"{error.filename}:{error.lineno}" if error.lineno else target.name
+            raise UsageError(f"syntax error in {where}: {error.msg}") from None
+        except (OSError, ValueError) as error:
+            raise UsageError(f"can't read {target.name!r}: {error}") from None
+
+
+def user_traceback(error: BaseException) -> str:
+    """The traceback as the user would see it under plain python (our frames removed)."""
+    exc = traceback.TracebackException.from_exception(error)
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        current.stack = traceback.StackSummary.from_list(
+            [f for f in current.stack if not _is_own_frame(f.filename)]
+        )
+        for nested in (current.__cause__, current.__context__):
+            if nested is not None:
+                stack.append(nested)
+    return "".join(exc.format())
+
+
+def _is_own_frame(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_NNDOCTOR_DIR + os.sep) or os.path.basename(path) == "runpy.py"
+
+
+def run_target(target: Target, session: Session) -> Report:
+    """Run ``target`` under ``session`` and return the finished report."""
+    from nndoctor.instrument import install
+
+    check_target(target)
+    report = session.report
+    report.command = target.command
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    if target.is_module:
+        sys.argv = [target.name, *target.args]
+        path0 = os.getcwd()
+    else:
+        sys.argv = [target.name, *target.args]
+        path0 = os.path.dirname(os.path.abspath(target.name))
+    if sys.path:
+        sys.path[0] = path0
+    else:
+        sys.path.insert(0, path0)
+
+    installation = install(session)
+    status, crash = "completed", None
+    try:
+        if target.is_module:
+            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target.name, run_name="__main__")
+    except StopRun:
+        status = "stopped"
+    except SystemExit as exit_:
+        code = exit_.code
+        if code is None or code == 0:
+            report.exit_code = 0
+        elif isinstance(code, int):
+            report.exit_code = code
+        else:
+            print(code, file=sys.stderr)
+            report.exit_code = 1
+    except KeyboardInterrupt:
+        status = "interrupted"
+    except BaseException as error:  # noqa: BLE001 - the user's crash, reported below
+        status, crash = "crashed", error
+    finally:
+        finish(session, installation, status, crash)
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+    return report
+
+
+def finish(session: Session, installation: Any, status: str, crash: BaseException | None) -> None:
+    """Close a run: explain a crash, let checks conclude, remove every hook and patch."""
+    report = session.report
+    report.status = status
+    try:
+        if crash is not None:
+            report.traceback = user_traceback(crash)
+            session.emit(ev.Crash(step=session.step, exception=crash, context=dict(session.crash_context)))
+            explain_crash(session, crash)
+        session.emit(ev.RunEnd(step=session.step, status=status, wall_s=session.elapsed()))
+    except BaseException as error:  # noqa: BLE001 - observer rule
+        session.internal_error("finish", error)
+    finally:
+        installation.uninstall()
+        report.steps = session.step
+        session.crash_context = {}
+
+
+def explain_crash(session: Session, error: BaseException) -> None:
+    """Add the crash explanation finding(s), if the explain package is there."""
+    try:
+        from nndoctor.explain import runtime
+    except ModuleNotFoundError:
+        return
+    try:
+        for finding in runtime.explain_crash(error, session):
+            session.add_finding(finding)
+    except Exception as failure:  # noqa: BLE001 - the user's traceback is still shown
+        session.internal_error("crash explanation", failure)

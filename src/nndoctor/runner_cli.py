@@ -1,0 +1,75 @@
+"""``nndoctor run [OPTIONS] SCRIPT [ARGS...]`` and ``nndoctor run [OPTIONS] -m MODULE [ARGS...]``.
+
+Exit status: 0 clean; 1 a finding reached ``--fail-on``; 2 nndoctor could not start the
+script (usage error, missing file, syntax error); 3 the script crashed; 130 interrupted;
+otherwise the script's own non-zero ``sys.exit`` code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nndoctor.cli import add_common_options
+from nndoctor.engine import Session
+from nndoctor.errors import UsageError
+from nndoctor.report import print_report, write_json
+from nndoctor.runner import Target, run_target
+from nndoctor.selection import fail_threshold, selectors
+
+EXIT_FINDINGS = 1
+EXIT_CRASHED = 3
+EXIT_INTERRUPTED = 130
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "nndoctor run [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]"
+    add_common_options(parser)
+    parser.add_argument("--max-steps", type=int, metavar="N",
+                        help="stop the script cleanly after N optimizer steps and report")
+    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
+    parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    rest = list(args.target or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if args.module:
+        return Target(args.module, rest, is_module=True)
+    if not rest:
+        raise UsageError("nothing to run: give a script (nndoctor run train.py ...) or -m MODULE")
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            raise UsageError("-m needs a module name")
+        return Target(rest[1], rest[2:], is_module=True)
+    return Target(rest[0], rest[1:])
+
+
+def exit_status(report, threshold) -> int:
+    if report.status == "interrupted":
+        return EXIT_INTERRUPTED
+    if report.status == "crashed":
+        return EXIT_CRASHED
+    if report.exit_code:
+        return report.exit_code
+    return EXIT_FINDINGS if report.reaches(threshold) else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    target = target_from_args(args)
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    select, ignore = selectors(args)
+    session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
+    report = run_target(target, session)
+    if args.json:
+        try:
+            write_json(report, args.json)
+        except OSError as error:
+            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
+    if not args.quiet:
+        sys.stdout.flush()
+        print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+    return exit_status(report, fail_threshold(args))

@@ -1,0 +1,53 @@
+"""Shared test helpers: run fixture scripts in-process through the engine (no subprocess)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BUGGY = FIXTURES / "buggy"
+CORRECT = FIXTURES / "correct"
+_EXPECT = re.compile(r"#\s*expect:\s*([A-Z][0-9]{3}(?:\s*,\s*[A-Z][0-9]{3})*)")
+
+
+def run_script(path, args=(), *, select=(), ignore=(), max_steps=None, **session_kwargs):
+    """Run a training script in this process under a fresh Session; return its Report."""
+    from nndoctor.engine import Session
+    from nndoctor.runner import Target, run_target
+
+    session = Session(select=select, ignore=ignore, max_steps=max_steps, **session_kwargs)
+    cwd = os.getcwd()
+    try:
+        return run_target(Target(str(path), list(args)), session)
+    finally:
+        os.chdir(cwd)
+
+
+def expected_lines(path) -> dict[str, set[int]]:
+    """``# expect: CODE`` comments in a fixture: code -> the lines where it must fire."""
+    found: dict[str, set[int]] = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        match = _EXPECT.search(line)
+        if match:
+            for code in match.group(1).split(","):
+                found.setdefault(code.strip(), set()).add(number)
+    return found
+
+
+def buggy_fixtures(code: str) -> list[Path]:
+    return sorted(p for p in BUGGY.glob("*.py") if code in expected_lines(p))
+
+
+def correct_programs() -> list[Path]:
+    return sorted(CORRECT.glob("*.py"))
+
+
+@pytest.fixture
+def run():
+    return run_script
