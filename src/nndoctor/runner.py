@@ -79,6 +79,8 @@ def user_traceback(error: BaseException) -> str:
 
 
 def _is_own_frame(filename: str) -> bool:
+    if filename == "<frozen runpy>":
+        return True
     path = os.path.abspath(filename)
     return path.startswith(_NNDOCTOR_DIR + os.sep) or os.path.basename(path) == "runpy.py"
 
@@ -87,7 +89,6 @@ def run_target(target: Target, session: Session) -> Report:
     """Run ``target`` under ``session`` and return the finished report."""
     from nndoctor.instrument import install
 
-    check_target(target)
     report = session.report
     report.command = target.command
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
@@ -101,6 +102,13 @@ def run_target(target: Target, session: Session) -> Report:
         sys.path[0] = path0
     else:
         sys.path.insert(0, path0)
+    try:
+        check_target(target)
+    except UsageError:
+        sys.argv = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+        raise
 
     installation = install(session)
     status, crash = "completed", None

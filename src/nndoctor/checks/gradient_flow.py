@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from nndoctor.checks._params import grad_slice, optimizer_params, spread_sample
-from nndoctor.events import Backward, LossComputed, StepStart
+from nndoctor.events import Backward, LossComputed, StepStart, ZeroGrad
 from nndoctor.findings import Severity
 from nndoctor.registry import Check, register
 
@@ -16,10 +16,11 @@ from nndoctor.registry import Check, register
 class MissingZeroGrad(Check):
     """
     ## What it does
-    At a sampled ``optimizer.step()``, keeps a small fingerprint of a spread sample of the
-    gradients. At the next ``backward()`` it looks again: if the gradients are still there,
-    non-zero and unchanged, nothing cleared them between the two steps, so the new
-    backward *adds* to the old gradients.
+    At a sampled ``optimizer.step()``, keeps a small fingerprint of a spread sample of that
+    optimizer's gradients. When a later ``backward()`` starts while those gradients are
+    still there, non-zero and unchanged, and the same optimizer then steps again without
+    any ``zero_grad()`` (of the optimizer, or of a module holding its parameters) in
+    between, the step applied the accumulated sum of old and new gradients.
 
     ## Why is this bad?
     ``backward()`` accumulates into ``.grad``. Without ``optimizer.zero_grad()`` (or
@@ -59,45 +60,75 @@ class MissingZeroGrad(Check):
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._snapshots: list[tuple[weakref.ref, torch.Tensor, int]] = []
-        self._snapshot_step = -1
+        # Per optimizer (by id): the fingerprint taken at its last sampled step, and the
+        # location of a backward() that ran on top of those gradients.
+        self._snapshots: dict[int, list[tuple[weakref.ref, torch.Tensor, int]]] = {}
+        self._stale_at: dict[int, tuple[object, int]] = {}
 
     def on_step_start(self, event: StepStart) -> None:
+        key = id(event.optimizer)
+        stale = self._stale_at.pop(key, None)
+        snaps = self._snapshots.pop(key, None)
+        if stale is not None and snaps and self._still_same_tensors(snaps):
+            location, step = stale
+            self.report(
+                f"Gradients from the previous {type(event.optimizer).__name__}.step() were still in "
+                f".grad ({len(snaps)} sampled parameter tensors unchanged and non-zero) when backward() ran "
+                "again, and nothing cleared them before this step: zero_grad() is missing, so gradients "
+                "accumulate and every step applies their running sum.",
+                location=location,
+                evidence={"sampled_parameters_with_stale_grads": len(snaps), "step": step},
+                step=step,
+            )
         if not event.sampled or event.has_closure:
             return
         with_grads = [p for p in optimizer_params(event.optimizer) if p.grad is not None]
-        snaps = []
+        fresh = []
         for p in spread_sample(with_grads):
             g = grad_slice(p)
             if g is not None:
-                snaps.append((weakref.ref(p), g, event.step))
-        self._snapshots = snaps
-        self._snapshot_step = event.step
+                fresh.append((weakref.ref(p), g, id(p.grad)))
+        if fresh:
+            self._snapshots[key] = fresh
 
-    def on_backward(self, event: Backward) -> None:
-        if not self._snapshots or event.index_since_step != 0:
-            return
-        snaps, self._snapshots = self._snapshots, []
-        if event.step != self._snapshot_step + 1:
-            return  # a step we did not see in between
-        kept = 0
+    @staticmethod
+    def _unchanged(snaps) -> bool:
         for ref, old, _ in snaps:
             p = ref()
             if p is None:
-                continue
+                return False
             now = grad_slice(p)
             if now is None or not bool(old.any()) or not torch.equal(now, old):
-                return
-            kept += 1
-        if kept:
-            self.report(
-                f"Gradients from the previous optimizer step were still in .grad when backward() ran "
-                f"again ({kept} sampled parameter tensors unchanged and non-zero): zero_grad() is never "
-                "called between steps, so gradients accumulate and every step applies their running sum.",
-                location=event.location,
-                evidence={"sampled_parameters_with_stale_grads": kept, "step": event.step},
-                step=event.step,
-            )
+                return False
+        return True
+
+    @staticmethod
+    def _still_same_tensors(snaps) -> bool:
+        """The .grad tensors are the very objects seen at the last step (not re-created after a
+        manual ``p.grad = None``)."""
+        for ref, _, grad_id in snaps:
+            p = ref()
+            if p is None or p.grad is None or id(p.grad) != grad_id:
+                return False
+        return True
+
+    def on_backward(self, event: Backward) -> None:
+        for key, snaps in self._snapshots.items():
+            if key not in self._stale_at and self._unchanged(snaps):
+                self._stale_at[key] = (event.location, event.step)
+
+    def on_zero_grad(self, event: ZeroGrad) -> None:
+        if not self._stale_at:
+            return
+        owner = event.owner
+        if isinstance(owner, torch.optim.Optimizer):
+            self._stale_at.pop(id(owner), None)
+            return
+        owned = {id(p) for p in owner.parameters()}
+        for key in list(self._stale_at):
+            snaps = self._snapshots.get(key) or []
+            if any(ref() is not None and id(ref()) in owned for ref, _, _ in snaps):
+                del self._stale_at[key]
 
 
 @register

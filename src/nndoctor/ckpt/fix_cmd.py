@@ -21,7 +21,11 @@ from nndoctor.ckpt.analysis import mapping_findings, prefix_findings, safety_fin
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict, TensorInfo
 from nndoctor.ckpt.diff_cmd import select_state_dict
 from nndoctor.ckpt.mapping import parse_rename, propose_mapping
-from nndoctor.ckpt.prefixes import keys_with_infix_compile_wrapper, leading_wrapper_prefix, strip_wrappers
+from nndoctor.ckpt.prefixes import (
+    keys_with_infix_compile_wrapper,
+    leading_wrapper_prefix,
+    strip_wrappers,
+)
 from nndoctor.ckpt.reader import read_checkpoint
 from nndoctor.ckpt.writer import check_output_path, replace_at, write_state_dict
 from nndoctor.errors import UsageError

@@ -45,15 +45,15 @@ def sniff_format(path: str) -> str:
         return "zip"
     if head.startswith(HDF5_MAGIC):
         return "hdf5"
+    # safetensors before pickle: its 8-byte header length may well start with 0x80.
+    if len(head) >= 9 and head[8:9] == b"{" and head[6:8] == b"\x00\x00":
+        header_len = int.from_bytes(head[:8], "little")
+        if header_len + 8 <= size:
+            return "safetensors"
+        raise UsageError(f"{path}: truncated safetensors file: header says {header_len} bytes, "
+                         f"file has {size}")
     if head[:1] == b"\x80":
         return "pickle"
-    if len(head) >= 9:
-        header_len = int.from_bytes(head[:8], "little")
-        if header_len + 8 <= size and head[8:9] == b"{":
-            return "safetensors"
-        if head[8:9] == b"{":
-            raise UsageError(f"{path}: truncated safetensors file: header says {header_len} bytes, "
-                             f"file has {size}")
     raise UsageError(f"{path}: not a recognised checkpoint (PyTorch zip/pickle, safetensors, "
                      f"Keras HDF5 or .keras); first bytes {head[:8]!r}")
 

@@ -11,12 +11,12 @@ import numpy as np
 
 from nndoctor.data import checks
 from nndoctor.data.layout import TRAIN_NAMES, Split, display
+from nndoctor.data.messages import listing, plural
 from nndoctor.data.scan import ScanResult
 from nndoctor.findings import Finding, Location, Severity
 
 NEAR_DISTANCE = 6  # pHash bits; see CrossSplitDuplicates' documentation
 IMBALANCE_RATIO = 10.0  # largest / smallest class; see ClassImbalance's documentation
-SHOWN_IN_MESSAGE = 3  # files named in the message; all of them are in evidence["files"]
 PAIRS_KEPT = 100_000  # near-duplicate pairs kept (a pathological dataset could have millions)
 _COMPARE_CELLS = 1 << 22  # XOR matrix cells per block of the near-duplicate search
 
@@ -28,23 +28,13 @@ class AnalysisOptions:
     near_duplicates: bool = True
 
 
-def _listing(items: list[str], total: int | None = None) -> str:
-    total = len(items) if total is None else total
-    shown = ", ".join(items[:SHOWN_IN_MESSAGE])
-    return shown + (f" and {total - SHOWN_IN_MESSAGE} more" if total > SHOWN_IN_MESSAGE else "")
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
 def files_finding(
     check: type[checks.DataCheck], rows: list[tuple[str, str]], what: str,
-    severity: Severity | None = None, **evidence,
+    severity: Severity | None = None, noun: str = "file", **evidence,
 ) -> Finding:
     """One finding naming every (path, detail) row: the first few in the message, all in JSON."""
     files = [path for path, _ in rows]
-    message = f"{_plural(len(rows), 'file')} {what}: " + _listing([f"{p} ({d})" for p, d in rows])
+    message = f"{what}: {plural(len(rows), noun)} — " + listing([f"{p} ({d})" for p, d in rows])
     return check.finding(
         message,
         location=Location(files[0]),
@@ -56,10 +46,10 @@ def files_finding(
 def image_findings(result: ScanResult, options: AnalysisOptions) -> list[Finding]:
     out: list[Finding] = []
     out += _unreadable(result)
-    out += _per_file(result, checks.FormatExtensionMismatch, "F104", "have content that does not match their extension")
-    out += _per_file(result, checks.NonImageFile, "F105", "in image folders are not images")
-    out += _per_file(result, checks.ExifRotation, "F111", "carry an EXIF orientation that loaders ignore")
-    out += _per_file(result, checks.DegenerateImage, "F112", "are degenerate (tiny, extreme aspect or blank)")
+    out += _per_file(result, checks.FormatExtensionMismatch, "F104", "content does not match the extension")
+    out += _per_file(result, checks.NonImageFile, "F105", "non-image files in image folders")
+    out += _per_file(result, checks.ExifRotation, "F111", "EXIF orientation that loaders ignore")
+    out += _per_file(result, checks.DegenerateImage, "F112", "degenerate images (tiny, extreme aspect ratio or blank)")
     out += _mixed_modes(result)
     out += _sizes(result, options.crop)
     out += _phantom_classes(result)
@@ -77,12 +67,12 @@ def _unreadable(result: ScanResult) -> list[Finding]:
     rows += [(display(path), reason) for path, reason in result.walk.unreadable]
     out = []
     if rows:
-        out.append(files_finding(checks.UnreadableFile, rows, "cannot be read or decoded"))
+        out.append(files_finding(checks.UnreadableFile, rows, "unreadable or undecodable"))
     if result.walk.bad_names:
         names = [(display(p), "name is not valid UTF-8") for p in result.walk.bad_names]
         out.append(files_finding(
             checks.UnreadableFile, names,
-            "have names that are not valid UTF-8 (JSON manifests, TF and many tools cannot name them)",
+            "names that are not valid UTF-8 (JSON manifests, TF and many tools cannot represent them)",
             severity=Severity.WARNING,
         ))
     return out
@@ -104,7 +94,7 @@ def _mixed_modes(result: ScanResult) -> list[Finding]:
         for path, mode in result.index.query("SELECT path, mode FROM images WHERE mode != ? ORDER BY path", (majority,))
     ]
     counts = {mode: n for mode, n in modes}
-    return [files_finding(checks.MixedColorModes, rows, f"differ from the majority colour mode {majority}", modes=counts)]
+    return [files_finding(checks.MixedColorModes, rows, f"colour mode differs from the majority ({majority})", modes=counts)]
 
 
 def _sizes(result: ScanResult, crop: int | None) -> list[Finding]:
@@ -118,7 +108,7 @@ def _sizes(result: ScanResult, crop: int | None) -> list[Finding]:
         ]
         if not rows:
             return []
-        return [files_finding(checks.ImageSmallerThanCrop, rows, f"are smaller than the {crop}x{crop} crop", crop=crop)]
+        return [files_finding(checks.ImageSmallerThanCrop, rows, f"smaller than the {crop}x{crop} crop", crop=crop)]
     (count, distinct) = next(index.query("SELECT COUNT(*), COUNT(DISTINCT width || 'x' || height) FROM images"))
     if distinct < 2:
         return []
@@ -156,12 +146,13 @@ def _phantom_classes(result: ScanResult) -> list[Finding]:
         for name in split.phantom:
             path = os.path.join(split.root, name)
             files = result.walk.phantom_files.get(path, 0)
-            rows.append((display(path), f"class {table.index(name)} of {len(table)}, {_plural(files, 'file')}"))
+            rows.append((display(path), f"class {table.index(name)} of {len(table)}, {plural(files, 'file')}"))
     if not rows:
         return []
     return [files_finding(
         checks.PhantomClassDirectory, rows,
-        "would be taken as classes by ImageFolder, shifting the real class indices",
+        "folders ImageFolder would take as classes, shifting the real class indices",
+        noun="folder",
     )]
 
 
@@ -187,14 +178,14 @@ def _split_classes(result: ScanResult) -> list[Finding]:
         ]
         parts = []
         if missing:
-            parts.append(f"lacks {_listing(missing)}")
+            parts.append(f"lacks {listing(missing)}")
         if extra:
-            parts.append(f"has {_listing(extra)} that {reference.name} lacks")
+            parts.append(f"has {listing(extra)} that {reference.name} lacks")
         message = (
-            f"split {split.name} ({_plural(len(split.classes), 'class')}) {' and '.join(parts)} "
-            f"compared with {reference.name} ({_plural(len(reference.classes), 'class')})"
+            f"split {split.name} ({plural(len(split.classes), 'class', 'classes')}) {' and '.join(parts)} "
+            f"compared with {reference.name} ({plural(len(reference.classes), 'class', 'classes')})"
         )
-        message += f"; class indices shift ({_listing(shifted)})" if shifted else ""
+        message += f"; class indices shift ({listing(shifted)})" if shifted else ""
         out.append(checks.SplitClassMismatch.finding(
             message, location=Location(display(split.root)),
             evidence={"split": split.name, "reference": reference.name, "missing": missing,
@@ -216,10 +207,10 @@ def _imbalance(result: ScanResult) -> list[Finding]:
             continue
         parts = []
         if empty:
-            parts.append(f"{_plural(len(empty), 'class')} with no readable image ({_listing(empty)})")
+            parts.append(f"{plural(len(empty), 'class', 'classes')} with no readable image ({listing(empty)})")
         if small:
             shown = [f"{c}: {counts[c]}" for c in sorted(small, key=counts.get)]
-            parts.append(f"{_plural(len(small), 'class')} under 1/{IMBALANCE_RATIO:g} of the largest ({largest:,}): {_listing(shown)}")
+            parts.append(f"{plural(len(small), 'class', 'classes')} under 1/{IMBALANCE_RATIO:g} of the largest ({largest:,}): {listing(shown)}")
         out.append(checks.ClassImbalance.finding(
             f"split {split.name}: " + "; ".join(parts),
             location=Location(display(os.path.join(split.root, (empty + small)[0]))),
@@ -247,11 +238,11 @@ def _exact_duplicates(result: ScanResult) -> list[Finding]:
         return []
     files = [p for g in groups for p in g]
     message = (
-        f"{_plural(len(files), 'file')} in {_plural(len(groups), 'group')} of identical content: "
-        + _listing([" = ".join(g[:3]) for g in groups])
+        f"{plural(len(files), 'file')} in {plural(len(groups), 'group')} of identical content: "
+        + listing([" = ".join(g[:3]) for g in groups])
     )
     if cross_class:
-        message += f"; {_plural(len(cross_class), 'group')} span different classes (contradictory labels)"
+        message += f"; {plural(len(cross_class), 'group')} span different classes (contradictory labels)"
     return [checks.ExactDuplicates.finding(
         message, location=Location(files[0]),
         evidence={"count": len(files), "files": files, "groups": groups, "cross_class_groups": cross_class},
@@ -291,9 +282,9 @@ def _cross_split(result: ScanResult, options: AnalysisOptions) -> list[Finding]:
     eval_files = sorted({p[0] for p in pairs})
     shown = [f"{e} ≈ {o} (distance {d})" if d or i >= exact else f"{e} = {o}" for i, (e, o, d) in enumerate(pairs)]
     message = (
-        f"{_plural(len(eval_files), 'image')} of one split also appear in another "
+        f"{plural(len(eval_files), 'image')} of one split also {'appears' if len(eval_files) == 1 else 'appear'} in another "
         f"({exact:,} byte-identical pair{'s' * (exact != 1)}, {near:,} near-duplicate pair{'s' * (near != 1)} "
-        f"at pHash distance ≤ {options.near_distance}): {_listing(shown)}"
+        f"at pHash distance ≤ {options.near_distance}): {listing(shown)}"
     )
     return [checks.CrossSplitDuplicates.finding(
         message, location=Location(eval_files[0]),
@@ -355,7 +346,7 @@ def _statistics(result: ScanResult) -> list[Finding]:
     source = " and ".join(s.name for s in train)
     normalize = f"transforms.Normalize(mean={mean4}, std={std4})"
     message = (
-        f"per-channel RGB statistics of {_plural(images, 'image')} ({source}): {normalize}; "
+        f"per-channel RGB statistics of {plural(images, 'image')} ({source}): {normalize}; "
         f"on the 0–255 scale mean={mean255}, std={std255}"
     )
     return [checks.DatasetStatistics.finding(

@@ -7,14 +7,15 @@ import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.data.analyze import NEAR_DISTANCE, AnalysisOptions, image_findings
+from nndoctor.data.checks import CrossSplitDuplicates
 from nndoctor.data.layout import plan
 from nndoctor.data.scan import ScanOptions, scan
+from nndoctor.data.selection import check_enabled, data_selectors, filter_data_findings
 from nndoctor.data.tfrecord_analyze import tfrecord_findings
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
-from nndoctor.registry import get_check, is_enabled
 from nndoctor.report import print_report, write_json
-from nndoctor.selection import fail_threshold, filter_findings, selectors
+from nndoctor.selection import fail_threshold
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +46,7 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    select, ignore = selectors(args)
+    select, ignore = data_selectors(args)
     fail_on = fail_threshold(args)
     if args.crop is not None and args.crop < 1:
         raise UsageError("--crop must be a positive number of pixels")
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.near_distance <= 32:
         raise UsageError("--near-distance must be between 0 and 32 bits")
     layout = plan(args.paths)
-    near_enabled = is_enabled(get_check("F110"), select, ignore)
+    near_enabled = check_enabled(CrossSplitDuplicates, select, ignore)
     result = scan(layout, ScanOptions(workers=args.workers, use_cache=not args.no_cache))
     try:
         options = AnalysisOptions(crop=args.crop, near_distance=args.near_distance, near_duplicates=near_enabled)
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     report = Report(command=_command(args), status="completed", steps=0)
     for finding in findings:
         report.add(finding)
-    filter_findings(report, select, ignore)
+    filter_data_findings(report, select, ignore)
     report.extra = {"scan": result.stats, "splits": [s.name for s in layout.splits]}
     to_stdout = args.json == "-"
     # With --json -, stdout carries the JSON alone; the readable report moves to stderr.
@@ -72,3 +73,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(report, args.json)
     return 1 if report.reaches(fail_on) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nndoctor.data``: the same command without loading the other subcommands."""
+    parser = argparse.ArgumentParser(prog="nndoctor data", description=__doc__.splitlines()[0])
+    configure(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as error:
+        print(f"nndoctor: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("nndoctor: interrupted", file=sys.stderr)
+        return 130

@@ -19,6 +19,7 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nndoctor.data.tfrecord import is_tfrecord_name
 from nndoctor.errors import UsageError
@@ -199,7 +200,7 @@ def _walk(
         problems.unreadable.append((top, f"folder unreadable: {error.strerror or error}"))
         return
     stack: list[tuple[str, frozenset[tuple[int, int]]]] = [
-        (top, frozenset({(top_stat.st_dev, top_stat.st_ino)}))
+        (top, frozenset({(top_stat.st_dev, top_stat.st_ino)}) | _parents(top))
     ]
     while stack:
         folder, ancestors = stack.pop()
@@ -227,6 +228,18 @@ def _walk(
                 )
                 continue
             stack.append((path, ancestors | {key}))
+
+
+def _parents(folder: str) -> frozenset[tuple[int, int]]:
+    """(device, inode) of every folder above ``folder``: a link to any of them is a loop."""
+    keys = set()
+    for parent in Path(os.path.realpath(folder)).parents:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            continue
+        keys.add((st.st_dev, st.st_ino))
+    return frozenset(keys)
 
 
 def _entry_task(

@@ -89,7 +89,7 @@ def probe_file(path: str) -> FileRecord:
         return record
     try:
         _decode_into(record, data)
-    except Image.DecompressionBombError as error:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         record.kind, record.reason = "unreadable", f"decompression bomb: {error}"
     except (OSError, SyntaxError, ValueError, UnidentifiedImageError, EOFError) as error:
         record.kind, record.reason = "unreadable", f"{fmt} does not decode: {error}"

@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from nndoctor.data import checks
-from nndoctor.data.analyze import _listing, _plural
 from nndoctor.data.layout import display
+from nndoctor.data.messages import listing, plural
 from nndoctor.findings import Finding, Location
 
 KEY_PRESENCE = 0.5  # a key in at least half the records is required; see F202's docs
@@ -30,7 +30,7 @@ def _records_finding(check, rows: list[tuple[str, Any, str]], total: int, what: 
     """rows: (file, record index, detail). Files are named in evidence["files"]."""
     records = [f"{_where(p, i)}: {d}" for p, i, d in rows]
     files = sorted({display(p) for p, _, _ in rows})
-    message = f"{_plural(total, 'record')} in {_plural(len(files), 'file')} {what}: {_listing(records, total)}"
+    message = f"{plural(total, 'record')} in {plural(len(files), 'file')} {what}: {listing(records, total)}"
     return check.finding(
         message, location=Location(display(rows[0][0])),
         evidence={"count": total, "files": files, "records": records, **evidence},

@@ -13,11 +13,19 @@ from typing import Any
 INSTALLERS: list[Callable[[Any], None]] = []
 
 
+FEATURE_MODULES = (
+    "nndoctor.instrument.inputs_probe",  # input/loss statistics (D/L checks)
+    "nndoctor.instrument.numerics_probe",  # gradients, activations, seeds (O/N/B/R checks)
+    "nndoctor.explain.instrument",  # crash context: failing batch indices (E checks)
+    "nndoctor.perf.instrument",  # step-time breakdown (P checks)
+)
+
+
 def _load_feature_installers() -> None:
     # Listed explicitly (not discovered) so the set of patches is easy to audit.
     import importlib
 
-    for module_name in ("nndoctor.explain.instrument", "nndoctor.perf.instrument"):
+    for module_name in FEATURE_MODULES:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:

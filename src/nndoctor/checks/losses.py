@@ -1,0 +1,682 @@
+"""What the loss receives and how it evolves: L101–L106 (probabilities given to losses that
+expect logits or log-probabilities, shape broadcasting, the initial loss, the loss trend).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from nndoctor.events import Backward, LossComputed, RunEnd, StepEnd
+from nndoctor.findings import Severity
+from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
+from nndoctor.registry import Check, register
+
+# -- pure functions ---------------------------------------------------------------------
+
+PROBABILITY_TOLERANCE = 1e-3
+
+
+def looks_like_probabilities(summary: ClassAxisSummary, tolerance: float = PROBABILITY_TOLERANCE) -> bool:
+    """Every value in [0, 1] and every row summing to 1 along the class axis (softmax output).
+
+    Logits satisfy this only by construction, never by chance over a batch.
+    """
+    return summary.min >= -tolerance and summary.max <= 1 + tolerance and summary.sum_deviation <= tolerance
+
+
+def looks_like_log_probabilities(summary: ClassAxisSummary, tolerance: float = PROBABILITY_TOLERANCE) -> bool:
+    """Every value ≤ 0 and every row's logsumexp ≈ 0 (log_softmax output)."""
+    return summary.max <= tolerance and summary.logsumexp_deviation <= tolerance
+
+
+def grad_fn_name(tensor: Any) -> str:
+    fn = getattr(tensor, "grad_fn", None)
+    return type(fn).__name__ if fn is not None else ""
+
+
+def in_unit_interval(minimum: float, maximum: float) -> bool:
+    return minimum >= 0.0 and maximum <= 1.0
+
+
+# Elementwise losses whose (input, target) broadcast silently (torch only warns).
+BROADCASTING_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+                       "poisson_nll_loss", "binary_cross_entropy", "soft_margin_loss")
+
+
+def broadcast_blowup(input_shape: Sequence[int], target_shape: Sequence[int]) -> tuple[int, ...] | None:
+    """The broadcast shape when it holds more elements than either operand, else None."""
+    if tuple(input_shape) == tuple(target_shape):
+        return None
+    try:
+        shape = tuple(torch.broadcast_shapes(tuple(input_shape), tuple(target_shape)))
+    except RuntimeError:
+        return None
+    size = math.prod(shape)
+    if size > max(math.prod(input_shape), math.prod(target_shape)):
+        return shape
+    return None
+
+
+_BROADCAST_OPS = {"SubBackward0", "AddBackward0", "MulBackward0", "DivBackward0", "RsubBackward1"}
+# Producers that make a size-1 dimension on purpose (pairwise terms are written this way).
+_EXPLICIT_SHAPING = {"UnsqueezeBackward0", "ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0",
+                     "ExpandBackward0", "IndexBackward0", "AsStridedBackward0", "TBackward0",
+                     "PermuteBackward0", "TransposeBackward0"}
+
+
+def outer_broadcast(out_shape: Sequence[int], operand_shape: Sequence[int]) -> bool:
+    """The (N, 1) op (N,) → (N, N) signature: a column operand expanded into a square matrix."""
+    return (len(out_shape) == 2 and len(operand_shape) == 2 and out_shape[0] == out_shape[1] >= 2
+            and operand_shape[0] == out_shape[0] and operand_shape[1] == 1)
+
+
+def hand_written_broadcasts(loss: Any, max_nodes: int = 24) -> list[tuple[str, tuple[int, ...], tuple[int, ...], str]]:
+    """Walk the autograd graph from a loss toward the model (at most ``max_nodes`` nodes,
+    breadth first) and return (op, output shape, operand shape, operand producer) for every
+    elementwise op that blew a column operand up into a square matrix.
+
+    Shapes come from each graph node's input metadata: no tensor is read, nothing syncs.
+    Relies on ``Node._input_metadata`` (private API, present in torch ≥ 2.0); without it the
+    walk finds nothing.
+    """
+    root = getattr(loss, "grad_fn", None)
+    found: list[tuple[str, tuple[int, ...], tuple[int, ...], str]] = []
+    if root is None:
+        return found
+    queue, seen = [root], set()
+    while queue and len(seen) < max_nodes:
+        node = queue.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        name = type(node).__name__
+        nexts = list(getattr(node, "next_functions", ()))
+        if name in _BROADCAST_OPS:
+            try:
+                out_shape = tuple(node._input_metadata[0].shape)
+            except (AttributeError, IndexError, RuntimeError):
+                out_shape = ()
+            for producer, index in nexts:
+                if producer is None or type(producer).__name__ == "AccumulateGrad":
+                    continue
+                try:
+                    operand = tuple(producer._input_metadata[index].shape)
+                except (AttributeError, IndexError, RuntimeError):
+                    continue
+                kind = type(producer).__name__
+                if outer_broadcast(out_shape, operand) and kind not in _EXPLICIT_SHAPING:
+                    found.append((name.replace("Backward0", "").replace("Backward1", "").lower(),
+                                  out_shape, operand, kind))
+        queue.extend(p for p, _ in nexts if p is not None)
+    return found
+
+
+# L105: the implied spread of the initial logits. For i.i.d. logits z ~ N(0, σ²) over C
+# classes, E[cross-entropy] ≈ ln C + σ²/2; a first loss above ln C + 4.5 means σ > 3.
+INITIAL_EXCESS = 4.5
+
+
+def initial_loss_excess(losses: Sequence[float], classes: int) -> float | None:
+    """Mean initial loss minus ln(C) (None without data)."""
+    finite = [v for v in losses if math.isfinite(v)]
+    if not finite or classes < 2:
+        return None
+    return sum(finite) / len(finite) - math.log(classes)
+
+
+def implied_logit_std(excess: float) -> float:
+    return math.sqrt(max(0.0, 2.0 * excess))
+
+
+# L106: Mann–Kendall trend test over the observed training losses.
+TREND_MIN_POINTS = 30
+NOT_DECREASING_Z = -1.645  # no decrease significant at 5% (one-sided)
+NOT_DECREASING_RATIO = 0.99  # and the last third's median is not 1% below the first third's
+DIVERGING_Z = 2.326  # increase significant at 1% (one-sided)
+DIVERGING_RATIO = 1.5
+
+
+def mann_kendall_z(values: Sequence[float]) -> float:
+    """Mann–Kendall trend statistic (normal approximation, continuity-corrected)."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=np.float64)
+    n = len(x)
+    if n < 3:
+        return 0.0
+    diff = np.sign(x[None, :] - x[:, None])
+    s = float(np.triu(diff, k=1).sum())
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    if s == 0 or var <= 0:
+        return 0.0
+    return (s - math.copysign(1.0, s)) / math.sqrt(var)
+
+
+def thirds_ratio(values: Sequence[float]) -> float:
+    """Median of the last third over the median of the first third."""
+    import statistics
+
+    third = max(1, len(values) // 3)
+    first, last = statistics.median(values[:third]), statistics.median(values[-third:])
+    if first == 0:
+        return 1.0 if last == 0 else math.inf
+    return last / first
+
+
+def loss_trend(values: Sequence[float]) -> tuple[str, float, float] | None:
+    """("not-decreasing" | "diverging", z, ratio) or None when the loss goes down."""
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < TREND_MIN_POINTS or min(finite) < 0:
+        return None  # negative losses (log-likelihoods, GAN objectives) have no "down" to test
+    z, ratio = mann_kendall_z(finite), thirds_ratio(finite)
+    if z > DIVERGING_Z and ratio > DIVERGING_RATIO:
+        return "diverging", z, ratio
+    if z > NOT_DECREASING_Z and ratio > NOT_DECREASING_RATIO:
+        return "not-decreasing", z, ratio
+    return None
+
+
+# -- checks -----------------------------------------------------------------------------
+
+def _is_training_loss(event: LossComputed) -> bool:
+    output = event.output
+    return isinstance(output, torch.Tensor) and output.requires_grad
+
+
+@register
+class SoftmaxBeforeCrossEntropy(Check):
+    """
+    ## What it does
+    Flags `cross_entropy` / `nn.CrossEntropyLoss` inputs that are probabilities: produced
+    directly by `softmax` (seen in the autograd graph, on every call), or — on sampled
+    steps — all in [0, 1] with every row summing to 1 along the class axis (tolerance 1e-3).
+
+    ## Why is this bad?
+    `CrossEntropyLoss` applies `log_softmax` itself. Given probabilities it computes a
+    softmax of a softmax: the "logits" are squeezed into [0, 1], the loss can never go
+    below about ln(C) − 1 + small, and gradients shrink by orders of magnitude; training
+    stalls at a mediocre accuracy. Seed 004: "with nn.CrossEntropyLoss you do not add a
+    softmax by hand".
+
+    A model that ends in softmax *for inference* but whose training path returns logits is
+    fine and not reported — only what reaches the loss is examined. `log_softmax` before
+    `cross_entropy` is harmless (log_softmax is idempotent) and not reported either.
+
+    ## Example
+    ```python
+    model = nn.Sequential(backbone, nn.Linear(512, 10), nn.Softmax(dim=1))
+    loss = nn.CrossEntropyLoss()(model(x), y)
+    ```
+
+    ## Use instead
+    ```python
+    model = nn.Sequential(backbone, nn.Linear(512, 10))       # logits
+    loss = nn.CrossEntropyLoss()(model(x), y)
+    probs = model(x).softmax(dim=1)                             # only for predictions
+    ```
+
+    ## References
+    - PyTorch docs, `CrossEntropyLoss` ("input is expected to contain unnormalized logits"): https://pytorch.org/docs/stable/generated/torch.nn.CrossEntropyLoss.html
+    - shared/seeds 004.
+    """
+
+    code = "L101"
+    name = "softmax-before-cross-entropy"
+    severity = Severity.ERROR
+    summary = "CrossEntropyLoss receives probabilities (double softmax)"
+    fix = "remove the softmax before CrossEntropyLoss and pass raw logits (apply softmax only for predictions)"
+
+    def on_loss(self, event: LossComputed) -> None:
+        if event.function != "cross_entropy" or not isinstance(event.input, torch.Tensor):
+            return
+        producer = grad_fn_name(event.input)
+        evidence: dict[str, Any] = {"input_produced_by": producer or None}
+        if producer == "SoftmaxBackward0":
+            reason = "its input comes straight from softmax"
+        elif event.sampled:
+            summary = class_axis_summary(event, "input", event.input)
+            if summary is None or not looks_like_probabilities(summary):
+                return
+            reason = (f"every input value lies in [{summary.min:.3g}, {summary.max:.3g}] and each row sums to 1 "
+                      f"(max deviation {summary.sum_deviation:.1e}) over {summary.classes} classes")
+            evidence.update(min=summary.min, max=summary.max, row_sum_deviation=summary.sum_deviation)
+        else:
+            return
+        self.report(
+            f"cross_entropy receives probabilities: {reason}. CrossEntropyLoss applies log_softmax "
+            "itself, so this is a double softmax and gradients are squashed.",
+            location=event.location, evidence=evidence, step=event.step,
+        )
+
+
+@register
+class SigmoidBeforeLogitsLoss(Check):
+    """
+    ## What it does
+    Flags `binary_cross_entropy_with_logits` / `nn.BCEWithLogitsLoss` inputs produced by
+    `sigmoid` (seen in the autograd graph), or — on sampled steps — inputs confined to
+    [0, 1] on at least 3 calls with ≥ 16 values in total. Raw logits of a binary classifier
+    are centred near 0 at initialisation and become negative for half the samples, so a
+    batch of that size with no negative value (chance ≤ 2⁻¹⁶ per call at initialisation) is
+    a sigmoid output.
+
+    ## Why is this bad?
+    The loss applies the sigmoid itself. Fed probabilities, it computes σ(σ(z)) ∈ [0.5, 0.73]:
+    the model can never predict the negative class with confidence, the loss bottoms out
+    around 0.31 for positives and 0.69 for negatives, and gradients vanish.
+
+    ## Example
+    ```python
+    prob = torch.sigmoid(model(x))
+    loss = nn.BCEWithLogitsLoss()(prob, y)
+    ```
+
+    ## Use instead
+    ```python
+    loss = nn.BCEWithLogitsLoss()(model(x), y)     # logits
+    # or nn.BCELoss()(torch.sigmoid(model(x)), y), numerically weaker
+    ```
+
+    ## References
+    - PyTorch docs, `BCEWithLogitsLoss` ("combines a Sigmoid layer and the BCELoss"): https://pytorch.org/docs/stable/generated/torch.nn.BCEWithLogitsLoss.html
+    """
+
+    code = "L102"
+    name = "sigmoid-before-logits-loss"
+    severity = Severity.ERROR
+    summary = "BCEWithLogitsLoss receives sigmoid outputs"
+    fix = "pass raw logits to BCEWithLogitsLoss (remove the sigmoid), or use BCELoss on probabilities"
+
+    _MIN_CALLS = 3
+    _MIN_VALUES = 16
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._unit_calls = 0
+        self._unit_values = 0
+
+    def on_loss(self, event: LossComputed) -> None:
+        if event.function != "binary_cross_entropy_with_logits" or not isinstance(event.input, torch.Tensor):
+            return
+        producer = grad_fn_name(event.input)
+        if producer == "SigmoidBackward0":
+            reason = "its input comes straight from sigmoid"
+            evidence: dict[str, Any] = {"input_produced_by": producer}
+        elif event.sampled:
+            from nndoctor.instrument.stats import cached_stats
+
+            stats = cached_stats(event, "input", event.input)
+            if stats is None:
+                return
+            if not in_unit_interval(stats.min, stats.max):
+                self._unit_calls = self._unit_values = 0
+                return
+            self._unit_calls += 1
+            self._unit_values += stats.numel
+            if self._unit_calls < self._MIN_CALLS or self._unit_values < self._MIN_VALUES:
+                return
+            reason = (f"its inputs stayed within [0, 1] on {self._unit_calls} consecutive sampled calls "
+                      f"({self._unit_values} values, none negative; threshold ≥{self._MIN_CALLS} calls and "
+                      f"≥{self._MIN_VALUES} values)")
+            evidence = {"calls": self._unit_calls, "values": self._unit_values, "min": stats.min, "max": stats.max}
+        else:
+            return
+        self.report(
+            f"binary_cross_entropy_with_logits receives probabilities: {reason}. The loss applies the "
+            "sigmoid itself, so predictions are stuck in [0.5, 0.73].",
+            location=event.location, evidence=evidence, step=event.step,
+        )
+
+
+@register
+class NllWithoutLogSoftmax(Check):
+    """
+    ## What it does
+    Flags `nll_loss` / `nn.NLLLoss` inputs that are not log-probabilities, on sampled
+    steps: any value above 0 (raw logits — log-probabilities are ≤ 0), or rows of
+    probabilities in [0, 1] summing to 1 (softmax instead of log_softmax). Tolerance 1e-3.
+    Inputs produced by `log_softmax` are never reported.
+
+    ## Why is this bad?
+    `NLLLoss` only picks `-input[target]`; it expects `log_softmax` output. Given logits it
+    rewards making the target logit large without any normalisation (the loss goes to −∞,
+    the model learns nothing calibrated); given probabilities the loss is bounded in
+    [−1, 0] and the gradients are tiny.
+
+    ## Example
+    ```python
+    loss = F.nll_loss(model(x), y)                   # model returns logits
+    ```
+
+    ## Use instead
+    ```python
+    loss = F.nll_loss(F.log_softmax(model(x), dim=1), y)
+    # or simply F.cross_entropy(model(x), y)
+    ```
+
+    ## References
+    - PyTorch docs, `NLLLoss` ("obtaining log-probabilities … add a LogSoftmax layer"): https://pytorch.org/docs/stable/generated/torch.nn.NLLLoss.html
+    """
+
+    code = "L103"
+    name = "nll-without-log-softmax"
+    severity = Severity.ERROR
+    summary = "NLLLoss receives values that are not log-probabilities"
+    fix = "apply log_softmax(dim=1) before NLLLoss, or use cross_entropy on raw logits"
+
+    def on_loss(self, event: LossComputed) -> None:
+        if event.function != "nll_loss" or not event.sampled or not isinstance(event.input, torch.Tensor):
+            return
+        if grad_fn_name(event.input) == "LogSoftmaxBackward0":
+            return
+        summary = class_axis_summary(event, "input", event.input)
+        if summary is None or looks_like_log_probabilities(summary):
+            return
+        if looks_like_probabilities(summary):
+            reason = (f"its rows are probabilities (values in [{summary.min:.3g}, {summary.max:.3g}], each row "
+                      "sums to 1): softmax was used instead of log_softmax")
+        elif summary.max > PROBABILITY_TOLERANCE:
+            reason = (f"it contains positive values up to {summary.max:.4g} (log-probabilities are ≤ 0): "
+                      "these are raw logits")
+        else:
+            return  # ≤ 0 but not normalised: could be a deliberate custom log-likelihood
+        self.report(
+            f"nll_loss input is not log-probabilities: {reason}.",
+            location=event.location,
+            evidence={"min": summary.min, "max": summary.max, "row_sum_deviation": summary.sum_deviation,
+                      "logsumexp_deviation": summary.logsumexp_deviation},
+            step=event.step,
+        )
+
+
+@register
+class BroadcastInLoss(Check):
+    """
+    ## What it does
+    Two detectors for a prediction and a target whose shapes broadcast into a larger tensor:
+
+    * loss functions (`mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, `kl_div`,
+      `poisson_nll_loss`, `binary_cross_entropy`, `soft_margin_loss` and their modules):
+      `input.shape != target.shape` and the broadcast shape has more elements than either
+      (checked on every call, shapes only);
+    * hand-written losses such as `((pred - y) ** 2).mean()`: on sampled steps, at
+      `backward()`, a breadth-first walk of at most 24 nodes of the autograd graph from
+      the loss looks for an elementwise sub/add/mul/div whose output is a square (N, N)
+      matrix built from an (N, 1) operand — the (N, 1) vs (N,) accident. Shapes are read
+      from the graph's metadata; no tensor is touched and nothing synchronises. This was
+      chosen over patching `Tensor.__sub__`, which would cost every subtraction of the
+      program. The finding points at the `backward()` line (the graph does not record
+      where the subtraction was written). Operands shaped on purpose by
+      `unsqueeze`/`view`/indexing (pairwise-distance losses) are not reported.
+
+    ## Why is this bad?
+    With `pred` (N, 1) and `y` (N,), `pred - y` is (N, N): every prediction is compared
+    with every target, the loss is minimised by predicting the mean of the targets, and
+    the model learns nothing per sample — without any error (torch only warns for the
+    loss functions). Seed 002 notes the broadcasting rules ("each dimension equal, or one
+    of them 1, or missing") and how a 1-D tensor silently aligns to the right.
+
+    ## Example
+    ```python
+    pred = model(x)                  # (N, 1)
+    loss = ((pred - y) ** 2).mean()  # y: (N,)  -> (N, N)
+    ```
+
+    ## Use instead
+    ```python
+    loss = ((pred.squeeze(1) - y) ** 2).mean()   # or F.mse_loss(pred, y.unsqueeze(1))
+    ```
+
+    ## References
+    - PyTorch broadcasting semantics: https://pytorch.org/docs/stable/notes/broadcasting.html
+    - shared/seeds 002 (broadcast rules).
+    """
+
+    code = "L104"
+    name = "broadcast-in-loss"
+    severity = Severity.ERROR
+    summary = "prediction/target shapes broadcast into a larger tensor inside the loss ((N,1) vs (N,) → (N,N))"
+    fix = "give prediction and target the same shape (pred.squeeze(1) or target.unsqueeze(1))"
+
+    def on_loss(self, event: LossComputed) -> None:
+        if event.function not in BROADCASTING_LOSSES:
+            return
+        inp, target = event.input, event.target
+        if not isinstance(inp, torch.Tensor) or not isinstance(target, torch.Tensor):
+            return
+        shape = broadcast_blowup(inp.shape, target.shape)
+        if shape is None:
+            return
+        self.report(
+            f"{event.function} input {list(inp.shape)} and target {list(target.shape)} broadcast to "
+            f"{list(shape)}: every prediction is compared with every target.",
+            location=event.location,
+            evidence={"input_shape": list(inp.shape), "target_shape": list(target.shape),
+                      "broadcast_shape": list(shape)},
+            step=event.step,
+        )
+
+    def on_backward(self, event: Backward) -> None:
+        if not event.sampled or not isinstance(event.tensor, torch.Tensor) or event.tensor.numel() != 1:
+            return
+        found = hand_written_broadcasts(event.tensor)
+        if not found:
+            return
+        op, out_shape, operand, producer = found[0]
+        self.report(
+            f"the loss being backpropagated contains a {op} that expands a {list(operand)} tensor "
+            f"(produced by {producer}) into {list(out_shape)}: an (N, 1) prediction meets an (N,) target, "
+            "so every prediction is compared with every target.",
+            location=event.location,
+            evidence={"op": op, "operand_shape": list(operand), "output_shape": list(out_shape),
+                      "operand_producer": producer},
+            step=event.step,
+        )
+
+
+@register
+class InitialLossSuspicious(Check):
+    """
+    ## What it does
+    Averages the classification losses (`cross_entropy`, `nll_loss`, mean reduction, with
+    gradients) computed before the first optimizer step and compares them with ln(C), the
+    loss of a model that knows nothing yet. It reports a first loss above ln(C) + 4.5.
+
+    For i.i.d. logits z ~ N(0, σ²) the expected cross-entropy is ≈ ln C + σ²/2, so the
+    threshold means an initial logit spread σ > 3 — far above what standard initialisation
+    gives (σ ≈ 0.3–1). Known false positives: a run resumed from a checkpoint that is
+    confidently wrong on the new data (e.g. a new label mapping) — which is worth knowing too.
+
+    ## Why is this bad?
+    A too-large initial loss means the network starts saturated: inputs not normalised,
+    a bad initialisation scale, a final layer with a large bias, or a temperature/scale
+    bug. The first hundreds of steps are spent undoing it, and softmax saturation can stall
+    training entirely ("verify loss @ init", Karpathy's recipe).
+
+    ## Example
+    ```python
+    model = nn.Linear(784, 10)
+    nn.init.normal_(model.weight, std=1.0)        # logits with std ~28
+    loss = F.cross_entropy(model(x), y)            # ~40 instead of ln(10) = 2.3
+    ```
+
+    ## Use instead
+    ```python
+    model = nn.Linear(784, 10)                     # default (Kaiming-uniform) init
+    # and inputs normalised to unit scale
+    ```
+
+    ## References
+    - A. Karpathy, "A Recipe for Training Neural Networks" (2019), "verify loss @ init".
+    - Glorot & Bengio, "Understanding the difficulty of training deep feedforward neural networks", AISTATS 2010.
+    """
+
+    code = "L105"
+    name = "initial-loss-suspicious"
+    severity = Severity.WARNING
+    heuristic = True
+    summary = "first classification losses far from ln(C) (bad init, scaling or labels)"
+    fix = "check input normalisation, the init scale of the last layer and the labels; the first loss should be near ln(C)"
+
+    _MAX_LOSSES = 4
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._losses: list[float] = []
+        self._classes = 0
+        self._location = None
+        self._done = False
+
+    def on_loss(self, event: LossComputed) -> None:
+        if self._done or event.step > 0 or event.function not in ("cross_entropy", "nll_loss"):
+            return
+        if event.options.get("reduction", "mean") != "mean" or not _is_training_loss(event):
+            return
+        inp = event.input
+        if not isinstance(inp, torch.Tensor) or inp.dim() == 0 or len(self._losses) >= self._MAX_LOSSES:
+            return
+        classes = int(inp.shape[1] if inp.dim() >= 2 else inp.shape[0])
+        if self._classes and classes != self._classes:
+            return
+        self._classes = classes
+        self._losses.append(float(event.output.detach().float()))  # step 0 is always sampled
+        if self._location is None:
+            self._location = event.location
+
+    def on_step_end(self, event: StepEnd) -> None:
+        self._conclude()
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self._conclude()
+
+    def _conclude(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        excess = initial_loss_excess(self._losses, self._classes)
+        if excess is None or excess <= INITIAL_EXCESS:
+            return
+        mean = excess + math.log(self._classes)
+        self.report(
+            f"the first loss{'es' if len(self._losses) > 1 else ''} before any optimizer step average "
+            f"{mean:.3g} for {self._classes} classes, while an untrained model should give about "
+            f"ln({self._classes}) = {math.log(self._classes):.3g} (threshold ln(C) + {INITIAL_EXCESS}): that implies "
+            f"initial logits with a spread of about {implied_logit_std(excess):.2g} instead of ≲ 1.",
+            location=self._location,
+            evidence={"initial_losses": [round(v, 4) for v in self._losses], "classes": self._classes,
+                      "ln_classes": math.log(self._classes), "implied_logit_std": implied_logit_std(excess)},
+            step=0,
+        )
+
+
+@register
+class LossNotDecreasing(Check):
+    """
+    ## What it does
+    Records the value of every loss passed to `backward()` without extra synchronisation
+    (each value is copied into a small buffer on the loss's device and read on sampled
+    steps) and, at the end of the run, applies the Mann–Kendall trend test to the sequence.
+    With at least 30 values it reports:
+
+    * **not decreasing**: no significant decrease (z > −1.645, one-sided 5%) *and* the
+      median of the last third of the losses is not 1% below the median of the first third;
+    * **diverging**: a significant increase (z > 2.326, one-sided 1%) *and* the last third's
+      median at least 1.5× the first third's.
+
+    Runs with several optimizers (GANs, whose losses need not decrease) and losses that go
+    negative (log-likelihoods) are not examined. Known false positives: a run resumed at a
+    plateau, reinforcement-learning objectives, a learning-rate warm-up longer than the run.
+
+    ## Why is this bad?
+    A loss that does not go down means nothing is being learned: learning rate far too low
+    or too high, labels shuffled independently of the inputs, a frozen model, a bug
+    between the model and the loss. Seed 003 chased NaN and exploding weights for days
+    after the loss stopped improving; seeing the flat curve early saves the GPU-days.
+
+    ## Example
+    ```python
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-7)
+    ```
+
+    ## Use instead
+    ```python
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)   # after an LR range test
+    ```
+
+    ## References
+    - H. B. Mann, "Nonparametric tests against trend", Econometrica 1945; M. G. Kendall, Rank Correlation Methods, 1975.
+    - shared/seeds 003.
+    """
+
+    code = "L106"
+    name = "loss-not-decreasing"
+    severity = Severity.WARNING
+    heuristic = True
+    summary = "no downward trend of the training loss over the observed window, or divergence"
+    fix = "check the learning rate (LR range test), that labels match inputs, and that the optimizer updates the model"
+
+    _MAX_VALUES = 4096
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._buffer: torch.Tensor | None = None
+        self._filled = 0
+        self._values: list[float] = []
+        self._location = None
+        self._first_step: int | None = None
+
+    def on_backward(self, event: Backward) -> None:
+        loss = event.tensor
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            return
+        if self._location is None:
+            self._location, self._first_step = event.location, event.step
+        buffer = self._buffer
+        if buffer is None or buffer.device != loss.device:
+            self._flush()
+            size = 4 * self.session.sample_every + self.session.full_window + 8
+            buffer = self._buffer = torch.empty(size, dtype=torch.float32, device=loss.device)
+        if self._filled < buffer.numel():  # when full, skip until the next sampled flush
+            with torch.no_grad():
+                buffer[self._filled].copy_(loss.detach().reshape(()))
+            self._filled += 1
+        if event.sampled:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer is None or not self._filled:
+            return
+        self._values.extend(self._buffer[: self._filled].tolist())  # the only sync, on sampled steps
+        self._filled = 0
+        if len(self._values) > self._MAX_VALUES:  # halve the resolution, keep the whole window
+            v = self._values
+            self._values = [(v[i] + v[i + 1]) / 2 for i in range(0, len(v) - 1, 2)]
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self._flush()
+        self._buffer = None
+        if len(list(self.session.state.optimizers)) > 1:
+            return
+        verdict = loss_trend(self._values)
+        if verdict is None:
+            return
+        kind, z, ratio = verdict
+        n = len(self._values)
+        if kind == "diverging":
+            what = (f"the training loss rises: Mann–Kendall z = {z:.2f} over {n} losses (threshold > {DIVERGING_Z}), "
+                    f"last-third median {ratio:.2f}× the first third's (threshold {DIVERGING_RATIO}×)")
+        else:
+            what = (f"the training loss does not go down: Mann–Kendall z = {z:.2f} over {n} losses (a decrease "
+                    f"needs z < {NOT_DECREASING_Z}), last-third median {ratio:.3f}× the first third's "
+                    f"(needs < {NOT_DECREASING_RATIO})")
+        self.report(
+            what + ".",
+            location=self._location,
+            evidence={"trend": kind, "mann_kendall_z": z, "thirds_ratio": ratio, "losses_observed": n,
+                      "first": self._values[:3], "last": self._values[-3:]},
+            step=self._first_step,
+        )

@@ -1,0 +1,718 @@
+"""Numerics and activations: N101 non-finite loss, N102 non-finite gradients, N103 dead ReLUs,
+N104 saturated sigmoid/tanh, N105 float16 autocast without a GradScaler."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from nndoctor.events import Backward, Forward, ModuleOutput, RunEnd, StepStart
+from nndoctor.findings import Location, Severity
+from nndoctor.instrument.numerics_probe import (
+    ModuleRecord,
+    PendingFlag,
+    cached_gradient_stats,
+    first_nonfinite,
+    observe_module,
+    params_finite,
+    probe_state,
+)
+from nndoctor.instrument.location import user_location
+from nndoctor.instrument.stats import first_tensor
+from nndoctor.registry import Check, register
+
+
+# -- N101 ----------------------------------------------------------------------------------------
+def scalar_is_finite(tensor: Any) -> bool | None:
+    """Finiteness of a loss read without a device sync: None when that needs one (CUDA)."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        return True
+    if tensor.device.type != "cpu":
+        return None
+    with torch.no_grad():
+        if tensor.numel() == 1:
+            return math.isfinite(tensor.detach().item())  # ~2 µs; a tensor op costs far more
+        return bool(torch.isfinite(tensor.detach()).all())
+
+
+@dataclass(frozen=True)
+class NonfiniteOrigin:
+    """Where a non-finite loss came from, as N101 words it (plain data, unit-testable)."""
+
+    loss_step: int
+    traced_step: int
+    module: str | None
+    module_type: str | None
+    first_module: bool  # the culprit is the first module called in the forward
+    inputs_finite: bool | None
+    weights_finite: bool | None
+    weights_finite_at_loss_step: bool | None
+
+
+def explain_origin(origin: NonfiniteOrigin) -> str:
+    """The N101 message: the step, the module, and how sure we are that it is the origin."""
+    head = f"The loss became non-finite (NaN/Inf) at step {origin.loss_step}."
+    if origin.traced_step != origin.loss_step:
+        known = ("all weights were still finite then" if origin.weights_finite_at_loss_step
+                 else "weights not checked then" if origin.weights_finite_at_loss_step is None
+                 else "some weights were already non-finite then")
+        head += (f" That step was not traced ({known}); the next forward, at step "
+                 f"{origin.traced_step}, was traced module by module.")
+    if origin.module is None:
+        return (head + " No module output was non-finite: the NaN/Inf is produced outside the "
+                "nn.Modules, in the loss computation (log(0), division by zero, sqrt of a negative, "
+                "overflow in a hand-written loss).")
+    where = f"`{origin.module}` ({origin.module_type})"
+    if origin.inputs_finite is False and origin.first_module:
+        return head + f" The input batch already held NaN/Inf: the first module, {where}, received it."
+    if origin.weights_finite is False:
+        text = (head + f" The first module whose output became non-finite is {where}, whose weights "
+                "are already non-finite: an optimizer step applied non-finite gradients.")
+        if origin.traced_step != origin.loss_step and origin.weights_finite_at_loss_step:
+            text += (f" The step-{origin.loss_step} update is what broke them, so the origin at step "
+                     f"{origin.loss_step} is not visible here: rerun with NNDOCTOR_FULL_WINDOW="
+                     f"{origin.loss_step + 1} (and a fixed seed) to trace that step exactly.")
+        return text
+    if origin.inputs_finite is False:
+        return head + (f" The first module whose output became non-finite is {where}; its inputs "
+                       "were already non-finite, produced by code between modules.")
+    return head + (f" The first module whose output became non-finite is {where}, while its inputs "
+                   "and weights were finite: the NaN/Inf is created there (overflow, log/sqrt/"
+                   "division of out-of-domain values).")
+
+
+@register
+class NonfiniteLoss(Check):
+    """
+    ## What it does
+    Looks at the loss given to ``backward()`` on every step and, when it is NaN or Inf,
+    names the step and the first module whose output became non-finite.
+
+    Method and cost (the trade-off):
+
+    - The loss is checked on **every** step. On CPU that is one ``.item()`` (about 2 µs);
+      on CUDA the check is queued on the device and its answer copied to pinned host
+      memory without waiting, then read a step or two later — no synchronisation.
+    - On **sampled** steps (the first 16, then every 32nd) every submodule's output
+      finiteness is recorded as it completes (``module_output`` events; on CUDA as device
+      flags read once, at ``backward()``). A NaN that appears on a sampled step is traced
+      exactly: the first module, in completion order, whose output was non-finite while
+      its inputs and weights were finite.
+    - When the loss first turns non-finite on an **untraced** step, nndoctor arms global
+      forward hooks for the next forward only (they are not registered at all otherwise,
+      so untraced steps pay nothing) and traces that forward. If the weights are still
+      finite there (GradScaler skipped the step, or the problem is in the data or an op),
+      the module found is the origin. If the bad step's update already made the weights
+      non-finite, the message says so and gives the exact command to trace that step:
+      ``NNDOCTOR_FULL_WINDOW=<step+1>``, which makes the step fully instrumented.
+    - Tracing every module on every step would make the origin exact always, but one
+      reduction per module output costs about as much as an element-wise layer — more
+      than the 10% CPU overhead budget on conv nets — so it is kept to sampled steps.
+
+    ## Why is this bad?
+    Once the loss is NaN, every gradient and then every weight becomes NaN; training is
+    over while the loop keeps running (seeds 001 and 003: "loss becomes NaN", "NaN in
+    summary histogram"). The traceback-free symptom gives no hint of the cause; the first
+    module that produced the NaN does: a ``log``/``sqrt`` of a value that reached its domain
+    edge, an overflow in float16, a division by a zero norm, or NaN already in the data.
+
+    ## Example
+    ```python
+    class LogFeatures(nn.Module):
+        def forward(self, x):
+            return torch.log(x)            # x can be <= 0
+    ```
+
+    ## Use instead
+    ```python
+    class LogFeatures(nn.Module):
+        def forward(self, x):
+            return torch.log(x.clamp_min(1e-6))
+    ```
+    Also: lower the learning rate or clip gradients when the NaN follows exploding
+    gradients (O104), use ``F.log_softmax``/``BCEWithLogitsLoss`` instead of ``log(softmax)``,
+    and check the data for NaN (D106).
+
+    ## References
+    - PyTorch docs, ``torch.autograd.detect_anomaly`` (the exact but slow alternative): https://pytorch.org/docs/stable/autograd.html#anomaly-detection
+    - shared/seeds 001, 003 (NaN losses and histograms).
+    """
+
+    code = "N101"
+    name = "nonfinite-loss"
+    severity = Severity.ERROR
+    summary = "NaN/Inf loss, naming the first module whose output became non-finite"
+    fix = ("fix the module named in the message (clamp before log/sqrt, add eps to divisions, "
+           "use log_softmax/BCEWithLogitsLoss), lower the learning rate or clip gradients")
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._records: list[ModuleRecord] = []
+        self._modules: list[weakref.ref] = []
+        self._records_step: int | None = None
+        self._pending: deque[PendingFlag] = deque()
+        self._bad_step: int | None = None
+        self._weights_ok_at_bad: bool | None = None
+        self._awaiting_trace = False
+        self._done = False
+
+    # -- recording module outputs ------------------------------------------------------------
+    def _record(self, step: int, qualname: str, module: Any, inputs: Any, output: Any,
+                locate: Any) -> None:
+        if step != self._records_step:
+            self._records, self._modules, self._records_step = [], [], step
+        record = observe_module(qualname, module, inputs, output)
+        if record is None:
+            return
+        if isinstance(record.output_finite, torch.Tensor):
+            record.location = locate()  # CUDA: which module it will be is known only later
+        elif record.output_finite is False and all(r.output_finite is not False for r in self._records):
+            record.location = locate()  # CPU: resolved for the first non-finite module only
+        self._records.append(record)
+        self._modules.append(weakref.ref(module))
+
+    def on_module_output(self, event: ModuleOutput) -> None:
+        if self._done:
+            return
+        self._record(event.step, event.qualname, event.module, event.inputs, event.output,
+                     lambda: event.location)
+
+    def _traced(self, qualname: str, module: Any, inputs: Any, output: Any, root: Any) -> None:
+        session = self.session
+        if session.sampled and session.wants("module_output"):
+            return  # module_output events already record this step
+        self._record(session.step, qualname, module, inputs, output, user_location)
+
+    # -- the loss ------------------------------------------------------------------------------
+    def on_backward(self, event: Backward) -> None:
+        if self._done:
+            return
+        if self._awaiting_trace:
+            self._conclude(event.step, event.location)
+            return
+        finite = scalar_is_finite(event.tensor)
+        if finite is None:
+            finite = self._device_check(event)
+        if finite is False:
+            self._first_bad(event.step, event.location)
+        self._poll()
+
+    def _device_check(self, event: Backward) -> bool:
+        tensor = event.tensor.detach()
+        with torch.no_grad():
+            flag = torch.isfinite(tensor).all()
+        if event.sampled:
+            return bool(flag)  # syncs are allowed on sampled steps
+        if len(self._pending) < 8:
+            self._pending.append(PendingFlag(flag, event.step))
+        return True
+
+    def _poll(self) -> None:
+        while self._pending and self._pending[0].ready():
+            pending = self._pending.popleft()
+            if not pending.value and self._bad_step is None:
+                self._bad_step = pending.step
+                self._arm()
+
+    def _first_bad(self, step: int, location: Location | None) -> None:
+        self._bad_step = step
+        if self._records_step == step and self._records:
+            self._conclude(step, location)  # a traced step: exact answer now
+            return
+        self._weights_ok_at_bad = self._trained_weights_finite()
+        self._arm()
+
+    def _arm(self) -> None:
+        tracer = probe_state(self.session).tracer
+        if tracer is None:
+            return
+        self._awaiting_trace = True
+        self._records, self._modules, self._records_step = [], [], None
+        tracer.arm(self._traced)
+
+    def _trained_weights_finite(self) -> bool | None:
+        roots = self.session.state.trained_roots()
+        if not roots:
+            return None
+        if any(p.device.type != "cpu" for r in roots for p in r.parameters()):
+            return None  # would need a sync on an untraced step
+        return all(params_finite(r) for r in roots)
+
+    def _conclude(self, step: int, location: Location | None) -> None:
+        tracer = probe_state(self.session).tracer
+        if tracer is not None:
+            tracer.disarm()
+        self._awaiting_trace = False
+        self._done = True
+        records = self._records if self._records_step == step else []
+        culprit = first_nonfinite(records)
+        weights = None
+        if culprit is not None:
+            module = self._modules[records.index(culprit)]()
+            weights = params_finite(module) if module is not None else None
+        bad = self._bad_step if self._bad_step is not None else step
+        origin = NonfiniteOrigin(
+            loss_step=bad, traced_step=step,
+            module=culprit.qualname if culprit else None,
+            module_type=culprit.module_type if culprit else None,
+            first_module=bool(records) and culprit is records[0],
+            inputs_finite=culprit.input_finite if culprit else None,
+            weights_finite=weights, weights_finite_at_loss_step=self._weights_ok_at_bad,
+        )
+        where = culprit.location if culprit is not None else None
+        self.report(
+            explain_origin(origin),
+            location=where or location,
+            evidence={"step": bad, "traced_step": step, "module": origin.module,
+                      "module_type": origin.module_type, "module_inputs_finite": origin.inputs_finite,
+                      "module_weights_finite": weights},
+            step=bad,
+        )
+        self._records, self._modules = [], []
+
+    def on_run_end(self, event: RunEnd) -> None:
+        if self._awaiting_trace and not self._done:
+            self._conclude(self._records_step if self._records_step is not None else event.step, None)
+
+
+# -- N102 ----------------------------------------------------------------------------------------
+@register
+class NonfiniteGradients(Check):
+    """
+    ## What it does
+    At sampled ``optimizer.step()`` calls, looks for NaN/Inf gradients (from the shared,
+    once-per-step gradient norms) and names the first parameter, in model order, that has
+    one, and how many parameter tensors are affected.
+
+    Steps that a ``GradScaler`` skips are not reported: ``scaler.step(optimizer)`` does not
+    call ``optimizer.step()`` when it found Inf/NaN, which is mixed precision working as
+    designed. Non-finite gradients *reaching* ``optimizer.step()`` are always a bug.
+
+    ## Why is this bad?
+    The step writes NaN into the weights; from the next forward on the loss is NaN and
+    training is over (seed 001). When the loss itself is finite, the cause is in the
+    backward pass: ``sqrt``/``norm`` of an exact zero, ``pow`` with a fractional exponent
+    at 0, a custom ``autograd.Function``, or float16 overflow without loss scaling.
+
+    ## Example
+    ```python
+    dist = (a - b).norm(dim=1)        # gradient of norm at 0 is NaN
+    loss = dist.mean(); loss.backward(); optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    dist = ((a - b).pow(2).sum(dim=1) + 1e-12).sqrt()
+    ```
+    With float16 use ``torch.amp.GradScaler`` and ``scaler.step(optimizer)``; clip with
+    ``torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True)`` to fail early.
+
+    ## References
+    - PyTorch docs, "Automatic Mixed Precision examples" (GradScaler skips Inf/NaN steps): https://pytorch.org/docs/stable/notes/amp_examples.html
+    - shared/seeds 001.
+    """
+
+    code = "N102"
+    name = "nonfinite-gradients"
+    severity = Severity.ERROR
+    summary = "NaN/Inf gradients reach optimizer.step() (outside GradScaler skip steps)"
+    fix = "find the op whose backward produces NaN (norm/sqrt at 0, custom Function), add eps or clamp; use GradScaler with float16"
+
+    def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled or event.has_closure:
+            return
+        stats = cached_gradient_stats(event, self.session)
+        if stats is None or not stats.nonfinite:
+            return
+        bad = stats.nonfinite
+        first = stats.names[bad[0]]
+        scaler = self.session.state.scaler() if self.session.state.scaler else None
+        note = (" A GradScaler is in use but optimizer.step() was called directly: call "
+                "scaler.step(optimizer) so Inf/NaN steps are skipped." if scaler is not None else "")
+        self.report(
+            f"{len(bad)} of {len(stats.names)} gradient tensors hold NaN/Inf at "
+            f"{type(event.optimizer).__name__}.step() (step {event.step}); first in model order: "
+            f"{first}. The step writes NaN into the weights.{note}",
+            location=event.location,
+            evidence={"first_parameter": first, "nonfinite_parameters": [stats.names[i] for i in bad[:10]],
+                      "count": len(bad), "total": len(stats.names)},
+            step=event.step,
+        )
+
+
+# -- N103 / N104: activation statistics ----------------------------------------------------------------
+RELU_TYPES = (nn.ReLU, nn.ReLU6)
+SATURATING_TYPES = (nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardsigmoid)
+
+
+def unit_axis(shape: tuple[int, ...]) -> int | None:
+    """The axis of "units" of an activation: features (last) for 2-D/3-D, channels for 4-D/5-D."""
+    if len(shape) in (2, 3):
+        return len(shape) - 1
+    if len(shape) in (4, 5):
+        return 1
+    return None
+
+
+def active_units(output: torch.Tensor) -> torch.Tensor | None:
+    """Per-unit booleans: was the unit positive for any sample/position of this batch?"""
+    axis = unit_axis(tuple(output.shape))
+    if axis is None:
+        return None
+    with torch.no_grad():
+        positive = output.detach() > 0
+        dims = [d for d in range(output.dim()) if d != axis]
+        return positive.amax(dim=dims).cpu()
+
+
+def dead_fraction(active: torch.Tensor) -> float:
+    """Fraction of units never active over the accumulated window."""
+    return 1.0 - float(active.float().mean())
+
+
+@dataclass
+class _UnitWindow:
+    active: torch.Tensor
+    samples: int
+    batches: int
+    location: Location | None
+    module_type: str
+
+
+@register
+class DeadRelu(Check):
+    """
+    ## What it does
+    On sampled training forwards, records for every ``nn.ReLU``/``nn.ReLU6`` layer which
+    units (features of 2-D/3-D outputs, channels of 4-D/5-D outputs) were positive for at
+    least one sample. At the end of the run it reports layers where **at least 90%** of
+    the units were never active over the last sampled batches (at least 64 samples in 4
+    batches).
+
+    Known limits and false positives: functional ``F.relu`` calls are not modules and are
+    not seen; for 3-D outputs the last axis is taken as the features (Linear on sequences),
+    so a ``Conv1d`` + ``ReLU`` counts positions instead of channels; a layer whose input
+    is legitimately almost always negative (rare by design) would be reported.
+
+    ## Why is this bad?
+    A ReLU unit that outputs 0 for every input gets zero gradient and never recovers: the
+    layer's capacity is gone. It happens after a too-large learning rate step pushed the
+    biases very negative, or with a bad initialisation. A healthy ReLU layer at
+    initialisation has about half of its outputs active and almost no unit inactive on a
+    whole batch: 90% dead units is far outside normal training.
+
+    ## Example
+    ```python
+    optimizer = torch.optim.SGD(model.parameters(), lr=5.0)   # one huge step kills the units
+    ```
+
+    ## Use instead
+    ```python
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    ```
+    or ``nn.LeakyReLU``/``nn.GELU``, Kaiming initialisation, BatchNorm before the ReLU.
+
+    ## References
+    - Lu et al., "Dying ReLU and Initialization: Theory and Numerical Examples" (2019): https://arxiv.org/abs/1903.06733
+    - CS231n notes, "Neural Networks Part 1" (dead ReLUs, "as much as 40% of your network can be dead"): https://cs231n.github.io/neural-networks-1/
+    """
+
+    code = "N103"
+    name = "dead-relu"
+    severity = Severity.WARNING
+    summary = "a ReLU layer with ≥90% of units never active"
+    fix = "lower the learning rate, use Kaiming init or LeakyReLU/GELU, or add normalisation before the ReLU"
+    heuristic = True
+    DEAD_FRACTION = 0.9
+    MIN_SAMPLES = 64
+    MIN_BATCHES = 4
+    WINDOW = 8
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._windows: dict[str, deque[tuple[torch.Tensor, int]]] = {}
+        self._info: dict[str, tuple[Location | None, str]] = {}
+
+    def on_module_output(self, event: ModuleOutput) -> None:
+        module = event.module
+        if not isinstance(module, RELU_TYPES) or not module.training or not torch.is_grad_enabled():
+            return
+        out = first_tensor(event.output)
+        if out is None or not out.is_floating_point():
+            return
+        key = event.cache.get("nndoctor.relu_active")
+        if key is None:
+            key = event.cache["nndoctor.relu_active"] = active_units(out)
+        if key is None:
+            return
+        name = f"{type(event.root).__name__}.{event.qualname}"
+        window = self._windows.setdefault(name, deque(maxlen=self.WINDOW))
+        if window and window[-1][0].shape != key.shape:
+            window.clear()
+        axis = unit_axis(tuple(out.shape))
+        window.append((key, out.numel() // max(1, out.shape[axis])))
+        if name not in self._info:
+            self._info[name] = (event.location, type(module).__name__)
+
+    def on_run_end(self, event: RunEnd) -> None:
+        for name, window in self._windows.items():
+            verdict = dead_verdict([a for a, _ in window], sum(n for _, n in window),
+                                   self.DEAD_FRACTION, self.MIN_SAMPLES, self.MIN_BATCHES)
+            if verdict is None:
+                continue
+            dead, units = verdict
+            location, kind = self._info[name]
+            self.report(
+                f"{name} ({kind}): {dead} of {units} units ({dead / units:.0%}) were never active "
+                f"(output 0 for every sample) over the last {len(window)} sampled training batches "
+                f"— threshold {self.DEAD_FRACTION:.0%}. These units get no gradient and cannot recover.",
+                location=location,
+                evidence={"layer": name, "dead_units": dead, "units": units,
+                          "batches": len(window), "threshold": self.DEAD_FRACTION},
+                step=event.step,
+            )
+
+
+def dead_verdict(actives: list[torch.Tensor], samples: int, threshold: float, min_samples: int,
+                 min_batches: int) -> tuple[int, int] | None:
+    """(dead units, units) when the union of activity leaves ≥ threshold of units dead."""
+    if len(actives) < min_batches or samples < min_samples:
+        return None
+    union = actives[0].clone()
+    for a in actives[1:]:
+        union |= a
+    units = union.numel()
+    dead = units - int(union.sum())
+    return (dead, units) if units and dead / units >= threshold else None
+
+
+def saturation_fraction(output: torch.Tensor, module: Any) -> float | None:
+    """Fraction of outputs within 1% of the activation's range from its limits."""
+    if isinstance(module, (nn.Sigmoid, nn.Hardsigmoid)):
+        low, high = 0.0, 1.0
+    elif isinstance(module, (nn.Tanh, nn.Hardtanh)):
+        low = float(getattr(module, "min_val", -1.0))
+        high = float(getattr(module, "max_val", 1.0))
+    else:
+        return None
+    margin = 0.01 * (high - low)
+    with torch.no_grad():
+        x = output.detach()
+        pinned = (x <= low + margin) | (x >= high - margin)
+        return float(pinned.float().mean())
+
+
+@register
+class SaturatedActivations(Check):
+    """
+    ## What it does
+    On sampled training forwards, measures for every *hidden* ``nn.Sigmoid``/``nn.Tanh``
+    (and hard variants) the fraction of outputs within 1% of the range from a limit
+    (sigmoid < 0.01 or > 0.99, tanh beyond ±0.98). It reports a layer whose mean saturated
+    fraction over the last sampled batches (at least 4) is **≥ 50%**.
+
+    Output layers are excluded — a layer whose output *is* the model's output — since a
+    confident classifier's final sigmoid is meant to approach 0 and 1. Gates inside
+    ``nn.LSTM``/``nn.GRU`` are not modules and are not measured. Known false positive: a
+    hidden sigmoid used on purpose as a hard gate (attention masks, binarisation).
+
+    ## Why is this bad?
+    At 0.99 the derivative of a sigmoid is 0.0099 (25× below its maximum 0.25) and that of
+    tanh at ±0.98 is 0.04 (25× below 1): when half a layer is pinned there, half the layer
+    passes almost no gradient and learning stalls (Glorot & Bengio 2010 observed exactly
+    this saturation of sigmoid layers). The usual cause is inputs on a large scale
+    (unnormalised features or pixels 0–255) or too large initial weights.
+
+    ## Example
+    ```python
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    model(x_raw * 100)                     # features in the hundreds
+    ```
+
+    ## Use instead
+    ```python
+    x = (x_raw - mean) / std               # unit-scale inputs
+    ```
+    or Xavier initialisation for tanh/sigmoid, normalisation layers, ReLU-family activations.
+
+    ## References
+    - Glorot & Bengio, "Understanding the difficulty of training deep feedforward neural networks" (2010): https://proceedings.mlr.press/v9/glorot10a.html
+    - LeCun et al., "Efficient BackProp" (1998), section 4.4 (input scaling and sigmoid saturation).
+    """
+
+    code = "N104"
+    name = "saturated-activations"
+    severity = Severity.WARNING
+    summary = "sigmoid/tanh outputs pinned at their limits"
+    fix = "normalise the inputs of the layer (standardise features, scale pixels), use Xavier init or normalisation layers"
+    heuristic = True
+    THRESHOLD = 0.5
+    MIN_BATCHES = 4
+    WINDOW = 8
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._pending: list[tuple[str, int, float, Location | None, str]] = []
+        self._windows: dict[str, deque[float]] = {}
+        self._info: dict[str, tuple[Location | None, str]] = {}
+
+    def on_module_output(self, event: ModuleOutput) -> None:
+        module = event.module
+        if not isinstance(module, SATURATING_TYPES) or not torch.is_grad_enabled():
+            return
+        out = first_tensor(event.output)
+        if out is None or not out.is_floating_point():
+            return
+        fraction = saturation_fraction(out, module)
+        if fraction is None:
+            return
+        name = f"{type(event.root).__name__}.{event.qualname}"
+        location = event.location if name not in self._info else None
+        self._pending.append((name, id(out), fraction, location, type(module).__name__))
+
+    def on_forward(self, event: Forward) -> None:
+        pending, self._pending = self._pending, []
+        if event.is_loss or not pending:
+            return
+        outputs = {id(t) for t in _tensors(event.output)}
+        for name, out_id, fraction, location, kind in pending:
+            if out_id in outputs:
+                continue  # the model's output layer: saturation there is confidence
+            self._windows.setdefault(name, deque(maxlen=self.WINDOW)).append(fraction)
+            if name not in self._info:
+                self._info[name] = (location, kind)
+
+    def on_run_end(self, event: RunEnd) -> None:
+        for name, window in self._windows.items():
+            mean = saturation_verdict(list(window), self.THRESHOLD, self.MIN_BATCHES)
+            if mean is None:
+                continue
+            location, kind = self._info[name]
+            self.report(
+                f"{name} ({kind}): {mean:.0%} of its outputs sit within 1% of the activation's limits, "
+                f"averaged over the last {len(window)} sampled training batches — threshold "
+                f"{self.THRESHOLD:.0%}. Saturated units pass ~25× less gradient; the inputs of this "
+                "layer are probably on too large a scale.",
+                location=location,
+                evidence={"layer": name, "saturated_fraction": round(mean, 4),
+                          "batches": len(window), "threshold": self.THRESHOLD},
+                step=event.step,
+            )
+
+
+def saturation_verdict(fractions: list[float], threshold: float, min_batches: int) -> float | None:
+    """The mean saturated fraction when it reaches the threshold over enough batches."""
+    if len(fractions) < min_batches:
+        return None
+    mean = sum(fractions) / len(fractions)
+    return mean if mean >= threshold else None
+
+
+def _tensors(value: Any, limit: int = 16) -> list[torch.Tensor]:
+    from nndoctor.instrument.stats import tensors_in
+
+    return tensors_in(value, limit)
+
+
+# -- N105 ------------------------------------------------------------------------------------------------
+def float16_autocast_active() -> str | None:
+    """The device type whose autocast region is active with float16, if any."""
+    for device in ("cuda", "cpu", "xpu", "mps"):
+        try:
+            if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
+                return device
+        except (RuntimeError, TypeError, AttributeError):
+            continue
+    return None
+
+
+@register
+class Fp16WithoutGradScaler(Check):
+    """
+    ## What it does
+    Notes training forwards (gradients enabled, a model an optimizer updates) that run
+    under ``torch.autocast(..., dtype=torch.float16)`` or with float16 parameters, and
+    reports at the next ``optimizer.step()`` when no enabled ``GradScaler`` has scaled a
+    loss in the run. bfloat16 autocast is not reported: its exponent range is float32's.
+
+    ## Why is this bad?
+    float16's smallest normal number is 6e-5: small gradients underflow to zero and the
+    affected weights stop learning, silently; large activations overflow to Inf. The
+    ``GradScaler`` multiplies the loss before ``backward()`` so gradients stay
+    representable, unscales them before the step, and skips steps with Inf/NaN.
+
+    ## Example
+    ```python
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = criterion(model(x), y)
+    loss.backward(); optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = criterion(model(x), y)
+    scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()
+    ```
+    or ``dtype=torch.bfloat16`` on hardware that supports it (no scaler needed).
+
+    ## References
+    - PyTorch docs, "Automatic Mixed Precision" (gradient scaling): https://pytorch.org/docs/stable/amp.html#gradient-scaling
+    - Micikevicius et al., "Mixed Precision Training" (2018): https://arxiv.org/abs/1710.03740
+    """
+
+    code = "N105"
+    name = "fp16-without-grad-scaler"
+    severity = Severity.WARNING
+    summary = "float16 autocast training with no GradScaler"
+    fix = "use torch.amp.GradScaler: scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update() — or autocast to bfloat16"
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._seen: tuple[str, Location | None, int] | None = None
+        self._done = False
+
+    def on_forward(self, event: Forward) -> None:
+        if self._done or self._seen is not None or event.is_loss or not event.grad_enabled:
+            return
+        device = float16_autocast_active()
+        how = f"torch.autocast({device!r}, dtype=torch.float16)" if device else None
+        if how is None:
+            param = next(iter(event.module.parameters()), None)
+            if param is not None and param.dtype == torch.float16 and param.requires_grad:
+                how = "float16 parameters (model.half())"
+        if how is not None and self.session.state.is_trained(event.module):
+            self._seen = (how, event.location, event.step)
+
+    def on_step_start(self, event: StepStart) -> None:
+        if self._done or self._seen is None:
+            return
+        self._done = True
+        ref = self.session.state.scaler
+        scaler = ref() if ref is not None else None
+        if scaler is not None and _scaler_enabled(scaler):
+            return
+        how, location, step = self._seen
+        disabled = " (a GradScaler exists but is disabled)" if scaler is not None else ""
+        self.report(
+            f"Training runs under {how} and {type(event.optimizer).__name__}.step() is reached with "
+            f"no enabled GradScaler{disabled}: small float16 gradients underflow to 0 and stop "
+            "learning silently, and Inf steps are not skipped.",
+            location=location or event.location,
+            evidence={"precision": how},
+            step=step,
+        )
+
+
+def _scaler_enabled(scaler: Any) -> bool:
+    try:
+        return bool(scaler.is_enabled())
+    except Exception:  # noqa: BLE001
+        return True

@@ -1,0 +1,111 @@
+"""Convert Keras weights (.h5, .keras, .weights.h5) into a PyTorch state_dict for the model
+built by --model MODULE:CALLABLE, pairing layers by order within each type, then verify it:
+the PyTorch model with the converted weights must give the Keras model's outputs on the
+same random inputs (Keras runs on its torch backend; no TensorFlow needed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+
+from nndoctor.ckpt import checks
+from nndoctor.ckpt.keras_convert import plan_conversion
+from nndoctor.ckpt.reader import read_checkpoint
+from nndoctor.ckpt.writer import check_output_path, write_state_dict
+from nndoctor.errors import UsageError
+from nndoctor.findings import Location, Report
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="Keras weights: .keras, .h5 or .weights.h5")
+    parser.add_argument("-o", "--output", required=True, help="PyTorch state dict to write (.safetensors or .pt)")
+    parser.add_argument("--model", required=True, metavar="MODULE:CALLABLE", help="builds the PyTorch model")
+    parser.add_argument("--keras-model", metavar="MODULE:CALLABLE",
+                        help="builds the Keras model (needed to verify a weights-only file)")
+    parser.add_argument("--atol", type=float, default=1e-4, help="largest accepted output difference (default 1e-4)")
+    parser.add_argument("--input-layout", choices=["auto", "channels_first", "channels_last"], default="auto",
+                        help="layout the PyTorch model expects for the Keras (channels-last) input")
+    parser.add_argument("--no-verify", action="store_true", help="skip running the two models")
+
+
+def run(args: argparse.Namespace) -> int:
+    from nndoctor.ckpt.cli import finish
+    from nndoctor.ckpt.model_spec import build_torch_model
+
+    check_output_path(args.output, [args.source])
+    ckpt = read_checkpoint(args.source)
+    if not ckpt.format.startswith("keras"):
+        raise UsageError(f"{args.source}: convert takes Keras files (.keras, .h5, .weights.h5); "
+                         f"this is {ckpt.format} — use 'nndoctor ckpt fix' for PyTorch checkpoints")
+    model = build_torch_model(args.model)
+    report = Report(command=["ckpt", "convert", args.source, "-o", args.output])
+    location = Location(args.source)
+    keras_model = None
+    if not args.no_verify:
+        from nndoctor.ckpt.keras_runtime import live_layers, load_keras_model
+
+        full = ckpt.format == "keras-zip" or bool(ckpt.metadata.get("keras_model_class"))
+        keras_model = load_keras_model(args.source, args.keras_model, full_model=full)
+    layers = ckpt.keras_layers
+    if keras_model is not None:
+        layers = live_layers(keras_model)  # names, configs and Flatten shapes from the model
+    plan = plan_conversion(layers, model)
+    log = [f"{k} ({kind}) → {t}" for k, kind, t in plan.pairs]
+
+    state = model.state_dict()
+    unfilled = [k for k, v in state.items() if k not in plan.tensors and not k.endswith("num_batches_tracked")]
+    problems = plan.errors + [f"Keras layer {n} has no PyTorch module" for n in plan.unused_keras]
+    problems += [f"PyTorch {n} got no weights" for n in plan.unfilled_torch]
+    if problems or unfilled:
+        report.add(checks.UnconvertedWeights.finding(
+            f"{len(problems) or len(unfilled)} problem(s): " + "; ".join(problems[:6] or unfilled[:6]),
+            location=location, evidence={"problems": problems, "unfilled_parameters": unfilled}))
+    for keras_name, torch_name, keras_eps, torch_eps in plan.epsilon_mismatches:
+        report.add(checks.NormalizationEpsilonMismatch.finding(
+            f"Keras layer {keras_name} uses epsilon={keras_eps:g}, PyTorch {torch_name} eps={torch_eps:g}",
+            location=Location(args.source, None), evidence={"keras": keras_name, "torch": torch_name,
+                                                            "keras_epsilon": keras_eps, "torch_eps": torch_eps},
+            fix=f"construct {torch_name} with eps={keras_eps:g}"))
+    converted = dict(state)
+    converted.update({k: v.to(state[k].dtype) for k, v in plan.tensors.items() if k in state})
+    verification = None
+    if not problems and not unfilled:
+        model.load_state_dict(converted, strict=True)
+        if keras_model is not None:
+            from nndoctor.ckpt.keras_runtime import compare_outputs
+
+            verification = compare_outputs(keras_model, model, layers, input_layout=args.input_layout)
+            diff = verification["max_abs_diff"]
+            if not diff <= args.atol:
+                report.add(checks.ConversionOutputMismatch.finding(
+                    f"max |PyTorch − Keras| = {diff:.3g} > {args.atol:g} on input "
+                    f"{verification['input_shape']} (outputs {verification['keras_output_shape']} vs "
+                    f"{verification['torch_output_shape']})", location=location, evidence=verification))
+            log.append(f"verified: max |PyTorch − Keras| = {diff:.3g} on a random input "
+                       f"{verification['input_shape']} ({verification['input_layout']} for PyTorch)")
+        else:
+            why = ("--no-verify given" if args.no_verify else
+                   "a weights-only file and no --keras-model")
+            report.add(checks.ConversionNotVerified.finding(
+                f"outputs were not compared ({why}); shapes fit, but Flatten order, padding or "
+                f"activations may still differ", location=location))
+    written = not any(f.code in ("C206", "C207") for f in report.findings)
+    if written:
+        write_state_dict(args.output, converted, metadata={"source": args.source,
+                                                          "written_by": "nndoctor ckpt convert"})
+        log.append(f"wrote {len(converted)} tensors to {args.output}")
+    else:
+        log.append("NOT written (see findings)")
+    if getattr(args, "json", None) != "-":
+        console = Console(file=sys.stdout, highlight=False)
+        console.print(f"[bold]convert[/bold] {escape(args.source)} → {escape(args.output)}")
+        for line in log:
+            console.print(f"  {escape(line)}")
+        console.print()
+    report.extra["convert"] = {"pairs": [list(p) for p in plan.pairs], "verification": verification,
+                               "written": written, "actions": log}
+    code = finish(report, args)
+    return code if written else max(code, 1)

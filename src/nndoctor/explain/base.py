@@ -1,0 +1,84 @@
+"""The base of every crash explanation (E codes) and the loop that picks the one that applies.
+
+An explanation is a ``Check`` with ``scope = "explain"``: ``match(crash)`` recognises the
+error from its type and message (a pure function of text, so ``nndoctor explain`` works on
+a pasted log) and returns the parsed facts; ``build(crash, facts)`` adds what the live run
+knows (module, shapes, samples, source) and writes the finding. Explanations are tried in
+``order`` (specific before generic); the first that matches explains the crash.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from nndoctor.explain.crash import Crash
+from nndoctor.findings import Finding, Severity
+from nndoctor.registry import Check, all_checks, is_enabled
+
+
+class CrashExplanation(Check):
+    """Base class: one subclass per E code (registered in the family modules)."""
+
+    scope: ClassVar[str] = "explain"
+    severity: ClassVar[Severity] = Severity.ERROR
+    # Lower runs first: an explanation whose pattern is a special case of another's goes first.
+    order: ClassVar[int] = 100
+    # Regular expressions over ``crash.text``; the first that matches gives the facts.
+    patterns: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        for pattern in cls.patterns:
+            found = re.search(pattern, crash.text, re.S)
+            if found:
+                return {k: v for k, v in found.groupdict().items() if v is not None}
+        return None
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def make(cls, crash: Crash, message: str, *, fix: str | None = None,
+             evidence: dict[str, Any] | None = None) -> Finding:
+        """A finding at the user's line, with the run's step when the crash is live."""
+        finding = cls.finding(message, location=crash.location, evidence=evidence, fix=fix)
+        step = crash.context.get("step")
+        if step is None and crash.session is not None:
+            step = getattr(crash.session, "step", None)
+        finding.first_step = step
+        return finding
+
+
+def explanations(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[type[CrashExplanation]]:
+    """The enabled explanation classes, in the order they are tried."""
+    select, ignore = list(select), list(ignore)
+    found = [c for c in all_checks("explain") if issubclass(c, CrashExplanation) and is_enabled(c, select, ignore)]
+    return sorted(found, key=lambda c: (c.order, c.code))
+
+
+def explain(crash: Crash, *, select: Iterable[str] = (), ignore: Iterable[str] = (),
+            failures: list[tuple[str, BaseException]] | None = None) -> Finding | None:
+    """The first explanation that matches ``crash``, or None (no known cause).
+
+    Gathering live evidence reads user objects and may fail in ways text parsing cannot;
+    such a failure is recorded in ``failures`` and the explanation is rebuilt from the
+    message alone, so the user still gets the cause and the fix.
+    """
+    for cls in explanations(select, ignore):
+        facts = cls.match(crash)
+        if facts is None:
+            continue
+        try:
+            return cls.build(crash, facts)
+        except Exception as error:  # noqa: BLE001 - degrade to the text-only explanation
+            if failures is not None:
+                failures.append((f"{cls.code} evidence", error))
+            if not crash.is_live:
+                raise
+            text_only = Crash(exc_type=crash.exc_type, message=crash.message, frames=crash.frames,
+                              worker_frames=crash.worker_frames, preamble=crash.preamble)
+            return cls.build(text_only, facts)
+    return None

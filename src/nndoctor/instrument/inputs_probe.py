@@ -1,0 +1,232 @@
+"""Statistics on inputs and targets for the D and L checks, computed once and shared.
+
+Two jobs:
+
+* ``install`` wraps ``F.cross_entropy`` and ``F.nll_loss`` (the loss modules call them too)
+  to read the class-target range *before* the loss runs, on sampled steps. After the call
+  it is too late: on CPU an out-of-range target raises inside the loss, on CUDA it queues
+  a device-side assert that the next synchronisation (ours included) would raise. The
+  record is kept per session (``target_range_records``) for D107 to report.
+* Per-sample summaries of a batch (``sample_summary``): which samples are constant (D108)
+  and a cheap fingerprint of each sample (D109), computed once per event and cached on it.
+
+Everything here runs on sampled steps only and reads tensors without changing them.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nndoctor.findings import Location
+from nndoctor.instrument.location import user_location
+
+# Positional index of ``ignore_index`` after (input, target) in both signatures:
+# cross_entropy(input, target, weight, size_average, ignore_index, ...), same for nll_loss.
+_IGNORE_INDEX_POSITION = 2
+_PROBED_LOSSES = ("cross_entropy", "nll_loss")
+# Bounded per-sample work: at most this many samples and values per sample are read.
+MAX_SAMPLES = 256
+FINGERPRINT_VALUES = 256
+
+
+@dataclass(frozen=True)
+class TargetRange:
+    """Class targets of one loss call that fall outside [0, classes) (ignore_index aside)."""
+
+    function: str
+    classes: int
+    min: int
+    max: int
+    out_of_range: int
+    numel: int
+    ignore_index: int
+    step: int
+    location: Location | None
+
+
+class TargetProbe:
+    """The latest out-of-range record of one session (plain numbers, no tensors)."""
+
+    def __init__(self) -> None:
+        self.pending: TargetRange | None = None
+
+    def take(self) -> TargetRange | None:
+        record, self.pending = self.pending, None
+        return record
+
+
+_PROBES: weakref.WeakKeyDictionary[Any, TargetProbe] = weakref.WeakKeyDictionary()
+
+
+def target_range_records(session: Any) -> TargetProbe:
+    """The session's probe (created on first use so checks work without the patch too)."""
+    probe = _PROBES.get(session)
+    if probe is None:
+        probe = _PROBES[session] = TargetProbe()
+    return probe
+
+
+def class_target_range(input: Any, target: Any, ignore_index: int) -> tuple[int, int, int, int, int] | None:
+    """(classes, min, max, out_of_range, numel) of integer class targets, or None.
+
+    min/max exclude ``ignore_index``. One host synchronisation.
+    """
+    if not isinstance(input, torch.Tensor) or not isinstance(target, torch.Tensor):
+        return None
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        return None
+    if target.numel() == 0 or input.dim() == 0:
+        return None
+    classes = int(input.shape[1] if input.dim() >= 2 else input.shape[0])
+    with torch.no_grad():
+        t = target.detach().reshape(-1).to(torch.int64)
+        ignored = t == ignore_index
+        big = torch.iinfo(torch.int64).max
+        lo = torch.where(ignored, torch.full_like(t, big), t).min()
+        hi = torch.where(ignored, torch.full_like(t, -big), t).max()
+        bad = (((t < 0) | (t >= classes)) & ~ignored).sum()
+        lo_v, hi_v, bad_v = torch.stack([lo, hi, bad]).cpu().tolist()
+    if lo_v == big:  # every target ignored
+        return None
+    return classes, int(lo_v), int(hi_v), int(bad_v), int(t.numel())
+
+
+def install(installation: Any) -> None:
+    session = installation.session
+    if not any(check.code == "D107" for check in session.checks):
+        return  # nothing reads the records: keep the loss functions untouched
+    probe = target_range_records(session)
+    for name in _PROBED_LOSSES:
+        current = getattr(F, name, None)
+        if current is None:
+            continue
+        installation.patcher.patch(F, name, _make_probe(installation, probe, name, current))
+
+
+def _make_probe(installation: Any, probe: TargetProbe, name: str, wrapped: Any) -> Any:
+    session = installation.session
+
+    def record(input: Any, target: Any, args: tuple, kwargs: dict, frame: Any) -> None:
+        ignore = kwargs.get("ignore_index", args[_IGNORE_INDEX_POSITION] if len(args) > _IGNORE_INDEX_POSITION else -100)
+        found = class_target_range(input, target, int(ignore))
+        if found is None:
+            return
+        classes, lo, hi, bad, numel = found
+        if bad:
+            probe.pending = TargetRange(name, classes, lo, hi, bad, numel, int(ignore), session.step,
+                                        user_location(frame))
+
+    @functools.wraps(wrapped)
+    def probed(input, target, *args, **kwargs):
+        if session.active and session.sampled:
+            installation._safe(record, input, target, args, kwargs, sys._getframe(1))
+        return wrapped(input, target, *args, **kwargs)
+
+    return probed
+
+
+# -- per-sample summaries ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SampleSummary:
+    """Per-sample facts about the first ``len(constant)`` samples of a batch."""
+
+    constant: tuple[bool, ...]  # the sample has a single value (zero variance)
+    fingerprints: tuple[bytes, ...]  # 16-byte digest of a strided view + exact row sums
+    values_per_sample: int
+
+
+def summarize_samples(tensor: torch.Tensor) -> SampleSummary | None:
+    """One pass over a batch (N, ...): constant samples and sample fingerprints.
+
+    The fingerprint hashes up to ``FINGERPRINT_VALUES`` evenly spaced values of the sample
+    (rounded to float16) together with its sum and sum of squares over *all* values, so two
+    different images rarely collide even when the strided positions fall on a shared
+    background. One host synchronisation.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2 or tensor.numel() == 0:
+        return None
+    if not tensor.is_floating_point():
+        return None
+    with torch.no_grad(), torch.autocast(tensor.device.type, enabled=False):
+        x = tensor.detach()[:MAX_SAMPLES]
+        flat = x.reshape(x.shape[0], -1).float()
+        width = flat.shape[1]
+        count = min(width, FINGERPRINT_VALUES)
+        index = torch.linspace(0, width - 1, count, device=flat.device).long()
+        picked = flat.index_select(1, index)
+        lo, hi = flat.aminmax(dim=1)
+        sums = torch.stack([flat.double().sum(1), (flat.double() ** 2).sum(1)], dim=1)
+        host = torch.cat([picked, (hi - lo).unsqueeze(1), sums.float()], dim=1).cpu()
+    import numpy as np
+
+    values = host.numpy()
+    constant = tuple(bool(v == 0) for v in values[:, count])
+    # Sums rounded to 6 significant digits: identical samples must match even when the
+    # reduction order differs between two batches.
+    prints = tuple(
+        hashlib.blake2b(row[:count].astype(np.float16).tobytes()
+                        + f"{row[count + 1]:.6g},{row[count + 2]:.6g}".encode(), digest_size=16).digest()
+        for row in values
+    )
+    return SampleSummary(constant=constant, fingerprints=prints, values_per_sample=width)
+
+
+def sample_summary(event: Any, key: str, tensor: torch.Tensor | None) -> SampleSummary | None:
+    """``summarize_samples`` once per event and key (shared by D108 and D109)."""
+    if tensor is None:
+        return None
+    cache = event.cache
+    key = f"samples:{key}"
+    if key not in cache:
+        cache[key] = summarize_samples(tensor)
+    return cache[key]
+
+
+# -- class-axis summaries of loss inputs (L101, L103) ------------------------------------
+
+@dataclass(frozen=True)
+class ClassAxisSummary:
+    """How a loss input (N, C, ...) behaves along its class axis."""
+
+    min: float
+    max: float
+    sum_deviation: float  # max over rows of |sum over classes - 1|
+    logsumexp_deviation: float  # max over rows of |logsumexp over classes|
+    classes: int
+
+
+def summarize_class_axis(tensor: torch.Tensor) -> ClassAxisSummary | None:
+    """Row sums and log-sum-exps along the class axis (dim 1, or 0 for one sample). One sync."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+        return None
+    if tensor.dim() == 0:
+        return None
+    dim = 1 if tensor.dim() >= 2 else 0
+    classes = int(tensor.shape[dim])
+    if classes < 2:
+        return None
+    with torch.no_grad(), torch.autocast(tensor.device.type, enabled=False):
+        x = tensor.detach().float()
+        values = torch.stack([
+            x.amin(), x.amax(), (x.sum(dim) - 1).abs().amax(), torch.logsumexp(x, dim).abs().amax(),
+        ]).cpu().tolist()
+    return ClassAxisSummary(*[float(v) for v in values], classes=classes)
+
+
+def class_axis_summary(event: Any, key: str, tensor: torch.Tensor | None) -> ClassAxisSummary | None:
+    if tensor is None:
+        return None
+    cache = event.cache
+    key = f"class_axis:{key}"
+    if key not in cache:
+        cache[key] = summarize_class_axis(tensor)
+    return cache[key]

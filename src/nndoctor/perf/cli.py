@@ -1,0 +1,71 @@
+"""``nndoctor perf [OPTIONS] SCRIPT [ARGS...]``: where the step time goes, and what to change.
+
+Runs the script unchanged for ``--warmup`` + ``--steps`` optimizer steps, stops it cleanly,
+prints the step-time breakdown and the P findings; ``--try`` measures changes. Exit
+status as ``nndoctor run`` (1 when a finding reaches ``--fail-on``; the default for perf
+is ``never``, since advice is not failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nndoctor.cli import add_common_options
+from nndoctor.errors import UsageError
+from nndoctor.perf.checks import advice, diagnose
+from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.render import breakdown_lines, trial_lines
+from nndoctor.perf.session import run_perf
+from nndoctor.perf.trials import parse_tries
+from nndoctor.report import print_report, write_json
+from nndoctor.runner_cli import exit_status, target_from_args
+from nndoctor.selection import fail_threshold, filter_findings, selectors
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "nndoctor perf [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]"
+    add_common_options(parser)
+    parser.set_defaults(fail_on="never")
+    parser.add_argument("--steps", type=int, default=20, metavar="N", help="measured optimizer steps (default 20)")
+    parser.add_argument("--warmup", type=int, default=5, metavar="N",
+                        help="optimizer steps run before measuring (default 5)")
+    parser.add_argument("--try", dest="tries", action="append", default=[], metavar="CHANGES",
+                        help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, all "
+                             "(comma-separated or repeated)")
+    parser.add_argument("--try-seconds", type=float, default=2.0, metavar="S",
+                        help="seconds of loading timed per --try loader setting (default 2)")
+    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
+    parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
+
+
+def run(args: argparse.Namespace) -> int:
+    target = target_from_args(args)
+    if args.steps < 1 or args.warmup < 0:
+        raise UsageError("--steps must be at least 1 and --warmup at least 0")
+    try:
+        tries = parse_tries(args.tries)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    select, ignore = selectors(args)
+    config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds)
+    report, result = run_perf(target, config, select=select, ignore=ignore)
+    measured = diagnose(result)
+    if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
+        report.findings = [f for f in report.findings if f.code != "P102"]
+    for finding in measured:
+        report.add(finding)
+    filter_findings(report, select, ignore)
+    report.extra["perf"] = {**result.to_json(), "advice": advice(result)}
+    if args.json:
+        try:
+            write_json(report, args.json)
+        except OSError as error:
+            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
+    if not args.quiet:
+        sys.stdout.flush()
+        perf = report.extra["perf"]
+        print("\n".join(["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""]), file=sys.stderr)
+        print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+    return exit_status(report, fail_threshold(args))

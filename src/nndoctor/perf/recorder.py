@@ -1,0 +1,307 @@
+"""The perf recorder: turns the run's events into per-step phase times and facts about the loop.
+
+It is an (unregistered) ``Check`` so the engine dispatches events to it like to any check;
+``perf/instrument.py`` adds what events do not carry (the start of a top-level forward,
+host-to-device copies, host-device syncs). It keeps only numbers, ``Location``s, shapes,
+and weak references to the user's model, optimizer, loss module and DataLoader; the one
+batch it copies (for ``--try``) is a detached clone taken on the last measured step.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from nndoctor.findings import Location, Severity
+from nndoctor.perf.timeline import StepRecord
+from nndoctor.registry import Check
+
+
+@dataclass
+class PerfConfig:
+    warmup: int = 5
+    steps: int = 20
+    tries: tuple[str, ...] = ()
+    # Tensors on these device types count as host-device syncs when read back on the host.
+    # Tests use {"cpu"} as a stand-in for CUDA on machines without a GPU.
+    sync_device_types: frozenset[str] = frozenset({"cuda"})
+    try_seconds: float = 2.0  # time box of one --try loader configuration
+
+    @property
+    def last_step(self) -> int:
+        return self.warmup + self.steps
+
+
+@dataclass
+class LoopFacts:
+    """What the recorder learned about the training loop (plain values only)."""
+
+    loader_config: dict[str, Any] = field(default_factory=dict)
+    loader_location: Location | None = None
+    loader_dataset: str = ""
+    forward_location: Location | None = None
+    device: str = "cpu"
+    param_dtype: str = ""
+    autocast: bool = False
+    has_conv: bool = False
+    input_shapes: set[tuple] = field(default_factory=set)
+    input_channels_last: bool | None = None
+    dataparallel: bool = False
+    cudnn_benchmark: bool = False
+    sync_locations: dict[Location | None, int] = field(default_factory=dict)
+    sync_kinds: dict[str, int] = field(default_factory=dict)
+    checkpoint_location: Location | None = None
+    peak_memory_bytes: int | None = None
+    steps_seen: int = 0
+
+
+def _first_tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    if isinstance(value, dict):
+        for item in value.values():
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _detached_clone(value: Any) -> Any:
+    """A copy of a batch structure that shares nothing with the user's tensors."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple):
+        return tuple(_detached_clone(v) for v in value)
+    if isinstance(value, list):
+        return [_detached_clone(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detached_clone(v) for k, v in value.items()}
+    return value
+
+
+class PerfRecorder(Check):
+    """Internal subscriber of a perf session (never registered, so not in the catalog)."""
+
+    code = "P000"
+    name = "perf-recorder"
+    severity = Severity.INFO
+    summary = "records the step-time breakdown of a perf session"
+    fix = ""
+    scope = "perf-internal"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self.config: PerfConfig = session.perf_config
+        self.facts = LoopFacts()
+        self.records: list[StepRecord] = []
+        self.current = StepRecord(step=0)
+        self._last_step_end: float | None = None
+        self._phase: str | None = None
+        self._phase_started = 0.0
+        self._top_forward: int | None = None  # id of the module whose forward is timed
+        self._gpu_pending: list[tuple[StepRecord, Any, Any]] = []
+        self._gpu_start: Any = None
+        self._cuda_roots: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._batches: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # Weak references to the objects --try needs; the batch copy is ours.
+        self.model_ref: weakref.ref | None = None
+        self.optimizer_ref: weakref.ref | None = None
+        self.loss_module_ref: weakref.ref | None = None
+        self.loss_function: str | None = None
+        self.loss_options: dict[str, Any] = {}
+        self.loader_ref: weakref.ref | None = None
+        self.captured_inputs: Any = None
+        self.captured_target: Any = None
+        self.window_done = False
+        self.on_window_end: Any = None  # callable(recorder) set by the perf session
+
+    # -- window ----------------------------------------------------------------------------
+    def measuring(self) -> bool:
+        """Is the step in progress inside the measured window?"""
+        return self.config.warmup <= self.session.step < self.config.last_step
+
+    def capturing(self) -> bool:
+        return self.session.step == self.config.last_step - 1
+
+    # -- phases (called by handlers and by perf/instrument.py) -----------------------------
+    def begin(self, phase: str) -> bool:
+        if self._phase is not None:
+            return False
+        self._phase, self._phase_started = phase, time.perf_counter()
+        return True
+
+    def end(self, phase: str) -> None:
+        if self._phase == phase:
+            self.current.phases[phase] += time.perf_counter() - self._phase_started
+            self._phase = None
+
+    def add_outside_phase(self, phase: str, seconds: float) -> None:
+        """Time of a copy or sync; counted only when no enclosing phase already counts it."""
+        if self._phase is None:
+            self.current.phases[phase] += seconds
+
+    def note_sync(self, kind: str, seconds: float, location: Location | None) -> None:
+        self.current.syncs += 1
+        self.add_outside_phase("sync", seconds)
+        if self.measuring():
+            facts = self.facts
+            facts.sync_kinds[kind] = facts.sync_kinds.get(kind, 0) + 1
+            facts.sync_locations[location] = facts.sync_locations.get(location, 0) + 1
+
+    def forward_begin(self, module: Any) -> None:
+        """A top-level module call starts (from the forward pre-hook)."""
+        if self.begin("forward"):
+            self._top_forward = id(module)
+        if self._gpu_start is None and self.measuring() and self._on_cuda(module):
+            self._gpu_start = _cuda_event()
+
+    def _on_cuda(self, module: Any) -> bool:
+        known = self._cuda_roots.get(module)
+        if known is None:
+            param = next(iter(module.parameters()), None)
+            known = bool(param is not None and param.is_cuda)
+            self._cuda_roots[module] = known
+        return known
+
+    # -- event handlers ----------------------------------------------------------------------
+    def on_epoch_start(self, event: Any) -> None:
+        loader = event.loader
+        facts = self.facts
+        if facts.loader_location is None or self.loader_ref is None or self.loader_ref() is None:
+            facts.loader_location = event.location
+            facts.loader_config = loader_config(loader)
+            facts.loader_dataset = type(getattr(loader, "dataset", None)).__name__
+            self.loader_ref = weakref.ref(loader)
+
+    def on_batch(self, event: Any) -> None:
+        self.current.phases["data"] += event.wait_s
+        tensor = _first_tensor(event.batch)
+        if tensor is not None and tensor.dim() > 0:
+            self.current.samples += int(tensor.shape[0])
+        loader = event.loader
+        if loader is not None:
+            self._batches[loader] = self._batches.get(loader, 0) + 1
+
+    def on_forward(self, event: Any) -> None:
+        module = event.module
+        if self._phase == "forward" and self._top_forward == id(module):
+            self.end("forward")
+            self._top_forward = None
+        if event.is_loss or not event.grad_enabled or not event.training:
+            return
+        import torch
+
+        facts = self.facts
+        self.model_ref = weakref.ref(module)
+        facts.dataparallel = facts.dataparallel or isinstance(module, torch.nn.DataParallel)
+        if facts.forward_location is None:
+            facts.forward_location = event.location
+            param = next(iter(module.parameters()), None)
+            if param is not None:
+                facts.device = param.device.type
+                facts.param_dtype = str(param.dtype).replace("torch.", "")
+            facts.has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
+        if facts.device in ("cuda", "cpu") and torch.is_autocast_enabled(facts.device):
+            facts.autocast = True
+        facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+        x = _first_tensor(event.inputs)
+        if x is not None and self.measuring():
+            facts.input_shapes.add(tuple(x.shape))
+            if x.dim() == 4:
+                facts.input_channels_last = bool(
+                    x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+                )
+        if self.capturing() and self.captured_inputs is None:
+            self.captured_inputs = _detached_clone(tuple(event.inputs))
+
+    def on_loss(self, event: Any) -> None:
+        if event.module is not None:
+            self.loss_module_ref = weakref.ref(event.module)
+            self.loss_function = None
+        else:
+            self.loss_module_ref = None
+            self.loss_function = event.function
+            self.loss_options = {k: v for k, v in event.options.items() if not hasattr(v, "shape")}
+        if self.capturing() and self.captured_target is None and event.target is not None:
+            self.captured_target = _detached_clone(event.target)
+
+    def on_backward(self, event: Any) -> None:
+        self.begin("backward")
+
+    def on_backward_done(self, event: Any) -> None:
+        self.end("backward")
+
+    def on_step_start(self, event: Any) -> None:
+        self.optimizer_ref = weakref.ref(event.optimizer)
+        self.begin("optimizer")
+
+    def on_checkpoint_save(self, event: Any) -> None:
+        self.add_outside_phase("io", event.seconds)
+        if self.facts.checkpoint_location is None:
+            self.facts.checkpoint_location = event.location
+
+    def on_step_end(self, event: Any) -> None:
+        self.end("optimizer")
+        now = time.perf_counter()
+        record, self.current = self.current, StepRecord(step=event.step)
+        record.step = event.step
+        self._phase = None
+        if self._last_step_end is not None and self.config.warmup < event.step <= self.config.last_step:
+            record.wall = now - self._last_step_end
+            self.records.append(record)
+            if self._gpu_start is not None:
+                self._gpu_pending.append((record, self._gpu_start, _cuda_event()))
+        self._gpu_start = None
+        self._last_step_end = now
+        self.facts.steps_seen = event.step
+        if event.step >= self.config.last_step and not self.window_done:
+            self.close_window()
+
+    def on_run_end(self, event: Any) -> None:
+        if not self.window_done:
+            self.close_window()
+
+    # -- end of the window -------------------------------------------------------------------
+    def close_window(self) -> None:
+        """Resolve GPU timings (one synchronisation, after the window) and run the trials."""
+        self.window_done = True
+        if self._gpu_pending:
+            import torch
+
+            torch.cuda.synchronize()
+            for record, start, end in self._gpu_pending:
+                record.gpu_busy = start.elapsed_time(end) / 1000.0
+            self._gpu_pending.clear()
+            self.facts.peak_memory_bytes = int(torch.cuda.max_memory_allocated())
+        if self.on_window_end is not None:
+            self.on_window_end(self)
+
+
+def loader_config(loader: Any) -> dict[str, Any]:
+    """The DataLoader settings that decide its speed (plain values)."""
+    return {
+        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "batch_size": getattr(loader, "batch_size", None),
+    }
+
+
+def _cuda_event() -> Any:
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event

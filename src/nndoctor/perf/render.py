@@ -1,0 +1,72 @@
+"""Text rendering of the step-time breakdown and the --try measurements (no torch here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nndoctor.perf.timeline import PHASE_LABELS
+
+
+def _bar(fraction: float, width: int = 30) -> str:
+    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+    return "█" * filled + "·" * (width - filled)
+
+
+def breakdown_lines(perf: dict[str, Any]) -> list[str]:
+    """The breakdown (from ``PerfResult.to_json()``) as lines of plain text."""
+    b = perf["breakdown"]
+    window = perf["window"]
+    lines = []
+    if not b["steps"]:
+        lines.append(f"no step measured: the script ran fewer than {window['warmup'] + 2} optimizer steps "
+                     f"(warm-up {window['warmup']}); lower --warmup or let it run longer")
+        return lines
+    rate = f", {b['samples_per_s']:.1f} samples/s" if b.get("samples_per_s") else ""
+    lines.append(f"step time over {b['steps']} measured steps (after {window['warmup']} warm-up): "
+                 f"median {1000 * b['median_step_s']:.1f} ms{rate}")
+    for name, seconds in b["phases_s"].items():
+        fraction = b["fractions"][name]
+        per_step = 1000 * seconds / b["steps"]
+        lines.append(f"  {PHASE_LABELS.get(name, name):<30} {per_step:9.2f} ms  {fraction:6.1%}  {_bar(fraction)}")
+    device = perf["device"]
+    busy = b.get("gpu_busy_fraction")
+    if busy is not None:
+        lines.append(f"GPU ({device['name']}): busy at most {busy:.0%} of the step (CUDA events)")
+    if perf.get("peak_memory_bytes"):
+        lines.append(f"peak GPU memory allocated: {perf['peak_memory_bytes'] / 2**30:.2f} GiB")
+    lines.append(f"host-device syncs: {b['syncs_per_step']:.1f} per step"
+                 + (f" ({', '.join(f'{k} {v}' for k, v in perf['syncs']['by_location'].items())})"
+                    if perf["syncs"]["by_location"] else ""))
+    if device.get("name") != "cpu":
+        others = device.get("other_processes") or []
+        lines.append(f"other processes on the GPU: {len(others)}" + ("" if device.get("nvml") == "ok"
+                                                                      else f" ({device.get('nvml')})"))
+    return lines
+
+
+def trial_lines(trials: dict[str, Any]) -> list[str]:
+    lines = []
+    loader = trials.get("loader")
+    if isinstance(loader, dict):
+        if loader.get("results"):
+            lines.append("--try loader (samples/s after the first batch; startup = time to the first batch):")
+            for r in loader["results"]:
+                rate = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "-"
+                mark = "  ← best" if loader.get("best") is r or loader.get("best") == r else ""
+                lines.append(f"  num_workers={r['num_workers']:<3} pin_memory={str(r['pin_memory']):<5} "
+                             f"prefetch={str(r.get('prefetch_factor')):<4} {rate:>10} samples/s  "
+                             f"startup {r.get('startup_s') or 0:.2f} s{mark}")
+        else:
+            lines.append(f"--try loader: {loader.get('skipped') or loader.get('error')}")
+    for name in ("amp", "channels_last", "compile", "cudnn-benchmark"):
+        result = trials.get(name)
+        if not isinstance(result, dict):
+            continue
+        if "speedup" not in result:
+            lines.append(f"--try {name}: {result.get('skipped') or result.get('error')}")
+            continue
+        verdict = "pays off" if result["pays_off"] else ("changes the loss" if not result["loss_ok"] else "no gain")
+        lines.append(f"--try {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → "
+                     f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}, "
+                     f"loss change {result['loss_change']:.2%}): {verdict}")
+    return lines

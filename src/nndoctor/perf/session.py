@@ -1,0 +1,181 @@
+"""A perf session: run the user's script for a warm-up plus a measured window, then measure changes.
+
+``run_perf`` reuses ``nndoctor.runner.run_target``: the script runs unchanged, the engine
+stops it cleanly after ``warmup + steps`` optimizer steps, and the recorder's window-end
+callback runs the ``--try`` experiments while the user's objects are still alive (on
+copies, with the instrumentation switched off). The result is a ``PerfResult``; the
+findings are derived from it by ``perf/checks.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from nndoctor.engine import Session
+from nndoctor.findings import Report
+from nndoctor.perf.recorder import LoopFacts, PerfConfig, PerfRecorder
+from nndoctor.perf.timeline import Breakdown, summarize
+from nndoctor.registry import enabled_checks
+from nndoctor.runner import Target, run_target
+
+
+@dataclass
+class DeviceInfo:
+    name: str = "cpu"
+    cuda: bool = False
+    capability: tuple[int, int] | None = None
+    other_processes: list[dict[str, Any]] = field(default_factory=list)
+    nvml: str = "not used"
+
+    @property
+    def tensor_cores(self) -> bool:
+        return bool(self.capability and self.capability >= (7, 0))
+
+
+@dataclass
+class PerfResult:
+    config: PerfConfig
+    breakdown: Breakdown
+    facts: LoopFacts
+    device: DeviceInfo
+    trials: dict[str, Any]
+    steps_run: int
+
+    def to_json(self) -> dict[str, Any]:
+        facts = self.facts
+        return {
+            "window": {"warmup": self.config.warmup, "steps": self.config.steps, "measured": self.breakdown.steps},
+            "breakdown": self.breakdown.to_json(),
+            "device": {"name": self.device.name, "capability": self.device.capability,
+                       "other_processes": self.device.other_processes, "nvml": self.device.nvml},
+            "peak_memory_bytes": facts.peak_memory_bytes,
+            "loader": facts.loader_config,
+            "syncs": {"by_kind": facts.sync_kinds,
+                      "by_location": {str(k): v for k, v in facts.sync_locations.items()}},
+            "trials": self.trials,
+        }
+
+
+class PerfSession(Session):
+    """A Session whose only subscribers are the perf recorder and the run-scope P checks."""
+
+    def __init__(self, config: PerfConfig, *, select=(), ignore=(), command=None) -> None:
+        self.perf_config = config
+        checks = [PerfRecorder] + [c for c in enabled_checks(select, ignore) if c.code.startswith("P")]
+        # Every step of the window is a sampled step (CUDA events, sync locations).
+        super().__init__(command=command, max_steps=config.last_step, checks=checks,
+                         full_window=config.last_step + 1)
+        self.perf_recorder: PerfRecorder = next(c for c in self.checks if isinstance(c, PerfRecorder))
+        self.perf_recorder.on_window_end = self._window_end
+        self.trials: dict[str, Any] = {}
+
+    def _window_end(self, recorder: PerfRecorder) -> None:
+        if not self.perf_config.tries:
+            return
+        # The trials call optimizer.step() and the loss functions: keep every hook quiet.
+        active, self.active = self.active, False
+        try:
+            self.trials = run_trials(recorder, self.perf_config)
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.internal_error("perf --try", error)
+        finally:
+            self.active = active
+
+
+def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
+    import torch
+
+    from nndoctor.perf import trials
+
+    results: dict[str, Any] = {}
+    facts = recorder.facts
+    cuda = facts.device == "cuda"
+    if "loader" in config.tries:
+        loader = recorder.loader_ref() if recorder.loader_ref else None
+        if loader is None:
+            results["loader"] = {"skipped": "no DataLoader was iterated in the measured window"}
+        else:
+            try:
+                results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
+                                                      seconds=config.try_seconds)
+            except Exception as error:  # noqa: BLE001
+                results["loader"] = {"error": f"{type(error).__name__}: {error}"}
+    step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
+    if step_tries:
+        model = recorder.model_ref() if recorder.model_ref else None
+        optimizer = recorder.optimizer_ref() if recorder.optimizer_ref else None
+        loss_fn = trials.loss_callable(recorder)
+        missing = [name for name, value in (("model", model), ("optimizer", optimizer), ("loss", loss_fn),
+                                            ("batch", recorder.captured_inputs)) if value is None]
+        if recorder.captured_target is None:
+            missing.append("target")
+        if missing:
+            for name in step_tries:
+                results[name] = {"skipped": f"could not rebuild the step (no {', '.join(missing)} seen "
+                                            "in the last measured step)"}
+        else:
+            with torch.enable_grad():
+                results.update(trials.try_steps(step_tries, model, optimizer, loss_fn,
+                                                recorder.captured_inputs, recorder.captured_target,
+                                                device=facts.device if cuda else "cpu"))
+    return results
+
+
+def device_info(facts: LoopFacts) -> DeviceInfo:
+    info = DeviceInfo()
+    if facts.device != "cuda":
+        return info
+    import torch
+
+    info.cuda = True
+    index = torch.cuda.current_device()
+    info.name = torch.cuda.get_device_name(index)
+    info.capability = tuple(torch.cuda.get_device_capability(index))
+    info.other_processes, info.nvml = gpu_processes(index)
+    return info
+
+
+def gpu_processes(index: int) -> tuple[list[dict[str, Any]], str]:
+    """Other compute processes on our GPU, through NVML (nvidia-ml-py), if it is there."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], "nvidia-ml-py not installed"
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            processes = [{"pid": p.pid, "used_memory_bytes": p.usedGpuMemory}
+                         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as error:  # noqa: BLE001 - NVML missing in the container, no permission…
+        return [], f"NVML unavailable: {type(error).__name__}"
+    return other_gpu_processes(processes, os.getpid()), "ok"
+
+
+def other_gpu_processes(processes: list[dict[str, Any]], own_pid: int) -> list[dict[str, Any]]:
+    """The processes that are not us. In a container NVML reports host PIDs, so when our
+    PID is absent one process (ours: this run holds a CUDA context) is set aside."""
+    others = [p for p in processes if p["pid"] != own_pid]
+    if len(others) == len(processes) and others:
+        others = sorted(others, key=lambda p: p.get("used_memory_bytes") or 0)[:-1]
+    return others
+
+
+def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=()) -> tuple[Report, PerfResult]:
+    """Run ``target`` under a perf session; the report carries the run-scope P findings."""
+    session = PerfSession(config, select=select, ignore=ignore, command=target.command)
+    report = run_target(target, session)
+    recorder = session.perf_recorder
+    breakdown = summarize(recorder.records)
+    try:
+        device = device_info(recorder.facts)
+    except Exception as error:  # noqa: BLE001
+        session.internal_error("perf device info", error)
+        device = DeviceInfo()
+    result = PerfResult(config=config, breakdown=breakdown, facts=recorder.facts, device=device,
+                        trials=session.trials, steps_run=session.step)
+    return report, result

@@ -1,0 +1,315 @@
+"""``--try``: measure a change instead of guessing its effect.
+
+``loader`` rebuilds the user's DataLoader (same dataset, batch size, collate function)
+with other worker/pinning/prefetch settings and times each for a few seconds. ``amp``,
+``channels_last``, ``compile`` and ``cudnn-benchmark`` time the user's training step
+(forward, loss, backward, optimizer step) on a copy of the model and optimizer, on a copy
+of the last measured batch, with several interleaved repeats so that drifting clocks hit
+every variant alike; each variant's loss on that batch is compared with the baseline's
+so that a change that alters the result beyond its precision is reported, not advised.
+
+Trials run after the measured window, on copies: the user's model, optimizer and RNG
+streams are left as they were (``torch.random.fork_rng``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nndoctor.perf.timeline import speedup_verdict
+
+STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark")
+ALL_TRIALS = ("loader", *STEP_TRIALS)
+# Relative change of the loss on the same batch allowed for each variant: bf16 autocast
+# keeps 8 mantissa bits (2^-8 = 0.4% per rounding, a few % after a deep net); layout,
+# compilation and algorithm choice only reorder float32 sums (TF32 convs: ~1e-3).
+LOSS_TOLERANCE = {"amp": 0.05, "channels_last": 0.01, "compile": 0.01, "cudnn-benchmark": 0.01}
+
+
+def parse_tries(values: list[str] | None) -> tuple[str, ...]:
+    names: list[str] = []
+    for value in values or []:
+        for part in value.split(","):
+            part = part.strip().replace("_", "-").lower()
+            if not part:
+                continue
+            if part == "all":
+                names.extend(ALL_TRIALS)
+                continue
+            if part == "channels-last":
+                part = "channels_last"
+            if part not in ALL_TRIALS:
+                raise ValueError(f"unknown --try {part!r} (choose from {', '.join(ALL_TRIALS)}, all)")
+            names.append(part)
+    return tuple(dict.fromkeys(names))
+
+
+# -- loader ------------------------------------------------------------------------------
+def loader_grid(cpu_count: int, cuda: bool, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """num_workers 0, 2, 4, … up to the cores; pin_memory on CUDA; then prefetch on the best."""
+    workers = [0]
+    n = 2
+    while n < cpu_count:
+        workers.append(n)
+        n *= 2
+    if cpu_count > 1:
+        workers.append(cpu_count)
+    grid = []
+    for w in dict.fromkeys(workers):
+        for pin in ((False, True) if cuda else (False,)):
+            grid.append({"num_workers": w, "pin_memory": pin, "prefetch_factor": 2 if w else None})
+    current_key = {k: current.get(k) for k in ("num_workers", "pin_memory")}
+    if not any(all(g[k] == v for k, v in current_key.items()) for g in grid):
+        grid.insert(0, {**current_key, "prefetch_factor": current.get("prefetch_factor")})
+    return grid
+
+
+def _rebuild_loader(loader: Any, setting: dict[str, Any]) -> Any:
+    from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
+
+    dataset = loader.dataset
+    kwargs: dict[str, Any] = {
+        "num_workers": setting["num_workers"],
+        "pin_memory": setting["pin_memory"],
+        "collate_fn": loader.collate_fn,
+        "worker_init_fn": loader.worker_init_fn,
+    }
+    if setting["num_workers"]:
+        kwargs["prefetch_factor"] = setting.get("prefetch_factor") or 2
+        kwargs["persistent_workers"] = False
+    if isinstance(dataset, IterableDataset):
+        return DataLoader(dataset, batch_size=loader.batch_size, **kwargs)
+    # A fixed order: the same samples for every setting, and no draw from the user's RNG.
+    batch_size = loader.batch_size or 1
+    sampler = BatchSampler(SequentialSampler(range(len(dataset))), batch_size, drop_last=False)
+    return DataLoader(dataset, batch_sampler=sampler, **kwargs)
+
+
+def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_batches: int = 200) -> dict[str, Any]:
+    """Samples/s of one loader setting (after its first batch), and the time to that batch."""
+    from nndoctor.perf.recorder import _first_tensor
+
+    rebuilt = _rebuild_loader(loader, setting)
+    started = time.perf_counter()
+    iterator = iter(rebuilt)
+    samples = batches = 0
+    first_s = None
+    t0 = started
+    try:
+        for batch in iterator:
+            now = time.perf_counter()
+            if first_s is None:
+                first_s, t0 = now - started, now
+                continue
+            tensor = _first_tensor(batch)
+            samples += int(tensor.shape[0]) if tensor is not None and tensor.dim() else 1
+            batches += 1
+            if now - t0 >= seconds or batches >= max_batches:
+                break
+        elapsed = time.perf_counter() - t0
+    finally:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    return {
+        **setting,
+        "samples_per_s": samples / elapsed if elapsed > 0 and samples else None,
+        "batches": batches,
+        "startup_s": first_s,
+    }
+
+
+def available_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def try_loader(loader: Any, current: dict[str, Any], *, cuda: bool, seconds: float = 2.0,
+               cpu_count: int | None = None) -> dict[str, Any]:
+    """Every setting of ``loader_grid``, then prefetch_factor 4 on the best one with workers."""
+    import torch
+
+    if cpu_count is None:
+        cpu_count = available_cpus()
+    results = []
+    with torch.random.fork_rng(devices=[]):
+        for setting in loader_grid(cpu_count, cuda, current):
+            results.append(time_loader(loader, setting, seconds=seconds))
+        with_workers = [r for r in results if r["num_workers"] and r["samples_per_s"]]
+        if with_workers:
+            best = max(with_workers, key=lambda r: r["samples_per_s"])
+            setting = {k: best[k] for k in ("num_workers", "pin_memory")} | {"prefetch_factor": 4}
+            results.append(time_loader(loader, setting, seconds=seconds))
+    return summarize_loader(results, current)
+
+
+def summarize_loader(results: list[dict[str, Any]], current: dict[str, Any]) -> dict[str, Any]:
+    """Best setting, the current setting's rate, and the measured speed-up between them."""
+    measured = [r for r in results if r.get("samples_per_s")]
+    if not measured:
+        return {"results": results, "best": None, "current": None, "speedup": None}
+
+    def same(r: dict[str, Any]) -> bool:
+        return r["num_workers"] == current.get("num_workers") and r["pin_memory"] == current.get("pin_memory")
+
+    mine = next((r for r in measured if same(r)), None)
+    best = max(measured, key=lambda r: r["samples_per_s"])
+    speedup = best["samples_per_s"] / mine["samples_per_s"] if mine else None
+    return {"results": results, "best": best, "current": mine, "speedup": speedup}
+
+
+# -- the training step ---------------------------------------------------------------------
+def _to_channels_last(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+        return value.contiguous(memory_format=torch.channels_last)
+    if isinstance(value, tuple):
+        return tuple(_to_channels_last(v) for v in value)
+    if isinstance(value, list):
+        return [_to_channels_last(v) for v in value]
+    return value
+
+
+def _new_optimizer(optimizer: Any, params: list[Any]) -> Any:
+    import torch
+
+    try:
+        return type(optimizer)(params, **optimizer.defaults)
+    except Exception:  # noqa: BLE001 - an exotic optimizer: time plain SGD's update instead
+        return torch.optim.SGD(params, lr=optimizer.param_groups[0].get("lr", 1e-3))
+
+
+class StepRunner:
+    """One variant of the user's step on its own copy of the model and optimizer."""
+
+    def __init__(self, variant: str, model: Any, optimizer: Any, loss_fn: Callable, inputs: tuple,
+                 target: Any, device: str) -> None:
+        import torch
+
+        self.variant, self.device, self.loss_fn, self.target = variant, device, loss_fn, target
+        self.model = copy.deepcopy(model)
+        self.inputs = inputs
+        if variant == "channels_last":
+            self.model = self.model.to(memory_format=torch.channels_last)
+            self.inputs = _to_channels_last(inputs)
+        self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()))
+        self.forward = self.model
+        if variant == "compile":
+            self.forward = torch.compile(self.model)
+
+    @contextlib.contextmanager
+    def context(self):
+        import torch
+
+        saved = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True if self.variant == "cudnn-benchmark" else saved
+        try:
+            if self.variant == "amp":
+                with torch.autocast(device_type=self.device, dtype=torch.bfloat16):
+                    yield
+            else:
+                yield
+        finally:
+            torch.backends.cudnn.benchmark = saved
+
+    def loss(self) -> Any:
+        with self.context():
+            output = self.forward(*self.inputs)
+            return self.loss_fn(output, self.target)
+
+    def step(self) -> None:
+        loss = self.loss()
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(runner: StepRunner, steps: int) -> float:
+    """Seconds per step over ``steps`` steps (the device drained before and after)."""
+    _sync(runner.device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        runner.step()
+    _sync(runner.device)
+    return (time.perf_counter() - started) / steps
+
+
+def try_steps(tries: tuple[str, ...], model: Any, optimizer: Any, loss_fn: Callable, inputs: tuple,
+              target: Any, *, device: str, repeats: int = 5, steps: int = 5,
+              warmup: int = 3) -> dict[str, Any]:
+    """Interleaved repeats of baseline and each variant; speed-up, noise and loss check."""
+    import torch
+
+    results: dict[str, Any] = {}
+    variants = [t for t in tries if t in STEP_TRIALS]
+    if device != "cuda":
+        for name in [v for v in variants if v == "cudnn-benchmark"]:
+            results[name] = {"skipped": "cuDNN is used on CUDA devices only"}
+        variants = [v for v in variants if v != "cudnn-benchmark"]
+    if not variants:
+        return results
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device == "cuda" else []):
+        runners = {"baseline": StepRunner("baseline", model, optimizer, loss_fn, inputs, target, device)}
+        for name in variants:
+            try:
+                runners[name] = StepRunner(name, model, optimizer, loss_fn, inputs, target, device)
+            except Exception as error:  # noqa: BLE001 - report which variant could not be built
+                results[name] = {"error": f"{type(error).__name__}: {error}"}
+        losses: dict[str, float] = {}
+        for name, runner in list(runners.items()):
+            try:
+                torch.manual_seed(0)
+                with torch.no_grad():
+                    losses[name] = float(runner.loss().float())
+                for _ in range(warmup):
+                    runner.step()
+            except Exception as error:  # noqa: BLE001
+                if name == "baseline":
+                    return {"error": f"baseline step failed: {type(error).__name__}: {error}"}
+                results[name] = {"error": f"{type(error).__name__}: {error}"}
+                del runners[name]
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(repeats):
+            for name, runner in runners.items():
+                times[name].append(time_steps(runner, steps))
+    base_loss = losses.get("baseline")
+    for name in runners:
+        if name == "baseline":
+            continue
+        verdict = speedup_verdict(times["baseline"], times[name])
+        change = abs(losses[name] - base_loss) / max(abs(base_loss), 1e-12) if base_loss is not None else None
+        verdict["loss_baseline"], verdict["loss_variant"] = base_loss, losses[name]
+        verdict["loss_change"] = change
+        verdict["loss_ok"] = change is not None and change <= LOSS_TOLERANCE[name]
+        verdict["pays_off"] = bool(verdict["pays_off"] and verdict["loss_ok"])
+        verdict["times_s"] = times[name]
+        results[name] = verdict
+    results["baseline"] = {"times_s": times["baseline"], "loss": base_loss}
+    return results
+
+
+def loss_callable(recorder: Any) -> Callable | None:
+    """The user's loss as a callable on (output, target), from the recorded loss events."""
+    import torch.nn.functional as F
+
+    if recorder.loss_module_ref is not None:
+        module = recorder.loss_module_ref()
+        return copy.deepcopy(module) if module is not None else None
+    if recorder.loss_function and hasattr(F, recorder.loss_function):
+        function, options = getattr(F, recorder.loss_function), dict(recorder.loss_options)
+        return lambda output, target: function(output, target, **options)
+    return None

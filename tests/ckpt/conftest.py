@@ -1,0 +1,72 @@
+"""Shared helpers for the ckpt tests: in-process CLI runs, file hashes, tiny checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+
+
+def sha256(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class CliResult:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+
+@pytest.fixture
+def run_cli(capsys):
+    from nndoctor.cli import main
+
+    def run(*argv: str) -> CliResult:
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def run_json(run_cli, tmp_path):
+    """Run a ckpt command with --json and return (exit code, parsed JSON, stdout)."""
+
+    def run(*argv: str):
+        json_path = tmp_path / f"report_{len(list(tmp_path.glob('report_*.json')))}.json"
+        result = run_cli(*argv, "--json", json_path)
+        data = json.loads(json_path.read_text()) if json_path.exists() else None
+        return result.code, data, result
+
+    return run
+
+
+def codes(report: dict) -> list[str]:
+    return [f["code"] for f in report["findings"]]
+
+
+@pytest.fixture
+def net():
+    from nets import build
+
+    model = build()
+    # Non-trivial BatchNorm statistics so that "weights equal" means something.
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+                module.num_batches_tracked.fill_(7)
+    return model
+
+
+def nets_spec(name: str) -> str:
+    return f"{FIXTURES / 'nets.py'}:{name}"

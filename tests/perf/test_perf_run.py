@@ -1,0 +1,97 @@
+"""nndoctor perf end to end on CPU: the breakdown, P101's fraction, P103 with a CPU stand-in, the CLI."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nndoctor.engine import Session
+from nndoctor.perf.checks import diagnose
+from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.session import run_perf
+from nndoctor.runner import Target
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def perf(script, *args, **config):
+    return run_perf(Target(str(SCRIPTS / script), list(args)), PerfConfig(**config))
+
+
+def test_slow_getitem_makes_the_loop_input_bound_with_the_right_fraction():
+    # 8 samples x 4 ms of loading (>= 32 ms) against 8 ms of "compute" per step.
+    report, result = perf("slow_loader.py", "0.004", "0.008", warmup=2, steps=8)
+    b = result.breakdown
+    assert report.status == "stopped" and b.steps == 8
+    data_per_step = b.phases["data"] / b.steps
+    assert data_per_step >= 8 * 0.004  # sleep never undershoots
+    assert b.phases["backward"] + b.phases["optimizer"] + b.phases["other"] >= 8 * 0.008 * 0.9
+    # The fraction is what was measured, and sits near 32/(32+8) on an idle machine.
+    fraction = b.fraction("data")
+    assert fraction == pytest.approx(b.phases["data"] / b.wall)
+    assert 0.55 < fraction < 0.92
+    p101 = [f for f in diagnose(result) if f.code == "P101"]
+    assert p101 and p101[0].evidence["data_wait_fraction"] == pytest.approx(fraction, abs=1e-3)
+    assert p101[0].location.path.endswith("slow_loader.py") and p101[0].location.line == 27
+    assert p101[0].evidence["max_speedup"] == pytest.approx(1 / (1 - fraction), rel=0.02)
+
+
+def test_a_fast_loop_is_not_input_bound():
+    _, result = perf("slow_loader.py", "0", "0.01", warmup=2, steps=6)
+    assert result.breakdown.fraction("data") < 0.2
+    assert not [f for f in diagnose(result) if f.code == "P101"]
+
+
+def test_item_every_step_is_a_sync_only_on_the_accelerator():
+    # On CPU, .item() is no host-device sync: nothing to report.
+    _, plain = perf("item_every_step.py", warmup=2, steps=10)
+    if not torch.cuda.is_available():
+        assert plain.breakdown.syncs == 0
+        assert not [f for f in diagnose(plain) if f.code == "P103"]
+    # The stand-in: count CPU tensors as if they lived on the device.
+    _, result = perf("item_every_step.py", warmup=2, steps=10, sync_device_types=frozenset({"cpu", "cuda"}))
+    assert result.breakdown.syncs_per_step == pytest.approx(1.0)
+    found = [f for f in diagnose(result) if f.code == "P103"]
+    assert found and found[0].location.line == 16
+    assert found[0].evidence["kinds"] == {".item()": 10}
+
+
+def test_perf_session_leaves_the_patient_alone():
+    originals = {n: getattr(torch.Tensor, n) for n in ("item", "to", "cpu", "__bool__")}
+    perf("item_every_step.py", warmup=1, steps=3, sync_device_types=frozenset({"cpu"}))
+    assert {n: getattr(torch.Tensor, n) for n in originals} == originals
+    assert torch.cuda.synchronize is not None
+
+
+def test_plain_run_session_installs_no_perf_patch():
+    from nndoctor.instrument import install
+
+    original_item = torch.Tensor.item
+    installation = install(Session(checks=[]))
+    try:
+        assert torch.Tensor.item is original_item
+    finally:
+        installation.uninstall()
+
+
+def test_cli_writes_breakdown_and_loader_measurement(tmp_path, capsys):
+    from nndoctor.cli import main
+
+    out = tmp_path / "perf.json"
+    code = main(["perf", "--steps", "6", "--warmup", "1", "--try", "loader", "--try-seconds", "0.3",
+                 "--json", str(out), str(SCRIPTS / "slow_loader.py"), "0.003", "0.002"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    perf_data = data["extra"]["perf"]
+    assert perf_data["breakdown"]["steps"] == 6
+    loader = perf_data["trials"]["loader"]
+    rates = {r["num_workers"]: r["samples_per_s"] for r in loader["results"] if r["prefetch_factor"] in (None, 2)}
+    # Sleep-bound loading parallelises even on a busy machine: two workers beat one process.
+    assert rates[2] > 1.3 * rates[0]
+    assert loader["best"]["num_workers"] >= 2
+    codes = {f["code"] for f in data["findings"]}
+    assert {"P101", "P102"} <= codes
+    assert any(a["change"] == "loader" for a in perf_data["advice"])
+    assert "data wait (DataLoader)" in capsys.readouterr().err

@@ -1,0 +1,138 @@
+"""The observer rules of the engine: everything undone, nothing retained, internal errors contained."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+import torch.nn as nn
+
+import nndoctor
+from nndoctor.engine import Session
+from nndoctor.events import StepStart
+from nndoctor.findings import Severity
+from nndoctor.registry import Check
+from tests.conftest import FIXTURES, run_script
+
+
+def _torch_surface():
+    from torch.nn.modules import module as module_mod
+    from torch.optim import optimizer as optimizer_mod
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return {
+        "forward_hooks": len(module_mod._global_forward_hooks),
+        "forward_pre_hooks": len(module_mod._global_forward_pre_hooks),
+        "step_pre": len(optimizer_mod._global_optimizer_pre_hooks),
+        "step_post": len(optimizer_mod._global_optimizer_post_hooks),
+        "train": nn.Module.train, "zero_grad": torch.optim.Optimizer.zero_grad,
+        "module_zero_grad": nn.Module.zero_grad, "backward": torch.Tensor.backward,
+        "autograd_backward": torch.autograd.backward, "ce": torch.nn.functional.cross_entropy,
+        "iter": DataLoader.__iter__, "next": _BaseDataLoaderIter.__next__,
+        "save": torch.save, "load": torch.load, "load_state_dict": nn.Module.load_state_dict,
+        "sched": torch.optim.lr_scheduler.LRScheduler.step,
+        "plateau": torch.optim.lr_scheduler.ReduceLROnPlateau.step,
+        "add_param_group": torch.optim.Optimizer.add_param_group,
+    }
+
+
+def test_no_hook_or_patch_left_behind():
+    before = _torch_surface()
+    run_script(FIXTURES / "correct" / "classifier_train_val.py")
+    run_script(FIXTURES / "scripts" / "raises_value_error.py")
+    run_script(FIXTURES / "scripts" / "long_training.py", max_steps=3)
+    assert _torch_surface() == before
+
+
+def test_no_reference_to_the_users_model_is_retained():
+    with nndoctor.watch() as report:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,)))
+            loss.backward()
+            optimizer.step()
+        refs = [weakref.ref(model), weakref.ref(optimizer), weakref.ref(loss)]
+        del model, optimizer, loss
+    gc.collect()
+    assert report.steps == 4
+    assert all(r() is None for r in refs)
+
+
+class _Exploding(Check):
+    """
+    ## What it does
+    Test double.
+    ## Why is this bad?
+    -
+    ## Example
+    -
+    ## Use instead
+    -
+    ## References
+    -
+    """
+
+    code = "Z999"
+    name = "exploding-test-check"
+    severity = Severity.ERROR
+    summary = "raises inside its handler"
+    fix = "-"
+
+    def on_step_start(self, event: StepStart) -> None:
+        raise RuntimeError("bug inside a check")
+
+
+def test_a_failing_check_is_an_internal_error_not_a_crash():
+    from nndoctor.runner import Target, run_target
+
+    session = Session(checks=[_Exploding])
+    report = run_target(Target(str(FIXTURES / "scripts" / "long_training.py"), []), Session(checks=[_Exploding], max_steps=20))
+    del session
+    assert report.status == "stopped" and report.steps == 20
+    assert len(report.internal_errors) == 1  # disabled after its first failure
+    assert "bug inside a check" in report.internal_errors[0].error
+    data = report.to_json("x")
+    assert data["internal_errors"][0]["where"].startswith("Z999")
+
+
+def test_watch_reports_and_reraises_the_users_exception():
+    import pytest
+
+    with pytest.raises(ZeroDivisionError):
+        with nndoctor.watch() as report:
+            1 / 0
+    assert report.status == "crashed"
+    assert "ZeroDivisionError" in report.traceback
+
+
+def test_watch_max_steps_ends_the_block_quietly():
+    with nndoctor.watch(max_steps=2) as report:
+        model = nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(10):
+            optimizer.zero_grad()
+            model(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+    assert report.status == "stopped" and report.steps == 2
+
+
+def test_findings_merge_by_code_and_place():
+    report = run_script(FIXTURES / "buggy" / "O102_zero_grad_between_backward_and_step.py", select=["O102"])
+    (finding,) = report.by_code("O102")
+    assert finding.count == 5 and finding.first_step == 0
+
+
+def test_json_report_schema():
+    report = run_script(FIXTURES / "buggy" / "M101_no_eval_in_validation.py")
+    data = report.to_json(nndoctor.__version__)
+    assert set(data) >= {"tool", "version", "schema", "command", "status", "steps", "findings", "internal_errors"}
+    assert data["tool"] == "nndoctor" and data["schema"] == 1 and data["status"] == "completed"
+    finding = next(f for f in data["findings"] if f["code"] == "M101")
+    assert set(finding) == {"code", "name", "severity", "message", "location", "count", "first_step",
+                            "evidence", "fix"}
+    assert finding["location"]["path"].endswith("M101_no_eval_in_validation.py")
+    assert finding["severity"] == "error" and finding["name"] == "eval-in-train-mode"
