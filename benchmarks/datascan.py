@@ -183,6 +183,8 @@ def main() -> int:
     parser.add_argument("--skip-cleanvision", action="store_true")
     parser.add_argument("--skip-rss", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the generated trees")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse WORKDIR/photos from an earlier --keep run instead of generating it")
     parser.add_argument("--out", default="benchmarks/_out/datascan.json")
     args = parser.parse_args()
     workers = os.cpu_count() or 1
@@ -192,8 +194,10 @@ def main() -> int:
     results: dict = {"machine": {"cpus": workers, "python": sys.version.split()[0]}, "images": args.images}
     try:
         root = work / "photos"
+        shutil.rmtree(cache, ignore_errors=True)
         started = time.perf_counter()
-        results["injected"] = {k: len(v) for k, v in generate_dataset(root, args.images, workers).items()}
+        if not (args.reuse and root.exists()):
+            results["injected"] = {k: len(v) for k, v in generate_dataset(root, args.images, workers).items()}
         results["generate_seconds"] = round(time.perf_counter() - started, 1)
         files = sum(len(f) for _, _, f in os.walk(root))
         results["files"] = files
@@ -225,7 +229,7 @@ def main() -> int:
         results["rescan_stats"] = rescan["extra"]["scan"]
         results["rescan_found_truncated"] = [f["evidence"]["files"] for f in rescan["findings"] if f["code"] == "F101"]
         print("rescan", results["nndoctor_rescan_after_adding"]["seconds"], "s", flush=True)
-        for k in range(2):  # back to the state CleanVision can read
+        for k in range(files // 100):  # back to the state that was timed, which CleanVision can read
             (new / f"new_{k}.jpg").unlink()
 
         if not args.skip_cleanvision:
@@ -239,7 +243,8 @@ def main() -> int:
             (crash_dir / "cut.jpg").write_bytes(sample.read_bytes()[: sample.stat().st_size // 2])
             crash = timed([sys.executable, "-c", CLEANVISION_SCRIPT, str(crash_dir)], env)
             results["cleanvision_on_truncated_jpeg"] = {"rc": crash["rc"], "error": crash["stderr_tail"].strip().splitlines()[-1:]}
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
         if not args.skip_rss:
             for count in (args.rss_files // 10, args.rss_files):

@@ -105,7 +105,8 @@ class Session:
             self._add_check(cls)
         # The context of the last exception seen unwinding through a module (crash path only).
         self.crash_context: dict[str, Any] = {}
-        self.crash_exception: weakref.ref | None = None
+        self.crash_exception_id: int | None = None
+        self.crash_module: weakref.ref | None = None
 
     def _add_check(self, cls: type[Check]) -> None:
         try:

@@ -16,6 +16,11 @@ from nndoctor.runner import Target
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+def line_of(script: str, text: str) -> int:
+    lines = (SCRIPTS / script).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if text in line)
+
+
 def perf(script, *args, **config):
     return run_perf(Target(str(SCRIPTS / script), list(args)), PerfConfig(**config))
 
@@ -34,13 +39,15 @@ def test_slow_getitem_makes_the_loop_input_bound_with_the_right_fraction():
     assert 0.55 < fraction < 0.92
     p101 = [f for f in diagnose(result) if f.code == "P101"]
     assert p101 and p101[0].evidence["data_wait_fraction"] == pytest.approx(fraction, abs=1e-3)
-    assert p101[0].location.path.endswith("slow_loader.py") and p101[0].location.line == 27
+    assert p101[0].location.path.endswith("slow_loader.py") and p101[0].location.line == line_of("slow_loader.py", "for x, y in loader")
     assert p101[0].evidence["max_speedup"] == pytest.approx(1 / (1 - fraction), rel=0.02)
 
 
 def test_a_fast_loop_is_not_input_bound():
-    _, result = perf("slow_loader.py", "0", "0.01", warmup=2, steps=6)
-    assert result.breakdown.fraction("data") < 0.2
+    # No loading cost, 60 ms of "compute": collating 8 tiny samples is a few % of the step.
+    _, result = perf("slow_loader.py", "0", "0.06", warmup=2, steps=4)
+    fraction = result.breakdown.fraction("data")
+    assert fraction < 0.2
     assert not [f for f in diagnose(result) if f.code == "P101"]
 
 
@@ -54,7 +61,7 @@ def test_item_every_step_is_a_sync_only_on_the_accelerator():
     _, result = perf("item_every_step.py", warmup=2, steps=10, sync_device_types=frozenset({"cpu", "cuda"}))
     assert result.breakdown.syncs_per_step == pytest.approx(1.0)
     found = [f for f in diagnose(result) if f.code == "P103"]
-    assert found and found[0].location.line == 16
+    assert found and found[0].location.line == line_of("item_every_step.py", "loss.item()")
     assert found[0].evidence["kinds"] == {".item()": 10}
 
 

@@ -34,8 +34,8 @@ def test_step_trials_time_each_variant_and_check_the_loss():
                           nn.Flatten(), nn.Linear(8, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]
-    rng_before = torch.get_rng_state()
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))
+    rng_before = torch.get_rng_state()
     results = try_steps(("amp", "channels_last", "cudnn-benchmark"), model, optimizer, nn.CrossEntropyLoss(),
                         (x,), y, device="cpu", repeats=2, steps=2, warmup=1)
     for name in ("amp", "channels_last"):

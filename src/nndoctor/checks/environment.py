@@ -324,7 +324,7 @@ class UnsafeCheckpointLoad(Check):
                else "the default weights_only=False of this PyTorch/environment")
         trust = (" The file was written by this run, so the risk is low." if own else "")
         self.report(
-            f"torch.load({event.path or 'file object'!r}) unpickles with {how}: loading can run "
+            f"torch.load({repr(event.path) if event.path else '<file object>'}) unpickles with {how}: loading can run "
             f"arbitrary code stored in the file.{trust}",
             location=event.location,
             evidence={"path": event.path, "weights_only": event.weights_only, "written_by_this_run": own},

@@ -63,20 +63,25 @@ def unnormalized_pixels(dtype: str, minimum: float, maximum: float) -> str | Non
     return None
 
 
-def normalization_mismatch(minimum: float, maximum: float, mean: float, std: float) -> str | None:
+def normalization_mismatch(minimum: float, maximum: float, channel_means: Sequence[float],
+                           channel_stds: Sequence[float]) -> str | None:
     """D102: the signature of mean/std applied on the wrong pixel scale, or None.
 
     * 0–1 statistics (mean≈0.45, std≈0.22) on 0–255 pixels: ``(x - 0.485) / 0.229`` leaves
       the minimum just below zero (≥ -0.485/0.229 ≈ -2.1, bounded by -5 for any mean<1,
       std>0.2) and pushes the maximum to ~1100; anything above 50 is out of reach of a correct
       pipeline, including Caffe-style ``x - mean`` on 0–255 (its minimum is ≈ -124).
-    * 0–255 statistics (mean≈120, std≈58) on 0–1 pixels: every value lands in a narrow band
-      around -2 (``(x - 123.7) / 58.4`` spans 1/58 ≈ 0.017): the whole batch is negative and
-      its spread is under 5% of its magnitude. Correctly normalised images span ~4 units.
+    * 0–255 statistics (mean≈120, std≈58) on 0–1 pixels: ``(x - 123.7) / 58.4`` puts every
+      value of a channel in a band 1/58 ≈ 0.017 wide around -2: the batch is entirely
+      negative and every channel's std is under 5% of its mean's magnitude (0.005 vs 2;
+      with Caffe's std=1: 0.29 vs 120). Correctly standardised images have channel stds
+      near 1 and means near 0.
     """
     if -5.0 <= minimum < 0 and maximum > 50:
         return "unit-stats-on-255-pixels"
-    if maximum < 0 and std > 0 and (maximum - minimum) < 0.05 * abs(mean):
+    if maximum < 0 and channel_means and len(channel_means) == len(channel_stds) and all(
+        0 < s < 0.05 * abs(m) for m, s in zip(channel_means, channel_stds)
+    ):
         return "255-stats-on-unit-pixels"
     return None
 
@@ -360,19 +365,25 @@ class NormalizationScaleMismatch(Check):
         stats = _model_input(self, event)
         if stats is None or not stats.is_floating or not stats.finite or image_layout(stats.shape) is None:
             return
-        kind = normalization_mismatch(stats.min, stats.max, stats.mean, stats.std)
+        layout = image_layout(stats.shape)
+        means, stds = ((stats.channel_mean_dim1, stats.channel_std_dim1) if layout == "nchw"
+                       else (stats.channel_mean_last, stats.channel_std_last))
+        kind = normalization_mismatch(stats.min, stats.max, means or (), stds or ())
         if kind is None:
             return
         if kind == "unit-stats-on-255-pixels":
             what = (f"values reach {stats.max:.4g} while the minimum is {stats.min:.3g} (just below 0): "
                     "0–1 mean/std were applied to 0–255 pixels")
         else:
-            what = (f"every value lies in [{stats.min:.4g}, {stats.max:.4g}] (mean {stats.mean:.4g}, "
-                    f"std {stats.std:.3g}): 0–255 mean/std were applied to 0–1 pixels, which erases the contrast")
+            spread = ", ".join(f"{m:.3g}±{s:.2g}" for m, s in zip(means or (), stds or ()))
+            what = (f"every value lies in [{stats.min:.4g}, {stats.max:.4g}] and each channel is squeezed into a "
+                    f"narrow band (mean±std per channel: {spread}): 0–255 mean/std were applied to 0–1 pixels, "
+                    "which erases the contrast")
         self.report(
             f"{_model_name(event)} input {list(stats.shape)}: {what}.",
             location=event.location,
-            evidence={"kind": kind, "min": stats.min, "max": stats.max, "mean": stats.mean, "std": stats.std},
+            evidence={"kind": kind, "min": stats.min, "max": stats.max, "mean": stats.mean, "std": stats.std,
+                      "channel_means": list(means or ()), "channel_stds": list(stds or ())},
             step=event.step,
         )
 
@@ -888,7 +899,7 @@ class TrainEvalOverlap(Check):
         self._train: set[bytes] = set()
         self._train_loaders: set[int] = set()
         self._last_loader: int | None = None
-        self._overlap = 0
+        self._overlap: set[bytes] = set()
         self._eval_seen = 0
         self._location = None
         self._first_step: int | None = None
@@ -916,7 +927,8 @@ class TrainEvalOverlap(Check):
             return
         if not self._train:
             return
-        hits = sum(1 for f in summary.fingerprints if f in self._train)
+        matching = [f for f in summary.fingerprints if f in self._train]
+        hits = len(matching)
         if not hits:
             return
         loader = self._last_loader
@@ -924,7 +936,8 @@ class TrainEvalOverlap(Check):
             return  # deliberate evaluation of the training loader
         if loader is None and hits == len(summary.fingerprints):
             return  # a whole batch of training samples: a deliberate pass over the train set
-        self._overlap += hits
+        if len(self._overlap) < self._MAX_TRAIN:
+            self._overlap.update(matching)
         self._eval_seen += len(summary.fingerprints)
         if self._location is None:
             self._location, self._first_step = event.location, event.step
@@ -933,10 +946,10 @@ class TrainEvalOverlap(Check):
         if not self._overlap:
             return
         self.report(
-            f"{self._overlap} evaluation samples (no_grad forwards, among {self._eval_seen} in the batches "
-            f"where overlap was found) are identical to training samples seen on sampled steps "
+            f"{len(self._overlap)} distinct evaluation samples (no_grad forwards; {self._eval_seen} samples in "
+            f"the evaluation batches where overlap was found) are identical to training samples seen on sampled steps "
             f"({len(self._train)} training fingerprints kept): the evaluation data leaks into training.",
             location=self._location,
-            evidence={"identical_samples": self._overlap, "train_fingerprints": len(self._train)},
+            evidence={"identical_samples": len(self._overlap), "train_fingerprints": len(self._train)},
             step=self._first_step,
         )

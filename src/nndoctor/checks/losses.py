@@ -33,8 +33,22 @@ def looks_like_log_probabilities(summary: ClassAxisSummary, tolerance: float = P
     return summary.max <= tolerance and summary.logsumexp_deviation <= tolerance
 
 
-def grad_fn_name(tensor: Any) -> str:
+_VIEW_NODES = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0",
+               "SqueezeBackward1", "SqueezeBackward2", "UnsqueezeBackward0", "CloneBackward0",
+               "ToCopyBackward0", "PermuteBackward0", "TransposeBackward0", "ContiguousBackward0"}
+
+
+def grad_fn_name(tensor: Any, max_hops: int = 4) -> str:
+    """Name of the autograd node that produced ``tensor``, looking through up to
+    ``max_hops`` reshaping/copying nodes (``sigmoid(x).squeeze(1)`` is still a sigmoid)."""
     fn = getattr(tensor, "grad_fn", None)
+    for _ in range(max_hops):
+        if fn is None or type(fn).__name__ not in _VIEW_NODES:
+            break
+        nexts = [p for p, _ in getattr(fn, "next_functions", ()) if p is not None]
+        if len(nexts) != 1:
+            break
+        fn = nexts[0]
     return type(fn).__name__ if fn is not None else ""
 
 
@@ -134,6 +148,7 @@ def implied_logit_std(excess: float) -> float:
 
 # L106: Mann–Kendall trend test over the observed training losses.
 TREND_MIN_POINTS = 30
+TREND_MIN_STEPS = 30  # optimizer steps the observed losses must span
 NOT_DECREASING_Z = -1.645  # no decrease significant at 5% (one-sided)
 NOT_DECREASING_RATIO = 0.99  # and the last third's median is not 1% below the first third's
 DIVERGING_Z = 2.326  # increase significant at 1% (one-sided)
@@ -258,11 +273,13 @@ class SigmoidBeforeLogitsLoss(Check):
     """
     ## What it does
     Flags `binary_cross_entropy_with_logits` / `nn.BCEWithLogitsLoss` inputs produced by
-    `sigmoid` (seen in the autograd graph), or — on sampled steps — inputs confined to
-    [0, 1] on at least 3 calls with ≥ 16 values in total. Raw logits of a binary classifier
-    are centred near 0 at initialisation and become negative for half the samples, so a
-    batch of that size with no negative value (chance ≤ 2⁻¹⁶ per call at initialisation) is
-    a sigmoid output.
+    `sigmoid` (`torch.sigmoid`, `nn.Sigmoid`, `special.expit`), read from the autograd
+    graph on every call, looking through up to 4 reshaping nodes (`squeeze`, `view` …).
+
+    The values alone are not used: logits confined to [0, 1] are common at initialisation
+    (a discriminator with a small positive bias gives only values around 0.2 for many
+    steps), so "no negative value" proves nothing. Under `torch.no_grad()` there is no
+    graph and nothing is reported — a miss, not a false alarm.
 
     ## Why is this bad?
     The loss applies the sigmoid itself. Fed probabilities, it computes σ(σ(z)) ∈ [0.5, 0.73]:
@@ -291,44 +308,17 @@ class SigmoidBeforeLogitsLoss(Check):
     summary = "BCEWithLogitsLoss receives sigmoid outputs"
     fix = "pass raw logits to BCEWithLogitsLoss (remove the sigmoid), or use BCELoss on probabilities"
 
-    _MIN_CALLS = 3
-    _MIN_VALUES = 16
-
-    def __init__(self, session) -> None:
-        super().__init__(session)
-        self._unit_calls = 0
-        self._unit_values = 0
-
     def on_loss(self, event: LossComputed) -> None:
         if event.function != "binary_cross_entropy_with_logits" or not isinstance(event.input, torch.Tensor):
             return
         producer = grad_fn_name(event.input)
-        if producer == "SigmoidBackward0":
-            reason = "its input comes straight from sigmoid"
-            evidence: dict[str, Any] = {"input_produced_by": producer}
-        elif event.sampled:
-            from nndoctor.instrument.stats import cached_stats
-
-            stats = cached_stats(event, "input", event.input)
-            if stats is None:
-                return
-            if not in_unit_interval(stats.min, stats.max):
-                self._unit_calls = self._unit_values = 0
-                return
-            self._unit_calls += 1
-            self._unit_values += stats.numel
-            if self._unit_calls < self._MIN_CALLS or self._unit_values < self._MIN_VALUES:
-                return
-            reason = (f"its inputs stayed within [0, 1] on {self._unit_calls} consecutive sampled calls "
-                      f"({self._unit_values} values, none negative; threshold ≥{self._MIN_CALLS} calls and "
-                      f"≥{self._MIN_VALUES} values)")
-            evidence = {"calls": self._unit_calls, "values": self._unit_values, "min": stats.min, "max": stats.max}
-        else:
+        if producer != "SigmoidBackward0":
             return
         self.report(
-            f"binary_cross_entropy_with_logits receives probabilities: {reason}. The loss applies the "
-            "sigmoid itself, so predictions are stuck in [0.5, 0.73].",
-            location=event.location, evidence=evidence, step=event.step,
+            "binary_cross_entropy_with_logits receives probabilities: its input comes from sigmoid "
+            f"(autograd node {producer}). The loss applies the sigmoid itself, so predictions are stuck "
+            "in [0.5, 0.73].",
+            location=event.location, evidence={"input_produced_by": producer}, step=event.step,
         )
 
 
@@ -580,7 +570,7 @@ class LossNotDecreasing(Check):
     Records the value of every loss passed to `backward()` without extra synchronisation
     (each value is copied into a small buffer on the loss's device and read on sampled
     steps) and, at the end of the run, applies the Mann–Kendall trend test to the sequence.
-    With at least 30 values it reports:
+    With at least 30 values spanning at least 30 optimizer steps it reports:
 
     * **not decreasing**: no significant decrease (z > −1.645, one-sided 5%) *and* the
       median of the last third of the losses is not 1% below the median of the first third;
@@ -628,8 +618,10 @@ class LossNotDecreasing(Check):
         self._values: list[float] = []
         self._location = None
         self._first_step: int | None = None
+        self._most_optimizers = 0
 
     def on_backward(self, event: Backward) -> None:
+        self._most_optimizers = max(self._most_optimizers, len(self.session.state.optimizers))
         loss = event.tensor
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
             return
@@ -659,7 +651,8 @@ class LossNotDecreasing(Check):
     def on_run_end(self, event: RunEnd) -> None:
         self._flush()
         self._buffer = None
-        if len(list(self.session.state.optimizers)) > 1:
+        steps = event.step - (self._first_step or 0)
+        if self._most_optimizers > 1 or steps < TREND_MIN_STEPS:
             return
         verdict = loss_trend(self._values)
         if verdict is None:

@@ -19,6 +19,7 @@ from nndoctor.instrument.numerics_probe import (
     PendingFlag,
     cached_gradient_stats,
     first_nonfinite,
+    forward_definition,
     observe_module,
     params_finite,
     probe_state,
@@ -167,13 +168,16 @@ class NonfiniteLoss(Check):
                 locate: Any) -> None:
         if step != self._records_step:
             self._records, self._modules, self._records_step = [], [], step
-        record = observe_module(qualname, module, inputs, output)
+        record = observe_module(qualname, module, inputs, output, self._records)
         if record is None:
             return
-        if isinstance(record.output_finite, torch.Tensor):
-            record.location = locate()  # CUDA: which module it will be is known only later
-        elif record.output_finite is False and all(r.output_finite is not False for r in self._records):
-            record.location = locate()  # CPU: resolved for the first non-finite module only
+        if isinstance(record.output_finite, torch.Tensor) or (
+            record.output_finite is False and all(r.output_finite is not False for r in self._records)
+        ):
+            # CPU: resolved for the first non-finite module only; CUDA: for every module, since
+            # which one it will be is known only later. A user-written module points at its
+            # forward; a torch module at the user's line that called the model.
+            record.location = forward_definition(module) or locate()
         self._records.append(record)
         self._modules.append(weakref.ref(module))
 
@@ -361,14 +365,17 @@ def unit_axis(shape: tuple[int, ...]) -> int | None:
 
 
 def active_units(output: torch.Tensor) -> torch.Tensor | None:
-    """Per-unit booleans: was the unit positive for any sample/position of this batch?"""
+    """Per-unit booleans: was the unit positive for any sample/position of this batch?
+
+    Stays on the output's device (one max reduction, no mask, no sync); the window is read
+    back once, at the end of the run.
+    """
     axis = unit_axis(tuple(output.shape))
     if axis is None:
         return None
     with torch.no_grad():
-        positive = output.detach() > 0
         dims = [d for d in range(output.dim()) if d != axis]
-        return positive.amax(dim=dims).cpu()
+        return output.detach().amax(dim=dims) > 0
 
 
 def dead_fraction(active: torch.Tensor) -> float:
@@ -462,7 +469,7 @@ class DeadRelu(Check):
 
     def on_run_end(self, event: RunEnd) -> None:
         for name, window in self._windows.items():
-            verdict = dead_verdict([a for a, _ in window], sum(n for _, n in window),
+            verdict = dead_verdict([a.cpu() for a, _ in window], sum(n for _, n in window),
                                    self.DEAD_FRACTION, self.MIN_SAMPLES, self.MIN_BATCHES)
             if verdict is None:
                 continue
@@ -492,8 +499,11 @@ def dead_verdict(actives: list[torch.Tensor], samples: int, threshold: float, mi
     return (dead, units) if units and dead / units >= threshold else None
 
 
-def saturation_fraction(output: torch.Tensor, module: Any) -> float | None:
-    """Fraction of outputs within 1% of the activation's range from its limits."""
+def saturation_fraction(output: torch.Tensor, module: Any) -> torch.Tensor | None:
+    """Fraction of outputs within 1% of the activation's range from its limits.
+
+    A 0-d tensor on the output's device (no sync); read back at the end of the run.
+    """
     if isinstance(module, (nn.Sigmoid, nn.Hardsigmoid)):
         low, high = 0.0, 1.0
     elif isinstance(module, (nn.Tanh, nn.Hardtanh)):
@@ -505,7 +515,7 @@ def saturation_fraction(output: torch.Tensor, module: Any) -> float | None:
     with torch.no_grad():
         x = output.detach()
         pinned = (x <= low + margin) | (x >= high - margin)
-        return float(pinned.float().mean())
+        return pinned.mean(dtype=torch.float32)
 
 
 @register
@@ -558,8 +568,8 @@ class SaturatedActivations(Check):
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._pending: list[tuple[str, int, float, Location | None, str]] = []
-        self._windows: dict[str, deque[float]] = {}
+        self._pending: list[tuple[str, int, torch.Tensor, Location | None, str]] = []
+        self._windows: dict[str, deque[torch.Tensor]] = {}
         self._info: dict[str, tuple[Location | None, str]] = {}
 
     def on_module_output(self, event: ModuleOutput) -> None:
@@ -590,7 +600,8 @@ class SaturatedActivations(Check):
 
     def on_run_end(self, event: RunEnd) -> None:
         for name, window in self._windows.items():
-            mean = saturation_verdict(list(window), self.THRESHOLD, self.MIN_BATCHES)
+            fractions = torch.stack([f.float().cpu() for f in window]).tolist() if window else []
+            mean = saturation_verdict(fractions, self.THRESHOLD, self.MIN_BATCHES)
             if mean is None:
                 continue
             location, kind = self._info[name]

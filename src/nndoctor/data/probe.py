@@ -114,14 +114,13 @@ def _decode_into(record: FileRecord, data: bytes) -> None:
         if image.format == "JPEG":
             image.draft("RGB", (STATS_SIDE, STATS_SIDE))
         image.load()  # full decode: a truncated or corrupt stream raises here
-        reduced = _reduce(image)
-        rgb = np.asarray(_to_rgb(reduced))
-    gray = np.asarray(Image.fromarray(rgb).convert("L"))
-    record.gray_std = gray_std(gray)
-    record.moments = channel_moments(rgb)
+        rgb = _to_rgb(_reduce(image))
+    gray = rgb.convert("L")
+    record.gray_std = gray_std(gray.histogram())
+    record.moments = channel_moments(rgb.histogram())
     # A blank image has no structure to hash; its "hash" would match every other blank one.
     if record.gray_std >= 1.0:
-        small = Image.fromarray(gray).resize((PHASH_SIZE, PHASH_SIZE), Image.Resampling.BILINEAR)
+        small = gray.resize((PHASH_SIZE, PHASH_SIZE), Image.Resampling.BILINEAR)
         record.phash = phash(np.asarray(small))
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from nndoctor.explain.base import CrashExplanation
 from nndoctor.explain.crash import Crash
-from nndoctor.explain.source import no_grad_block_around, statement_at
+from nndoctor.explain.source import no_grad_block_around, statement_at, strip_comment
 from nndoctor.findings import Finding
 from nndoctor.registry import register
 
@@ -276,7 +276,7 @@ class AmbiguousTensorBool(CrashExplanation):
             fix = "build the loss once and call it: `criterion = nn.CrossEntropyLoss()` then `criterion(output, target)`"
             return cls.make(crash, message, fix=fix, evidence=evidence)
         use = truth_value_use(statement_at(frame.path, frame.line)) if frame and frame.line else None
-        source = frame.source if frame else ""
+        source = strip_comment(frame.source) if frame else ""
         if source:
             evidence["line"] = source
         message = "A tensor with more than one element was used where Python needs a single True/False"

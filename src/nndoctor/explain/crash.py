@@ -67,6 +67,9 @@ class Crash:
     context: dict[str, Any] = field(default_factory=dict)  # the engine's crash context
     error: BaseException | None = None
     session: Any = None
+    # Weak references to the innermost module that was running and to its root model.
+    module_ref: Any = None
+    root_ref: Any = None
 
     @property
     def short_type(self) -> str:
@@ -160,10 +163,18 @@ def from_exception(error: BaseException, *, context: dict[str, Any] | None = Non
     message = message_of(error)
     from nndoctor.explain.tracetext import worker_traceback_frames
 
+    # The exceptions this one was raised from (a worker's real death signal, a wrapped error)
+    # are part of what happened: their messages are kept as the preamble.
+    causes = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and len(causes) < 3:
+        causes.append(f"{qualified_type(cause)}: {message_of(cause)}")
+        cause = cause.__cause__ or cause.__context__
     return Crash(
         exc_type=qualified_type(error),
         message=message,
         frames=frames,
+        preamble="\n".join(reversed(causes)),
         worker_frames=worker_traceback_frames(message),
         context=dict(context or {}),
         error=error,

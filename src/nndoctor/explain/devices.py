@@ -74,7 +74,8 @@ class DeviceMismatch(CrashExplanation):
         r"Input type \(torch\.cuda\.\w+Tensor\) and weight type \(torch\.(?!cuda)\w+Tensor\)",
         r"Input type \(torch\.(?!cuda)\w+Tensor\) and weight type \(torch\.cuda\.\w+Tensor\)",
         r"indices should be either on cpu or on the same device as the indexed tensor",
-        r"Expected (?:object of device type|tensor for argument).*(?:cuda|cpu)",
+        r"Expected object of device type \w+ but got device type \w+",
+        r"to have the same device as tensor for argument",
     )
     order = 20  # before E102, whose "Input type … should be the same" also covers dtypes
 
@@ -467,7 +468,7 @@ class DeviceSideAssert(CrashExplanation):
                 evidence["kernel"] = kernel.group(1)
             for pattern, meaning, advice in _ASSERTIONS:
                 if re.search(pattern, assertion.group(1)):
-                    cause, fix = meaning, advice + "; " + cls.fix
+                    cause, fix = meaning, advice + " (confirm on the CPU or with CUDA_LAUNCH_BLOCKING=1)"
                     break
         message = "A CUDA kernel's assertion failed"
         message += f": {cause}." if cause else " (the kernel's message is not in this text)."

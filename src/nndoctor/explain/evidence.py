@@ -30,11 +30,11 @@ def live_objects(crash: Crash, predicate: Callable[[Any], bool]) -> Iterator[tup
     """(name, object) pairs from the traceback's frames, innermost first: locals of every
     frame, then the globals of the user's frames (the script's top-level variables)."""
     frames = list(reversed(crash.live_frames()))
-    seen: set[int] = set()
+    seen: set[tuple[str, int]] = set()
     for frame in frames:
         for name, value in list(frame.f_locals.items()):
-            if id(value) not in seen and _safe(predicate, value):
-                seen.add(id(value))
+            if (name, id(value)) not in seen and _safe(predicate, value):
+                seen.add((name, id(value)))
                 yield name, value
     from nndoctor.instrument.location import is_internal_frame
 
@@ -42,8 +42,8 @@ def live_objects(crash: Crash, predicate: Callable[[Any], bool]) -> Iterator[tup
         if is_internal_frame(frame):
             continue
         for name, value in list(frame.f_globals.items()):
-            if not name.startswith("__") and id(value) not in seen and _safe(predicate, value):
-                seen.add(id(value))
+            if not name.startswith("__") and (name, id(value)) not in seen and _safe(predicate, value):
+                seen.add((name, id(value)))
                 yield name, value
 
 
@@ -56,17 +56,61 @@ def _safe(predicate: Callable[[Any], bool], value: Any) -> bool:
 
 def crash_module(crash: Crash) -> Any:
     """The innermost module that was executing when the error was raised (weakly held)."""
-    ref = getattr(crash.session, "crash_module", None) if crash.session is not None else None
-    module = ref() if callable(ref) else None
-    return module
+    ref = crash.module_ref
+    if ref is None and crash.session is not None:
+        ref = getattr(crash.session, "crash_module", None)
+    return ref() if callable(ref) else None
+
+
+def module_context_from_traceback(error: BaseException) -> tuple[dict[str, Any], Any, Any] | None:
+    """The engine's crash-context fields, read from the traceback itself: torch's
+    ``Module._call_impl`` frames hold each module being called (``self``) and its ``args``.
+    Returns (context, weakref to the innermost module, weakref to the outermost) or None."""
+    import weakref
+
+    try:
+        import torch.nn as nn
+    except ImportError:  # pragma: no cover
+        return None
+    from nndoctor.instrument.stats import describe_structure
+
+    calls: list[tuple[Any, tuple]] = []
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "_call_impl" and frame.f_code.co_filename.endswith("module.py"):
+            module = frame.f_locals.get("self")
+            if isinstance(module, nn.Module):
+                calls.append((module, frame.f_locals.get("args", ())))
+        tb = tb.tb_next
+    if not calls:
+        return None
+    root, (inner, args) = calls[0][0], calls[-1]
+    names = {id(m): n for n, m in root.named_modules()}
+    path = [names.get(id(m), type(m).__name__) for m, _ in calls if id(m) in names]
+    params = {
+        name: f"{str(p.dtype).replace('torch.', '')}{list(p.shape)}@{p.device}"
+        for name, p in list(inner.named_parameters(recurse=False))[:8]
+    }
+    context = {
+        "module_path": path,
+        "module_qualname": names.get(id(inner), type(inner).__name__),
+        "module_type": type(inner).__name__,
+        "root_type": type(root).__name__,
+        "inputs": describe_structure(args),
+        "parameters": params,
+        "training": inner.training,
+    }
+    return context, weakref.ref(inner), weakref.ref(root)
 
 
 def root_variable(crash: Crash) -> tuple[str, Any] | None:
     """The user's name for the model that contains the crashing module (``model``, ``net``),
     found in the crashing frames' locals or the script's globals; ``self`` is skipped."""
     inner = crash_module(crash)
+    root = crash.root_ref() if callable(crash.root_ref) else None
     root_type = crash.context.get("root_type")
-    if inner is None:
+    if inner is None and root is None:
         return None
     try:
         import torch.nn as nn
@@ -74,6 +118,8 @@ def root_variable(crash: Crash) -> tuple[str, Any] | None:
         return None
 
     def is_root(value: Any) -> bool:
+        if root is not None:
+            return value is root
         return (isinstance(value, nn.Module) and type(value).__name__ == root_type
                 and any(m is inner for m in value.modules()))
 
@@ -99,13 +145,19 @@ def module_display_name(crash: Crash) -> str | None:
     return f"{root}.{qualname}" if qualname else root
 
 
-def module_phrase(crash: Crash) -> str:
-    """``in model.fc (Linear)`` for messages, or '' when no module was running."""
+def module_label(crash: Crash) -> str | None:
+    """``model.bn1 (BatchNorm1d)``, or None when no module was running."""
     name = module_display_name(crash)
     if not name:
-        return ""
+        return None
     kind = crash.context.get("module_type")
-    return f" in {name} ({kind})" if kind and not name.endswith(kind) else f" in {name}"
+    return f"{name} ({kind})" if kind and not name.endswith(kind) else name
+
+
+def module_phrase(crash: Crash) -> str:
+    """``in model.fc (Linear)`` for messages, or '' when no module was running."""
+    label = module_label(crash)
+    return f" in {label}" if label else ""
 
 
 def context_inputs(crash: Crash) -> list[str]:

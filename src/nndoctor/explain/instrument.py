@@ -32,7 +32,10 @@ def attach_indices(error: BaseException, indices: Any) -> None:
         return
     try:
         setattr(error, ATTRIBUTE, list(indices) if isinstance(indices, (list, tuple)) else [indices])
-        error.add_note(batch_note(indices))
+        if hasattr(error, "add_note"):
+            error.add_note(batch_note(indices))
+        else:  # Python 3.10: kept for this process only (tracebacks print notes from 3.11 on)
+            error.__notes__ = [*getattr(error, "__notes__", []), batch_note(indices)]
     except Exception:  # noqa: BLE001 - an exception type that refuses attributes keeps its message
         pass
 

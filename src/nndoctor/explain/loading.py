@@ -296,8 +296,8 @@ def _start_method(crash: Crash) -> str | None:
         return None
     for frame in reversed(crash.live_frames()):
         owner = frame.f_locals.get("self")
-        context = getattr(owner, "_multiprocessing_context", None)
-        if context is not None:
+        context = frame.f_locals.get("multiprocessing_context") or getattr(owner, "multiprocessing_context", None)
+        if context is not None and hasattr(context, "get_start_method"):
             try:
                 return context.get_start_method()
             except Exception:  # noqa: BLE001

@@ -12,6 +12,7 @@ from typing import Any
 
 from nndoctor.explain.base import explain
 from nndoctor.explain.crash import Crash, from_exception
+from nndoctor.explain.evidence import module_context_from_traceback
 from nndoctor.findings import Finding
 
 _MAX_CHAIN = 4
@@ -27,14 +28,27 @@ def exception_chain(error: BaseException) -> list[BaseException]:
     return chain
 
 
-def _context_for(error: BaseException, session: Any) -> dict[str, Any]:
+def _engine_context(error: BaseException, session: Any) -> dict[str, Any]:
     """The engine's crash context, only if it was recorded for this very exception (a context
     left by an exception the user caught earlier would describe the wrong module)."""
-    ref = getattr(session, "crash_exception", None)
-    recorded = ref() if callable(ref) else None
-    if recorded is not None and recorded is error:
+    # The engine keeps only id(error): exceptions cannot be weakly referenced, and a strong
+    # reference would keep the traceback's frames (the user's tensors) alive.
+    if getattr(session, "crash_exception_id", None) == id(error):
         return dict(getattr(session, "crash_context", {}) or {})
     return {}
+
+
+def live_crash(error: BaseException, session: Any) -> Crash:
+    """A ``Crash`` for ``error`` with the module context read from its own traceback (exact
+    for this exception), completed by the engine's context (the step) when it matches."""
+    engine = _engine_context(error, session)
+    crash = from_exception(error, context=engine, session=session)
+    found = module_context_from_traceback(error)
+    if found is not None:
+        context, crash.module_ref, crash.root_ref = found
+        context.setdefault("step", engine.get("step", getattr(session, "step", None)))
+        crash.context = context
+    return crash
 
 
 def explain_crash(error: BaseException, session: Any) -> list[Finding]:
@@ -45,7 +59,7 @@ def explain_crash(error: BaseException, session: Any) -> list[Finding]:
     first: Crash | None = None
     finding = None
     for candidate in exception_chain(error):
-        crash = from_exception(candidate, context=_context_for(candidate, session), session=session)
+        crash = live_crash(candidate, session)
         first = first or crash
         finding = explain(crash, select=select, ignore=ignore, failures=failures)
         if finding is not None:

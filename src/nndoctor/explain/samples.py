@@ -169,4 +169,4 @@ def describe_probe(probe: ItemProbe, component: int = 0) -> str:
     if probe.error:
         return f"index {probe.index}{where} raised {probe.error}"
     shape = probe.shapes[component] if len(probe.shapes) > component else "?"
-    return f"index {probe.index}{where} has shape {shape}"
+    return f"index {probe.index}{where} is {shape}"

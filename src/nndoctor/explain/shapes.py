@@ -16,7 +16,7 @@ from nndoctor.explain.evidence import (
     integer_range,
     live_objects,
     module_display_name,
-    module_phrase,
+    module_label,
     parse_described_shape,
     root_variable,
 )
@@ -96,7 +96,13 @@ class BatchCollateSizeMismatch(CrashExplanation):
 
     @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
-        from nndoctor.explain.samples import batch_indices, describe_probe, find_dataset, odd_items, probe_items
+        from nndoctor.explain.samples import (
+            batch_indices,
+            describe_probe,
+            find_dataset,
+            odd_items,
+            probe_items,
+        )
 
         evidence: dict[str, Any] = {}
         indices = batch_indices(crash)
@@ -111,11 +117,13 @@ class BatchCollateSizeMismatch(CrashExplanation):
             name_b = f"index {indices[eb]}" if indices and eb < len(indices) else f"entry {eb}"
             evidence["shapes"] = {name_a: shapes[0], name_b: shapes[1]}
             odd_text = f" Sample {name_b} is {shapes[1]} while sample {name_a} is {shapes[0]}."
+            odd_text = odd_text.replace("Sample entry", "The batch's entry").replace("sample entry", "entry")
         dataset = find_dataset(crash) if crash.is_live else None
         if dataset is not None and indices:
             probes = probe_items(dataset, indices)
             majority, odd = odd_items(probes)
             if odd and majority is not None:
+                evidence.pop("shapes", None)
                 evidence["majority_shape"] = majority
                 evidence["odd_samples"] = [describe_probe(p) for p in odd[:10]]
                 paths = [p.path for p in odd if p.path]
@@ -123,7 +131,7 @@ class BatchCollateSizeMismatch(CrashExplanation):
                     evidence["files"] = paths[:10]
                 listed = "; ".join(describe_probe(p) for p in odd[:5])
                 more = f" (+{len(odd) - 5} more)" if len(odd) > 5 else ""
-                odd_text = (f" Re-fetching the {len(probes)} samples of the batch one by one: most are "
+                odd_text = (f" Re-fetched one by one, most of the batch's {len(probes)} samples are "
                             f"{majority}, but {listed}{more}.")
                 if len(odd) == 1 and odd[0].shapes and majority:
                     other = parse_described_shape(odd[0].shapes[0]) or []
@@ -132,7 +140,7 @@ class BatchCollateSizeMismatch(CrashExplanation):
             evidence["sizes"] = [facts.get("ga") or facts.get("ga2"), facts.get("gb") or facts.get("gb2")]
         cause = ("a different number of color channels (a grayscale or RGBA image among RGB ones)"
                  if kind == "color" else "different sizes")
-        message = f"The DataLoader could not stack the samples of a batch: they have {cause}.{odd_text}"
+        message = f"The DataLoader could not stack a batch's samples into one tensor: they have {cause}.{odd_text}"
         fix = ("convert every image to RGB when loading: `Image.open(path).convert(\"RGB\")`"
                if kind == "color" else cls.fix)
         return cls.make(crash, message, fix=fix, evidence=evidence)
@@ -223,7 +231,7 @@ class ConvChannelMismatch(CrashExplanation):
             fix = f"give the data {expected} channels, or build the first conv with in_channels={got}"
         evidence: dict[str, Any] = {"input_shape": shape, "weight_shape": parse_shape(facts["weight"]),
                                     "expected_channels": expected, "got_channels": got, "layout": layout}
-        subject = module_display_name(crash) or "A convolution"
+        subject = module_label(crash) or "A convolution"
         message = (f"{subject} expects {expected} input channels but received a batch of shape "
                    f"{shape} ({got} at dim 1): {cause}.")
         return cls.make(crash, message, fix=fix, evidence=evidence)
@@ -380,8 +388,7 @@ class BatchnormSingleSample(CrashExplanation):
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
         shape = parse_shape(facts["shape"])
         evidence: dict[str, Any] = {"input_shape": shape}
-        name = module_display_name(crash)
-        subject = name or "A BatchNorm layer"
+        subject = module_label(crash) or "A BatchNorm layer"
         message = f"{subject} is in training mode and got a batch of shape {shape}: one value per channel has no variance."
         fix = cls.fix
         for loader in _loaders(crash):

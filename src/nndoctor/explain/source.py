@@ -60,7 +60,7 @@ def discarded_moves(path: str, line: int, window: int = 40) -> list[DiscardedMov
             func = node.value.func
             if isinstance(func, ast.Attribute) and func.attr in _MOVE_METHODS:
                 if line - window <= node.lineno <= line:
-                    text = linecache.getline(path, node.lineno).strip()
+                    text = line_text(path, node.lineno)
                     found.append(DiscardedMove(node.lineno, ast.unparse(func.value), text))
     return sorted(found, key=lambda d: -d.line)
 
@@ -92,5 +92,14 @@ def statement_at(path: str, line: int) -> ast.stmt | None:
     return found
 
 
+def strip_comment(text: str) -> str:
+    """A source line without its trailing ``# comment`` (left alone when '#' may be in a string)."""
+    head, sep, _ = text.partition("#")
+    if sep and "'" not in head and '"' not in head:
+        return head.rstrip()
+    return text.rstrip()
+
+
 def line_text(path: str, line: int | None) -> str:
-    return linecache.getline(path, line).strip() if line else ""
+    """The source line, stripped of indentation and trailing comment."""
+    return strip_comment(linecache.getline(path, line).strip()) if line else ""

@@ -112,22 +112,22 @@ class StateDictKeyMismatch(CrashExplanation):
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
         parsed = parse_state_dict_error(crash.message)
         missing, unexpected, sizes = parsed["missing"], parsed["unexpected"], parsed["size_mismatch"]
-        evidence: dict[str, Any] = {"missing": missing[:6], "unexpected": unexpected[:6],
-                                    "missing_count": len(missing), "unexpected_count": len(unexpected)}
+        evidence: dict[str, Any] = {"missing_count": len(missing), "unexpected_count": len(unexpected),
+                                    "missing": missing[:3], "unexpected": unexpected[:3]}
         target = parsed["model"] or "the model"
         diagnosis = prefix_diagnosis(missing, unexpected)
         fix = cls.fix
         if diagnosis and diagnosis[0] == "saved":
             prefix = diagnosis[1]
-            origin = "DataParallel/DistributedDataParallel" if prefix.startswith("module.") else "torch.compile"
+            origin = ("a DataParallel/DistributedDataParallel wrapper" if prefix.startswith("module.")
+                      else "a torch.compile'd model")
             evidence["saved_prefix"] = prefix
-            message = (f"The checkpoint's keys carry the wrapper prefix '{prefix}' ({origin} was saved, e.g. "
-                       f"\"{unexpected[0]}\"), but {target} expects \"{unexpected[0][len(prefix):]}\".")
+            message = (f"The checkpoint was saved from {origin}: all {len(unexpected)} keys start with "
+                       f"'{prefix}' (\"{unexpected[0]}\"), while {target} expects \"{unexpected[0][len(prefix):]}\".")
             parts = [p + "." for p in prefix.rstrip(".").split(".")]
             consume = "; ".join(f"consume_prefix_in_state_dict_if_present(state_dict, {p!r})" for p in parts)
-            fix = (f"`from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present; {consume}` "
-                   f"before load_state_dict (or `{{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}`); "
-                   "save `model.module.state_dict()` next time")
+            fix = (f"strip the prefix before loading: `{consume}` (from torch.nn.modules.utils); "
+                   "next time save `model.module.state_dict()`")
         elif diagnosis and diagnosis[0] == "model":
             prefix = diagnosis[1]
             evidence["model_prefix"] = prefix

@@ -23,6 +23,8 @@ _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception:",
 )
 _PREAMBLE_LINES = 40
+# torchrun prefixes every line of a rank's output ("[rank1]: Traceback ...").
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:[ ]?", re.M)
 
 
 def parse_frames(lines: list[str]) -> tuple[list[Frame], int]:
@@ -79,7 +81,7 @@ def _parse_block(block: str, preamble: str) -> Crash | None:
 
 def parse_crashes(text: str) -> list[list[Crash]]:
     """Every crash in ``text``: a list of chains, each chain's tracebacks in order (last = raised)."""
-    text = text.replace("\r\n", "\n")
+    text = _RANK_PREFIX.sub("", text.replace("\r\n", "\n"))
     starts = [m.start() for m in _TRACEBACK_START.finditer(text)]
     if not starts:
         single = bare_error(text)
@@ -99,6 +101,7 @@ def parse_crashes(text: str) -> list[list[Crash]]:
         if crash is None:
             continue
         if chained and chains:
+            crash.preamble = f"{chains[-1][-1].text}\n{crash.preamble}"
             chains[-1].append(crash)
         else:
             chains.append([crash])

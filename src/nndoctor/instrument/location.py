@@ -10,6 +10,10 @@ from types import CodeType, FrameType
 from nndoctor.findings import Location
 
 _NNDOCTOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The bundled demo script is "user code" for the demo's findings.
+_DEMO_DIR = os.path.join(_NNDOCTOR_DIR, "demo") + os.sep
+# Console-script launchers (bin/nndoctor) live beside the interpreter.
+_LAUNCHER_DIR = os.path.dirname(os.path.realpath(sys.executable)) + os.sep
 _STDLIB_DIRS = tuple(
     os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
@@ -48,7 +52,9 @@ class _FrameClassifier:
             rank = 2
         else:
             path = os.path.realpath(filename)
-            if path.startswith(self._dirs()):
+            if path.startswith(_DEMO_DIR):
+                rank = 0
+            elif path.startswith(self._dirs()) or path.startswith(_LAUNCHER_DIR):
                 rank = 2
             elif "site-packages" in path or "dist-packages" in path:
                 rank = 1
@@ -119,7 +125,8 @@ def direct_caller(frame: FrameType | None) -> FrameType | None:
     """The frame that called a module (skipping nndoctor's hooks and torch's call machinery)."""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith(_NNDOCTOR_DIR) or filename.endswith(_MODULE_CALL_FILE):
+        own = filename.startswith(_NNDOCTOR_DIR) and not filename.startswith(_DEMO_DIR)
+        if own or filename.endswith(_MODULE_CALL_FILE):
             frame = frame.f_back
             continue
         return frame

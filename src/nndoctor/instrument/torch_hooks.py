@@ -181,8 +181,7 @@ class Installation:
     def _record_crash_context(self, stack: list[Any], args: tuple, error: BaseException) -> None:
         """On the exception path only: remember which module was running, and on what."""
         session = self.session
-        previous = session.crash_exception() if session.crash_exception else None
-        if previous is error:
+        if session.crash_exception_id == id(error):
             return  # already recorded at the innermost module
         try:
             from nndoctor.instrument.stats import describe_structure
@@ -204,7 +203,9 @@ class Installation:
                 "step": session.step,
             }
             session.crash_module = weakref.ref(inner)
-            session.crash_exception = weakref.ref(error)
+            # Exceptions cannot be weakly referenced, and a strong reference would keep the
+            # traceback's frames (and the user's tensors) alive: remember the id only.
+            session.crash_exception_id = id(error)
         except Exception as failure:  # noqa: BLE001
             session.internal_error("crash context", failure)
 

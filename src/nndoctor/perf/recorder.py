@@ -112,7 +112,7 @@ class PerfRecorder(Check):
         self._top_forward: int | None = None  # id of the module whose forward is timed
         self._gpu_pending: list[tuple[StepRecord, Any, Any]] = []
         self._gpu_start: Any = None
-        self._cuda_roots: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._cuda_roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._batches: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         # Weak references to the objects --try needs; the batch copy is ours.
         self.model_ref: weakref.ref | None = None
@@ -161,18 +161,22 @@ class PerfRecorder(Check):
 
     def forward_begin(self, module: Any) -> None:
         """A top-level module call starts (from the forward pre-hook)."""
+        kind = self._module_kind(module)
+        if kind is None:  # no parameters: a torchvision transform in the data pipeline, not a model
+            return
         if self.begin("forward"):
             self._top_forward = id(module)
-        if self._gpu_start is None and self.measuring() and self._on_cuda(module):
+        if self._gpu_start is None and self.measuring() and kind == "cuda":
             self._gpu_start = _cuda_event()
 
-    def _on_cuda(self, module: Any) -> bool:
+    def _module_kind(self, module: Any) -> str | None:
+        """The device type of a module's parameters (None for a module without any), cached."""
         known = self._cuda_roots.get(module)
         if known is None:
             param = next(iter(module.parameters()), None)
-            known = bool(param is not None and param.is_cuda)
+            known = "" if param is None else param.device.type
             self._cuda_roots[module] = known
-        return known
+        return known or None
 
     # -- event handlers ----------------------------------------------------------------------
     def on_epoch_start(self, event: Any) -> None:
@@ -200,6 +204,8 @@ class PerfRecorder(Check):
             self._top_forward = None
         if event.is_loss or not event.grad_enabled or not event.training:
             return
+        if self._module_kind(module) is None:  # a parameterless transform, not the trained model
+            return
         import torch
 
         facts = self.facts
@@ -207,10 +213,9 @@ class PerfRecorder(Check):
         facts.dataparallel = facts.dataparallel or isinstance(module, torch.nn.DataParallel)
         if facts.forward_location is None:
             facts.forward_location = event.location
-            param = next(iter(module.parameters()), None)
-            if param is not None:
-                facts.device = param.device.type
-                facts.param_dtype = str(param.dtype).replace("torch.", "")
+            param = next(iter(module.parameters()))
+            facts.device = param.device.type
+            facts.param_dtype = str(param.dtype).replace("torch.", "")
             facts.has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
         if facts.device in ("cuda", "cpu") and torch.is_autocast_enabled(facts.device):
             facts.autocast = True

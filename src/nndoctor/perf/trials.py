@@ -81,7 +81,7 @@ def _rebuild_loader(loader: Any, setting: dict[str, Any]) -> Any:
     }
     if setting["num_workers"]:
         kwargs["prefetch_factor"] = setting.get("prefetch_factor") or 2
-        kwargs["persistent_workers"] = False
+        kwargs["persistent_workers"] = True  # epochs wrap inside one timing
     if isinstance(dataset, IterableDataset):
         return DataLoader(dataset, batch_size=loader.batch_size, **kwargs)
     # A fixed order: the same samples for every setting, and no draw from the user's RNG.
@@ -90,32 +90,45 @@ def _rebuild_loader(loader: Any, setting: dict[str, Any]) -> Any:
     return DataLoader(dataset, batch_sampler=sampler, **kwargs)
 
 
-def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_batches: int = 200) -> dict[str, Any]:
-    """Samples/s of one loader setting (after its first batch), and the time to that batch."""
+def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_batches: int = 400) -> dict[str, Any]:
+    """Steady-state samples/s of one loader setting, and the time to its first batch.
+
+    Worker processes fill ``num_workers * prefetch_factor`` batches ahead while the first
+    one is being waited for; those are skipped before the clock starts, or the rate would
+    count batches loaded during start-up. Epochs wrap (workers persist) until the time box.
+    """
     from nndoctor.perf.recorder import _first_tensor
 
+    setting = dict(setting)
     rebuilt = _rebuild_loader(loader, setting)
+    ahead = setting["num_workers"] * (setting.get("prefetch_factor") or 2) if setting["num_workers"] else 0
     started = time.perf_counter()
-    iterator = iter(rebuilt)
-    samples = batches = 0
-    first_s = None
-    t0 = started
-    try:
-        for batch in iterator:
+    first_s = t0 = None
+    samples = batches = fetched = 0
+    done = False
+    while not done:
+        count_before = fetched
+        for batch in rebuilt:
+            fetched += 1
             now = time.perf_counter()
             if first_s is None:
-                first_s, t0 = now - started, now
+                first_s = now - started
+            if fetched <= 1 + ahead:
+                t0 = now
                 continue
             tensor = _first_tensor(batch)
             samples += int(tensor.shape[0]) if tensor is not None and tensor.dim() else 1
             batches += 1
             if now - t0 >= seconds or batches >= max_batches:
+                done = True
                 break
-        elapsed = time.perf_counter() - t0
-    finally:
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        if fetched == count_before:  # an empty loader
+            break
+    elapsed = time.perf_counter() - t0 if t0 is not None else 0.0
+    iterator = getattr(rebuilt, "_iterator", None)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
     return {
         **setting,
         "samples_per_s": samples / elapsed if elapsed > 0 and samples else None,

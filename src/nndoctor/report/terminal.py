@@ -54,7 +54,7 @@ def _finding_block(console: Console, finding: Finding) -> None:
         extras.append(f"first at step {finding.first_step}")
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
-    console.print(head)
+    console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
     console.print(Text("    " + finding.message))
     shown = [(k, v) for k, v in finding.evidence.items() if not k.startswith("_")]
     if shown:
@@ -66,7 +66,7 @@ def _finding_block(console: Console, finding: Finding) -> None:
 
 
 def render_to(console: Console, report: Report, *, json_path: str | None = None) -> None:
-    console.print(_headline(report))
+    console.print(_headline(report), soft_wrap=True)
     findings = report.sorted_findings()
     if report.traceback and report.status == "crashed":
         console.print(Text("\nThe script raised:", style="bold"))
@@ -95,8 +95,11 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
 
 
 def make_console(file: IO[str] | None = None, width: int | None = None) -> Console:
+    file = file or sys.stderr
+    if width is None and not (hasattr(file, "isatty") and file.isatty()):
+        width = 100  # logs and pipes: no terminal to fit, keep lines readable
     return Console(
-        file=file or sys.stderr,
+        file=file,
         width=width,
         highlight=False,
         soft_wrap=False,

@@ -20,6 +20,7 @@ class SlowDataset(Dataset):
 
 
 torch.manual_seed(0)
+torch.set_num_threads(1)  # steady timings on a shared CI machine
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = DataLoader(SlowDataset(), batch_size=8, shuffle=True)

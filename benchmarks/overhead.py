@@ -1,0 +1,151 @@
+"""Overhead of `nndoctor run` instrumentation: the same training loop plain and under the doctor.
+
+Rounds alternate plain / doctored (interleaved, so drift in machine load hits both), each
+round times steady-state steps after the full-instrumentation window, and the script prints
+the median step time of each side and their ratio.
+
+    python benchmarks/overhead.py                       # CPU: small CNN, batch 64
+    python benchmarks/overhead.py --device cuda --model resnet50 --amp bf16 \
+        --channels-last --batch 128                     # GPU (see benchmarks/README.md)
+
+The doctored side runs every registered runtime check (the default of `nndoctor run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+
+def build_model(name: str) -> nn.Module:
+    if name == "resnet50":
+        import torchvision
+
+        return torchvision.models.resnet50(num_classes=1000)
+    if name == "resnet18":
+        import torchvision
+
+        return torchvision.models.resnet18(num_classes=10)
+    return nn.Sequential(  # "smallcnn": a CPU-sized conv net with BN and dropout
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Dropout(0.2), nn.Linear(128, 10),
+    )
+
+
+def make_side(args, device):
+    torch.manual_seed(0)
+    model = build_model(args.model).to(device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    classes = 1000 if args.model == "resnet50" else 10
+    size = args.image_size
+    g = torch.Generator(device="cpu").manual_seed(1)
+    # A few distinct batches, resident on the device: this measures instrumentation, not I/O.
+    batches = []
+    for _ in range(4):
+        x = torch.randn(args.batch, 3, size, size, generator=g).to(device)
+        if args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, classes, (args.batch,), generator=g).to(device)
+        batches.append((x, y))
+    criterion = nn.CrossEntropyLoss()
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+
+    def step(i: int) -> None:
+        x, y = batches[i % len(batches)]
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_steps(step, start: int, count: int, device) -> float:
+    """Seconds per step over ``count`` steps (one sync at each end, none in between)."""
+    sync(device)
+    began = time.perf_counter()
+    for i in range(start, start + count):
+        step(i)
+    sync(device)
+    return (time.perf_counter() - began) / count
+
+
+def run_round(args, device, doctored: bool) -> float:
+    import nndoctor
+    from nndoctor.engine import DEFAULT_FULL_WINDOW
+
+    step = make_side(args, device)
+    window = DEFAULT_FULL_WINDOW if doctored else 0
+    if doctored:
+        with nndoctor.watch() as report:
+            for i in range(max(window, args.warmup)):  # the full-instrumentation window
+                step(i)
+            per_step = timed_steps(step, max(window, args.warmup), args.steps, device)
+        run_round.last_report = report
+    else:
+        for i in range(args.warmup):
+            step(i)
+        per_step = timed_steps(step, args.warmup, args.steps, device)
+    return per_step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="smallcnn", choices=["smallcnn", "resnet18", "resnet50"])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
+    parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=64, help="timed steady-state steps per round")
+    parser.add_argument("--warmup", type=int, default=16)
+    parser.add_argument("--json", help="write the numbers here too")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+
+    plain, doctored = [], []
+    for r in range(args.rounds):
+        # Alternate which side goes first so a slow warm-up or load drift favours neither.
+        order = (False, True) if r % 2 == 0 else (True, False)
+        for side in order:
+            (doctored if side else plain).append(run_round(args, device, side))
+        print(f"round {r + 1}: plain {plain[-1] * 1e3:.2f} ms/step, nndoctor {doctored[-1] * 1e3:.2f} ms/step",
+              flush=True)
+    ratio = statistics.median(doctored) / statistics.median(plain)
+    ratios = [d / p for d, p in zip(doctored, plain)]
+    card = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    report = run_round.last_report
+    result = {
+        "device": card, "model": args.model, "batch": args.batch, "amp": args.amp,
+        "channels_last": args.channels_last, "rounds": args.rounds, "steps_per_round": args.steps,
+        "plain_ms_median": statistics.median(plain) * 1e3,
+        "nndoctor_ms_median": statistics.median(doctored) * 1e3,
+        "ratio_of_medians": ratio, "per_round_ratios": ratios,
+        "checks_findings": sorted(report.codes()), "internal_errors": len(report.internal_errors),
+        "torch": torch.__version__,
+    }
+    print(json.dumps(result, indent=2))
+    print(f"\nsteady-state overhead ratio (median nndoctor / median plain) on {card}: {ratio:.3f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""Does `nndoctor perf`'s advice pay off? Baseline, advised and best-of-sweep on a real GPU.
+
+Steps (run on the device H100; nothing is left behind — everything lives in a temp dir):
+
+1. generate >= 5,000 photo-like JPEGs (smooth colour fields, edges and sensor noise, 10
+   class folders, ~400x300, quality 90);
+2. write a deliberately naive ResNet-50 training script (fp32, NCHW, num_workers=0,
+   ``.item()`` every step, PIL decoding through torchvision ImageFolder) and measure its
+   images/s — the baseline;
+3. run ``nndoctor perf --try loader,amp,channels_last,cudnn-benchmark`` on it and turn the
+   JSON ``advice`` list into command-line flags of the same script, mechanically;
+4. measure the advised configuration;
+5. sweep all combinations of the options (``--phase sweep``) and report the best;
+6. overhead: the script's own images/s with and without ``nndoctor perf`` instrumentation,
+   interleaved repeats.
+
+    python benchmarks/perf_advice.py --phase main  --out $OUT      # steps 1-4 and 6
+    python benchmarks/perf_advice.py --phase sweep --out $OUT      # steps 1 and 5
+
+Every images/s number in this file's output comes from the same in-script timing: the
+device is synchronised after the warm-up steps and after the measured steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+TRAIN_SCRIPT = r'''
+"""Naive ResNet-50 training on a folder of JPEGs (the patient of benchmarks/perf_advice.py)."""
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torchvision
+from torchvision import transforms
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--pin", action="store_true")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--prefetch", type=int, default=None)
+    p.add_argument("--amp", action="store_true")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--cudnn-benchmark", action="store_true")
+    p.add_argument("--sync-every", type=int, default=1, help="read the loss with .item() every N steps")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20, help="measured steps after the warm-up")
+    return p.parse_args(argv)
+
+
+def build_loader(args):
+    transform = transforms.Compose([
+        transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+    dataset = torchvision.datasets.ImageFolder(args.data, transform=transform)
+    kwargs = {}
+    if args.workers:
+        kwargs["persistent_workers"] = args.persistent
+        if args.prefetch:
+            kwargs["prefetch_factor"] = args.prefetch
+    return torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                                       num_workers=args.workers, pin_memory=args.pin, **kwargs)
+
+
+def build_model(args):
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    model = torchvision.models.resnet50(num_classes=10).cuda()
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    step_model = torch.compile(model) if args.compile else model
+    return model, step_model, optimizer
+
+
+def batches(loader):
+    while True:
+        for batch in loader:
+            yield batch
+
+
+def train(args, loader, model, step_model, optimizer, criterion):
+    """Returns images/s over the measured steps (device synchronised at both ends)."""
+    stream = batches(loader)
+    running, started, seen = 0.0, None, 0
+    for step in range(args.warmup_steps + args.steps):
+        if step == args.warmup_steps:
+            torch.cuda.synchronize()
+            started, seen = time.perf_counter(), 0
+        images, labels = next(stream)
+        images = images.cuda(non_blocking=args.pin)
+        labels = labels.cuda(non_blocking=args.pin)
+        if args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.amp):
+            loss = criterion(step_model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        seen += images.shape[0]
+        if args.sync_every and (step + 1) % args.sync_every == 0:
+            running += loss.item()
+    torch.cuda.synchronize()
+    return seen / (time.perf_counter() - started)
+
+
+def main():
+    args = parse()
+    loader = build_loader(args)
+    model, step_model, optimizer = build_model(args)
+    rate = train(args, loader, model, step_model, optimizer, nn.CrossEntropyLoss())
+    print(f"IMAGES_PER_S {rate:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+# -- data ---------------------------------------------------------------------------------------
+def _photo(index: int) -> "object":
+    """A photo-like image: smooth illumination, blobs and edges at several scales, grain."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(index)
+    width, height = int(rng.integers(360, 480)), int(rng.integers(280, 360))
+    image = np.zeros((height, width, 3), dtype=np.float32)
+    for cells, weight in ((3, 120.0), (12, 50.0), (48, 20.0)):
+        field = rng.random((cells, max(2, cells * width // height), 3)).astype(np.float32)
+        up = Image.fromarray((field * 255).astype(np.uint8)).resize((width, height), Image.BICUBIC)
+        image += weight * (np.asarray(up, dtype=np.float32) / 255.0)
+    yy, xx = np.mgrid[0:height, 0:width]
+    image += 40.0 * ((xx * rng.uniform(-1, 1) + yy * rng.uniform(-1, 1)) > rng.uniform(-100, 300))[..., None]
+    image += rng.normal(0, 6, image.shape)
+    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
+
+
+def _write_one(args: tuple[int, str]) -> None:
+    index, root = args
+    folder = Path(root) / f"class_{index % 10}"
+    _photo(index).save(folder / f"img_{index:05d}.jpg", quality=90)
+
+
+def make_dataset(root: Path, count: int) -> float:
+    from multiprocessing import Pool
+
+    for c in range(10):
+        (root / f"class_{c}").mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with Pool(os.cpu_count()) as pool:
+        pool.map(_write_one, [(i, str(root)) for i in range(count)], chunksize=32)
+    return time.perf_counter() - started
+
+
+# -- runs ---------------------------------------------------------------------------------------
+def run_script(work: Path, flags: list[str], *, under_perf: list[str] | None = None, timeout: int = 300) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable]
+    if under_perf is not None:
+        command += ["-m", "nndoctor", "perf", *under_perf]
+    command += [str(work / "train.py"), "--data", str(work / "data"), *flags]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    rate = None
+    for line in done.stdout.splitlines():
+        if line.startswith("IMAGES_PER_S"):
+            rate = float(line.split()[1])
+    return {"command": command[1:], "rc": done.returncode, "images_per_s": rate,
+            "seconds": time.perf_counter() - started, "stderr_tail": done.stderr[-3000:]}
+
+
+def advice_to_flags(advice: list[dict]) -> list[str]:
+    """The perf JSON's advice list as the training script's flags — no judgment involved."""
+    flags: list[str] = []
+    for item in advice:
+        change = item["change"]
+        if change == "loader":
+            flags += ["--workers", str(item["num_workers"])]
+            if item.get("pin_memory"):
+                flags.append("--pin")
+            if item.get("persistent_workers"):
+                flags.append("--persistent")
+            if item.get("prefetch_factor") and item["num_workers"]:
+                flags += ["--prefetch", str(item["prefetch_factor"])]
+        elif change == "fewer-syncs":
+            flags += ["--sync-every", "100"]
+        elif change == "amp":
+            flags.append("--amp")
+        elif change == "channels_last":
+            flags.append("--channels-last")
+        elif change == "cudnn-benchmark":
+            flags.append("--cudnn-benchmark")
+        elif change == "compile":
+            flags.append("--compile")
+    return flags
+
+
+def phase_main(work: Path, out: Path, args: argparse.Namespace) -> dict:
+    import torch
+
+    results: dict = {"card": torch.cuda.get_device_name(0), "cpus": os.cpu_count(), "images": args.images}
+    measure = ["--warmup-steps", "5", "--steps", str(args.steps)]
+    results["baseline"] = run_script(work, measure)
+    print("baseline", results["baseline"]["images_per_s"], flush=True)
+
+    perf_json = work / "perf.json"
+    perf_args = ["--warmup", "5", "--steps", "15", "--try", "loader,amp,channels_last,cudnn-benchmark",
+                 "--try-seconds", "3", "--json", str(perf_json)]
+    perf_run = run_script(work, ["--steps", "100000"], under_perf=perf_args, timeout=500)
+    results["perf_run"] = {k: perf_run[k] for k in ("command", "rc", "seconds")}
+    report = json.loads(perf_json.read_text())
+    shutil.copy(perf_json, out / "perf_report.json")
+    (out / "perf_terminal.txt").write_text(perf_run["stderr_tail"])
+    advice = report["extra"]["perf"]["advice"]
+    flags = advice_to_flags(advice)
+    results["advice"], results["advised_flags"] = advice, flags
+    results["findings"] = [f"{f['code']} {f['severity']}: {f['message']}" for f in report["findings"]]
+    print("advised flags", flags, flush=True)
+    results["advised"] = run_script(work, measure + flags)
+    print("advised", results["advised"]["images_per_s"], flush=True)
+
+    # Overhead: the script's own timing, plain vs under nndoctor perf (window longer than the
+    # script, so every step is instrumented), interleaved.
+    overhead = {"plain": [], "perf": []}
+    over_flags = ["--warmup-steps", "5", "--steps", "40", *flags]
+    for _ in range(args.overhead_repeats):
+        overhead["plain"].append(run_script(work, over_flags)["images_per_s"])
+        overhead["perf"].append(run_script(work, over_flags, under_perf=["--warmup", "0", "--steps", "1000"])
+                                ["images_per_s"])
+    results["overhead"] = overhead
+    print("overhead", overhead, flush=True)
+    return results
+
+
+SWEEP = {
+    "workers": (0, 8, 16),
+    "pin": (False, True),
+    "amp": (False, True),
+    "channels_last": (False, True),
+    "cudnn_benchmark": (False, True),
+    "sync_every": (1, 100),
+}
+
+
+def phase_sweep(work: Path, out: Path, args: argparse.Namespace) -> dict:
+    """All combinations of SWEEP in one process: one persistent loader per loader setting."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("naive_train", work / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    rows = []
+    for workers, pin in itertools.product(SWEEP["workers"], SWEEP["pin"]):
+        base = train.parse(["--data", str(work / "data"), "--workers", str(workers), "--warmup-steps", "3",
+                            "--steps", str(args.sweep_steps)] + (["--pin"] if pin else [])
+                           + (["--persistent"] if workers else []))
+        loader = train.build_loader(base)
+        for amp, cl, bench, sync in itertools.product(SWEEP["amp"], SWEEP["channels_last"],
+                                                      SWEEP["cudnn_benchmark"], SWEEP["sync_every"]):
+            cfg = argparse.Namespace(**{**vars(base), "amp": amp, "channels_last": cl,
+                                        "cudnn_benchmark": bench, "sync_every": sync})
+            torch.manual_seed(0)
+            model, step_model, optimizer = train.build_model(cfg)
+            rate = train.train(cfg, loader, model, step_model, optimizer, torch.nn.CrossEntropyLoss())
+            row = {"workers": workers, "pin": pin, "amp": amp, "channels_last": cl, "cudnn_benchmark": bench,
+                   "sync_every": sync, "images_per_s": rate}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del model, step_model, optimizer
+        del loader
+    best = max(rows, key=lambda r: r["images_per_s"])
+    return {"card": torch.cuda.get_device_name(0), "rows": rows, "best": best}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", choices=("main", "sweep"), required=True)
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--images", type=int, default=5000)
+    parser.add_argument("--steps", type=int, default=30, help="measured steps of baseline/advised runs")
+    parser.add_argument("--sweep-steps", type=int, default=10)
+    parser.add_argument("--overhead-repeats", type=int, default=2)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="nndoctor_perf_bench_"))
+    try:
+        (work / "train.py").write_text(TRAIN_SCRIPT)
+        seconds = make_dataset(work / "data", args.images)
+        print(f"dataset: {args.images} JPEGs in {seconds:.1f} s", flush=True)
+        results = phase_main(work, out, args) if args.phase == "main" else phase_sweep(work, out, args)
+        results["dataset_s"] = seconds
+        (out / f"perf_advice_{args.phase}.json").write_text(json.dumps(results, indent=1, default=str))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""On a CUDA machine (the device H100; skipped in CI): real syncs, CUDA events, the step trials."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nndoctor.findings import Severity
+from nndoctor.perf.checks import diagnose
+from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.session import run_perf
+from nndoctor.runner import Target
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def test_item_every_step_is_a_real_sync_on_cuda():
+    _, result = run_perf(Target(str(SCRIPTS / "item_every_step.py"), []), PerfConfig(warmup=3, steps=10))
+    assert result.breakdown.syncs_per_step == pytest.approx(1.0)
+    found = [f for f in diagnose(result) if f.code == "P103"]
+    assert found and found[0].evidence["kinds"] == {".item()": 10}
+    assert result.breakdown.gpu_busy_fraction is not None and 0 < result.breakdown.gpu_busy_fraction <= 1
+
+
+def test_conv_net_facts_and_measured_trials():
+    config = PerfConfig(warmup=3, steps=10, tries=("amp", "channels_last", "cudnn-benchmark"))
+    report, result = run_perf(Target(str(SCRIPTS / "small_convnet.py"), []), config)
+    facts = result.facts
+    assert facts.device == "cuda" and facts.has_conv and facts.input_channels_last is False
+    assert facts.peak_memory_bytes and facts.peak_memory_bytes > 0
+    assert result.device.capability >= (7, 0)
+    for name in ("amp", "channels_last", "cudnn-benchmark"):
+        trial = result.trials[name]
+        assert trial["speedup"] > 0 and trial["loss_ok"], trial
+    codes = {f.code: f for f in diagnose(result)}
+    # Each of P105/P106/P110 is either confirmed by its measurement (warning) or withdrawn.
+    for code, name in (("P105", "amp"), ("P106", "channels_last"), ("P110", "cudnn-benchmark")):
+        assert (code in codes) == bool(result.trials[name]["pays_off"])
+        if code in codes:
+            assert codes[code].severity == Severity.WARNING and codes[code].evidence["measured"]
