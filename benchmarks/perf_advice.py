@@ -10,12 +10,13 @@ Steps (run on the device H100; nothing is left behind — everything lives in a 
 3. run ``nndoctor perf --try loader,amp,channels_last,cudnn-benchmark`` on it and turn the
    JSON ``advice`` list into command-line flags of the same script, mechanically;
 4. measure the advised configuration;
-5. sweep all combinations of the options (``--phase sweep``) and report the best;
-6. overhead: the script's own images/s with and without ``nndoctor perf`` instrumentation,
-   interleaved repeats.
+5. sweep the combinations of the options (``--phase final``, see ``SWEEP``) with the advised
+   configuration measured by the same harness, and re-measure baseline and advised;
+6. overhead: the script's own images/s under plain python, ``nndoctor run`` and
+   ``nndoctor perf``, interleaved repeats, GPU-bound (fixed batch) and loader-bound.
 
-    python benchmarks/perf_advice.py --phase main  --out $OUT      # steps 1-4 and 6
-    python benchmarks/perf_advice.py --phase sweep --out $OUT      # steps 1 and 5
+    python benchmarks/perf_advice.py --phase main  --out $OUT                 # steps 1-4
+    python benchmarks/perf_advice.py --phase final --advised-flags "..." --out $OUT   # 1, 5, 6
 
 Every images/s number in this file's output comes from the same in-script timing: the
 device is synchronised after the warm-up steps and after the measured steps.
@@ -62,6 +63,7 @@ def parse(argv=None):
     p.add_argument("--compile", action="store_true")
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="measured steps after the warm-up")
+    p.add_argument("--synthetic", action="store_true", help="one fixed batch on the GPU, no loading")
     return p.parse_args(argv)
 
 
@@ -96,12 +98,23 @@ def batches(loader):
             yield batch
 
 
+def warmup_steps(args):
+    """Worker processes fill num_workers * prefetch_factor batches while the model is built;
+    the clock starts once those are consumed, or it would time batches loaded before it."""
+    return args.warmup_steps + (args.workers * (args.prefetch or 2) if args.workers else 0)
+
+
 def train(args, loader, model, step_model, optimizer, criterion):
     """Returns images/s over the measured steps (device synchronised at both ends)."""
-    stream = batches(loader)
+    if args.synthetic:
+        fixed = (torch.randn(args.batch_size, 3, 224, 224), torch.randint(0, 10, (args.batch_size,)))
+        stream = iter(lambda: fixed, None)
+    else:
+        stream = batches(loader)
+    warmup = warmup_steps(args)
     running, started, seen = 0.0, None, 0
-    for step in range(args.warmup_steps + args.steps):
-        if step == args.warmup_steps:
+    for step in range(warmup + args.steps):
+        if step == warmup:
             torch.cuda.synchronize()
             started, seen = time.perf_counter(), 0
         images, labels = next(stream)
@@ -123,7 +136,7 @@ def train(args, loader, model, step_model, optimizer, criterion):
 
 def main():
     args = parse()
-    loader = build_loader(args)
+    loader = None if args.synthetic else build_loader(args)
     model, step_model, optimizer = build_model(args)
     rate = train(args, loader, model, step_model, optimizer, nn.CrossEntropyLoss())
     print(f"IMAGES_PER_S {rate:.1f}", flush=True)
@@ -135,7 +148,7 @@ if __name__ == "__main__":
 
 
 # -- data ---------------------------------------------------------------------------------------
-def _photo(index: int) -> "object":
+def _photo(index: int) -> object:
     """A photo-like image: smooth illumination, blobs and edges at several scales, grain."""
     import numpy as np
     from PIL import Image
@@ -171,11 +184,14 @@ def make_dataset(root: Path, count: int) -> float:
 
 
 # -- runs ---------------------------------------------------------------------------------------
-def run_script(work: Path, flags: list[str], *, under_perf: list[str] | None = None, timeout: int = 300) -> dict:
+def run_script(work: Path, flags: list[str], *, under_perf: list[str] | None = None, timeout: int = 300,
+               nndoctor: list[str] | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable]
     if under_perf is not None:
         command += ["-m", "nndoctor", "perf", *under_perf]
+    elif nndoctor is not None:
+        command += ["-m", "nndoctor", *nndoctor]
     command += [str(work / "train.py"), "--data", str(work / "data"), *flags]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
@@ -184,7 +200,7 @@ def run_script(work: Path, flags: list[str], *, under_perf: list[str] | None = N
         if line.startswith("IMAGES_PER_S"):
             rate = float(line.split()[1])
     return {"command": command[1:], "rc": done.returncode, "images_per_s": rate,
-            "seconds": time.perf_counter() - started, "stderr_tail": done.stderr[-3000:]}
+            "seconds": time.perf_counter() - started, "stderr_tail": done.stderr[-3000:], "stderr": done.stderr}
 
 
 def advice_to_flags(advice: list[dict]) -> list[str]:
@@ -219,6 +235,7 @@ def phase_main(work: Path, out: Path, args: argparse.Namespace) -> dict:
     results: dict = {"card": torch.cuda.get_device_name(0), "cpus": os.cpu_count(), "images": args.images}
     measure = ["--warmup-steps", "5", "--steps", str(args.steps)]
     results["baseline"] = run_script(work, measure)
+    results["baseline"].pop("stderr")
     print("baseline", results["baseline"]["images_per_s"], flush=True)
 
     perf_json = work / "perf.json"
@@ -228,30 +245,21 @@ def phase_main(work: Path, out: Path, args: argparse.Namespace) -> dict:
     results["perf_run"] = {k: perf_run[k] for k in ("command", "rc", "seconds")}
     report = json.loads(perf_json.read_text())
     shutil.copy(perf_json, out / "perf_report.json")
-    (out / "perf_terminal.txt").write_text(perf_run["stderr_tail"])
+    (out / "perf_terminal.txt").write_text(perf_run["stderr"])
     advice = report["extra"]["perf"]["advice"]
     flags = advice_to_flags(advice)
     results["advice"], results["advised_flags"] = advice, flags
     results["findings"] = [f"{f['code']} {f['severity']}: {f['message']}" for f in report["findings"]]
     print("advised flags", flags, flush=True)
     results["advised"] = run_script(work, measure + flags)
+    results["advised"].pop("stderr")
     print("advised", results["advised"]["images_per_s"], flush=True)
 
-    # Overhead: the script's own timing, plain vs under nndoctor perf (window longer than the
-    # script, so every step is instrumented), interleaved.
-    overhead = {"plain": [], "perf": []}
-    over_flags = ["--warmup-steps", "5", "--steps", "40", *flags]
-    for _ in range(args.overhead_repeats):
-        overhead["plain"].append(run_script(work, over_flags)["images_per_s"])
-        overhead["perf"].append(run_script(work, over_flags, under_perf=["--warmup", "0", "--steps", "1000"])
-                                ["images_per_s"])
-    results["overhead"] = overhead
-    print("overhead", overhead, flush=True)
     return results
 
 
 SWEEP = {
-    "workers": (0, 8, 16),
+    "workers": (8, 16),
     "pin": (False, True),
     "amp": (False, True),
     "channels_last": (False, True),
@@ -270,6 +278,23 @@ def phase_sweep(work: Path, out: Path, args: argparse.Namespace) -> dict:
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     rows = []
+
+    def measure(flags: list[str], label: str) -> None:
+        cfg = train.parse(["--data", str(work / "data"), "--warmup-steps", "3", "--steps", str(args.sweep_steps),
+                           *flags])
+        loader = train.build_loader(cfg)
+        torch.manual_seed(0)
+        model, step_model, optimizer = train.build_model(cfg)
+        rate = train.train(cfg, loader, model, step_model, optimizer, torch.nn.CrossEntropyLoss())
+        rows.append({"label": label, "flags": flags, "images_per_s": rate})
+        print(json.dumps(rows[-1]), flush=True)
+        del loader, model, step_model, optimizer
+
+    # num_workers=0 is data-bound at any GPU setting: its two extremes only.
+    measure([], "workers=0, naive")
+    measure(["--amp", "--channels-last", "--cudnn-benchmark", "--sync-every", "100"], "workers=0, all GPU options")
+    if args.advised_flags:
+        measure(args.advised_flags.split(), "advised by nndoctor perf")
     for workers, pin in itertools.product(SWEEP["workers"], SWEEP["pin"]):
         base = train.parse(["--data", str(work / "data"), "--workers", str(workers), "--warmup-steps", "3",
                             "--steps", str(args.sweep_steps)] + (["--pin"] if pin else [])
@@ -282,19 +307,39 @@ def phase_sweep(work: Path, out: Path, args: argparse.Namespace) -> dict:
             torch.manual_seed(0)
             model, step_model, optimizer = train.build_model(cfg)
             rate = train.train(cfg, loader, model, step_model, optimizer, torch.nn.CrossEntropyLoss())
-            row = {"workers": workers, "pin": pin, "amp": amp, "channels_last": cl, "cudnn_benchmark": bench,
-                   "sync_every": sync, "images_per_s": rate}
+            row = {"label": "sweep", "workers": workers, "pin": pin, "amp": amp, "channels_last": cl,
+                   "cudnn_benchmark": bench, "sync_every": sync, "images_per_s": rate}
             rows.append(row)
             print(json.dumps(row), flush=True)
             del model, step_model, optimizer
         del loader
-    best = max(rows, key=lambda r: r["images_per_s"])
-    return {"card": torch.cuda.get_device_name(0), "rows": rows, "best": best}
+    best = max((r for r in rows if r["label"] == "sweep"), key=lambda r: r["images_per_s"])
+    results = {"card": torch.cuda.get_device_name(0), "rows": rows, "best": best}
+    (out / "perf_advice_sweep.json").write_text(json.dumps(results, indent=1, default=str))
+    return results
+
+
+def phase_overhead(work: Path, out: Path, args: argparse.Namespace) -> dict:
+    """The script's own images/s: plain python, `nndoctor run`, `nndoctor perf` (every step in the
+    measured window), interleaved; a GPU-bound case (fixed batch) and the advised loader case."""
+    cases = {"gpu_bound": ["--synthetic", "--amp", "--channels-last", "--sync-every", "100"],
+             "advised": (args.advised_flags or "").split()}
+    modes = {"plain": None, "perf": ["perf", "--warmup", "0", "--steps", "100000"]}
+    results: dict = {}
+    for case, flags in cases.items():
+        results[case] = {mode: [] for mode in modes}
+        for _ in range(args.overhead_repeats):
+            for mode, prefix in modes.items():
+                run = run_script(work, ["--warmup-steps", "5", "--steps", "60", *flags], nndoctor=prefix)
+                results[case][mode].append(run["images_per_s"])
+        print("overhead", case, json.dumps(results[case]), flush=True)
+    return results
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=("main", "sweep"), required=True)
+    parser.add_argument("--phase", choices=("main", "final"), required=True)
+    parser.add_argument("--advised-flags", default="", help="final: the flags the main phase derived from the advice")
     parser.add_argument("--out", default=".")
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--steps", type=int, default=30, help="measured steps of baseline/advised runs")
@@ -308,7 +353,17 @@ def main() -> int:
         (work / "train.py").write_text(TRAIN_SCRIPT)
         seconds = make_dataset(work / "data", args.images)
         print(f"dataset: {args.images} JPEGs in {seconds:.1f} s", flush=True)
-        results = phase_main(work, out, args) if args.phase == "main" else phase_sweep(work, out, args)
+        if args.phase == "main":
+            results = phase_main(work, out, args)
+        else:  # the sweep (with the advised row), standalone baseline/advised, then the overhead
+            results = {"sweep": phase_sweep(work, out, args)}
+            measure = ["--warmup-steps", "5", "--steps", str(args.steps)]
+            for name, flags in (("baseline", []), ("advised", args.advised_flags.split())):
+                results[name] = run_script(work, measure + flags)
+                results[name].pop("stderr")
+                print(name, results[name]["images_per_s"], flush=True)
+            (out / "perf_advice_final.json").write_text(json.dumps(results, indent=1, default=str))
+            results["overhead"] = phase_overhead(work, out, args)
         results["dataset_s"] = seconds
         (out / f"perf_advice_{args.phase}.json").write_text(json.dumps(results, indent=1, default=str))
     finally:

@@ -90,6 +90,8 @@ class Session:
         checks: Iterable[type[Check]] | None = None,
     ) -> None:
         self.report = Report(command=list(command or []))
+        # Kept for features outside the dispatch table (crash explanations honour them too).
+        self.select, self.ignore = list(select), list(ignore)
         self.max_steps = max_steps
         self.full_window = full_window
         self.sample_every = max(1, sample_every)

@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.perf.timeline import StepRecord, amdahl_speedup, relative_noise, speedup_verdict, summarize
+from nndoctor.perf.timeline import (
+    StepRecord,
+    amdahl_speedup,
+    relative_noise,
+    speedup_verdict,
+    summarize,
+)
 
 
 def record(step, wall, **phases):

@@ -10,7 +10,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 x = torch.randn(64, 32, device=device)
 y = torch.randint(0, 4, (64,), device=device)
 total = 0.0
-for step in range(40):
+for _step in range(40):
     optimizer.zero_grad()
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()

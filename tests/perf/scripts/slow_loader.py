@@ -24,7 +24,7 @@ torch.set_num_threads(1)  # steady timings on a shared CI machine
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = DataLoader(SlowDataset(), batch_size=8, shuffle=True)
-for epoch in range(2):
+for _epoch in range(2):
     for x, y in loader:
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)

@@ -13,7 +13,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 criterion = nn.CrossEntropyLoss()
 x = torch.randn(16, 3, 32, 32, device=device)
 y = torch.randint(0, 10, (16,), device=device)
-for step in range(30):
+for _step in range(30):
     optimizer.zero_grad()
     loss = criterion(model(x), y)
     loss.backward()
