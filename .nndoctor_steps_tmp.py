@@ -8,7 +8,9 @@ def make():
     else:
         m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(128, 10)); B, S = 64, 32
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(B, 3, S, S, device=dev).contiguous(memory_format=torch.channels_last); y = torch.randint(0, 10, (B,), device=dev)
+    x = torch.randn(B, 3, S, S, device=dev)
+    y = torch.randint(0, 10, (B,), device=dev)
+    if dev.type == "cuda": x = x.contiguous(memory_format=torch.channels_last)
     return m, opt, x, y
 def sync():
     if dev.type == "cuda": torch.cuda.synchronize()
@@ -19,7 +21,7 @@ def run(select):
     for i in range(97):
         sync(); t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss = nn.functional.cross_entropy(m(x), y)
         loss.backward(); opt.step(); sync()
         times.append(time.perf_counter() - t)

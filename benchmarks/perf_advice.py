@@ -17,6 +17,7 @@ Steps (run on the device H100; nothing is left behind — everything lives in a 
 
     python benchmarks/perf_advice.py --phase main  --out $OUT                 # steps 1-4
     python benchmarks/perf_advice.py --phase final --advised-flags "..." --out $OUT   # 1, 5, 6
+    python benchmarks/perf_advice.py --phase verify --advised-flags "..." --out $OUT  # 5 again, one process each
 
 Every images/s number in this file's output comes from the same in-script timing: the
 device is synchronised after the warm-up steps and after the measured steps.
@@ -258,6 +259,37 @@ def phase_main(work: Path, out: Path, args: argparse.Namespace) -> dict:
     return results
 
 
+VERIFY = {  # fresh process per configuration (no loader or worker reused between configurations)
+    "workers": (8, 12, 16),
+    "pin": (False, True),
+    "amp_channels_last": (False, True),
+    "sync_every": (1, 100),
+}
+
+
+def phase_verify(work: Path, out: Path, args: argparse.Namespace) -> dict:
+    """Every configuration in its own process with a long window, like baseline and advised."""
+    measure = ["--warmup-steps", "5", "--steps", str(args.steps)]
+    results: dict = {"rows": []}
+
+    def one(label: str, flags: list[str]) -> None:
+        run = run_script(work, measure + flags)
+        results["rows"].append({"label": label, "flags": flags, "images_per_s": run["images_per_s"]})
+        print(json.dumps(results["rows"][-1]), flush=True)
+        (out / "perf_advice_verify.json").write_text(json.dumps(results, indent=1))
+
+    advised = args.advised_flags.split()
+    one("baseline", ["--steps", "20"])
+    one("advised", advised)
+    for workers, pin, fast, sync in itertools.product(*VERIFY.values()):
+        flags = ["--workers", str(workers), "--persistent", "--sync-every", str(sync)]
+        flags += (["--pin"] if pin else []) + (["--amp", "--channels-last"] if fast else [])
+        one("grid", flags)
+    one("advised", advised)
+    one("baseline", ["--steps", "20"])
+    return results
+
+
 SWEEP = {
     "workers": (8, 16),
     "pin": (False, True),
@@ -338,7 +370,7 @@ def phase_overhead(work: Path, out: Path, args: argparse.Namespace) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=("main", "final"), required=True)
+    parser.add_argument("--phase", choices=("main", "final", "verify"), required=True)
     parser.add_argument("--advised-flags", default="", help="final: the flags the main phase derived from the advice")
     parser.add_argument("--out", default=".")
     parser.add_argument("--images", type=int, default=5000)
@@ -355,6 +387,8 @@ def main() -> int:
         print(f"dataset: {args.images} JPEGs in {seconds:.1f} s", flush=True)
         if args.phase == "main":
             results = phase_main(work, out, args)
+        elif args.phase == "verify":
+            results = phase_verify(work, out, args)
         else:  # the sweep (with the advised row), standalone baseline/advised, then the overhead
             results = {"sweep": phase_sweep(work, out, args)}
             measure = ["--warmup-steps", "5", "--steps", str(args.steps)]

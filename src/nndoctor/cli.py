@@ -40,7 +40,10 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help="exit 1 when a finding reaches this severity (default: error)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, import just that subcommand's module (a broken or slow
+    module of another subcommand must not break this one, and ``nndoctor data`` should not
+    pay for importing torch)."""
     parser = argparse.ArgumentParser(
         prog="nndoctor",
         description="Finds the bugs that silently ruin deep-learning training, and explains the crashes that stop it.",
@@ -48,13 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nndoctor {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if only is not None and name != only:
+            continue
         try:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name and module_name.startswith(error.name):
-                continue  # subcommand not built yet
-            raise
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        except Exception as error:  # noqa: BLE001 - report it when this subcommand is used
+            sub_parser.set_defaults(_broken=f"{name} is unavailable: {type(error).__name__}: {error}")
+            continue
         module.configure(sub_parser)
         sub_parser.set_defaults(_handler=module.run)
     return parser
@@ -92,9 +96,14 @@ def _split_script_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    parser = build_parser(only)
     args = parser.parse_args(_split_script_argv(parser, argv))
+    broken = getattr(args, "_broken", None)
+    if broken:
+        print(f"nndoctor: error: {broken}", file=sys.stderr)
+        return 2
     handler = getattr(args, "_handler", None)
     if handler is None:
         parser.print_help()

@@ -245,3 +245,34 @@ def test_float16_autocast_is_recognised_and_bfloat16_is_not():
         assert float16_autocast_active() == "cpu"
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert float16_autocast_active() is None
+
+
+SCALED_RUN = """
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    for step in range(12):
+        target = y * float("inf") if step in {BAD} else y
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x)
+        loss = nn.functional.mse_loss(out.float(), target)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+"""
+
+
+def test_an_occasional_overflow_that_the_grad_scaler_skips_is_not_reported(tmp_path):
+    once = write(tmp_path, "once.py", SCALED_RUN.replace("{BAD}", "{5}"))
+    report = run_script(once, select=["N101"])
+    assert report.steps > 0 and not report.findings and not report.internal_errors
+
+
+def test_recurring_nonfinite_losses_are_reported_even_with_a_grad_scaler(tmp_path):
+    often = write(tmp_path, "often.py", SCALED_RUN.replace("{BAD}", "{5, 6, 7, 8}"))
+    (finding,) = run_script(often, select=["N101"]).by_code("N101")
+    assert finding.first_step == 5 and finding.evidence["nonfinite_losses_seen"] >= 3

@@ -18,7 +18,11 @@ import torch
 from nndoctor.checks._params import optimizer_params, spread_sample
 from nndoctor.events import RunEnd, StepEnd, StepStart
 from nndoctor.findings import Location, Severity
-from nndoctor.instrument.numerics_probe import GradientStats, cached_gradient_stats, construction_site
+from nndoctor.instrument.numerics_probe import (
+    GradientStats,
+    cached_gradient_stats,
+    construction_site,
+)
 from nndoctor.registry import Check, register
 
 

@@ -27,8 +27,9 @@ import functools
 import math
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

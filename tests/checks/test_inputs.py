@@ -1,0 +1,146 @@
+"""Unit tests of the D1xx detection functions (no training loop) and a few end-to-end edges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nndoctor.checks import inputs as d
+from nndoctor.instrument.inputs_probe import class_target_range, summarize_samples
+from nndoctor.instrument.stats import summarize
+
+IMAGENET_MEAN = torch.tensor(d.IMAGENET_MEAN).view(1, 3, 1, 1)
+IMAGENET_STD = torch.tensor(d.IMAGENET_STD).view(1, 3, 1, 1)
+
+
+def test_image_layout():
+    assert d.image_layout((8, 3, 32, 32)) == "nchw"
+    assert d.image_layout((8, 32, 32, 3)) == "nhwc"
+    assert d.image_layout((8, 64)) is None
+    assert d.image_layout((8, 16, 4, 4)) is None  # feature maps, not images
+
+
+@pytest.mark.parametrize(
+    ("x", "expected"),
+    [
+        (torch.randint(0, 256, (4, 3, 16, 16)).float(), "0–255 pixels"),
+        (torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8), "uint8 pixels"),
+        (torch.randint(0, 4096, (4, 1, 16, 16)).float(), "raw sensor/16-bit values"),
+        (torch.rand(4, 3, 16, 16), None),
+        ((torch.rand(4, 3, 16, 16) - IMAGENET_MEAN) / IMAGENET_STD, None),
+    ],
+)
+def test_unnormalized_pixels(x, expected):
+    s = summarize(x)
+    assert d.unnormalized_pixels(s.dtype, s.min, s.max) == expected
+
+
+def _norm_kind(x):
+    s = summarize(x)
+    return d.normalization_mismatch(s.min, s.max, s.channel_mean_dim1, s.channel_std_dim1)
+
+
+def test_normalization_mismatch_signatures():
+    torch.manual_seed(0)
+    pixels255 = torch.randint(0, 256, (8, 3, 16, 16)).float()
+    pixels01 = pixels255 / 255
+    caffe_mean = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
+    caffe_std = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
+    assert _norm_kind((pixels255 - IMAGENET_MEAN) / IMAGENET_STD) == "unit-stats-on-255-pixels"
+    assert _norm_kind((pixels01 - caffe_mean) / caffe_std) == "255-stats-on-unit-pixels"
+    assert _norm_kind(pixels01 - caffe_mean) == "255-stats-on-unit-pixels"  # Caffe std=1
+    # correct pipelines
+    assert _norm_kind((pixels01 - IMAGENET_MEAN) / IMAGENET_STD) is None
+    assert _norm_kind((pixels255 - caffe_mean) / caffe_std) is None
+    assert _norm_kind(pixels255 - caffe_mean) is None  # Caffe-style x - mean on 0..255
+    assert _norm_kind(pixels01 * 2 - 1) is None
+    # a dark but correctly normalised batch is negative yet keeps its contrast
+    dark = (pixels01 * 0.2 - IMAGENET_MEAN) / IMAGENET_STD
+    assert dark.max() < 0 and _norm_kind(dark) is None
+
+
+def test_unit_rgb_means_inverts_each_scale():
+    rgb = (0.6, 0.5, 0.3)
+    assert d.unit_rgb_means(rgb, 0.0, 1.0) == rgb
+    assert d.unit_rgb_means(tuple(v * 255 for v in rgb), 0.0, 255.0) == pytest.approx(rgb)
+    assert d.unit_rgb_means(tuple(v * 2 - 1 for v in rgb), -1.0, 1.0) == pytest.approx(rgb)
+    standardised = tuple((v - m) / s for v, m, s in zip(rgb, d.IMAGENET_MEAN, d.IMAGENET_STD))
+    assert d.unit_rgb_means(standardised, -2.0, 2.5) == pytest.approx(rgb)
+    assert d.unit_rgb_means((0.1, 0.2), 0, 1) is None
+
+
+def test_channel_order_decision_needs_enough_batches_and_a_clear_mean():
+    assert not d.channel_order_swapped([-0.2] * (d.CHANNEL_ORDER_MIN_BATCHES - 1))
+    assert d.channel_order_swapped([-0.2] * d.CHANNEL_ORDER_MIN_BATCHES)
+    assert not d.channel_order_swapped([0.0] * 20)  # gray data
+    mixed = [0.05, -0.1] * (d.CHANNEL_ORDER_MIN_BATCHES // 2)
+    assert not d.channel_order_swapped(mixed)
+    assert d.red_minus_blue((0.6, 0.5, 0.3)) == pytest.approx(0.3)
+
+
+def test_channels_last_into_conv():
+    nhwc = (16, 32, 32, 3)
+    assert d.channels_last_into_conv(nhwc, nhwc, 32)
+    assert not d.channels_last_into_conv(nhwc, (16, 3, 32, 32), 3)  # permuted by the model
+    assert not d.channels_last_into_conv((16, 3, 32, 32), (16, 3, 32, 32), 3)
+    assert not d.channels_last_into_conv(nhwc, None, None)
+
+
+def test_unshuffled_evidence():
+    sorted_batches = [(0, 1.0, 16), (0, 1.0, 16), (1, 1.0, 16), (1, 1.0, 16)]
+    assert d.unshuffled_evidence(sorted_batches) == (4, 2)
+    imbalanced = [(0, 1.0, 16)] * 6  # one class dominates everywhere: not sorted
+    assert d.unshuffled_evidence(imbalanced) is None
+    shuffled = [(0, 0.4, 16), (2, 0.35, 16), (1, 0.45, 16), (3, 0.3, 16)]
+    assert d.unshuffled_evidence(shuffled) is None
+    assert d.unshuffled_evidence(sorted_batches[:3]) is None  # too few
+    tiny = [(0, 1.0, 2), (1, 1.0, 2), (0, 1.0, 2), (1, 1.0, 2)]
+    assert d.unshuffled_evidence(tiny) is None  # batches too small to mean anything
+    assert d.chance_of_single_class_batch(2, 8) == pytest.approx(2 / 256)
+
+
+def test_dominant_fraction_and_label_tensor():
+    assert d.dominant_fraction([1, 1, 1, 2]) == (1, 0.75)
+    y = torch.tensor([0, 1, 2])
+    assert d.label_tensor((torch.zeros(3, 2), y)) is y
+    assert d.label_tensor({"image": torch.zeros(3, 2), "label": y}) is y
+    assert d.label_tensor((torch.zeros(3, 2), torch.rand(3))) is None  # regression targets
+
+
+def test_class_target_range_excludes_ignore_index():
+    logits = torch.zeros(4, 5)
+    assert class_target_range(logits, torch.tensor([1, 2, 3, 5]), -100) == (5, 1, 5, 1, 4)
+    assert class_target_range(logits, torch.tensor([0, -1, 4, -1]), -1) == (5, 0, 4, 0, 4)
+    assert class_target_range(logits, torch.tensor([0, -1, 4, 2]), -100)[3] == 1
+    assert class_target_range(logits, torch.rand(4, 5), -100) is None  # probability targets
+    assert class_target_range(logits, torch.tensor([-100, -100]), -100) is None
+    # segmentation: (N, C, H, W) logits, (N, H, W) targets
+    assert class_target_range(torch.zeros(2, 3, 4, 4), torch.full((2, 4, 4), 3), -100)[3] == 32
+
+
+def test_binary_target_outside_unit():
+    assert d.binary_target_outside_unit(0.0, 255.0)
+    assert d.binary_target_outside_unit(-1.0, 1.0)
+    assert not d.binary_target_outside_unit(0.0, 1.0)
+
+
+def test_sample_summary_constant_samples_and_fingerprints():
+    torch.manual_seed(0)
+    x = torch.rand(6, 3, 8, 8)
+    x[2] = 0
+    x[4] = x[1]
+    s = summarize_samples(x)
+    assert s.constant == (False, False, True, False, False, False)
+    assert s.fingerprints[4] == s.fingerprints[1]
+    assert len(set(s.fingerprints)) == 5
+    assert s.values_per_sample == 192
+    # shared background: samples that differ only off the strided grid are still told
+    # apart by their full-sample sums
+    y = torch.zeros(2, 1, 64, 64)
+    y[0, 0, 1, 1], y[1, 0, 1, 2] = 1.0, 2.0
+    a, b = summarize_samples(y).fingerprints
+    assert a != b
+
+
+def test_sample_summary_rejects_non_float():
+    assert summarize_samples(torch.zeros(4, 3, dtype=torch.long)) is None
