@@ -95,7 +95,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skimage", action="store_true", help="add four scikit-image photographs")
     parser.add_argument("--per-image", action="store_true", help="also measure each photograph alone")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on shared CPUs)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     photos = load_photos(args.skimage or args.per_image)
     print(f"threshold {CHANNEL_ORDER_THRESHOLD}, {CHANNEL_ORDER_MIN_BATCHES} batches of {BATCH} crops per decision, "
           f"{args.decisions} decisions, seed {args.seed}")

@@ -48,3 +48,15 @@ def test_step_trials_time_each_variant_and_check_the_loss():
     # The trials ran on copies: the user's weights and RNG are untouched.
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert torch.equal(rng_before, torch.get_rng_state())
+
+
+def test_time_loader_skips_prefetched_batches_and_copies_to_the_device():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from nndoctor.perf.trials import time_loader
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.arange(64)), batch_size=8)
+    result = time_loader(loader, {"num_workers": 0, "pin_memory": False, "prefetch_factor": None},
+                         seconds=0.2, max_batches=20, device="cpu")
+    # Epochs wrap inside one timing: 20 batches from an 8-batch dataset.
+    assert result["batches"] == 20 and result["samples_per_s"] > 0 and result["startup_s"] >= 0

@@ -42,7 +42,8 @@ def trained_batchnorms(session: Any) -> list[tuple[str, _BatchNorm]]:
 class BatchNormMomentumConvention(Check):
     """
     ## What it does
-    At the first optimizer step, looks at every BatchNorm layer of the trained models and
+    At sampled optimizer steps (the first one included), looks at every BatchNorm layer of
+    the trained models not seen before and
     flags ``momentum ≥ 0.5`` (an error from 0.9, the TF/Keras decay values 0.9/0.99/0.999).
 
     ## Why is this bad?
@@ -85,6 +86,8 @@ class BatchNormMomentumConvention(Check):
         self._seen: weakref.WeakSet = weakref.WeakSet()
 
     def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled:
+            return  # walking the model's modules every step would cost on small models
         for name, bn in trained_batchnorms(self.session):
             if bn in self._seen:
                 continue

@@ -169,6 +169,7 @@ class NonfiniteLoss(Check):
         self._weights_ok_at_bad: bool | None = None
         self._awaiting_trace = False
         self._bad_count = 0
+        self._scaled = False
         self._finding: tuple[str, Location | None, dict, int] | None = None
         self._done = False
 
@@ -228,7 +229,9 @@ class NonfiniteLoss(Check):
             return
         ref = self.session.state.scaler
         scaler = ref() if ref is not None else None
-        if scaler is not None and _scaler_enabled(scaler) and self._bad_count < self.SCALER_TOLERANCE:
+        if scaler is not None and _scaler_enabled(scaler):
+            self._scaled = True  # remembered: at the end of a script its scaler may be gone
+        if self._scaled and self._bad_count < self.SCALER_TOLERANCE:
             return
         message, location, evidence, step = self._finding
         evidence["nonfinite_losses_seen"] = self._bad_count

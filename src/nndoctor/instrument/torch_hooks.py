@@ -133,7 +133,7 @@ class Installation:
         try:
             if not stack:  # a top-level call from user code
                 self._root_forward(module, args, output, is_loss)
-            elif session.sampled and session.wants("module_output"):
+            elif session.wants("module_output") and session.sampled:
                 root = stack[0]
                 session.emit(ev.ModuleOutput(
                     step=session.step, sampled=True, module=module,

@@ -2,8 +2,8 @@
 
 Runs the script unchanged for ``--warmup`` + ``--steps`` optimizer steps, stops it cleanly,
 prints the step-time breakdown and the P findings; ``--try`` measures changes. Exit
-status as ``nndoctor run`` (1 when a finding reaches ``--fail-on``; the default for perf
-is ``never``, since advice is not failure).
+status as ``nndoctor run`` (1 when a finding reaches ``--fail-on``; perf findings are
+warnings and advice, so the default ``error`` threshold leaves it at 0).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from nndoctor.selection import fail_threshold, filter_findings, selectors
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "nndoctor perf [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]"
     add_common_options(parser)
-    parser.set_defaults(fail_on="never")
     parser.add_argument("--steps", type=int, default=20, metavar="N", help="measured optimizer steps (default 20)")
     parser.add_argument("--warmup", type=int, default=5, metavar="N",
                         help="optimizer steps run before measuring (default 5)")

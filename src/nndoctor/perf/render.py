@@ -49,7 +49,7 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
     loader = trials.get("loader")
     if isinstance(loader, dict):
         if loader.get("results"):
-            lines.append("--try loader (steady-state samples/s, after the batches prefetched at start-up; startup = time to the first batch):")
+            lines.append("--try loader (steady-state samples/s, copied to the GPU when training on CUDA; startup = time to the first batch):")
             for r in loader["results"]:
                 rate = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "-"
                 mark = "  ← best" if loader.get("best") is r or loader.get("best") == r else ""

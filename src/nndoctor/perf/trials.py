@@ -90,8 +90,25 @@ def _rebuild_loader(loader: Any, setting: dict[str, Any]) -> Any:
     return DataLoader(dataset, batch_sampler=sampler, **kwargs)
 
 
-def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_batches: int = 400) -> dict[str, Any]:
+def _to_device(value: Any, device: str, non_blocking: bool) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device, non_blocking) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device, non_blocking) for k, v in value.items()}
+    return value
+
+
+def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_batches: int = 400,
+                device: str | None = None) -> dict[str, Any]:
     """Steady-state samples/s of one loader setting, and the time to its first batch.
+
+    With ``device`` ("cuda") each batch is also copied there (``non_blocking`` when pinned)
+    and the copies are waited for at the end: pinned memory pays off in that copy, not in
+    loading, so a loader-only timing would never recommend it.
 
     Worker processes fill ``num_workers * prefetch_factor`` batches ahead while the first
     one is being waited for; those are skipped before the clock starts, or the rate would
@@ -116,6 +133,8 @@ def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_bat
             if fetched <= 1 + ahead:
                 t0 = now
                 continue
+            if device is not None:
+                _to_device(batch, device, bool(setting["pin_memory"]))
             tensor = _first_tensor(batch)
             samples += int(tensor.shape[0]) if tensor is not None and tensor.dim() else 1
             batches += 1
@@ -124,6 +143,10 @@ def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_bat
                 break
         if fetched == count_before:  # an empty loader
             break
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0 if t0 is not None else 0.0
     iterator = getattr(rebuilt, "_iterator", None)
     shutdown = getattr(iterator, "_shutdown_workers", None)
@@ -151,14 +174,15 @@ def try_loader(loader: Any, current: dict[str, Any], *, cuda: bool, seconds: flo
     if cpu_count is None:
         cpu_count = available_cpus()
     results = []
+    device = "cuda" if cuda else None
     with torch.random.fork_rng(devices=[]):
         for setting in loader_grid(cpu_count, cuda, current):
-            results.append(time_loader(loader, setting, seconds=seconds))
+            results.append(time_loader(loader, setting, seconds=seconds, device=device))
         with_workers = [r for r in results if r["num_workers"] and r["samples_per_s"]]
         if with_workers:
             best = max(with_workers, key=lambda r: r["samples_per_s"])
             setting = {k: best[k] for k in ("num_workers", "pin_memory")} | {"prefetch_factor": 4}
-            results.append(time_loader(loader, setting, seconds=seconds))
+            results.append(time_loader(loader, setting, seconds=seconds, device=device))
     return summarize_loader(results, current)
 
 
