@@ -255,7 +255,14 @@ def phase_main(work: Path, out: Path, args: argparse.Namespace) -> dict:
     results["advised"] = run_script(work, measure + flags)
     results["advised"].pop("stderr")
     print("advised", results["advised"]["images_per_s"], flush=True)
-
+    # Configurations to compare with the advice in the same run (e.g. the best grid point of
+    # an earlier sweep), so advised/best is a same-machine, same-data ratio.
+    results["also"] = {}
+    for extra in filter(None, (f.strip() for f in args.also.split(";"))):
+        run = run_script(work, measure + extra.split())
+        run.pop("stderr")
+        results["also"][extra] = run
+        print("also", extra, run["images_per_s"], flush=True)
     return results
 
 
@@ -373,6 +380,7 @@ def main() -> int:
     parser.add_argument("--phase", choices=("main", "final", "verify"), required=True)
     parser.add_argument("--advised-flags", default="", help="final: the flags the main phase derived from the advice")
     parser.add_argument("--out", default=".")
+    parser.add_argument("--also", default="", help="main: extra flag sets to measure after the advised one, ';'-separated")
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--steps", type=int, default=30, help="measured steps of baseline/advised runs")
     parser.add_argument("--sweep-steps", type=int, default=10)

@@ -60,3 +60,14 @@ def test_time_loader_skips_prefetched_batches_and_copies_to_the_device():
                          seconds=0.2, max_batches=20, device="cpu")
     # Epochs wrap inside one timing: 20 batches from an 8-batch dataset.
     assert result["batches"] == 20 and result["samples_per_s"] > 0 and result["startup_s"] >= 0
+
+
+def test_summarize_loader_prefers_pinned_memory_within_the_noise_of_the_best():
+    results = [
+        {"num_workers": 0, "pin_memory": False, "samples_per_s": 100.0},
+        {"num_workers": 8, "pin_memory": False, "samples_per_s": 1000.0},
+        {"num_workers": 8, "pin_memory": True, "samples_per_s": 970.0},
+    ]
+    assert summarize_loader(results, {"num_workers": 0, "pin_memory": False})["best"]["pin_memory"] is True
+    results[2]["samples_per_s"] = 800.0  # clearly slower: the measurement wins
+    assert summarize_loader(results, {"num_workers": 0, "pin_memory": False})["best"]["pin_memory"] is False

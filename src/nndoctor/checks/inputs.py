@@ -7,7 +7,6 @@ the loss call, labels at ``BatchFetched``; all statistics come from sampled step
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -18,7 +17,15 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.conv import _ConvNd
 
-from nndoctor.events import BatchFetched, Backward, Crash, Forward, LossComputed, ModuleOutput, RunEnd
+from nndoctor.events import (
+    Backward,
+    BatchFetched,
+    Crash,
+    Forward,
+    LossComputed,
+    ModuleOutput,
+    RunEnd,
+)
 from nndoctor.findings import Severity
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
 from nndoctor.instrument.stats import TensorStats, cached_stats, first_tensor
@@ -397,7 +404,7 @@ class ChannelOrderSwapped(Check):
     """
     ## What it does
     Looks for BGR images (OpenCV's `cv2.imread` order) where RGB is expected. On every
-    sampled batch of 3-channel images given to a trained model, it maps the per-channel
+    sampled batch of 3-channel images given to a model, it maps the per-channel
     means back to the 0–1 pixel scale (raw 0–1, raw 0–255, [-1, 1], otherwise assuming
     ImageNet standardisation) and computes the statistic *d = mean(channel 0) − mean(channel 2)*.
     Natural RGB photographs are warmer than blue on average (ImageNet: R 0.485, B 0.406), so
@@ -405,15 +412,23 @@ class ChannelOrderSwapped(Check):
     over the last 8 sampled batches, is below −0.03 (the average over ≥ 100 images
     smooths out single scenes; gray or colour-neutral data gives 0 and never fires).
 
-    Measured by `benchmarks/d103_channel_order.py` (batches of 16 random crops, 48–160 px, of
-    the two photographs shipped with scikit-learn, 8 batches per decision, 2000 decisions):
-    false-positive rate on correctly ordered RGB **0.0%**, detection rate on the same crops
-    in BGR **33.6%**; over six photographs (scikit-learn's two plus scikit-image's astronaut,
-    chelsea, coffee, rocket) false positives **0.0%**, detection **99.2%**.
-    It is deliberately conservative: a dataset whose images are bluer than red on average
-    (underwater, night sky like scikit-image's `rocket`, which alone gives 100% false positives,
-    satellite water) *will* look like BGR, and the message says so. Inputs normalised with
-    other statistics than ImageNet's are mapped back approximately, which biases *d* toward
+    Measured by `benchmarks/d103_channel_order.py` (batches of 16 random crops, 48–160 px,
+    ImageNet-normalised and scored through the check's own code; one decision = 8 batches):
+
+    | photographs | false positives (RGB) | detections (same crops, BGR) |
+    |---|---|---|
+    | scikit-learn's two (china, flower), 2000 decisions | **0.0%** | **74.1%** |
+    | + scikit-image astronaut, chelsea, coffee, rocket, 300 decisions | 0.0% | 100.0% |
+    | china alone / flower alone | 0.0% / 0.0% | 13.3% / 93.0% |
+    | astronaut, chelsea, coffee, each alone | 0.0% | 100.0% |
+    | rocket alone (night sky: bluer than red) | 100.0% | 0.0% |
+
+    A single batch alone would give 9.0% false positives on the scikit-learn crops: hence
+    the 8-batch average. Known false positives, by construction: datasets whose images
+    are bluer than red on average (night sky — scikit-image's `rocket` alone —, underwater,
+    open water from satellites) look like BGR; the message says so. Colour-neutral
+    scenes (china: R ≈ B) are rarely detected when swapped. Inputs normalised with other
+    statistics than ImageNet's are mapped back approximately, which biases *d* toward
     "RGB" (fewer detections, not more).
 
     ## Why is this bad?
@@ -859,7 +874,7 @@ class TrainEvalOverlap(Check):
     with gradients of a model an optimizer updates) and evaluation samples (forward under
     `no_grad`/`inference_mode`). A fingerprint is a 16-byte hash of 256 evenly spaced
     values rounded to float16 plus the sample's full sum and sum of squares; at most 200 000
-    training fingerprints are kept (about 7 MB). Evaluation samples identical to a seen
+    training fingerprints are kept (about 18 MB of host memory, measured). Evaluation samples identical to a seen
     training sample are reported with their count.
 
     Evaluating on the training data on purpose (train accuracy) is not reported: only

@@ -186,6 +186,11 @@ def try_loader(loader: Any, current: dict[str, Any], *, cuda: bool, seconds: flo
     return summarize_loader(results, current)
 
 
+# Loader-alone rates of the same setting vary by about this much between trials (measured on
+# the H200 machine of benchmarks/README.md: 5-10% run to run).
+PIN_TIE_TOLERANCE = 0.05
+
+
 def summarize_loader(results: list[dict[str, Any]], current: dict[str, Any]) -> dict[str, Any]:
     """Best setting, the current setting's rate, and the measured speed-up between them."""
     measured = [r for r in results if r.get("samples_per_s")]
@@ -197,6 +202,13 @@ def summarize_loader(results: list[dict[str, Any]], current: dict[str, Any]) -> 
 
     mine = next((r for r in measured if same(r)), None)
     best = max(measured, key=lambda r: r["samples_per_s"])
+    # Pinned memory pays off in the training step (non_blocking copies overlap GPU compute,
+    # PyTorch performance tuning guide), which a loader-alone trial cannot show. So among the
+    # settings within the trial's noise of the best rate, prefer a pinned one.
+    pinned = [r for r in measured if r.get("pin_memory")
+              and r["samples_per_s"] >= (1 - PIN_TIE_TOLERANCE) * best["samples_per_s"]]
+    if pinned and not best.get("pin_memory"):
+        best = max(pinned, key=lambda r: r["samples_per_s"])
     speedup = best["samples_per_s"] / mine["samples_per_s"] if mine else None
     return {"results": results, "best": best, "current": mine, "speedup": speedup}
 
