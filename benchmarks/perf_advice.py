@@ -248,6 +248,11 @@ def phase_main(work: Path, out: Path, args: argparse.Namespace) -> dict:
     shutil.copy(perf_json, out / "perf_report.json")
     (out / "perf_terminal.txt").write_text(perf_run["stderr"])
     advice = report["extra"]["perf"]["advice"]
+    loader_trial = report["extra"]["perf"]["trials"].get("loader") or {}
+    results["loader_trial"] = {k: loader_trial.get(k) for k in ("measure", "confirmed", "confirm_error", "speedup")}
+    for row in loader_trial.get("confirmed") or []:
+        print("end to end", {k: row.get(k) for k in ("num_workers", "pin_memory", "prefetch_factor",
+                                                     "samples_per_s", "rounds_samples_per_s")}, flush=True)
     flags = advice_to_flags(advice)
     results["advice"], results["advised_flags"] = advice, flags
     results["findings"] = [f"{f['code']} {f['severity']}: {f['message']}" for f in report["findings"]]

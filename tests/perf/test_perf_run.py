@@ -98,6 +98,11 @@ def test_cli_writes_breakdown_and_loader_measurement(tmp_path, capsys):
     # Sleep-bound loading parallelises even on a busy machine: two workers beat one process.
     assert rates[2] > 1.3 * rates[0]
     assert loader["best"]["num_workers"] >= 2
+    # The advice comes from the end-to-end timings (the loader's batches through a copy of the
+    # script's own model, optimizer and loss); the grid stays as evidence.
+    assert loader["measure"] == "end-to-end" and loader["best"] in loader["confirmed"]
+    assert {c["num_workers"] for c in loader["confirmed"]} >= {0, loader["best"]["num_workers"]}
+    assert all(c["batches_from_loader"] == c["steps"] > 0 for c in loader["confirmed"])
     codes = {f["code"] for f in data["findings"]}
     assert {"P101", "P102"} <= codes
     assert any(a["change"] == "loader" for a in perf_data["advice"])

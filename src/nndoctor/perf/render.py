@@ -56,6 +56,17 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
                 lines.append(f"  num_workers={r['num_workers']:<3} pin_memory={str(r['pin_memory']):<5} "
                              f"prefetch={str(r.get('prefetch_factor')):<4} {rate:>10} samples/s  "
                              f"startup {r.get('startup_s') or 0:.2f} s{mark}")
+            if loader.get("confirmed"):
+                lines.append("  end to end (loading, copy to the device, training step on a copy of the model):")
+                for r in loader["confirmed"]:
+                    rate = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "-"
+                    mark = "  ← best" if loader.get("best") is r or loader.get("best") == r else ""
+                    lines.append(f"  num_workers={r['num_workers']:<3} pin_memory={str(r['pin_memory']):<5} "
+                                 f"prefetch={str(r.get('prefetch_factor')):<4} {rate:>10} samples/s  "
+                                 f"{r.get('steps', 0)} steps{mark}")
+            for key in ("confirm_error", "confirm_skipped"):
+                if loader.get(key):
+                    lines.append(f"  {loader[key]}")
         else:
             lines.append(f"--try loader: {loader.get('skipped') or loader.get('error')}")
     for name in ("amp", "channels_last", "compile", "cudnn-benchmark"):

@@ -92,25 +92,32 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
     results: dict[str, Any] = {}
     facts = recorder.facts
     cuda = facts.device == "cuda"
+    device = facts.device if cuda else "cpu"
+    model = recorder.model_ref() if recorder.model_ref else None
+    optimizer = recorder.optimizer_ref() if recorder.optimizer_ref else None
+    loss_fn = trials.loss_callable(recorder)
+    missing = [name for name, value in (("model", model), ("optimizer", optimizer), ("loss", loss_fn),
+                                        ("batch", recorder.captured_inputs)) if value is None]
+    if recorder.captured_target is None:
+        missing.append("target")
+    step = None if missing else trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
+                                                    recorder.captured_target, device)
     if "loader" in config.tries:
         loader = recorder.loader_ref() if recorder.loader_ref else None
         if loader is None:
             results["loader"] = {"skipped": "no DataLoader was iterated in the measured window"}
         else:
             try:
-                results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
-                                                      seconds=config.try_seconds)
+                with torch.enable_grad():
+                    results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
+                                                          seconds=config.try_seconds, step=step)
+                if missing:
+                    results["loader"]["confirm_skipped"] = (f"no end-to-end timing: could not rebuild the step "
+                                                            f"(no {', '.join(missing)} seen)")
             except Exception as error:  # noqa: BLE001
                 results["loader"] = {"error": f"{type(error).__name__}: {error}"}
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
     if step_tries:
-        model = recorder.model_ref() if recorder.model_ref else None
-        optimizer = recorder.optimizer_ref() if recorder.optimizer_ref else None
-        loss_fn = trials.loss_callable(recorder)
-        missing = [name for name, value in (("model", model), ("optimizer", optimizer), ("loss", loss_fn),
-                                            ("batch", recorder.captured_inputs)) if value is None]
-        if recorder.captured_target is None:
-            missing.append("target")
         if missing:
             for name in step_tries:
                 results[name] = {"skipped": f"could not rebuild the step (no {', '.join(missing)} seen "
@@ -119,7 +126,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
             with torch.enable_grad():
                 results.update(trials.try_steps(step_tries, model, optimizer, loss_fn,
                                                 recorder.captured_inputs, recorder.captured_target,
-                                                device=facts.device if cuda else "cpu"))
+                                                device=device))
     return results
 
 

@@ -1,7 +1,10 @@
 """``--try``: measure a change instead of guessing its effect.
 
 ``loader`` rebuilds the user's DataLoader (same dataset, batch size, collate function)
-with other worker/pinning/prefetch settings and times each for a few seconds. ``amp``,
+with other worker/pinning/prefetch settings and times each for a few seconds; the best few
+of that grid are then timed end to end (loading, the copy to the device and the user's
+training step on a copy of the model), which decides the advice: pinned memory and the
+CPU cores the main process needs only show there. ``amp``,
 ``channels_last``, ``compile`` and ``cudnn-benchmark`` time the user's training step
 (forward, loss, backward, optimizer step) on a copy of the model and optimizer, on a copy
 of the last measured batch, with several interleaved repeats so that drifting clocks hit
@@ -70,6 +73,7 @@ def loader_grid(cpu_count: int, cuda: bool, current: dict[str, Any]) -> list[dic
 
 
 def _rebuild_loader(loader: Any, setting: dict[str, Any]) -> Any:
+    import torch
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
     dataset = loader.dataset
@@ -82,11 +86,15 @@ def _rebuild_loader(loader: Any, setting: dict[str, Any]) -> Any:
     if setting["num_workers"]:
         kwargs["prefetch_factor"] = setting.get("prefetch_factor") or 2
         kwargs["persistent_workers"] = True  # epochs wrap inside one timing
+    # Workers' seeds come from this generator: the same augmentations for every setting, and
+    # no draw from the user's RNG.
+    kwargs["generator"] = torch.Generator().manual_seed(0)
     if isinstance(dataset, IterableDataset):
         return DataLoader(dataset, batch_size=loader.batch_size, **kwargs)
-    # A fixed order: the same samples for every setting, and no draw from the user's RNG.
+    # A fixed order: the same samples for every setting.
     batch_size = loader.batch_size or 1
-    sampler = BatchSampler(SequentialSampler(range(len(dataset))), batch_size, drop_last=False)
+    sampler = BatchSampler(SequentialSampler(range(len(dataset))), batch_size,
+                           drop_last=bool(getattr(loader, "drop_last", False)))
     return DataLoader(dataset, batch_sampler=sampler, **kwargs)
 
 
@@ -148,10 +156,7 @@ def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_bat
 
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0 if t0 is not None else 0.0
-    iterator = getattr(rebuilt, "_iterator", None)
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    _shutdown(rebuilt)
     return {
         **setting,
         "samples_per_s": samples / elapsed if elapsed > 0 and samples else None,
@@ -166,16 +171,29 @@ def available_cpus() -> int:
     return os.cpu_count() or 1
 
 
+class CapturedStep:
+    """What the end-to-end loader trial needs of the user's step: the model, optimizer and
+    loss (copied, never stepped themselves) and the batch captured on the last measured
+    step (its shapes say which tensors of a loader batch the model and the loss take)."""
+
+    def __init__(self, model: Any, optimizer: Any, loss_fn: Callable, inputs: tuple, target: Any,
+                 device: str) -> None:
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.inputs, self.target, self.device = inputs, target, device
+
+
 def try_loader(loader: Any, current: dict[str, Any], *, cuda: bool, seconds: float = 2.0,
-               cpu_count: int | None = None) -> dict[str, Any]:
-    """Every setting of ``loader_grid``, then prefetch_factor 4 on the best one with workers."""
+               cpu_count: int | None = None, step: CapturedStep | None = None, confirm_steps: int = 30,
+               confirm_rounds: int = 2) -> dict[str, Any]:
+    """Every setting of ``loader_grid``, then prefetch_factor 4 on the best one with workers;
+    with ``step``, the top candidates of that grid timed end to end decide the advice."""
     import torch
 
     if cpu_count is None:
         cpu_count = available_cpus()
     results = []
     device = "cuda" if cuda else None
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
         for setting in loader_grid(cpu_count, cuda, current):
             results.append(time_loader(loader, setting, seconds=seconds, device=device))
         with_workers = [r for r in results if r["num_workers"] and r["samples_per_s"]]
@@ -183,34 +201,225 @@ def try_loader(loader: Any, current: dict[str, Any], *, cuda: bool, seconds: flo
             best = max(with_workers, key=lambda r: r["samples_per_s"])
             setting = {k: best[k] for k in ("num_workers", "pin_memory")} | {"prefetch_factor": 4}
             results.append(time_loader(loader, setting, seconds=seconds, device=device))
-    return summarize_loader(results, current)
+        summary = summarize_loader(results, current)
+        if step is None or summary["best"] is None:
+            return summary
+        candidates = confirm_candidates(results, current)
+        try:
+            confirmed = confirm_end_to_end(loader, candidates, step, steps=confirm_steps, seconds=seconds,
+                                           rounds=confirm_rounds)
+        except Exception as error:  # noqa: BLE001 - keep the loader-alone advice, say why
+            summary["confirm_error"] = f"{type(error).__name__}: {error}"
+            return summary
+    return summarize_confirmed(results, confirmed, current)
 
 
-# Loader-alone rates of the same setting vary by about this much between trials (measured on
-# the H200 machine of benchmarks/README.md: 5-10% run to run).
-PIN_TIE_TOLERANCE = 0.05
+def _key(r: dict[str, Any]) -> tuple[int, bool]:
+    return int(r["num_workers"]), bool(r["pin_memory"])
+
+
+def _is_current(r: dict[str, Any], current: dict[str, Any]) -> bool:
+    return r["num_workers"] == current.get("num_workers") and r["pin_memory"] == current.get("pin_memory")
+
+
+def confirm_candidates(results: list[dict[str, Any]], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """The settings worth an end-to-end timing: the best unpinned and the best pinned setting
+    with workers, the next best (num_workers, pin_memory) with workers, and the current one."""
+    measured = [r for r in results if r.get("samples_per_s")]
+    by_key: dict[tuple[int, bool], dict[str, Any]] = {}
+    for r in sorted(measured, key=lambda r: -r["samples_per_s"]):
+        by_key.setdefault(_key(r), r)  # the fastest prefetch_factor of each
+    ranked = [r for r in by_key.values() if r["num_workers"]]
+    chosen: list[dict[str, Any]] = []
+    for pinned in (False, True):
+        chosen += [r for r in ranked if bool(r["pin_memory"]) == pinned][:1]
+    chosen += [r for r in ranked if r not in chosen][:1]
+    mine = next((r for r in measured if _is_current(r, current)), None)
+    if mine is not None and all(_key(r) != _key(mine) for r in chosen):
+        chosen.insert(0, mine)
+    return [{k: r.get(k) for k in ("num_workers", "pin_memory", "prefetch_factor")}
+            | {"loader_samples_per_s": r["samples_per_s"]} for r in chosen]
+
+
+def _leaves(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    return []
+
+
+def _replace_leaves(value: Any, pick: Callable) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return pick(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_replace_leaves(v, pick) for v in value)
+    if isinstance(value, dict):
+        return {k: _replace_leaves(v, pick) for k, v in value.items()}
+    return value
+
+
+def step_batch(batch: Any, inputs: tuple, target: Any) -> tuple[tuple, Any] | None:
+    """The tensors of a loader batch put where the captured step inputs and target were,
+    matched by shape in order (cast to the captured dtype and memory format, as the user's
+    loop must have done); None when some captured tensor has no match (a short last batch,
+    a batch the loop reshapes): the caller then runs the step on the captured batch."""
+    import torch
+
+    pool = _leaves(batch)
+    used: set[int] = set()
+
+    def pick(like: Any) -> Any:
+        for i, tensor in enumerate(pool):
+            if i not in used and tuple(tensor.shape) == tuple(like.shape):
+                used.add(i)
+                tensor = tensor.to(device=like.device, dtype=like.dtype)
+                if like.dim() == 4 and not like.is_contiguous() and like.is_contiguous(
+                        memory_format=torch.channels_last):
+                    tensor = tensor.contiguous(memory_format=torch.channels_last)
+                return tensor
+        raise LookupError
+
+    try:
+        return _replace_leaves(inputs, pick), _replace_leaves(target, pick)
+    except LookupError:
+        return None
+
+
+def _shutdown(rebuilt: Any) -> None:
+    shutdown = getattr(getattr(rebuilt, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _cycle(rebuilt: Any):
+    """Batches of the rebuilt loader, epoch after epoch (its workers persist)."""
+    while True:
+        empty = True
+        for batch in rebuilt:
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
+def time_end_to_end(loader: Any, setting: dict[str, Any], runner: StepRunner, step: CapturedStep, *,
+                    steps: int = 30, seconds: float = 2.0, warmup: int = 2,
+                    min_steps: int = 5) -> dict[str, Any]:
+    """Samples/s of the training loop with one loader setting: each batch is copied to the
+    device (``non_blocking`` when pinned, as the tuning guide advises) and trained on with
+    ``runner``. The batches the workers prefetched during start-up are drained first and
+    ``warmup`` steps run; the clock then covers ``steps`` steps (or ``seconds``, once
+    ``min_steps`` ran), the device synchronised at both ends."""
+    from nndoctor.perf.recorder import _first_tensor
+
+    device = step.device
+    non_blocking = bool(setting["pin_memory"]) and device == "cuda"
+    rebuilt = _rebuild_loader(loader, setting)
+    batches = _cycle(rebuilt)
+    ahead = setting["num_workers"] * (setting.get("prefetch_factor") or 2) if setting["num_workers"] else 0
+    mapped = {"loader": 0, "captured": 0}
+    use_loader = True
+
+    def train_on(batch: Any) -> int:
+        nonlocal use_loader
+        moved = _to_device(batch, device, non_blocking)
+        pair = step_batch(moved, step.inputs, step.target) if use_loader else None
+        if pair is not None:
+            try:
+                runner.run(*pair)
+                mapped["loader"] += 1
+                return _samples(batch)
+            except Exception:  # noqa: BLE001 - the shapes matched but the model wants other tensors
+                use_loader = False
+                runner.optimizer.zero_grad(set_to_none=True)
+        runner.run(step.inputs, step.target)
+        mapped["captured"] += 1
+        return _samples(batch)
+
+    def _samples(batch: Any) -> int:
+        tensor = _first_tensor(batch)
+        return int(tensor.shape[0]) if tensor is not None and tensor.dim() else 1
+
+    try:
+        started = time.perf_counter()
+        for _ in range(1 + ahead):
+            if next(batches, None) is None:
+                return {**setting, "samples_per_s": None, "steps": 0, "error": "the loader is empty"}
+        startup_s = time.perf_counter() - started
+        for _ in range(warmup):
+            train_on(next(batches))
+        mapped = {"loader": 0, "captured": 0}
+        _sync(device)
+        t0 = time.perf_counter()
+        samples = done = 0
+        while done < steps:
+            samples += train_on(next(batches))
+            done += 1
+            if done >= min_steps and time.perf_counter() - t0 >= seconds:
+                break
+        _sync(device)
+        elapsed = time.perf_counter() - t0
+    finally:
+        batches.close()
+        _shutdown(rebuilt)
+    return {**setting, "samples": samples, "seconds": elapsed, "steps": done, "drain_s": startup_s,
+            "batches_from_loader": mapped["loader"], "batches_captured": mapped["captured"]}
+
+
+def confirm_end_to_end(loader: Any, candidates: list[dict[str, Any]], step: CapturedStep, *, steps: int = 30,
+                       seconds: float = 2.0, rounds: int = 2) -> list[dict[str, Any]]:
+    """Each candidate timed end to end ``rounds`` times, interleaved (forward, then backward
+    order) so that drifting clocks and a warming machine hit every candidate alike; one copy
+    of the model and optimizer serves them all. Rate: all samples over all measured time."""
+    runner = StepRunner("baseline", step.model, step.optimizer, step.loss_fn, step.inputs, step.target,
+                        step.device)
+    timings: list[list[dict[str, Any]]] = [[] for _ in candidates]
+    for round_ in range(rounds):
+        order = list(enumerate(candidates))
+        for index, candidate in (order if round_ % 2 == 0 else order[::-1]):
+            setting = {k: candidate[k] for k in ("num_workers", "pin_memory", "prefetch_factor")}
+            timings[index].append(time_end_to_end(loader, setting, runner, step, steps=steps, seconds=seconds))
+    confirmed = []
+    for candidate, runs in zip(candidates, timings):
+        samples = sum(r.get("samples", 0) for r in runs)
+        elapsed = sum(r.get("seconds", 0.0) for r in runs)
+        confirmed.append({
+            **candidate,
+            "samples_per_s": samples / elapsed if samples and elapsed > 0 else None,
+            "rounds_samples_per_s": [r["samples"] / r["seconds"] if r.get("samples") and r.get("seconds") else None
+                                     for r in runs],
+            "steps": sum(r.get("steps", 0) for r in runs),
+            "batches_from_loader": sum(r.get("batches_from_loader", 0) for r in runs),
+            "batches_captured": sum(r.get("batches_captured", 0) for r in runs),
+        })
+    return confirmed
 
 
 def summarize_loader(results: list[dict[str, Any]], current: dict[str, Any]) -> dict[str, Any]:
-    """Best setting, the current setting's rate, and the measured speed-up between them."""
+    """Best setting, the current setting's rate, and the measured speed-up between them
+    (loader alone: used when the training step could not be rebuilt)."""
     measured = [r for r in results if r.get("samples_per_s")]
     if not measured:
-        return {"results": results, "best": None, "current": None, "speedup": None}
-
-    def same(r: dict[str, Any]) -> bool:
-        return r["num_workers"] == current.get("num_workers") and r["pin_memory"] == current.get("pin_memory")
-
-    mine = next((r for r in measured if same(r)), None)
+        return {"results": results, "best": None, "current": None, "speedup": None, "measure": "loader"}
+    mine = next((r for r in measured if _is_current(r, current)), None)
     best = max(measured, key=lambda r: r["samples_per_s"])
-    # Pinned memory pays off in the training step (non_blocking copies overlap GPU compute,
-    # PyTorch performance tuning guide), which a loader-alone trial cannot show. So among the
-    # settings within the trial's noise of the best rate, prefer a pinned one.
-    pinned = [r for r in measured if r.get("pin_memory")
-              and r["samples_per_s"] >= (1 - PIN_TIE_TOLERANCE) * best["samples_per_s"]]
-    if pinned and not best.get("pin_memory"):
-        best = max(pinned, key=lambda r: r["samples_per_s"])
     speedup = best["samples_per_s"] / mine["samples_per_s"] if mine else None
-    return {"results": results, "best": best, "current": mine, "speedup": speedup}
+    return {"results": results, "best": best, "current": mine, "speedup": speedup, "measure": "loader"}
+
+
+def summarize_confirmed(results: list[dict[str, Any]], confirmed: list[dict[str, Any]],
+                        current: dict[str, Any]) -> dict[str, Any]:
+    """The advice from the end-to-end timings; the loader-alone grid stays as evidence."""
+    summary = summarize_loader(confirmed, current)
+    summary["results"], summary["confirmed"], summary["measure"] = results, confirmed, "end-to-end"
+    return summary
 
 
 # -- the training step ---------------------------------------------------------------------
@@ -275,6 +484,14 @@ class StepRunner:
 
     def step(self) -> None:
         loss = self.loss()
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def run(self, inputs: tuple, target: Any) -> None:
+        """One step on another batch (the end-to-end loader trial's)."""
+        with self.context():
+            loss = self.loss_fn(self.forward(*inputs), target)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
