@@ -157,3 +157,18 @@ def test_end_to_end_confirmation_advises_workers_and_leaves_the_user_alone():
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
     assert all(torch.equal(a, optimizer.state[p]["momentum_buffer"]) for a, p in zip(momentum, model.parameters()))
     assert model.training and torch.equal(rng, torch.get_rng_state())
+
+
+def test_step_runner_combines_variants_for_the_loader_confirmation():
+    from nndoctor.perf.trials import StepRunner
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    runner = StepRunner("amp+channels_last", model, optimizer, nn.CrossEntropyLoss(),
+                        (torch.randn(2, 3, 8, 8),), torch.tensor([0, 1]), "cpu")
+    assert runner.parts == {"amp", "channels_last"}
+    assert runner.model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert runner.inputs[0].is_contiguous(memory_format=torch.channels_last)
+    assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)  # the user's model untouched
+    with runner.context():
+        assert torch.is_autocast_enabled("cpu")

@@ -102,20 +102,6 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
         missing.append("target")
     step = None if missing else trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
                                                     recorder.captured_target, device)
-    if "loader" in config.tries:
-        loader = recorder.loader_ref() if recorder.loader_ref else None
-        if loader is None:
-            results["loader"] = {"skipped": "no DataLoader was iterated in the measured window"}
-        else:
-            try:
-                with torch.enable_grad():
-                    results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
-                                                          seconds=config.try_seconds, step=step)
-                if missing:
-                    results["loader"]["confirm_skipped"] = (f"no end-to-end timing: could not rebuild the step "
-                                                            f"(no {', '.join(missing)} seen)")
-            except Exception as error:  # noqa: BLE001
-                results["loader"] = {"error": f"{type(error).__name__}: {error}"}
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
     if step_tries:
         if missing:
@@ -127,6 +113,26 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
                 results.update(trials.try_steps(step_tries, model, optimizer, loss_fn,
                                                 recorder.captured_inputs, recorder.captured_target,
                                                 device=device))
+    if "loader" in config.tries:
+        # The loader is confirmed against the step as it will be once the step changes that
+        # paid off are applied (a faster step needs more loading): hence after the step trials.
+        paid = [name for name in ("amp", "channels_last") if (results.get(name) or {}).get("pays_off")]
+        variant = "+".join(paid) or "baseline"
+        loader = recorder.loader_ref() if recorder.loader_ref else None
+        if loader is None:
+            results["loader"] = {"skipped": "no DataLoader was iterated in the measured window"}
+        else:
+            try:
+                with torch.enable_grad():
+                    results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
+                                                          seconds=config.try_seconds, step=step,
+                                                          step_variant=variant)
+                results["loader"]["step_variant"] = variant
+                if missing:
+                    results["loader"]["confirm_skipped"] = (f"no end-to-end timing: could not rebuild the step "
+                                                            f"(no {', '.join(missing)} seen)")
+            except Exception as error:  # noqa: BLE001
+                results["loader"] = {"error": f"{type(error).__name__}: {error}"}
     return results
 
 

@@ -184,9 +184,13 @@ class CapturedStep:
 
 def try_loader(loader: Any, current: dict[str, Any], *, cuda: bool, seconds: float = 2.0,
                cpu_count: int | None = None, step: CapturedStep | None = None, confirm_steps: int = 30,
-               confirm_rounds: int = 2) -> dict[str, Any]:
+               confirm_rounds: int = 2, step_variant: str = "baseline") -> dict[str, Any]:
     """Every setting of ``loader_grid``, then prefetch_factor 4 on the best one with workers;
-    with ``step``, the top candidates of that grid timed end to end decide the advice."""
+    with ``step``, the top candidates of that grid timed end to end decide the advice.
+
+    ``step_variant`` is the training step the loader will have to feed once the other advice
+    is applied (e.g. ``"amp+channels_last"``): a faster step needs more loading, so the
+    candidates are timed against that step, not the user's current one."""
     import torch
 
     if cpu_count is None:
@@ -207,7 +211,7 @@ def try_loader(loader: Any, current: dict[str, Any], *, cuda: bool, seconds: flo
         candidates = confirm_candidates(results, current)
         try:
             confirmed = confirm_end_to_end(loader, candidates, step, steps=confirm_steps, seconds=seconds,
-                                           rounds=confirm_rounds)
+                                           rounds=confirm_rounds, variant=step_variant)
         except Exception as error:  # noqa: BLE001 - keep the loader-alone advice, say why
             summary["confirm_error"] = f"{type(error).__name__}: {error}"
             return summary
@@ -374,11 +378,11 @@ def time_end_to_end(loader: Any, setting: dict[str, Any], runner: StepRunner, st
 
 
 def confirm_end_to_end(loader: Any, candidates: list[dict[str, Any]], step: CapturedStep, *, steps: int = 30,
-                       seconds: float = 2.0, rounds: int = 2) -> list[dict[str, Any]]:
+                       seconds: float = 2.0, rounds: int = 2, variant: str = "baseline") -> list[dict[str, Any]]:
     """Each candidate timed end to end ``rounds`` times, interleaved (forward, then backward
     order) so that drifting clocks and a warming machine hit every candidate alike; one copy
     of the model and optimizer serves them all. Rate: all samples over all measured time."""
-    runner = StepRunner("baseline", step.model, step.optimizer, step.loss_fn, step.inputs, step.target,
+    runner = StepRunner(variant, step.model, step.optimizer, step.loss_fn, step.inputs, step.target,
                         step.device)
     timings: list[list[dict[str, Any]]] = [[] for _ in candidates]
     for round_ in range(rounds):
@@ -452,14 +456,16 @@ class StepRunner:
         import torch
 
         self.variant, self.device, self.loss_fn, self.target = variant, device, loss_fn, target
+        # A variant may combine changes: "amp+channels_last".
+        self.parts = frozenset(variant.split("+"))
         self.model = copy.deepcopy(model)
         self.inputs = inputs
-        if variant == "channels_last":
+        if "channels_last" in self.parts:
             self.model = self.model.to(memory_format=torch.channels_last)
             self.inputs = _to_channels_last(inputs)
         self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()))
         self.forward = self.model
-        if variant == "compile":
+        if "compile" in self.parts:
             self.forward = torch.compile(self.model)
 
     @contextlib.contextmanager
@@ -467,9 +473,9 @@ class StepRunner:
         import torch
 
         saved = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = True if self.variant == "cudnn-benchmark" else saved
+        torch.backends.cudnn.benchmark = True if "cudnn-benchmark" in self.parts else saved
         try:
-            if self.variant == "amp":
+            if "amp" in self.parts:
                 with torch.autocast(device_type=self.device, dtype=torch.bfloat16):
                     yield
             else:
