@@ -113,11 +113,18 @@ def main() -> None:
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=64, help="timed steady-state steps per round")
+    parser.add_argument("--steps", type=int, default=100,
+                        help="timed steady-state steps per round (at least one sampling period, so "
+                             "the sampled steps are in the average)")
     parser.add_argument("--warmup", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for torch (1 by default: with 2 threads on a 2-core machine, "
+                             "thread contention swings step times far more than instrumentation does)")
     parser.add_argument("--json", help="write the numbers here too")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
 
     plain, doctored = [], []
     for r in range(args.rounds):

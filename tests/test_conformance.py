@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.registry import DOC_HEADINGS, all_checks
 from nndoctor.findings import Severity
+from nndoctor.registry import DOC_HEADINGS, all_checks
 from tests.conftest import buggy_fixtures, correct_programs, expected_lines, run_script
 
 ALL = all_checks()

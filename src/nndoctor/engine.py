@@ -18,7 +18,7 @@ from nndoctor.findings import Finding, InternalError, Report
 from nndoctor.registry import Check, enabled_checks
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
-DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "32"))
+DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "100"))
 _MAX_INTERNAL_ERRORS = 20
 
 

@@ -89,9 +89,8 @@ class _Exploding(Check):
 def test_a_failing_check_is_an_internal_error_not_a_crash():
     from nndoctor.runner import Target, run_target
 
-    session = Session(checks=[_Exploding])
-    report = run_target(Target(str(FIXTURES / "scripts" / "long_training.py"), []), Session(checks=[_Exploding], max_steps=20))
-    del session
+    report = run_target(Target(str(FIXTURES / "scripts" / "long_training.py"), []),
+                        Session(checks=[_Exploding], max_steps=20))
     assert report.status == "stopped" and report.steps == 20
     assert len(report.internal_errors) == 1  # disabled after its first failure
     assert "bug inside a check" in report.internal_errors[0].error
@@ -104,7 +103,7 @@ def test_watch_reports_and_reraises_the_users_exception():
 
     with pytest.raises(ZeroDivisionError):
         with nndoctor.watch() as report:
-            1 / 0
+            _ = 1 / 0
     assert report.status == "crashed"
     assert "ZeroDivisionError" in report.traceback
 

@@ -46,7 +46,7 @@ class StateDictKeyMismatch(CkptCheck):
     """
 
     code = "C201"
-    name = "state-dict-key-mismatch"
+    name = "checkpoint-key-mismatch"
     severity = Severity.ERROR
     summary = "checkpoint and model keys differ (missing / unexpected), with the mapping that fixes it"
     fix = "apply the proposed mapping with 'nndoctor ckpt fix IN -o OUT --model MODULE:CALLABLE', then load with strict=True"

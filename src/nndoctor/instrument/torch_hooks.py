@@ -315,7 +315,7 @@ class Installation:
 
         for owner in (torch.optim.Optimizer, torch.nn.Module):
             original = self.patcher.patch(owner, "zero_grad", None)
-            setattr(owner, "zero_grad", make(original))
+            owner.zero_grad = make(original)
 
     def _patch_backward(self) -> None:
         inst = self
@@ -465,7 +465,7 @@ class Installation:
         ]
         for cls in classes:
             original = self.patcher.patch(cls, "step", None)
-            setattr(cls, "step", _make_scheduler_wrapper(inst, original))
+            cls.step = _make_scheduler_wrapper(inst, original)
 
     def _patch_state_dict(self) -> None:
         inst = self
