@@ -38,7 +38,8 @@ class CrashExplanation(Check):
 
     @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:  # pragma: no cover - abstract
-        raise NotImplementedError
+        # Every registered explanation overrides this; reaching it is a programming error.
+        raise TypeError(f"{cls.__name__} must define build()")
 
     @classmethod
     def make(cls, crash: Crash, message: str, *, fix: str | None = None,
