@@ -64,7 +64,7 @@ class ModuleNotFoundShadowing(CrashExplanation):
     ## Why is this bad?
     The script's folder comes first on ``sys.path``. A helper named ``pdb.py``, ``random.py``,
     ``datasets.py`` or ``torch.py`` is imported instead of the real module, and the error
-    blames the import, not the file name (seed 002: "No Module Named XXX … 文件名和内置库的名字冲突了(比如pdb.py)").
+    blames the import, not the file name (seed 002: "No Module Named <name> … 文件名和内置库的名字冲突了(比如pdb.py)").
 
     ## Example
     ```text
