@@ -18,6 +18,7 @@ Steps (run on the device H100; nothing is left behind — everything lives in a 
     python benchmarks/perf_advice.py --phase main  --out $OUT                 # steps 1-4
     python benchmarks/perf_advice.py --phase final --advised-flags "..." --out $OUT   # 1, 5, 6
     python benchmarks/perf_advice.py --phase verify --advised-flags "..." --out $OUT  # 5 again, one process each
+    python benchmarks/perf_advice.py --phase overhead --advised-flags "..." --out $OUT  # 6 alone
 
 Every images/s number in this file's output comes from the same in-script timing: the
 device is synchronised after the warm-up steps and after the measured steps.
@@ -372,8 +373,9 @@ def phase_overhead(work: Path, out: Path, args: argparse.Namespace) -> dict:
     results: dict = {}
     for case, flags in cases.items():
         results[case] = {mode: [] for mode in modes}
-        for _ in range(args.overhead_repeats):
-            for mode, prefix in modes.items():
+        for repeat in range(args.overhead_repeats):
+            order = list(modes.items())
+            for mode, prefix in (order if repeat % 2 == 0 else order[::-1]):  # neither side always first
                 run = run_script(work, ["--warmup-steps", "5", "--steps", "60", *flags], nndoctor=prefix)
                 results[case][mode].append(run["images_per_s"])
         print("overhead", case, json.dumps(results[case]), flush=True)
@@ -382,7 +384,7 @@ def phase_overhead(work: Path, out: Path, args: argparse.Namespace) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=("main", "final", "verify"), required=True)
+    parser.add_argument("--phase", choices=("main", "final", "verify", "overhead"), required=True)
     parser.add_argument("--advised-flags", default="", help="final: the flags the main phase derived from the advice")
     parser.add_argument("--out", default=".")
     parser.add_argument("--also", default="", help="main: extra flag sets to measure after the advised one, ';'-separated")
@@ -402,6 +404,8 @@ def main() -> int:
             results = phase_main(work, out, args)
         elif args.phase == "verify":
             results = phase_verify(work, out, args)
+        elif args.phase == "overhead":
+            results = {"overhead": phase_overhead(work, out, args)}
         else:  # the sweep (with the advised row), standalone baseline/advised, then the overhead
             results = {"sweep": phase_sweep(work, out, args)}
             measure = ["--warmup-steps", "5", "--steps", str(args.steps)]

@@ -26,10 +26,12 @@ def test_parse_tries():
 
 def test_loader_grid_spans_workers_and_pinning():
     grid = loader_grid(16, True, {"num_workers": 0, "pin_memory": False})
-    assert sorted({g["num_workers"] for g in grid}) == [0, 2, 4, 8, 16]
+    assert sorted({g["num_workers"] for g in grid}) == [0, 2, 4, 8, 12, 16]
+    assert sorted({g["num_workers"] for g in loader_grid(8, True, {"num_workers": 0, "pin_memory": False})}) == [0, 2, 4, 6, 8]
     assert {g["pin_memory"] for g in grid} == {False, True}
     cpu_grid = loader_grid(2, False, {"num_workers": 3, "pin_memory": False})
     assert cpu_grid[0]["num_workers"] == 3  # the current setting is always measured
+    assert sorted({g["num_workers"] for g in cpu_grid}) == [0, 2, 3]
     assert all(not g["pin_memory"] for g in cpu_grid)
 
 
@@ -70,8 +72,26 @@ def test_time_loader_skips_prefetched_batches_and_copies_to_the_device():
     loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.arange(64)), batch_size=8)
     result = time_loader(loader, {"num_workers": 0, "pin_memory": False, "prefetch_factor": None},
                          seconds=0.2, max_batches=20, device="cpu")
-    # Epochs wrap inside one timing: 20 batches from an 8-batch dataset.
-    assert result["batches"] == 20 and result["samples_per_s"] > 0 and result["startup_s"] >= 0
+    # A short epoch is timed whole (one epoch boundary, as in training): 8 batches.
+    assert result["window"] == "one epoch" and result["batches"] == 8
+    assert result["samples_per_s"] > 0 and result["startup_s"] >= 0
+    # An epoch longer than the batch budget: time box, epochs would wrap.
+    result = time_loader(loader, {"num_workers": 0, "pin_memory": False, "prefetch_factor": None},
+                         seconds=0.2, max_batches=5, device="cpu")
+    assert result["window"] == "time box" and result["batches"] == 5
+
+
+def test_timing_window_takes_one_epoch_only_when_affordable():
+    from nndoctor.perf.trials import TimingWindow
+
+    short = TimingWindow(per_epoch=40, seconds=1.0, fallback=30, min_count=5)
+    assert not short.done(30, 0.8) and not short.done(39, 1.5)  # past the fallback, epoch affordable
+    assert short.done(40, 1.6) and short.kind == "one epoch"
+    long = TimingWindow(per_epoch=1000, seconds=1.0, fallback=30, min_count=5)
+    assert not long.done(20, 0.9)
+    assert long.done(25, 1.0) and long.kind == "time box"  # 40 s projected: gave up on the epoch
+    unknown = TimingWindow(per_epoch=None, seconds=1.0, fallback=30, min_count=5)
+    assert unknown.done(30, 0.1) and not unknown.done(4, 2.0) and unknown.done(5, 2.0)
 
 
 def test_summarize_loader_takes_the_measured_best_even_when_unpinned():
@@ -82,24 +102,27 @@ def test_summarize_loader_takes_the_measured_best_even_when_unpinned():
     assert summarize_loader(results, {"num_workers": 0, "pin_memory": False})["best"]["pin_memory"] is False
 
 
-def test_confirm_candidates_best_unpinned_best_pinned_next_and_current():
+def test_confirm_candidates_two_best_per_pinning_and_current():
     grid = [
         {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "samples_per_s": 300.0},
         {"num_workers": 0, "pin_memory": True, "prefetch_factor": None, "samples_per_s": 360.0},
         {"num_workers": 8, "pin_memory": False, "prefetch_factor": 2, "samples_per_s": 1500.0},
         {"num_workers": 8, "pin_memory": True, "prefetch_factor": 2, "samples_per_s": 1800.0},
+        {"num_workers": 12, "pin_memory": False, "prefetch_factor": 2, "samples_per_s": 2100.0},
+        {"num_workers": 12, "pin_memory": True, "prefetch_factor": 2, "samples_per_s": 1700.0},
         {"num_workers": 16, "pin_memory": False, "prefetch_factor": 2, "samples_per_s": 2360.0},
         {"num_workers": 16, "pin_memory": True, "prefetch_factor": 2, "samples_per_s": 1880.0},
         {"num_workers": 16, "pin_memory": False, "prefetch_factor": 4, "samples_per_s": 2400.0},
     ]
     chosen = confirm_candidates(grid, {"num_workers": 0, "pin_memory": False})
     keys = [(c["num_workers"], c["pin_memory"], c["prefetch_factor"]) for c in chosen]
-    # The current setting, the fastest prefetch of the best unpinned, the best pinned, the next one.
-    assert keys == [(0, False, None), (16, False, 4), (16, True, 2), (8, True, 2)]
+    # The current setting; the two best unpinned (16 with its fastest prefetch, then 12);
+    # the two best pinned (16, 8).
+    assert keys == [(0, False, None), (16, False, 4), (12, False, 2), (16, True, 2), (8, True, 2)]
     assert chosen[1]["loader_samples_per_s"] == 2400.0
     # The current setting is not timed twice when it is among the best.
     again = confirm_candidates(grid, {"num_workers": 16, "pin_memory": True})
-    assert [(c["num_workers"], c["pin_memory"]) for c in again] == [(16, False), (16, True), (8, True)]
+    assert [(c["num_workers"], c["pin_memory"]) for c in again] == [(16, False), (12, False), (16, True), (8, True)]
 
 
 def test_step_batch_matches_loader_tensors_to_the_captured_step_by_shape():

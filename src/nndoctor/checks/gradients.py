@@ -234,13 +234,32 @@ class VanishingGradients(Check):
 
 
 # -- O106 ----------------------------------------------------------------------------------------
+def update_ratios(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float | None]:
+    """‖Δw‖ / ‖w‖ for each (before, after) slice; None for an all-zero or non-finite slice.
+
+    The norms of every slice are stacked per device and copied to the host together: one
+    synchronisation per step instead of two per weight.
+    """
+    ratios: list[float | None] = [None] * len(pairs)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (before, _) in enumerate(pairs):
+        by_device.setdefault(before.device, []).append(i)
+    with torch.no_grad():
+        for indices in by_device.values():
+            norms = torch.stack([
+                torch.stack([torch.linalg.vector_norm(pairs[i][0].float()),
+                             torch.linalg.vector_norm(pairs[i][1].float() - pairs[i][0].float())])
+                for i in indices
+            ]).cpu().tolist()
+            for i, (scale, delta) in zip(indices, norms):
+                if scale != 0 and math.isfinite(scale):
+                    ratios[i] = delta / scale
+    return ratios
+
+
 def update_ratio(before: torch.Tensor, after: torch.Tensor) -> float | None:
     """‖Δw‖ / ‖w‖ over a slice of a weight tensor; None for an all-zero slice."""
-    with torch.no_grad():
-        scale = float(torch.linalg.vector_norm(before.float()))
-        if scale == 0 or not math.isfinite(scale):
-            return None
-        return float(torch.linalg.vector_norm(after.float() - before.float())) / scale
+    return update_ratios([(before, after)])[0]
 
 
 def update_scale_verdict(ratios: list[float], low: float, high: float,
@@ -322,13 +341,9 @@ class UpdateScale(Check):
         before = self._before.pop(id(event.optimizer), None)
         if not before:
             return
-        ratios = []
-        for ref, old in before:
-            p = ref()
-            if p is not None:
-                r = update_ratio(old, p.detach().reshape(-1)[: self.SLICE])
-                if r is not None:
-                    ratios.append(r)
+        pairs = [(old, p.detach().reshape(-1)[: self.SLICE]) for old, p in
+                 ((old, ref()) for ref, old in before) if p is not None]
+        ratios = [r for r in update_ratios(pairs) if r is not None] if pairs else []
         if ratios:
             self._ratios.setdefault(id(event.optimizer), deque(maxlen=16)).append(statistics.median(ratios))
 

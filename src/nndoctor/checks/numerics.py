@@ -101,14 +101,15 @@ class NonfiniteLoss(Check):
     - The loss is checked on **every** step. On CPU that is one ``.item()`` (about 2 µs);
       on CUDA the check is queued on the device and its answer copied to pinned host
       memory without waiting, then read a step or two later — no synchronisation.
-    - On **sampled** steps (the first 16, then every 32nd) every submodule's output gets
-      one reduction as it completes (its float sum: NaN and Inf propagate through it; no
-      mask as large as the activation is allocated). On CUDA the sums stay on the device
-      and are read in one copy only when the loss turns out non-finite; a module whose
-      input is the unchanged output of the previous module reuses that module's flag. A
-      NaN that appears on a sampled step is traced exactly: the first module, in
-      completion order, whose output was non-finite while its inputs and weights were
-      finite.
+    - During the **full-instrumentation window** (the first 16 steps, where most NaN bugs of
+      a new script show up: a ``log`` of 0 on the first batch, a bad initialisation, NaN in
+      the data) every submodule's output gets one reduction as it completes (its float sum:
+      NaN and Inf propagate through it; no mask as large as the activation is allocated).
+      On CUDA the sums stay on the device and are read in one copy only when the loss turns
+      out non-finite; a module whose input is the unchanged output of an earlier module
+      reuses that module's flag. A NaN that appears in the window is traced exactly: the
+      first module, in completion order, whose output was non-finite while its inputs and
+      weights were finite.
     - When the loss first turns non-finite on an **untraced** step, nndoctor arms global
       forward hooks for the next forward only (they are not registered at all otherwise,
       so untraced steps pay nothing) and traces that forward. If the weights are still
@@ -118,11 +119,12 @@ class NonfiniteLoss(Check):
       ``NNDOCTOR_FULL_WINDOW=<step+1>``, which makes the step fully instrumented.
     - With an enabled ``GradScaler`` an occasional Inf loss is a float16 overflow that the
       scaler skips: the finding waits for the third non-finite loss.
-    - Why not trace every step: tracing reads every activation once and costs Python
-      bookkeeping per module. Measured on ResNet-50 (batch 128, bf16, channels-last, H200,
-      one step 30 ms): a traced step costs about +14 ms, an untraced step nothing
-      measurable (30.2 vs 30.4 ms). On every step that would be +45%; on one step in 32
-      it is about 1.5%.
+    - Why not trace every step (or every sampled step): tracing reads every activation
+      once and costs Python bookkeeping per module. Measured on ResNet-50 (batch 128, bf16,
+      channels-last, H200, one step 29 ms): a traced step costs about +7 ms. After the
+      window, later sampled steps are left to the arm-on-failure path above, so a NaN that
+      comes from one batch and is gone by the next forward is reported with its step but
+      without a module; ``NNDOCTOR_FULL_WINDOW`` traces it.
 
     ## Why is this bad?
     Once the loss is NaN, every gradient and then every weight becomes NaN; training is
@@ -203,15 +205,19 @@ class NonfiniteLoss(Check):
             self._site_key, self._site = key, locate()
         return self._site
 
+    def _traces_sampled(self, step: int) -> bool:
+        """Sampled steps record every module inside the window, or once a trace is armed."""
+        return step < self.session.full_window or self._awaiting_trace
+
     def on_module_output(self, event: ModuleOutput) -> None:
-        if self._done or self._finding is not None:
+        if self._done or self._finding is not None or not self._traces_sampled(event.step):
             return
         self._record(event.step, event.qualname, event.module, event.inputs, event.output,
                      event.root, lambda: event.location)
 
     def _traced(self, qualname: str, module: Any, inputs: Any, output: Any, root: Any) -> None:
         session = self.session
-        if session.sampled and session.wants("module_output"):
+        if session.sampled and session.wants("module_output") and self._traces_sampled(session.step):
             return  # module_output events already record this step
         self._record(session.step, qualname, module, inputs, output, root, user_location)
 
@@ -254,7 +260,9 @@ class NonfiniteLoss(Check):
         tensor = event.tensor.detach()
         with torch.no_grad():
             flag = torch.isfinite(tensor).all()
-        if event.sampled or self._ring is None:
+        # Read at once where modules were recorded (the answer decides the trace); elsewhere
+        # through the pinned ring, without a synchronisation.
+        if (event.sampled and self._traces_sampled(event.step)) or self._ring is None:
             if self._ring is None and tensor.device.type == "cuda":
                 self._ring = FlagRing()  # allocated once, on a step that may synchronise
             return bool(flag)
@@ -443,9 +451,11 @@ class DeadRelu(Check):
     ## What it does
     On sampled training forwards, records for every ``nn.ReLU``/``nn.ReLU6`` layer which
     units (features of 2-D/3-D outputs, channels of 4-D/5-D outputs) were positive for at
-    least one sample. At the end of the run it reports layers where **at least 90%** of
-    the units were never active over the last sampled batches (at least 64 samples in 4
-    batches).
+    least one sample (the first 32 samples of each sampled batch: a live unit is positive
+    for about half of its inputs, so 32 samples × every position are plenty to see it, and
+    the reduction reads a quarter of a batch-128 activation instead of all of it). At the
+    end of the run it reports layers where **at least 90%** of the units were never active
+    over the last sampled batches (at least 64 samples in 4 batches).
 
     Known limits and false positives: functional ``F.relu`` calls are not modules and are
     not seen; for 3-D outputs the last axis is taken as the features (Linear on sequences),
@@ -485,6 +495,7 @@ class DeadRelu(Check):
     MIN_SAMPLES = 64
     MIN_BATCHES = 4
     WINDOW = 8
+    SAMPLES_PER_BATCH = 32
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -496,8 +507,11 @@ class DeadRelu(Check):
         if not isinstance(module, RELU_TYPES) or not module.training or not torch.is_grad_enabled():
             return
         out = first_tensor(event.output)
-        if out is None or not out.is_floating_point():
+        if out is None or not out.is_floating_point() or out.dim() < 2:
             return
+        # The first samples of the batch are enough to see a live unit (see the docs); the
+        # reduction then reads a fraction of the activation instead of all of it.
+        out = out[: self.SAMPLES_PER_BATCH]
         key = event.cache.get("nndoctor.relu_active")
         if key is None:
             key = event.cache["nndoctor.relu_active"] = active_units(out)

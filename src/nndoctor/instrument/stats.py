@@ -7,6 +7,8 @@ are pure functions of these numbers, so they can be unit-tested without a traini
 from __future__ import annotations
 
 import math
+import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +48,11 @@ class TensorStats:
         return f"{self.dtype.replace('torch.', '')}[{shape}] range [{self.min:.4g}, {self.max:.4g}] mean {self.mean:.4g} std {self.std:.4g}"
 
 
-def _nan_to_num_stats(flat: torch.Tensor) -> torch.Tensor:
+def _finite_only_stats(flat: torch.Tensor) -> torch.Tensor:
+    """min, max, mean, std, non-finite count, zero count over the finite entries only.
+
+    The slow path, for tensors that hold NaN/Inf (rare): masks and a float64 pass.
+    """
     finite_mask = torch.isfinite(flat)
     nonfinite = (~finite_mask).sum().to(torch.float64)
     clean = torch.where(finite_mask, flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
@@ -60,8 +66,40 @@ def _nan_to_num_stats(flat: torch.Tensor) -> torch.Tensor:
     return torch.stack([mn.to(torch.float64), mx.to(torch.float64), mean, var.sqrt(), nonfinite, zeros])
 
 
+def _plain_stats(flat: torch.Tensor) -> torch.Tensor:
+    """min, max, mean, std, 0, zero count, assuming every entry is finite.
+
+    Four passes over the data and no mask: ``aminmax`` and a Welford ``var_mean``. NaN and
+    ±Inf show up in the min or max, so a non-finite min/max tells the caller to redo the
+    tensor with ``_finite_only_stats``. (On a 128×3×224×224 batch this is a few passes
+    instead of the masked path's dozen, several of them float64.)
+    """
+    mn, mx = torch.aminmax(flat)
+    var, mean = torch.var_mean(flat, correction=0)
+    zeros = (flat == 0).sum()
+    zero = torch.zeros((), dtype=torch.float64, device=flat.device)
+    return torch.stack([mn.double(), mx.double(), mean.double(), var.sqrt().double(), zero, zeros.double()])
+
+
+def _channel_stats(x: torch.Tensor) -> list[torch.Tensor]:
+    """Per-channel means and standard deviations of a 4-D batch along dim 1 and the last dim."""
+    parts = []
+    for dims, channel in (((0, 2, 3), 1), ((0, 1, 2), 3)):
+        if x.numel() // x.shape[channel] > 1:
+            std, mean = torch.std_mean(x, dim=dims)
+        else:
+            mean = x.mean(dim=dims)
+            std = torch.zeros_like(mean)
+        parts += [mean.double(), std.double()]
+    return parts
+
+
 def summarize(tensor: torch.Tensor, channels: bool = True) -> TensorStats | None:
-    """Statistics of a tensor, or None for empty/complex/unsupported tensors."""
+    """Statistics of a tensor, or None for empty/complex/unsupported tensors.
+
+    One synchronisation for a finite tensor; a second one, on a masked slow path, only when
+    the tensor holds NaN or Inf.
+    """
     if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0 or tensor.is_complex():
         return None
     if tensor.is_sparse or tensor.is_nested or tensor.device.type == "meta":
@@ -71,7 +109,9 @@ def summarize(tensor: torch.Tensor, channels: bool = True) -> TensorStats | None
         floating = x.is_floating_point()
         flat = x.reshape(-1)
         if floating:
-            head = _nan_to_num_stats(flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat)
+            if flat.dtype in (torch.float16, torch.bfloat16):
+                flat = flat.float()
+            head = _plain_stats(flat)
         else:
             as_float = flat.to(torch.float64)
             head = torch.stack([
@@ -83,13 +123,11 @@ def summarize(tensor: torch.Tensor, channels: bool = True) -> TensorStats | None
         c1 = cl = None
         if channels and x.dim() == 4 and floating:
             xf = x.float()
-            c1 = xf.shape[1]
-            cl = xf.shape[-1]
-            parts += [xf.mean(dim=(0, 2, 3)).double(), xf.std(dim=(0, 2, 3)).double() if xf[:, 0].numel() > 1
-                      else torch.zeros(c1, dtype=torch.float64, device=x.device)]
-            parts += [xf.mean(dim=(0, 1, 2)).double(), xf.std(dim=(0, 1, 2)).double() if xf[..., 0].numel() > 1
-                      else torch.zeros(cl, dtype=torch.float64, device=x.device)]
+            c1, cl = xf.shape[1], xf.shape[-1]
+            parts += _channel_stats(xf)
         values = torch.cat([p.reshape(-1) for p in parts]).cpu().tolist()  # the one sync
+        if floating and not (math.isfinite(values[0]) and math.isfinite(values[1])):
+            values[:6] = _finite_only_stats(flat).cpu().tolist()  # NaN/Inf present: mask them
     mn, mx, mean, std, nonfinite, zeros = values[:6]
     rest = values[6:]
     kw: dict[str, Any] = {}
@@ -150,11 +188,51 @@ def describe_structure(value: Any, depth: int = 0) -> Any:
     return type(value).__name__
 
 
+class _RecentStats:
+    """The statistics of the last few tensors summarised, found again by identity.
+
+    A model's input is usually also its first layer's input, and several events (the layer's
+    output event, the model's forward event) ask for it: the second asker gets the same
+    numbers without another reduction and synchronisation. Entries hold weak references
+    only, and a tensor changed in place since (its version counter moved) is summarised anew.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self._entries: deque[tuple[weakref.ref, int, TensorStats | None]] = deque(maxlen=size)
+
+    def get(self, tensor: torch.Tensor) -> tuple[bool, TensorStats | None]:
+        version = _version(tensor)
+        for ref, seen_version, stats in self._entries:
+            if ref() is tensor and seen_version == version and version >= 0:
+                return True, stats
+        return False, None
+
+    def put(self, tensor: torch.Tensor, stats: TensorStats | None) -> None:
+        try:
+            self._entries.append((weakref.ref(tensor), _version(tensor), stats))
+        except TypeError:  # pragma: no cover - a tensor type without weak references
+            pass
+
+
+def _version(tensor: torch.Tensor) -> int:
+    try:
+        return int(tensor._version)
+    except (AttributeError, RuntimeError):  # inference tensors have no version counter
+        return -1
+
+
+_RECENT = _RecentStats()
+
+
 def cached_stats(event, key: str, tensor: torch.Tensor | None) -> TensorStats | None:
-    """``summarize`` once per event and key; every check asking again gets the same object."""
+    """``summarize`` once per tensor; every check (and event) asking again gets the same object."""
     if tensor is None:
         return None
     cache = event.cache
     if key not in cache:
-        cache[key] = summarize(tensor)
+        found, stats = _RECENT.get(tensor)
+        if not found:
+            stats = summarize(tensor)
+            _RECENT.put(tensor, stats)
+        cache[key] = stats
     return cache[key]

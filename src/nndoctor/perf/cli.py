@@ -33,8 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, all "
                              "(comma-separated or repeated)")
     parser.add_argument("--try-seconds", type=float, default=2.0, metavar="S",
-                        help="seconds of loading timed per --try loader setting, and at most per "
-                             "end-to-end timing of its best candidates (default 2)")
+                        help="seconds timed per --try loader setting and per end-to-end timing of its "
+                             "best candidates; a whole epoch is timed instead when it fits in 4×S "
+                             "(default 2)")
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
