@@ -40,3 +40,23 @@ def test_conv_net_facts_and_measured_trials():
         assert (code in codes) == bool(result.trials[name]["pays_off"])
         if code in codes:
             assert codes[code].severity == Severity.WARNING and codes[code].evidence["measured"]
+
+
+def test_try_compile_times_the_compiled_step_and_checks_its_loss():
+    config = PerfConfig(warmup=3, steps=10, tries=("compile",))
+    _, result = run_perf(Target(str(SCRIPTS / "small_convnet.py"), []), config)
+    trial = result.trials["compile"]
+    assert "error" not in trial, trial
+    assert trial["speedup"] > 0 and len(trial["times_s"]) == 5
+    assert trial["loss_ok"], trial  # the compiled step computes the same loss (within 1%)
+
+
+def test_try_loader_on_cuda_confirms_pinned_and_unpinned_workers_end_to_end():
+    config = PerfConfig(warmup=2, steps=6, tries=("loader",), try_seconds=0.5)
+    _, result = run_perf(Target(str(SCRIPTS / "cuda_loader.py"), []), config)
+    loader = result.trials["loader"]
+    assert loader["measure"] == "end-to-end", loader.get("confirm_error")
+    assert {c["pin_memory"] for c in loader["confirmed"]} == {False, True}
+    assert all(c["batches_from_loader"] == c["steps"] > 0 for c in loader["confirmed"])
+    # 24 ms of loading per batch in the main process: any worker count beats it.
+    assert loader["best"]["num_workers"] > 0 and loader["speedup"] > 1.5

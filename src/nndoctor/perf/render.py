@@ -57,7 +57,10 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
                              f"prefetch={str(r.get('prefetch_factor')):<4} {rate:>10} samples/s  "
                              f"startup {r.get('startup_s') or 0:.2f} s{mark}")
             if loader.get("confirmed"):
-                lines.append("  end to end (loading, copy to the device, training step on a copy of the model):")
+                variant = loader.get("step_variant") or "baseline"
+                step = "as you run it" if variant == "baseline" else f"with {variant.replace('+', ' + ')}"
+                lines.append(f"  end to end (loading, copy to the device, training step on a copy of the model, "
+                             f"{step}):")
                 for r in loader["confirmed"]:
                     rate = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "-"
                     mark = "  ← best" if loader.get("best") is r or loader.get("best") == r else ""

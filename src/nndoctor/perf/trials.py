@@ -526,7 +526,9 @@ class StepRunner:
         self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()))
         self.forward = self.model
         if "compile" in self.parts:
-            self.forward = torch.compile(self.model)
+            # In place on our copy: an OptimizedModule wrapper would make the engine's global
+            # module hooks fire twice per call (torch warns about it).
+            self.model.compile()
 
     @contextlib.contextmanager
     def context(self):
