@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -135,3 +136,28 @@ def test_json_report_schema():
                             "evidence", "fix"}
     assert finding["location"]["path"].endswith("M101_no_eval_in_validation.py")
     assert finding["severity"] == "error" and finding["name"] == "eval-in-train-mode"
+
+
+def test_torch_warnings_raised_through_our_wrappers_point_at_the_users_line(tmp_path):
+    import warnings
+
+    script = tmp_path / "sched_first.py"
+    script.write_text(
+        "import torch, torch.nn as nn\n"
+        "model = nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, 1)\n"
+        "for step in range(2):\n"
+        "    sched.step()\n"  # line 6: torch warns at the caller of step()
+        "    loss = nn.functional.mse_loss(model(torch.randn(4, 2)), torch.randn(4))\n"  # line 7
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = warnings.showwarning
+        run_script(script)
+        after = warnings.showwarning
+    located = {(Path(w.filename).name, w.lineno) for w in caught if issubclass(w.category, UserWarning)}
+    assert ("sched_first.py", 6) in located and ("sched_first.py", 7) in located
+    assert not [w for w in caught if "nndoctor" in w.filename]
+    assert after is before  # the relay is gone with the session

@@ -18,6 +18,7 @@ FEATURE_MODULES = (
     "nndoctor.instrument.numerics_probe",  # gradients, activations, seeds (O/N/B/R checks)
     "nndoctor.explain.instrument",  # crash context: failing batch indices (E checks)
     "nndoctor.perf.instrument",  # step-time breakdown (P checks)
+    "nndoctor.instrument.warning_relay",  # torch's warnings shown at the user's line, not ours
 )
 
 

@@ -1,0 +1,70 @@
+"""Warnings that torch raises through our wrappers, shown at the line that called the wrapper.
+
+torch warns with ``stacklevel=2`` — "at the caller of ``scheduler.step()``" or "of
+``F.mse_loss``". With nndoctor's wrapper in between, that caller is the wrapper, so the user
+would read ``nndoctor/instrument/torch_hooks.py:585: UserWarning: Detected call of
+`lr_scheduler.step()` before `optimizer.step()`` and blame nndoctor. This module replaces
+``warnings.showwarning`` while a session is installed: a warning whose location is inside
+nndoctor is moved to the first frame outside nndoctor above the wrapper, exactly where the
+warning would have pointed without the wrapper.
+
+Only the displayed location changes. Filters, ``-W error`` and the once-per-location
+registry work as before (they run before ``showwarning``), no filter is touched (touching
+``warnings.filters`` makes every module forget which warnings it already showed), and a
+``showwarning`` that the user or a library installs later wins.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any
+
+from nndoctor.instrument.location import _DEMO_DIR, _NNDOCTOR_DIR
+
+_OWN = os.path.realpath(_NNDOCTOR_DIR) + os.sep
+
+
+def _is_own(filename: str) -> bool:
+    path = os.path.realpath(filename)
+    return path.startswith(_OWN) and not path.startswith(os.path.realpath(_DEMO_DIR))
+
+
+def caller_past_wrappers(filename: str, lineno: int, frame: Any) -> tuple[str, int] | None:
+    """Where a warning located at our ``filename:lineno`` would point without our frames.
+
+    Walks out from ``frame`` to the wrapper frame at that line, then past every nndoctor
+    frame; None when the warning is not ours or the frame is not on the stack.
+    """
+    if not _is_own(filename):
+        return None
+    while frame is not None and not (frame.f_code.co_filename == filename and frame.f_lineno == lineno):
+        frame = frame.f_back
+    while frame is not None and _is_own(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def install(installation: Any) -> None:
+    previous = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        try:
+            moved = caller_past_wrappers(filename, lineno, sys._getframe(1))
+        except Exception:  # noqa: BLE001 - observer rule: show the warning as it was
+            moved = None
+        if moved is not None:
+            filename, lineno = moved
+            line = None  # read from the new location
+        return previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+
+    def restore() -> None:
+        if warnings.showwarning is showwarning:  # not if someone replaced it since
+            warnings.showwarning = previous
+
+    installation.patcher.on_undo(restore)
