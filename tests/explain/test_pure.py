@@ -10,6 +10,8 @@ from nndoctor.explain.autograd import truth_value_use
 from nndoctor.explain.devices import (
     devices_in_message,
     dtype_advice,
+    memory_accounting,
+    memory_breakdown,
     memory_diagnosis,
     memory_facts,
 )
@@ -98,6 +100,36 @@ def test_memory_diagnosis_from_allocator_numbers():
     assert any("other processes hold about 12.5 GiB" in n for n in notes)
     assert any("expandable_segments" in n for n in notes)
     assert any("exceeds the free memory" in n for n in notes)
+
+
+def test_memory_accounting_counts_parameters_gradients_and_optimizer_state_once():
+    import torch
+    import torch.nn as nn
+
+    model = nn.Linear(256, 256)  # 65,792 float32 parameters = 263,168 bytes
+    head = nn.Linear(256, 1)
+    head.weight = model.weight  # shared (an odd model, but counted once)
+    opt = torch.optim.Adam(list(model.parameters()) + [head.bias], lr=1e-3)
+    nn.functional.mse_loss(head(model(torch.randn(4, 256))), torch.randn(4, 1)).backward()
+    opt.step()
+    acc = memory_accounting([model, head], [opt], device_type="cpu")
+    params = (256 * 256 + 256 + 1) * 4
+    assert acc["parameters"] == params and acc["gradients"] == params
+    # Adam: exp_avg and exp_avg_sq per parameter (+ a scalar step per parameter).
+    assert 2 * params <= acc["optimizer_state"] <= 2 * params + 3 * 8
+    assert acc["optimizers"] == ["Adam"]
+    assert memory_accounting([model], [opt], device_type="cuda")["parameters"] == 0
+
+
+def test_memory_breakdown_names_the_lever():
+    gib = 2**30
+    activations = memory_breakdown({"allocated": 70 * gib, "parameters": gib, "gradients": gib,
+                                    "optimizer_state": 2 * gib, "optimizers": ["Adam"]})
+    assert "the other 66.00 GiB are activations" in activations and "the batch" in activations
+    model_bound = memory_breakdown({"allocated": 40 * gib, "parameters": 10 * gib, "gradients": 10 * gib,
+                                    "optimizer_state": 18 * gib, "optimizers": ["AdamW"]})
+    assert "AdamW state 18.00 GiB" in model_bound and "model's own state is the bulk" in model_bound
+    assert memory_breakdown({"allocated": 0, "parameters": 1, "gradients": 0, "optimizer_state": 0}) is None
 
 
 def test_devices_and_dtype_advice():

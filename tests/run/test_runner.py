@@ -106,3 +106,14 @@ def test_select_and_ignore_filter_checks():
     assert run_script(path, select=["M104"]).codes() == {"M104"}
     assert "M104" not in run_script(path, ignore=["M104"]).codes()
     assert run_script(path, select=["O"]).codes() == set()
+
+
+def test_terminal_shows_the_head_of_an_internal_error():
+    from nndoctor.report.terminal import _first_sentence
+
+    oom = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity "
+           "of 139.80 GiB of which 867.12 MiB is free.\nIf reserved but unallocated memory is large ...")
+    assert _first_sentence(oom) == "OutOfMemoryError: CUDA out of memory."
+    assert _first_sentence("KeyError: 'x'") == "KeyError: 'x'"
+    long = _first_sentence("ValueError: " + "a" * 300)
+    assert len(long) == 160 and long.endswith("…")

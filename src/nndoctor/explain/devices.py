@@ -335,6 +335,75 @@ def memory_diagnosis(facts: dict[str, str]) -> list[str]:
     return notes
 
 
+def _tensor_bytes(tensor: Any) -> int:
+    return int(tensor.numel()) * int(tensor.element_size())
+
+
+def memory_accounting(models: list[Any], optimizers: list[Any], device_type: str = "cuda") -> dict[str, Any]:
+    """Bytes of the trained models' parameters and gradients and of the optimizers' state on
+    ``device_type`` — sizes only (numel × element size): no allocation, no synchronisation,
+    safe right after an out-of-memory error. Shared tensors are counted once."""
+    seen: set[int] = set()
+
+    def count(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if t is None or getattr(t, "device", None) is None or t.device.type != device_type or id(t) in seen:
+                continue
+            seen.add(id(t))
+            total += _tensor_bytes(t)
+        return total
+
+    params = [p for m in models for p in m.parameters()]
+    accounting: dict[str, Any] = {"parameters": count(params), "gradients": count(p.grad for p in params)}
+    state_bytes, kinds = 0, []
+    for opt in optimizers:
+        kinds.append(type(opt).__name__)
+        state_bytes += count(v for per_param in opt.state.values() if isinstance(per_param, dict)
+                             for v in per_param.values() if hasattr(v, "numel"))
+    accounting["optimizer_state"] = state_bytes
+    accounting["optimizers"] = sorted(set(kinds))
+    return accounting
+
+
+def _live_memory_accounting(crash: Crash) -> dict[str, Any] | None:
+    """What the crashed run's models and optimizers hold on the GPU, and what the allocator had."""
+    session = crash.session
+    if session is None:
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        models = session.state.trained_roots() or list(session.state.roots)
+        accounting = memory_accounting(models, list(session.state.optimizers))
+        accounting["allocated"] = int(torch.cuda.memory_allocated())
+        return accounting
+    except Exception:  # noqa: BLE001 - evidence is optional; the explanation stands without it
+        return None
+
+
+def memory_breakdown(accounting: dict[str, Any]) -> str | None:
+    """The allocated memory split into model state and the rest, as a sentence (pure)."""
+    allocated = accounting.get("allocated") or 0
+    state = accounting["parameters"] + accounting["gradients"] + accounting["optimizer_state"]
+    if allocated <= 0 or state <= 0:
+        return None
+    rest = max(0, allocated - state)
+    optimizers = "/".join(accounting.get("optimizers") or []) or "optimizer"
+    sentence = (f"of the {_gib(allocated)} this process had allocated, parameters take "
+                f"{_gib(accounting['parameters'])}, gradients {_gib(accounting['gradients'])}, "
+                f"{optimizers} state {_gib(accounting['optimizer_state'])}; the other {_gib(rest)} are "
+                "activations, batches and other tensors")
+    if rest >= 0.5 * allocated:
+        sentence += " — the batch and what the forward keeps for backward are the lever"
+    else:
+        sentence += (" — the model's own state is the bulk: a smaller model, mixed-precision weights, "
+                     "an optimizer with less state, or sharding")
+    return sentence
+
+
 def _gib(value: float) -> str:
     return f"{value / 2**30:.2f} GiB"
 
@@ -346,7 +415,10 @@ class OutOfMemory(CrashExplanation):
     Explains "CUDA out of memory": reads the allocator's numbers (requested, total, free,
     used by this process, reserved but unallocated), says whether other processes hold the
     GPU, whether one allocation is larger than the card, or whether fragmentation is to
-    blame, and names the module and input shapes at the moment of the crash.
+    blame, and names the module and input shapes at the moment of the crash. In a live run
+    it also splits the memory the process had allocated into the trained models' parameters,
+    their gradients, the optimizers' state and the rest (activations, batches, other
+    tensors), so it is clear whether the batch or the model is the lever.
 
     ## Why is this bad?
     The usual causes are a batch too large for the card, an evaluation loop without
@@ -389,6 +461,12 @@ class OutOfMemory(CrashExplanation):
         numbers = memory_facts(crash.message)
         notes = memory_diagnosis(numbers)
         evidence: dict[str, Any] = dict(numbers)
+        accounting = _live_memory_accounting(crash)
+        if accounting is not None:
+            evidence["memory_accounting"] = accounting
+            breakdown = memory_breakdown(accounting)
+            if breakdown:
+                notes.append(breakdown)
         inputs = context_inputs(crash)
         if inputs:
             evidence["inputs"] = inputs
@@ -400,7 +478,7 @@ class OutOfMemory(CrashExplanation):
         if "total" in numbers:
             message += f" Card: {numbers['total']}, free: {numbers.get('free', '?')}, this process: {numbers.get('process_in_use', '?')}."
         if notes:
-            message += " " + "; ".join(n[0].upper() + n[1:] for n in notes) + "."
+            message += " " + " ".join(n[0].upper() + n[1:] + "." for n in notes)
         fix = cls.fix
         if any("other processes" in n for n in notes):
             fix = "free the GPU (nvidia-smi shows who holds it) or pick another with CUDA_VISIBLE_DEVICES; " + fix

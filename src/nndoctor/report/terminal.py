@@ -87,11 +87,21 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     if report.internal_errors:
         tail += f" · {len(report.internal_errors)} internal error(s) in nndoctor (see JSON)"
         for err in report.internal_errors[:3]:
-            console.print(Text(f"internal error in {err.where}: {err.error}", style="magenta"))
+            console.print(Text(f"internal error in {err.where}: {_first_sentence(err.error)}", style="magenta"))
     if json_path:
         tail += f" · JSON: {json_path}"
     console.print(Text(tail, style="bold"))
     console.print(Text("Details: nndoctor checks CODE", style="dim"))
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
+    """The head of an internal error for the terminal (the JSON keeps it whole): a CUDA
+    out-of-memory message alone is ten lines of allocator advice meant for the user's code."""
+    head = text.strip().splitlines()[0] if text.strip() else text
+    cut = head.find(". ")
+    if 0 < cut < limit:
+        head = head[: cut + 1]
+    return head if len(head) <= limit else head[: limit - 1] + "…"
 
 
 def make_console(file: IO[str] | None = None, width: int | None = None) -> Console:
