@@ -161,3 +161,41 @@ def test_torch_warnings_raised_through_our_wrappers_point_at_the_users_line(tmp_
     assert ("sched_first.py", 6) in located and ("sched_first.py", 7) in located
     assert not [w for w in caught if "nndoctor" in w.filename]
     assert after is before  # the relay is gone with the session
+
+
+def test_p108_names_the_running_sum_inside_a_function_and_its_line(tmp_path):
+    script = tmp_path / "ema_loss.py"
+    script.write_text(
+        "import torch, torch.nn as nn\n"
+        "def train():\n"
+        "    model = nn.Linear(4, 2)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))\n"
+        "    smooth = None\n"
+        "    for step in range(8):\n"
+        "        loss = nn.functional.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
+        "        smooth = loss if smooth is None else 0.9 * smooth + 0.1 * loss\n"  # line 10
+        "train()\n"
+    )
+    report = run_script(script, select=["P108"])
+    (finding,) = report.by_code("P108")
+    assert finding.evidence["kept"] == "graphs" and finding.evidence["holder"] == "smooth"
+    assert finding.location.line == 10 and "`smooth += loss`" in finding.message
+
+
+def test_p108_graph_tokens_leave_no_trace_on_a_correct_loop(tmp_path):
+    script = tmp_path / "item_sum.py"
+    script.write_text(
+        "import torch, torch.nn as nn\n"
+        "model = nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))\n"
+        "running = 0.0\n"
+        "for step in range(8):\n"
+        "    loss = nn.functional.cross_entropy(model(x), y)\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    running += loss.item()\n"
+    )
+    report = run_script(script, select=["P108"])
+    assert not report.by_code("P108") and not report.internal_errors
