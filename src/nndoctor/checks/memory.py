@@ -20,6 +20,11 @@ class _GraphToken:
 
 
 _TOKEN_KEY = "nndoctor.retained_graph"
+
+
+def _dead_ref() -> None:
+    """Stands for the token's weak reference when a node could not hold one."""
+    return None
 _GRAPH_WALK_LIMIT = 4096  # nodes visited per candidate variable when naming the holder
 
 
@@ -140,8 +145,12 @@ class RetainedLossGraph(Check):
         if len(self._losses) < self.MAX_TRACKED:
             token = _GraphToken()
             node = out.grad_fn
-            node.metadata[_TOKEN_KEY] = token
-            self._losses.append((event.step, weakref.ref(out), weakref.ref(token), id(node), event.location))
+            try:
+                node.metadata[_TOKEN_KEY] = token
+                token_ref = weakref.ref(token)
+            except (AttributeError, RuntimeError, TypeError):  # a node type without metadata
+                token_ref = _dead_ref
+            self._losses.append((event.step, weakref.ref(out), token_ref, id(node), event.location))
 
     def on_step_end(self, event: StepEnd) -> None:
         if self._reported or not self._losses:
