@@ -107,13 +107,13 @@ def test_memory_accounting_counts_parameters_gradients_and_optimizer_state_once(
     import torch.nn as nn
 
     model = nn.Linear(256, 256)  # 65,792 float32 parameters = 263,168 bytes
-    head = nn.Linear(256, 1)
-    head.weight = model.weight  # shared (an odd model, but counted once)
+    head = nn.Linear(256, 256)
+    head.weight = model.weight  # tied weights: counted once
     opt = torch.optim.Adam(list(model.parameters()) + [head.bias], lr=1e-3)
-    nn.functional.mse_loss(head(model(torch.randn(4, 256))), torch.randn(4, 1)).backward()
+    nn.functional.mse_loss(head(model(torch.randn(4, 256))), torch.randn(4, 256)).backward()
     opt.step()
     acc = memory_accounting([model, head], [opt], device_type="cpu")
-    params = (256 * 256 + 256 + 1) * 4
+    params = (256 * 256 + 256 + 256) * 4
     assert acc["parameters"] == params and acc["gradients"] == params
     # Adam: exp_avg and exp_avg_sq per parameter (+ a scalar step per parameter).
     assert 2 * params <= acc["optimizer_state"] <= 2 * params + 3 * 8

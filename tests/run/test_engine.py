@@ -199,3 +199,30 @@ def test_p108_graph_tokens_leave_no_trace_on_a_correct_loop(tmp_path):
     )
     report = run_script(script, select=["P108"])
     assert not report.by_code("P108") and not report.internal_errors
+
+
+def test_p108_naming_the_holder_keeps_no_local_of_the_users_alive(tmp_path):
+    out = tmp_path / "alive.txt"
+    script = tmp_path / "loop_in_function.py"
+    script.write_text(
+        "import gc, weakref, torch, torch.nn as nn\n"
+        "BATCHES = []\n"
+        "def train():\n"
+        "    model = nn.Linear(4, 2)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    running = 0.0\n"
+        "    for step in range(8):\n"
+        "        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))\n"
+        "        BATCHES.append(weakref.ref(x))\n"
+        "        loss = nn.functional.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
+        "        running += loss\n"
+        "    running = x = y = loss = None\n"
+        "    gc.collect()\n"
+        f"    open({str(out)!r}, 'w').write(repr([i for i, r in enumerate(BATCHES) if r() is not None]))\n"
+        "train()\n"
+    )
+    report = run_script(script, select=["P108"])
+    assert report.by_code("P108")[0].evidence["holder"] == "running"
+    # Every batch is gone once the function dropped it, as without nndoctor.
+    assert out.read_text() == "[]"

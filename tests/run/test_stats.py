@@ -76,3 +76,28 @@ def test_the_reuse_cache_holds_no_tensor_alive():
     del x
     gc.collect()
     assert ref() is None
+
+
+class _StepEvent(_Event):
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+
+def test_a_buffer_refilled_through_numpy_is_summarised_again_next_step():
+    import numpy as np
+
+    buffer = np.zeros((4, 3), dtype=np.float32)
+    tensor = torch.from_numpy(buffer)
+    assert cached_stats(_StepEvent(1), "input0", tensor).max == 0
+    buffer[:] = 7  # the version counter does not see writes through numpy
+    assert cached_stats(_StepEvent(2), "input0", tensor).max == 7
+
+
+def test_huge_float32_values_keep_finite_moments():
+    x = torch.tensor([3e38, -3e38, 1.0, 2.0], dtype=torch.float32)
+    s = summarize(x)
+    ref = x.double()
+    assert s.nonfinite == 0 and math.isfinite(s.std)
+    assert s.std == pytest.approx(ref.std(unbiased=False).item(), rel=1e-6)
+    assert s.mean == pytest.approx(ref.mean().item(), abs=1e25)

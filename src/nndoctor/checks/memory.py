@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -185,8 +186,18 @@ class RetainedLossGraph(Check):
         node_ids = {entry[3] for entry in graphs}
         holder = line = None
         if frame is not None:
-            namespaces = [frame.f_locals] + ([frame.f_globals] if frame.f_globals is not frame.f_locals else [])
-            holder = graph_holder(namespaces, node_ids)
+            local_vars = frame.f_locals
+            function_frame = local_vars is not frame.f_globals
+            try:
+                holder = graph_holder([local_vars] + ([frame.f_globals] if function_frame else []), node_ids)
+            finally:
+                if function_frame and sys.version_info < (3, 13):
+                    # Before 3.13, f_locals of a function frame is a snapshot dict stored on
+                    # the frame, holding every local until the function returns: empty it so
+                    # nothing of the user's stays alive through us. (Tracers and locals()
+                    # refresh it from the frame before reading it.)
+                    local_vars.clear()
+                del local_vars
             if holder is not None:
                 line = accumulation_line(frame, holder)
         location = graphs[0][4]

@@ -339,16 +339,22 @@ def _tensor_bytes(tensor: Any) -> int:
     return int(tensor.numel()) * int(tensor.element_size())
 
 
-def memory_accounting(models: list[Any], optimizers: list[Any], device_type: str = "cuda") -> dict[str, Any]:
+def memory_accounting(models: list[Any], optimizers: list[Any], device_type: str = "cuda",
+                      index: int | None = None) -> dict[str, Any]:
     """Bytes of the trained models' parameters and gradients and of the optimizers' state on
-    ``device_type`` — sizes only (numel × element size): no allocation, no synchronisation,
-    safe right after an out-of-memory error. Shared tensors are counted once."""
+    ``device_type`` (device ``index`` only, when given) — sizes only (numel × element size):
+    no allocation, no synchronisation, safe right after an out-of-memory error. Shared
+    tensors are counted once."""
     seen: set[int] = set()
+
+    def on_device(t: Any) -> bool:
+        device = getattr(t, "device", None)
+        return device is not None and device.type == device_type and (index is None or device.index == index)
 
     def count(tensors) -> int:
         total = 0
         for t in tensors:
-            if t is None or getattr(t, "device", None) is None or t.device.type != device_type or id(t) in seen:
+            if t is None or not on_device(t) or id(t) in seen:
                 continue
             seen.add(id(t))
             total += _tensor_bytes(t)
@@ -376,9 +382,14 @@ def _live_memory_accounting(crash: Crash) -> dict[str, Any] | None:
 
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return None
+        # The GPU that ran out: named in the message ("GPU 1 has a total capacity ..."), else
+        # the current one; parameters on other GPUs are not in its allocator's numbers.
+        match = re.search(r"\bGPU (\d+)\b", crash.message)
+        index = int(match.group(1)) if match else torch.cuda.current_device()
         models = session.state.trained_roots() or list(session.state.roots)
-        accounting = memory_accounting(models, list(session.state.optimizers))
-        accounting["allocated"] = int(torch.cuda.memory_allocated())
+        accounting = memory_accounting(models, list(session.state.optimizers), index=index)
+        accounting["allocated"] = int(torch.cuda.memory_allocated(index))
+        accounting["device_index"] = index
         return accounting
     except Exception:  # noqa: BLE001 - evidence is optional; the explanation stands without it
         return None

@@ -81,6 +81,10 @@ def _plain_stats(flat: torch.Tensor) -> torch.Tensor:
     return torch.stack([mn.double(), mx.double(), mean.double(), var.sqrt().double(), zero, zeros.double()])
 
 
+# Beyond this magnitude a float32 variance (squares up to 1e38) loses range: redo in float64.
+_HUGE = 1e18
+
+
 def _channel_stats(x: torch.Tensor) -> list[torch.Tensor]:
     """Per-channel means and standard deviations of a 4-D batch along dim 1 and the last dim."""
     parts = []
@@ -128,6 +132,8 @@ def summarize(tensor: torch.Tensor, channels: bool = True) -> TensorStats | None
         values = torch.cat([p.reshape(-1) for p in parts]).cpu().tolist()  # the one sync
         if floating and not (math.isfinite(values[0]) and math.isfinite(values[1])):
             values[:6] = _finite_only_stats(flat).cpu().tolist()  # NaN/Inf present: mask them
+        elif floating and flat.dtype != torch.float64 and max(abs(values[0]), abs(values[1])) > _HUGE:
+            values[:6] = _plain_stats(flat.double()).cpu().tolist()  # squares would overflow float32
     mn, mx, mean, std, nonfinite, zeros = values[:6]
     rest = values[6:]
     kw: dict[str, Any] = {}
@@ -194,22 +200,30 @@ class _RecentStats:
     A model's input is usually also its first layer's input, and several events (the layer's
     output event, the model's forward event) ask for it: the second asker gets the same
     numbers without another reduction and synchronisation. Entries hold weak references
-    only, and a tensor changed in place since (its version counter moved) is summarised anew.
+    only and are reused within one step only, for the same storage and version counter:
+    some writes do not move the version counter (through numpy on a ``from_numpy`` buffer,
+    through ``.data``), so a buffer refilled every step is summarised every step.
     """
 
     def __init__(self, size: int = 8) -> None:
-        self._entries: deque[tuple[weakref.ref, int, TensorStats | None]] = deque(maxlen=size)
+        self._entries: deque[tuple[weakref.ref, tuple, TensorStats | None]] = deque(maxlen=size)
 
-    def get(self, tensor: torch.Tensor) -> tuple[bool, TensorStats | None]:
-        version = _version(tensor)
-        for ref, seen_version, stats in self._entries:
-            if ref() is tensor and seen_version == version and version >= 0:
+    @staticmethod
+    def _key(tensor: torch.Tensor, step: Any) -> tuple:
+        return (step, _version(tensor), tensor.data_ptr() if tensor.layout == torch.strided else -1)
+
+    def get(self, tensor: torch.Tensor, step: Any) -> tuple[bool, TensorStats | None]:
+        key = self._key(tensor, step)
+        if key[1] < 0:
+            return False, None
+        for ref, seen_key, stats in tuple(self._entries):  # a tuple: hooks may run in threads
+            if ref() is tensor and seen_key == key:
                 return True, stats
         return False, None
 
-    def put(self, tensor: torch.Tensor, stats: TensorStats | None) -> None:
+    def put(self, tensor: torch.Tensor, step: Any, stats: TensorStats | None) -> None:
         try:
-            self._entries.append((weakref.ref(tensor), _version(tensor), stats))
+            self._entries.append((weakref.ref(tensor), self._key(tensor, step), stats))
         except TypeError:  # pragma: no cover - a tensor type without weak references
             pass
 
@@ -230,9 +244,10 @@ def cached_stats(event, key: str, tensor: torch.Tensor | None) -> TensorStats | 
         return None
     cache = event.cache
     if key not in cache:
-        found, stats = _RECENT.get(tensor)
+        step = getattr(event, "step", None)
+        found, stats = _RECENT.get(tensor, step)
         if not found:
             stats = summarize(tensor)
-            _RECENT.put(tensor, stats)
+            _RECENT.put(tensor, step, stats)
         cache[key] = stats
     return cache[key]

@@ -3,15 +3,16 @@
 torch warns with ``stacklevel=2`` — "at the caller of ``scheduler.step()``" or "of
 ``F.mse_loss``". With nndoctor's wrapper in between, that caller is the wrapper, so the user
 would read ``nndoctor/instrument/torch_hooks.py:585: UserWarning: Detected call of
-`lr_scheduler.step()` before `optimizer.step()`` and blame nndoctor. This module replaces
-``warnings.showwarning`` while a session is installed: a warning whose location is inside
-nndoctor is moved to the first frame outside nndoctor above the wrapper, exactly where the
-warning would have pointed without the wrapper.
+`lr_scheduler.step()` before `optimizer.step()`` and blame nndoctor. While a session is
+installed, a warning whose location is inside nndoctor is shown at the first frame outside
+nndoctor above the wrapper, exactly where the warning would have pointed without it.
 
-Only the displayed location changes. Filters, ``-W error`` and the once-per-location
-registry work as before (they run before ``showwarning``), no filter is touched (touching
-``warnings.filters`` makes every module forget which warnings it already showed), and a
-``showwarning`` that the user or a library installs later wins.
+Only the displayed location changes. Filters and ``-W error`` work as before (they run
+before the warning is shown) and no filter is touched (touching ``warnings.filters`` makes
+every module forget which warnings it already showed). One difference remains, as before
+this module: the "once per location" registry still sees the wrapper's line, so under the
+default filter an identical warning from a second user line that calls the same wrapper is
+not shown again.
 """
 
 from __future__ import annotations
@@ -49,22 +50,28 @@ def caller_past_wrappers(filename: str, lineno: int, frame: Any) -> tuple[str, i
 
 
 def install(installation: Any) -> None:
-    previous = warnings.showwarning
+    # ``warnings._showwarnmsg`` is the one function both the C and the Python implementation
+    # of ``warn`` call with the whole WarningMessage (3.6+): relaying there keeps ``source``
+    # (the tracemalloc traceback of a ResourceWarning) and leaves ``warnings.showwarning``,
+    # which users and libraries replace, alone.
+    previous = getattr(warnings, "_showwarnmsg", None)
+    if previous is None:  # pragma: no cover - another Python implementation
+        return
 
-    def showwarning(message, category, filename, lineno, file=None, line=None):
+    def _showwarnmsg(msg):
         try:
-            moved = caller_past_wrappers(filename, lineno, sys._getframe(1))
+            moved = caller_past_wrappers(msg.filename, msg.lineno, sys._getframe(1))
         except Exception:  # noqa: BLE001 - observer rule: show the warning as it was
             moved = None
         if moved is not None:
-            filename, lineno = moved
-            line = None  # read from the new location
-        return previous(message, category, filename, lineno, file, line)
+            msg.filename, msg.lineno = moved
+            msg.line = None  # read from the new location
+        return previous(msg)
 
-    warnings.showwarning = showwarning
+    warnings._showwarnmsg = _showwarnmsg
 
     def restore() -> None:
-        if warnings.showwarning is showwarning:  # not if someone replaced it since
-            warnings.showwarning = previous
+        if warnings._showwarnmsg is _showwarnmsg:  # not if someone replaced it since
+            warnings._showwarnmsg = previous
 
     installation.patcher.on_undo(restore)
