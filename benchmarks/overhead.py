@@ -104,27 +104,41 @@ def run_round(args, device, doctored: bool) -> float:
     return per_step
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, batch and device options (shared with sampled_step_cost.py)."""
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="smallcnn", choices=["smallcnn", "resnet18", "resnet50"])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
     parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=100,
-                        help="timed steady-state steps per round (at least one sampling period, so "
-                             "the sampled steps are in the average)")
     parser.add_argument("--warmup", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads for torch (1 by default: with 2 threads on a 2-core machine, "
                              "thread contention swings step times far more than instrumentation does)")
-    parser.add_argument("--json", help="write the numbers here too")
-    args = parser.parse_args()
+
+
+def setup_device(args: argparse.Namespace) -> torch.device:
     device = torch.device(args.device)
     if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
+    return device
+
+
+def card_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_setup_arguments(parser)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=100,
+                        help="timed steady-state steps per round (at least one sampling period, so "
+                             "the sampled steps are in the average)")
+    parser.add_argument("--json", help="write the numbers here too")
+    args = parser.parse_args()
+    device = setup_device(args)
 
     plain, doctored = [], []
     for r in range(args.rounds):
@@ -136,7 +150,7 @@ def main() -> None:
               flush=True)
     ratio = statistics.median(doctored) / statistics.median(plain)
     ratios = [d / p for d, p in zip(doctored, plain)]
-    card = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    card = card_name(device)
     report = run_round.last_report
     result = {
         "device": card, "model": args.model, "batch": args.batch, "amp": args.amp,

@@ -19,7 +19,6 @@ from pathlib import Path
 
 os.environ["NNDOCTOR_SAMPLE_EVERY"] = "1"  # read when nndoctor is imported
 
-import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead  # noqa: E402  (the same model and step as the overhead benchmark)
@@ -50,29 +49,20 @@ def measure(args, device, selection: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--model", default="smallcnn", choices=["smallcnn", "resnet18", "resnet50"])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
-    parser.add_argument("--channels-last", action="store_true")
+    overhead.add_setup_arguments(parser)
     parser.add_argument("--selections", default=DEFAULT_SELECTIONS,
                         help="comma-separated: none (engine only), all, or check codes/prefixes ('+' joins)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cpu" and args.threads:
-        torch.set_num_threads(args.threads)
+    device = overhead.setup_device(args)
     selections = ["plain"] + args.selections.split(",")
     times: dict[str, list[float]] = {s: [] for s in selections}
     for r in range(args.rounds):
         for selection in (selections if r % 2 == 0 else selections[::-1]):
             times[selection].append(measure(args, device, selection))
     plain = statistics.median(times["plain"])
-    card = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    card = overhead.card_name(device)
     print(f"{card}: plain {plain * 1e3:.2f} ms/step; every step sampled ({args.rounds} rounds × {args.steps} steps)")
     print(f"{'checks':<10} {'ms/step':>9} {'extra ms':>9}")
     for selection in selections[1:]:

@@ -13,7 +13,7 @@ from nndoctor.checks.gradients import (
     coupled_weight_decay,
     depth_ratio,
     explosion_verdict,
-    update_ratio,
+    update_ratios,
     update_scale_verdict,
 )
 from nndoctor.instrument.numerics_probe import GradientStats, gradient_stats
@@ -97,8 +97,8 @@ def test_kaiming_initialised_relu_network_of_the_same_depth_does_not_vanish(tmp_
 # -- O106 -------------------------------------------------------------------------------------------
 def test_update_ratio_is_relative_change():
     w = torch.ones(100)
-    assert update_ratio(w, w * 1.001) == pytest.approx(1e-3, rel=1e-3)
-    assert update_ratio(torch.zeros(4), torch.ones(4)) is None
+    assert update_ratios([(w, w * 1.001)])[0] == pytest.approx(1e-3, rel=1e-3)
+    assert update_ratios([(torch.zeros(4), torch.ones(4))]) == [None]
 
 
 def test_update_scale_verdict_uses_the_median_and_ignores_zero_steps():

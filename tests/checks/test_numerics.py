@@ -22,7 +22,7 @@ from nndoctor.checks.numerics import (
     unit_axis,
 )
 from nndoctor.instrument.numerics_probe import ModuleRecord, first_nonfinite, observe_module
-from tests.conftest import run_script
+from tests.conftest import BUGGY, run_script
 
 
 def write(tmp_path, name, source):
@@ -146,33 +146,16 @@ def test_untraced_nan_that_corrupts_the_weights_is_reported_honestly(tmp_path):
     assert not report.internal_errors
 
 
-def test_nan_on_a_sampled_step_after_the_window_is_traced_on_the_next_forward(tmp_path):
+def test_nan_on_a_sampled_step_after_the_window_is_traced_on_the_next_forward():
     # After the window, sampled steps do not record module outputs for N101 (a cost of a
     # reduction per module): a NaN there is found like on any other step, by the armed trace.
-    script = write(tmp_path, "late_sampled_overflow.py", """
-        import torch, torch.nn as nn
-
-        class Energy(nn.Module):
-            def forward(self, x):
-                return torch.exp(x)
-
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), Energy(), nn.Linear(8, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x, y = torch.randn(16, 4), torch.randn(16, 1)
-        for step in range(14):
-            batch = x * 1000 if step >= 10 else x
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(batch), y)
-            loss.backward()
-            if torch.isfinite(loss):
-                opt.step()
-    """)
-    report = run_script(script, select=["N101"], full_window=4, sample_every=10)
+    # The fixture overflows from step 20, here a sampled step after a 4-step window.
+    report = run_script(BUGGY / "N101_overflow_on_untraced_step.py", select=["N101"],
+                        full_window=4, sample_every=20)
     (finding,) = report.by_code("N101")
-    # The loop skips the update, so the optimizer-step counter (nndoctor's step) stays at 10
+    # The loop skips the update, so the optimizer-step counter (nndoctor's step) stays at 20
     # for the traced forward that follows.
-    assert finding.first_step == 10 and finding.evidence["traced_step"] == 10
+    assert finding.first_step == 20 and finding.evidence["traced_step"] == 20
     assert finding.evidence["nonfinite_losses_seen"] == 2
     assert finding.evidence["module"] == "1" and finding.evidence["module_type"] == "Energy"
     assert not report.internal_errors

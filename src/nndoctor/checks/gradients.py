@@ -257,11 +257,6 @@ def update_ratios(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float 
     return ratios
 
 
-def update_ratio(before: torch.Tensor, after: torch.Tensor) -> float | None:
-    """‖Δw‖ / ‖w‖ over a slice of a weight tensor; None for an all-zero slice."""
-    return update_ratios([(before, after)])[0]
-
-
 def update_scale_verdict(ratios: list[float], low: float, high: float,
                          min_steps: int) -> tuple[str, float] | None:
     """("high"|"low", median ratio) when the median per-step ratio is outside [low, high]."""

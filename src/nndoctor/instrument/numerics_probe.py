@@ -35,7 +35,7 @@ import torch
 
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
-from nndoctor.instrument.stats import first_tensor
+from nndoctor.instrument.stats import first_tensor, tensor_version
 
 GRADIENT_STATS_KEY = "nndoctor.gradient_stats"
 
@@ -169,13 +169,6 @@ def finiteness_probe(tensor: torch.Tensor | None) -> Any:
     return math.isfinite(total.item()) if total.device.type == "cpu" else total
 
 
-def _tensor_version(tensor: torch.Tensor) -> int:
-    try:
-        return int(tensor._version)
-    except (AttributeError, RuntimeError):  # inference tensors have no version counter
-        return -2
-
-
 def params_finite(module: Any) -> bool:
     """Are all parameters of the module (and its children) finite? One sync; rare calls only."""
     params = [p.detach() for p in module.parameters() if p.is_floating_point()]
@@ -199,7 +192,7 @@ def observe_module(qualname: str, module: Any, inputs: Any, output: Any,
     x = first_tensor(inputs)
     input_flag = None
     if x is not None:
-        version = _tensor_version(x)
+        version = tensor_version(x)
         for record in list(recent)[-8:][::-1]:
             if record.output_ref is not None and record.output_ref() is x and record.output_version == version:
                 input_flag = record.output_finite
@@ -208,7 +201,7 @@ def observe_module(qualname: str, module: Any, inputs: Any, output: Any,
         input_flag = finiteness_probe(x)
     return ModuleRecord(qualname=qualname, module_type=type(module).__name__,
                         output_finite=finiteness_probe(out), input_finite=input_flag,
-                        output_ref=weakref.ref(out), output_version=_tensor_version(out))
+                        output_ref=weakref.ref(out), output_version=tensor_version(out))
 
 
 def forward_definition(module: Any) -> Location | None:

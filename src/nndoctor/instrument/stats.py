@@ -210,7 +210,7 @@ class _RecentStats:
 
     @staticmethod
     def _key(tensor: torch.Tensor, step: Any) -> tuple:
-        return (step, _version(tensor), tensor.data_ptr() if tensor.layout == torch.strided else -1)
+        return (step, tensor_version(tensor), tensor.data_ptr() if tensor.layout == torch.strided else -1)
 
     def get(self, tensor: torch.Tensor, step: Any) -> tuple[bool, TensorStats | None]:
         key = self._key(tensor, step)
@@ -228,7 +228,7 @@ class _RecentStats:
             pass
 
 
-def _version(tensor: torch.Tensor) -> int:
+def tensor_version(tensor: torch.Tensor) -> int:
     try:
         return int(tensor._version)
     except (AttributeError, RuntimeError):  # inference tensors have no version counter
