@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "data": ("nndoctor.data.cli", "check an image dataset or TFRecord files before training"),
     "ckpt": ("nndoctor.ckpt.cli", "inspect, diff, repair and convert checkpoints"),
     "perf": ("nndoctor.perf.cli", "where the step time goes and what to change"),
+    "env": ("nndoctor.env.cli", "check the installation: frameworks, CUDA builds, driver, GPUs, packages"),
 }
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")

@@ -32,6 +32,7 @@ CHECK_MODULES = (
     "nndoctor.data.checks",
     "nndoctor.ckpt.checks",
     "nndoctor.perf.checks",
+    "nndoctor.env.checks",
 )
 
 _REGISTRY: dict[str, type[Check]] = {}
