@@ -28,6 +28,10 @@ _LINE_PREFIXES = (
     re.compile(r"^(?:>[ ]?)+"),  # markdown block quotes, nested ("> > ")
     re.compile(r"^E(?: {2,}|\t)"),  # pytest's failure lines: "E       RuntimeError: ..."
 )
+# One pattern for all prefixes, tried only on lines starting with one of their first characters.
+_ANY_PREFIX = re.compile("|".join(f"(?:{p.pattern})" for p in _LINE_PREFIXES))
+_PREFIX_STARTS = frozenset("[(0123456789DIWECF>")
+_DECORATION_STARTS = frozenset("`~*\"'“”‘’")
 _FENCE = re.compile(r"^\s*(?:```|~~~)[\w+-]*\s*$|^\s*`\s*$")
 # Quotes are only taken off when an exception name follows them (source lines keep theirs).
 _LEADING_DECORATION = re.compile(
@@ -46,11 +50,13 @@ _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")
 def clean_line(line: str) -> str:
     """One line without launcher/logger/markdown prefixes and decorations around it."""
     for _ in range(4):  # prefixes nest ("> [rank0]: E   ..."); a few passes undo them
-        before = line
-        for prefix in _LINE_PREFIXES:
-            line = prefix.sub("", line, count=1)
-        if line == before:
+        prefix = _ANY_PREFIX.match(line) if line[:1] in _PREFIX_STARTS else None
+        if prefix is None:
             break
+        line = line[prefix.end():]
+    first = line.lstrip()[:1]
+    if not first or first not in _DECORATION_STARTS:
+        return line  # the common case: nothing to undo
     if _FENCE.match(line):
         return ""
     lead = _LEADING_DECORATION.match(line)

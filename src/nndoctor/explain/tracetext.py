@@ -86,22 +86,14 @@ def _parse_block(block: str, preamble: str) -> Crash | None:
 def parse_crashes(text: str) -> list[list[Crash]]:
     """Every crash in ``text``: a list of chains, each chain's tracebacks in order (last = raised).
 
-    The text is cleaned of what pasting adds (``pasted.clean``). When no traceback can be read
-    to its end (none in the text, or each one cut off), the text's error line is used instead.
+    The text is first cleaned of what pasting adds (``pasted.clean``). When no traceback can
+    be read to its end (none in the text, or each one cut off), the text's error line is used.
     """
     text = clean(text)
-    chains = _traceback_chains(text)
-    if not chains:
-        single = bare_error(text)
-        chains = [[single]] if single else []
-    for chain in chains:
-        for crash in chain:
-            _add_current_wording(crash)
-    return chains
-
-
-def _traceback_chains(text: str) -> list[list[Crash]]:
     starts = [m.start() for m in _TRACEBACK_START.finditer(text)]
+    if not starts:
+        single = bare_error(text)
+        return _with_current_wording([[single]] if single else [])
     chains: list[list[Crash]] = []
     previous_end = 0
     for index, start in enumerate(starts):
@@ -121,6 +113,16 @@ def _traceback_chains(text: str) -> list[list[Crash]]:
             chains[-1].append(crash)
         else:
             chains.append([crash])
+    if not chains:  # every traceback was cut off before its exception line
+        single = bare_error(text)
+        chains = [[single]] if single else []
+    return _with_current_wording(chains)
+
+
+def _with_current_wording(chains: list[list[Crash]]) -> list[list[Crash]]:
+    for chain in chains:
+        for crash in chain:
+            _add_current_wording(crash)
     return chains
 
 
