@@ -79,6 +79,14 @@ def test_headerless_traceback_keeps_the_user_frame():
     assert str(crash.location) == "/home/me/proj/train.py:31"
 
 
+def test_pytest_failure_location_is_the_user_frame():
+    text = ("    def test_m2():\n>       run()\n"
+            "E           RuntimeError: Expected all tensors to be on the same device, but found at least two "
+            "devices, cuda:0 and cpu!\n\nbliss/catalog.py:178: RuntimeError\n")
+    ((crash,),) = parse_crashes(text)
+    assert str(crash.location) == "bliss/catalog.py:178"
+
+
 def test_complete_traceback_survives_a_cut_one_after_it():
     text = "\n".join([*TRACEBACK, "", "Traceback (most recent call last):", '  File "/home/me/proj/train.py", line 9'])
     ((crash,),) = parse_crashes(text)
@@ -145,3 +153,23 @@ def test_reading_a_long_pasted_log_stays_linear(make_log):
     small, large = seconds(2_000), seconds(16_000)
     # Eight times the text: a linear reader takes ~8x; a quadratic one ~64x. Allow noise.
     assert large < max(small * 24, 0.5), (small, large)
+
+
+def test_trimmed_stdlib_paths_are_not_user_code():
+    from nndoctor.explain.crash import is_user_path
+
+    assert not is_user_path("python3.8/threading.py")
+    assert not is_user_path("/usr/lib/python3.10/runpy.py")
+    assert is_user_path("/home/me/proj/train.py")
+
+
+def test_older_wordings_give_the_same_facts_as_the_current_ones():
+    (device,), _ = explain_text("RuntimeError: Expected object of backend CUDA but got backend CPU for argument #2 'mat2'")
+    assert device.evidence["devices"] == ["cuda", "cpu"]
+    (dtype,), _ = explain_text("RuntimeError: Expected object of scalar type Long but got scalar type Float for "
+                               "argument #2 'target' in call to _thnn_nll_loss_forward")
+    assert dtype.evidence == {"expected": "Long", "found": "Float"} and dtype.message.startswith("The target")
+    (linear,), _ = explain_text("RuntimeError: size mismatch, m1: [1 x 56], m2: [48 x 64] at THTensorMath.cpp:136")
+    assert "56" in linear.message and "48" in linear.message
+    ((crash,),) = parse_crashes("RuntimeError: cuda runtime error (2) : out of memory at THCStorage.cu:58")
+    assert crash.message.splitlines()[0] == "cuda runtime error (2) : out of memory at THCStorage.cu:58"

@@ -29,6 +29,8 @@ _PREAMBLE_LINES = 40
 _CARETS = re.compile(r"^\s*[~^]+\s*$")
 # How far above a bare error line frames of a traceback whose header was lost are looked for.
 _HEADERLESS_FRAME_LINES = 400
+# pytest's summary of where a test failed, printed under its "E   " lines: "pkg/mod.py:178: RuntimeError".
+_PYTEST_LOCATION = re.compile(r"^(?P<path>\S+\.py):(?P<line>\d+): (?P<type>[\w.]+)\s*$")
 
 
 def parse_frames(lines: list[str]) -> tuple[list[Frame], int]:
@@ -127,10 +129,13 @@ def _with_current_wording(chains: list[list[Crash]]) -> list[list[Crash]]:
 
 
 def _add_current_wording(crash: Crash) -> None:
-    """Keep today's wording of an old-style message beside it, for the explanations to match."""
+    """Put today's wording of an old-style message right under the message's first line, where
+    the explanations read it (their facts: devices, dtypes); the first line, which reports show,
+    stays what the log said."""
     modern = current_wording(crash.message)
     if modern:
-        crash.preamble = "\n".join([crash.preamble, *modern]).strip("\n")
+        first, _, rest = crash.message.partition("\n")
+        crash.message = "\n".join([first, *modern, *([rest] if rest else [])])
 
 
 def bare_error(text: str) -> Crash | None:
@@ -150,6 +155,7 @@ def bare_error(text: str) -> Crash | None:
         i, match = typed
         message = "\n".join([match.group("msg")] + lines[i + 1:]).rstrip()
         frames = _frames_above(lines, i) if not lines[i][:match.start()].strip() else []
+        frames = frames or _pytest_location(lines, i, match.group("type"))
         crash = Crash(exc_type=match.group("type"), message=message, frames=frames, preamble=_preamble(lines, i))
         crash.worker_frames = worker_traceback_frames(message)
         return crash
@@ -177,6 +183,16 @@ def _frames_above(lines: list[str], index: int) -> list[Frame]:
         else:
             break
     return _loose_frames(lines[top:index])
+
+
+def _pytest_location(lines: list[str], index: int, exc_type: str) -> list[Frame]:
+    """The frame pytest names under a failure's ``E`` lines ("bliss/catalog.py:178: RuntimeError")."""
+    short = exc_type.rsplit(".", 1)[-1]
+    for line in lines[index + 1:index + 40]:
+        found = _PYTEST_LOCATION.match(line)
+        if found and found.group("type").rsplit(".", 1)[-1] == short:
+            return [Frame(found.group("path"), int(found.group("line")))]
+    return []
 
 
 def _frames_below(lines: list[str], index: int) -> list[Frame]:

@@ -34,7 +34,7 @@ def render_no_known_cause(console: Any, crash: Mapping[str, Any]) -> None:
 
 def where_sentence(location: Any, source: Any) -> str:
     """The honest sentence under an unexplained error: no guess, and where to look."""
-    sentence = "nndoctor has no explanation for this error in its catalog (nndoctor checks lists it); "
+    sentence = "nndoctor's catalog (`nndoctor checks`) has no explanation for this error; "
     if location:
         line = f" `{source}`" if source else ""
         return sentence + f"it was raised from your code at {location}{line}."
