@@ -14,30 +14,20 @@ pytestmark = pytest.mark.e2e
 POISON = "raise SystemExit('the local {name}.py was imported')\n"
 
 
-def nndoctor(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "nndoctor", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
-
-
-def test_run_from_a_folder_with_inspect_py(tmp_path):
+def test_start_from_a_folder_with_inspect_py(tmp_path):
+    # The working directory holds the poisoned names; so does the script's own folder.
     for name in ("inspect", "argparse", "json"):
         (tmp_path / f"{name}.py").write_text(POISON.format(name=name))
-    (tmp_path / "train.py").write_text("import sys, os\nprint('path0', sys.path[0])\n"
-                                       "print('cwd on path', '' in sys.path)\n")
-    result = nndoctor("run", "--fail-on", "never", "train.py", cwd=tmp_path)
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "inspect.py").write_text(POISON.format(name="inspect"))
+    (sub / "train.py").write_text("import os, sys\nprint('path0', sys.path[0])\n"
+                                  "print('cwd on path', os.getcwd() in sys.path or '' in sys.path)\n")
+    result = subprocess.run([sys.executable, "-m", "nndoctor", "run", "--fail-on", "never", "sub/train.py"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "was imported" not in output
-    assert f"path0 {tmp_path}" in result.stdout  # what `python train.py` gives the script
-    assert "R102 module-shadowing" in result.stderr and "inspect.py" in result.stderr
-
-
-def test_script_in_a_subfolder_gets_its_own_folder_first(tmp_path):
-    (tmp_path / "inspect.py").write_text(POISON.format(name="inspect"))
-    sub = tmp_path / "sub"
-    sub.mkdir()
-    (sub / "train.py").write_text("import os, sys\nprint('path0', sys.path[0])\n"
-                                  "print('cwd on path', os.getcwd() in sys.path or '' in sys.path)\n")
-    result = nndoctor("run", "--fail-on", "never", "sub/train.py", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    # What `python sub/train.py` gives the script: its own folder first, not the working directory.
     assert f"path0 {sub}" in result.stdout and "cwd on path False" in result.stdout
+    assert "R102 module-shadowing" in result.stderr and f"{sub}/inspect.py" in result.stderr.replace("\n", "")
