@@ -25,6 +25,7 @@ TRACEBACK = [
     ("(RayTrainWorker pid=4411) RuntimeError: x", "RuntimeError: x"),
     ("(pid=4411, ip=10.0.0.2)   File \"a.py\", line 3, in f", '  File "a.py", line 3, in f'),
     ("2024-05-01T12:00:03.123Z   File \"a.py\", line 3, in f", '  File "a.py", line 3, in f'),
+    ("[1,0]<stderr>:  File \"a.py\", line 3, in f", '  File "a.py", line 3, in f'),
     ("2023-01-02 10:11:12,345 - ERROR - RuntimeError: x", "RuntimeError: x"),
     ("[2023-01-02 10:11:12] [ERROR] RuntimeError: x", "RuntimeError: x"),
     ("ERROR:root:RuntimeError: x", "RuntimeError: x"),

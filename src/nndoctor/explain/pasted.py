@@ -20,6 +20,7 @@ import re
 _LINE_PREFIXES = (
     re.compile(r"^\[(?:rank|default)\d*\]:[ ]?"),  # torchrun / accelerate: "[rank1]: "
     re.compile(r"^\((?:[\w.]+ )?pid=\d+(?:, ip=[\d.]+)?\)[ ]?"),  # Ray: "(RayExecutor pid=12) "
+    re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:"),  # mpirun --tag-output (Horovod): "[1,0]<stderr>:"
     # ISO timestamps, optionally bracketed, optionally followed by a logging level.
     re.compile(r"^\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?"
                r"(?:[ \t]*[|:-]?[ \t]*\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?)?"
