@@ -161,7 +161,7 @@ def test_trimmed_stdlib_paths_are_not_user_code():
 
     assert not is_user_path("python3.8/threading.py")
     assert not is_user_path("/usr/lib/python3.10/runpy.py")
-    assert is_user_path("/home/me/proj/train.py")
+    assert is_user_path("/home/me/proj/train.py") and is_user_path("/home/me/python3/proj/train.py")
 
 
 def test_older_wordings_give_the_same_facts_as_the_current_ones():
