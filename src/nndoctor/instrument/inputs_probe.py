@@ -126,7 +126,7 @@ def _make_probe(installation: Any, probe: TargetProbe, name: str, wrapped: Any) 
 
     @functools.wraps(wrapped)
     def probed(input, target, *args, **kwargs):
-        if session.active and session.sampled:
+        if session.active and session.sampled and not torch.compiler.is_compiling():
             installation._safe(record, input, target, args, kwargs, sys._getframe(1))
         return wrapped(input, target, *args, **kwargs)
 

@@ -304,10 +304,14 @@ class NonfiniteTracer:
         self._handles, self._stack, self._callback = [], [], None
 
     def _pre(self, module: Any, args: tuple) -> None:
+        if torch.compiler.is_compiling():  # see torch_hooks._compiling
+            return None
         self._stack.append(module)
         return None
 
     def _post(self, module: Any, args: tuple, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return None
         stack = self._stack
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is module:

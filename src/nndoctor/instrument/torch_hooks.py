@@ -37,6 +37,12 @@ from nndoctor import events as ev
 from nndoctor.engine import Session, StopRun
 from nndoctor.instrument.patches import Patcher
 
+# True while dynamo traces (torch.compile): our hooks and wrappers are inlined into the traced
+# function then, and Python side effects there (lists, sys._getframe, events) either break the
+# trace ("already tracked for mutation") or would be baked into the graph. They step aside; the
+# compiled module is still observed from outside, as a top-level call that dynamo does not trace.
+_compiling = torch.compiler.is_compiling
+
 # Functional losses observed when called from user code (not from inside a loss module).
 LOSS_FUNCTIONS = (
     "cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
@@ -105,7 +111,7 @@ class Installation:
         self.patcher.on_undo(post.remove)
 
     def _forward_pre(self, module: Any, args: tuple) -> None:
-        if not self.session.active:
+        if not self.session.active or _compiling():
             return None
         self._stack.append(module)
         if isinstance(module, _Loss):
@@ -114,7 +120,7 @@ class Installation:
 
     def _forward_post(self, module: Any, args: tuple, output: Any) -> None:
         session = self.session
-        if not session.active:
+        if not session.active or _compiling():
             return None
         stack = self._stack
         # Pop this module (search from the top: a user may have caught an exception that
@@ -281,7 +287,7 @@ class Installation:
         @functools.wraps(original)
         def train(module, mode: bool = True):
             session = inst.session
-            if not session.active or inst._in_train:
+            if not session.active or inst._in_train or _compiling():
                 return original(module, mode)
             inst._in_train += 1
             try:
@@ -554,7 +560,7 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
     @functools.wraps(original)
     def loss_function(input, target, *args, **kwargs):
         session = inst.session
-        if not session.active or inst._in_loss:
+        if not session.active or inst._in_loss or _compiling():
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
         if session.wants("loss"):
