@@ -173,6 +173,9 @@ class Session:
 
     # -- steps -----------------------------------------------------------------------------
     def count_step(self, optimizer: Any) -> None:
+        from nndoctor.instrument.optimizers import unwrap_optimizer
+
+        optimizer = unwrap_optimizer(optimizer)
         counts = self.state.step_counts
         counts[optimizer] = counts.get(optimizer, 0) + 1
         self.step = max(self.step, counts[optimizer])
