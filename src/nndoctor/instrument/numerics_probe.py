@@ -35,7 +35,7 @@ import torch
 
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
-from nndoctor.instrument.stats import first_tensor, tensor_version
+from nndoctor.instrument.stats import first_plain_tensor, tensor_version
 
 GRADIENT_STATS_KEY = "nndoctor.gradient_stats"
 
@@ -186,10 +186,10 @@ def observe_module(qualname: str, module: Any, inputs: Any, output: Any,
     When the input is the unchanged output of one of the last ``recent`` records (the usual
     chain of layers), that record's flag is reused.
     """
-    out = first_tensor(output)
+    out = first_plain_tensor(output)
     if out is None or not out.is_floating_point():
         return None
-    x = first_tensor(inputs)
+    x = first_plain_tensor(inputs)
     input_flag = None
     if x is not None:
         version = tensor_version(x)

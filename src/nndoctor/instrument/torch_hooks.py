@@ -137,6 +137,8 @@ class Installation:
         if output is None and sys.exc_info()[1] is not None:
             return None
         try:
+            if _without_values(output):
+                return None
             if not stack:  # a top-level call from user code
                 self._root_forward(module, args, output, is_loss)
             elif session.wants("module_output") and session.sampled:
@@ -227,11 +229,10 @@ class Installation:
         if not session.active:
             return None
         session.state.optimizers.add(optimizer)
-        if session.wants("step_start"):
-            has_closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
+        if session.wants("step_start") and not _optimizer_without_values(optimizer):
             session.emit(ev.StepStart(
-                step=session.step, sampled=session.sampled, frame=sys._getframe(1),
-                optimizer=optimizer, has_closure=has_closure,
+                step=session.step, sampled=session.step_sampled(optimizer), frame=sys._getframe(1),
+                optimizer=optimizer, has_closure=_has_closure(args, kwargs),
                 backwards_since_step=session.state.backwards_since_step,
                 zero_grads_since_backward=session.state.zero_grads_since_backward,
             ))
@@ -242,12 +243,12 @@ class Installation:
         if not session.active:
             return None
         state = session.state
-        sampled = session.sampled
+        sampled = session.step_sampled(optimizer)
         session.count_step(optimizer)
         state.backwards_since_step = 0
-        if session.wants("step_end"):
+        if session.wants("step_end") and not _optimizer_without_values(optimizer):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
-                                    optimizer=optimizer))
+                                    optimizer=optimizer, has_closure=_has_closure(args, kwargs)))
         if session.should_stop():
             raise StopRun(f"--max-steps {session.max_steps} reached")
         return None
@@ -335,7 +336,7 @@ class Installation:
             index = state.backwards_since_step
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
-            if session.wants("backward"):
+            if session.wants("backward") and not _without_values(tensor):
                 session.emit(ev.Backward(step=session.step, sampled=session.sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
                                          batches_since_last_backward=batches,
@@ -344,7 +345,7 @@ class Installation:
         def after(tensor, frame) -> None:
             session = inst.session
             session.state.zero_grads_since_backward = 0
-            if session.wants("backward_done"):
+            if session.wants("backward_done") and not _without_values(tensor):
                 session.emit(ev.BackwardDone(step=session.step, sampled=session.sampled,
                                              frame=frame, tensor=tensor))
 
@@ -550,6 +551,30 @@ class Installation:
         GradScaler.scale = scale
 
 
+def _without_values(value: Any) -> bool:
+    """Meta or fake tensors (shape inference, ``torch.device("meta")`` models) carry no values:
+    no event is emitted about them, so no check reads data that does not exist."""
+    from nndoctor.instrument.stats import first_tensor
+
+    tensor = value if isinstance(value, torch.Tensor) else first_tensor(value)
+    if tensor is None:
+        return False
+    return tensor.is_meta or type(tensor).__name__ == "FakeTensor"
+
+
+def _optimizer_without_values(optimizer: Any) -> bool:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return _without_values(p)
+    return False
+
+
+def _has_closure(args: tuple, kwargs: dict) -> bool:
+    """Was ``step`` given a closure (L-BFGS)? torch's step hooks get ``args`` *with* the
+    optimizer itself first, so a positional closure is ``args[1]``."""
+    return any(callable(a) for a in args[1:2]) or callable(kwargs.get("closure"))
+
+
 def _path_of(f: Any) -> str | None:
     if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
         return str(f)
@@ -563,7 +588,7 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
         if not session.active or inst._in_loss or _compiling():
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
-        if session.wants("loss"):
+        if session.wants("loss") and not _without_values(output):
             options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
             frame = sys._getframe(1)
             inst._safe(lambda: session.emit(ev.LossComputed(
