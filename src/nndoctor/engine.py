@@ -42,6 +42,8 @@ class RunState:
         self.mode_generation = 0
         self.backwards_since_step = 0
         self.zero_grads_since_backward = 0
+        self.total_steps = 0  # every optimizer.step() and manual update
+        self.manual_steps = 0  # updates without torch.optim, recognised by version counters
         self.batches_fetched = 0
         self.batches_at_last_backward = 0
         self.scaler: weakref.ref | None = None
@@ -98,6 +100,8 @@ class Session:
         self.pid = os.getpid()
         self.state = RunState()
         self.step = 0
+        self._round: set[int] = set()
+        self._phase_sampled = False
         self.active = False
         self.started = time.perf_counter()
         classes = list(checks) if checks is not None else enabled_checks(select, ignore)
@@ -127,7 +131,7 @@ class Session:
     @property
     def sampled(self) -> bool:
         """Is the current step fully instrumented?"""
-        return self.is_sampled(self.step)
+        return self.is_sampled(self.step) or self._phase_sampled
 
     def is_sampled(self, step: int) -> bool:
         return step < self.full_window or step % self.sample_every == 0
@@ -172,10 +176,41 @@ class Session:
         )
 
     # -- steps -----------------------------------------------------------------------------
+    # ``step`` counts training iterations: one per round in which each optimizer steps at most
+    # once (a GAN's D and G steps are one iteration; layer-wise training's phases follow one
+    # another, so a second optimizer's steps keep counting, are sampled and meet --max-steps).
+    # Each optimizer's own count is in ``state.step_counts``; ``state.total_steps`` counts
+    # every update, manual ones included.
     def count_step(self, optimizer: Any) -> None:
+        from nndoctor.instrument.optimizers import unwrap_optimizer
+
+        optimizer = unwrap_optimizer(optimizer)
         counts = self.state.step_counts
-        counts[optimizer] = counts.get(optimizer, 0) + 1
-        self.step = max(self.step, counts[optimizer])
+        counts[optimizer] = own = counts.get(optimizer, 0) + 1
+        self._count_round(id(optimizer))
+        # Steps a new optimizer (the next phase) are fully observed, like the run's first.
+        self._phase_sampled = own < self.full_window
+
+    def count_manual_step(self) -> None:
+        """An update of the parameters without torch.optim (``p -= lr * p.grad``)."""
+        self.state.manual_steps += 1
+        self._count_round(0)
+        self._phase_sampled = False
+
+    def _count_round(self, key: int) -> None:
+        self.state.total_steps += 1
+        if not self._round or key in self._round:
+            self.step += 1
+            self._round = {key}
+        else:
+            self._round.add(key)
+
+    def step_sampled(self, optimizer: Any) -> bool:
+        """Is the coming (or just finished) step of this optimizer fully instrumented?"""
+        from nndoctor.instrument.optimizers import unwrap_optimizer
+
+        own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
+        return self.is_sampled(self.step) or own < self.full_window
 
     def should_stop(self) -> bool:
         return self.max_steps is not None and self.step >= self.max_steps

@@ -155,6 +155,7 @@ class StepEnd(Event):
 
     kind: ClassVar[str] = "step_end"
     optimizer: Any = None
+    has_closure: bool = False
 
 
 @dataclass(eq=False)

@@ -64,9 +64,10 @@ def test_max_steps_stops_cleanly():
     assert exit_status(report, None) == 0
 
 
-def test_script_that_never_trains_completes_without_findings():
+def test_script_that_never_trains_says_so_instead_of_no_problems():
     report = run_script(SCRIPTS / "never_trains.py")
-    assert report.status == "completed" and report.steps == 0 and not report.findings
+    assert report.status == "completed" and report.steps == 0
+    assert [(f.code, f.severity.name) for f in report.findings] == [("R105", "INFO")]
 
 
 @pytest.mark.parametrize("name, message", [

@@ -13,4 +13,5 @@ from nndoctor.checks import (  # noqa: F401
     numerics,
     optimizer_params,
     schedulers,
+    training_observed,
 )

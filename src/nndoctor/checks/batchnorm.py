@@ -13,7 +13,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from nndoctor.events import ModuleOutput, StepStart
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.numerics_probe import construction_site
-from nndoctor.instrument.stats import first_tensor
+from nndoctor.instrument.stats import first_plain_tensor
 from nndoctor.registry import Check, register
 
 
@@ -160,7 +160,7 @@ class BatchNormTinyBatch(Check):
         module = event.module
         if not isinstance(module, _BatchNorm) or not module.training or not torch.is_grad_enabled():
             return
-        x = first_tensor(event.inputs)
+        x = first_plain_tensor(event.inputs)
         if x is None or x.dim() < 2:
             return
         name = f"{type(event.root).__name__}.{event.qualname}"

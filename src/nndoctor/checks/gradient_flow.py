@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from nndoctor.checks._params import grad_slice, optimizer_params, spread_sample
-from nndoctor.events import Backward, LossComputed, StepStart, ZeroGrad
+from nndoctor.events import Backward, LossComputed, StepEnd, StepStart, ZeroGrad
 from nndoctor.findings import Severity
 from nndoctor.registry import Check, register
 
@@ -210,11 +210,15 @@ class StepWithoutGradients(Check):
     loss.backward()
     optimizer.step()
     ```
-    Closure-based optimizers (LBFGS) compute gradients inside ``step(closure)`` and are
-    not reported.
+    Runs on every step, not only on sampled ones (testing ``p.grad is None`` reads no
+    tensor data), so a bug that starts late in a run is seen when it starts.
+    Closure-based optimizers (L-BFGS: ``optimizer.step(closure)``) compute their gradients
+    inside ``step``: for them the closure's ``backward()`` counts, and the check looks at
+    the end of the step whether the closure produced any gradient.
 
     ## References
     - PyTorch docs, ``torch.optim``: https://pytorch.org/docs/stable/optim.html
+    - PyTorch docs, ``LBFGS.step(closure)``: https://pytorch.org/docs/stable/generated/torch.optim.LBFGS.html
     """
 
     code = "O103"
@@ -223,23 +227,51 @@ class StepWithoutGradients(Check):
     summary = "optimizer.step() while none of its parameters has a gradient"
     fix = "call loss.backward() before optimizer.step(), on a loss computed from these parameters"
 
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._backwards = 0  # backward() calls so far; a closure's run inside step()
+        self._at_step_start: dict[int, int] = {}
+
+    def on_backward(self, event: Backward) -> None:
+        self._backwards += 1
+
     def on_step_start(self, event: StepStart) -> None:
-        if event.has_closure or not event.sampled:
+        if event.has_closure:
+            self._at_step_start[id(event.optimizer)] = self._backwards
             return
         if event.backwards_since_step and event.zero_grads_since_backward:
             return  # O102's case
-        params = optimizer_params(event.optimizer)
-        if not params or any(p.grad is not None for p in params):
+        if has_any_grad(event.optimizer):
             return
         why = ("no backward() ran since the previous step" if event.backwards_since_step == 0
                else "the backward() did not reach them")
+        self._report(event, why, event.backwards_since_step)
+
+    def on_step_end(self, event: StepEnd) -> None:
+        started = self._at_step_start.pop(id(event.optimizer), None)
+        if not event.has_closure or started is None or has_any_grad(event.optimizer):
+            return
+        ran = self._backwards - started
+        why = ("its closure ran no backward()" if ran == 0
+               else "the closure's backward() did not reach them")
+        self._report(event, why, ran)
+
+    def _report(self, event, why: str, backwards: int) -> None:
+        count = sum(len(g["params"]) for g in event.optimizer.param_groups)
+        if not count:
+            return
         self.report(
-            f"{type(event.optimizer).__name__}.step() called while none of its {len(params)} parameter "
+            f"{type(event.optimizer).__name__}.step() called while none of its {count} parameter "
             f"tensors has a gradient: {why}.",
             location=event.location,
-            evidence={"parameters": len(params), "backwards_since_last_step": event.backwards_since_step},
+            evidence={"parameters": count, "backwards_since_last_step": backwards},
             step=event.step,
         )
+
+
+def has_any_grad(optimizer) -> bool:
+    """Does any parameter of the optimizer hold a gradient? Reads no tensor data (no sync)."""
+    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
 
 @register

@@ -28,7 +28,7 @@ from nndoctor.events import (
 )
 from nndoctor.findings import Severity
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
-from nndoctor.instrument.stats import TensorStats, cached_stats, first_tensor
+from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor
 from nndoctor.registry import Check, register
 
 # ImageNet statistics (torchvision's pretrained weights), in RGB order on the 0–1 scale.
@@ -232,7 +232,7 @@ class FirstLayerWatch:
         key = id(event.root)
         if key in self._first or not isinstance(event.module, _LEARNED_LAYERS):
             return
-        stats = cached_stats(event, "input0", first_tensor(event.inputs))
+        stats = cached_stats(event, "input0", first_plain_tensor(event.inputs))
         if stats is None:
             return
         module = event.module
@@ -249,7 +249,7 @@ def _model_input(check: Check, event: Forward) -> TensorStats | None:
     """Statistics of the first tensor given to a model (sampled steps, not loss modules)."""
     if not event.sampled or event.is_loss:
         return None
-    return cached_stats(event, "input0", first_tensor(event.inputs))
+    return cached_stats(event, "input0", first_plain_tensor(event.inputs))
 
 
 def _model_name(event: Forward) -> str:
@@ -552,7 +552,7 @@ class ChannelsLastInput(Check):
         if event.is_loss:
             return
         first = self._first.take(event.module)
-        tensor = first_tensor(event.inputs)
+        tensor = first_plain_tensor(event.inputs)
         if first is None or tensor is None:
             return
         shape = tuple(tensor.shape)
@@ -844,7 +844,7 @@ class ConstantInput(Check):
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
-        tensor = first_tensor(event.inputs)
+        tensor = first_plain_tensor(event.inputs)
         if tensor is None or not tensor.is_floating_point() or tensor.dim() < 2 or tensor.shape[0] < 1:
             return
         summary = sample_summary(event, "input0", tensor)
@@ -931,7 +931,7 @@ class TrainEvalOverlap(Check):
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
-        tensor = first_tensor(event.inputs)
+        tensor = first_plain_tensor(event.inputs)
         if tensor is None or not tensor.is_floating_point() or tensor.dim() < 2:
             return
         training = event.grad_enabled and not event.inference_mode

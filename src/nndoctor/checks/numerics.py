@@ -26,7 +26,7 @@ from nndoctor.instrument.numerics_probe import (
     params_finite,
     probe_state,
 )
-from nndoctor.instrument.stats import first_tensor
+from nndoctor.instrument.stats import first_plain_tensor
 from nndoctor.registry import Check, register
 
 
@@ -506,7 +506,7 @@ class DeadRelu(Check):
         module = event.module
         if not isinstance(module, RELU_TYPES) or not module.training or not torch.is_grad_enabled():
             return
-        out = first_tensor(event.output)
+        out = first_plain_tensor(event.output)
         if out is None or not out.is_floating_point() or out.dim() < 2:
             return
         # The first samples of the batch are enough to see a live unit (see the docs); the
@@ -635,7 +635,7 @@ class SaturatedActivations(Check):
         module = event.module
         if not isinstance(module, SATURATING_TYPES) or not torch.is_grad_enabled():
             return
-        out = first_tensor(event.output)
+        out = first_plain_tensor(event.output)
         if out is None or not out.is_floating_point():
             return
         fraction = saturation_fraction(out, module)

@@ -236,9 +236,17 @@ class UnusedParameters(Check):
 class ModelNotUpdating(Check):
     """
     ## What it does
-    On sampled steps, fingerprints a spread sample of each optimizer's parameters just
-    before and just after ``optimizer.step()``. When no sampled parameter changes in
-    ``5`` consecutive sampled steps, the model is not learning at all.
+    Watches every ``optimizer.step()`` for whether it changed the parameters, in two ways:
+
+    - **every step, for free**: the sum of the parameters' version counters (torch bumps a
+      tensor's ``_version`` on every in-place write; reading it touches no tensor data and
+      never synchronises a device) and the learning rates. A step that wrote no parameter
+      (for an optimizer whose steps were seen to write before: fused optimizers write
+      without bumping versions and are left to the next test), or ran with every learning
+      rate at 0, certainly changed nothing. ``10`` such steps in a row are reported.
+    - **on sampled steps**: a spread sample of the parameters' values just before and just
+      after the step; ``5`` consecutive sampled steps without any change are reported
+      (this also catches all-zero gradients, where the write happens but changes nothing).
 
     ## Why is this bad?
     The loop runs, the loss prints, nothing trains: learning rate 0 (a scheduler or a
@@ -254,12 +262,16 @@ class ModelNotUpdating(Check):
     A non-zero learning rate and a loss connected to the model's parameters; check
     ``[g["lr"] for g in optimizer.param_groups]`` and the gradient norms.
 
-    The threshold of 5 consecutive sampled steps tolerates a warm-up that starts at
-    ``lr=0`` for a few steps. GradScaler steps skipped for inf/NaN never reach
-    ``optimizer.step()`` and are not counted.
+    The thresholds tolerate a warm-up that starts at ``lr=0`` for a few steps. GradScaler
+    steps skipped for inf/NaN never reach ``optimizer.step()`` and are not counted. A
+    closure-based optimizer (L-BFGS) that moved the parameters before and then stops has
+    met its own stopping tolerances (``tolerance_grad``, ``tolerance_change``): converged,
+    not reported.
 
     ## References
-    - Karpathy, "A Recipe for Training Neural Networks" (verify the loss moves the weights).
+    - Karpathy, "A Recipe for Training Neural Networks" (verify the loss moves the weights):
+      https://karpathy.github.io/2019/04/25/recipe/
+    - PyTorch docs, ``torch.optim.LBFGS`` (``tolerance_grad``): https://pytorch.org/docs/stable/generated/torch.optim.LBFGS.html
     """
 
     code = "M106"
@@ -268,24 +280,39 @@ class ModelNotUpdating(Check):
     summary = "optimizer steps run but no trainable parameter changes (lr 0, zero gradients, wrong target)"
     fix = "check the learning rate and that the loss is computed from the model's outputs with gradients"
     heuristic = True
-    CONSECUTIVE = 5
+    CONSECUTIVE = 5  # sampled steps whose values did not change
+    CONSECUTIVE_EVERY_STEP = 10  # steps that certainly wrote nothing (versions / lr 0)
 
     def __init__(self, session) -> None:
         super().__init__(session)
         self._before: dict[int, list[tuple[weakref.ref, torch.Tensor]]] = {}
+        self._versions_before: dict[int, int] = {}
+        self._writes_bump_versions: set[int] = set()
+        self._ever_changed: set[int] = set()
         self._unchanged: dict[int, int] = {}
+        self._untouched: dict[int, int] = {}
         self._reported: set[int] = set()
 
     def on_step_start(self, event: StepStart) -> None:
-        if not event.sampled or id(event.optimizer) in self._reported:
+        key = id(event.optimizer)
+        if key in self._reported:
+            return
+        if not event.has_closure:
+            self._versions_before[key] = version_sum(event.optimizer)
+        if not event.sampled:
             return
         params = [p for p in optimizer_params(event.optimizer) if p.requires_grad and p.numel()]
-        self._before[id(event.optimizer)] = [(weakref.ref(p), value_slice(p)) for p in spread_sample(params)]
+        self._before[key] = [(weakref.ref(p), value_slice(p)) for p in spread_sample(params)]
 
     def on_step_end(self, event: StepEnd) -> None:
         key = id(event.optimizer)
+        if key in self._reported:
+            return
+        versions = self._versions_before.pop(key, None)
+        if versions is not None:
+            self._every_step(event, key, versions)
         before = self._before.pop(key, None)
-        if not before:
+        if not before or key in self._reported:
             return
         changed = False
         for ref, old in before:
@@ -293,21 +320,57 @@ class ModelNotUpdating(Check):
             if p is not None and not torch.equal(value_slice(p), old):
                 changed = True
                 break
+        if changed:
+            self._ever_changed.add(key)
+        elif event.has_closure and key in self._ever_changed:
+            return  # L-BFGS moved before and met its own stopping tolerance: converged
         self._unchanged[key] = 0 if changed else self._unchanged.get(key, 0) + 1
-        if self._unchanged[key] >= self.CONSECUTIVE and key not in self._reported:
-            self._reported.add(key)
-            lrs = learning_rates(event.optimizer)
-            with torch.no_grad():
-                grads = [p.grad for p in optimizer_params(event.optimizer) if p.grad is not None]
-                grad_norm = float(torch.linalg.vector_norm(torch.stack(
-                    [torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
-            cause = "the learning rate is 0" if all(lr == 0 for lr in lrs) else (
-                "all gradients are zero or missing" if grad_norm == 0 else "the update rounds to nothing")
-            self.report(
-                f"{type(event.optimizer).__name__}.step() ran {self._unchanged[key]} sampled steps in a row "
-                f"without changing any sampled parameter: {cause} (lr={lrs[:4]}, grad norm={grad_norm:.3g}).",
-                location=event.location,
-                evidence={"consecutive_unchanged_steps": self._unchanged[key], "lr": lrs,
-                          "grad_norm": grad_norm},
-                step=event.step,
-            )
+        if self._unchanged[key] >= self.CONSECUTIVE:
+            self._report(event, self._unchanged[key], "sampled steps")
+
+    def _every_step(self, event: StepEnd, key: int, versions_before: int) -> None:
+        wrote = version_sum(event.optimizer) != versions_before
+        if wrote:
+            self._writes_bump_versions.add(key)
+        zero_lr = all_learning_rates_zero(event.optimizer)
+        certain = zero_lr or (not wrote and key in self._writes_bump_versions)
+        self._untouched[key] = self._untouched.get(key, 0) + 1 if certain else 0
+        if self._untouched[key] >= self.CONSECUTIVE_EVERY_STEP:
+            self._report(event, self._untouched[key], "steps")
+
+    def _report(self, event: StepEnd, count: int, unit: str) -> None:
+        key = id(event.optimizer)
+        self._reported.add(key)
+        lrs = learning_rates(event.optimizer)
+        with torch.no_grad():
+            grads = [p.grad for p in optimizer_params(event.optimizer) if p.grad is not None]
+            grad_norm = float(torch.linalg.vector_norm(torch.stack(
+                [torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
+        cause = "the learning rate is 0" if all(lr == 0 for lr in lrs) else (
+            "all gradients are zero or missing" if grad_norm == 0 else "the update rounds to nothing")
+        self.report(
+            f"{type(event.optimizer).__name__}.step() ran {count} {unit} in a row "
+            f"without changing any parameter: {cause} (lr={lrs[:4]}, grad norm={grad_norm:.3g}).",
+            location=event.location,
+            evidence={"consecutive_unchanged_steps": count, "counted": unit, "lr": lrs,
+                      "grad_norm": grad_norm},
+            step=event.step,
+        )
+
+
+def version_sum(optimizer) -> int:
+    """Sum of the parameters' version counters: it moves iff some parameter was written in
+    place (counters only grow). Reads no tensor data."""
+    total = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            total += p._version
+    return total
+
+
+def all_learning_rates_zero(optimizer) -> bool:
+    """Every param group's lr is the Python number 0 (tensor lrs are not read: that would
+    synchronise the device on every step)."""
+    groups = optimizer.param_groups
+    return bool(groups) and all(
+        isinstance(g.get("lr"), (int, float)) and g["lr"] == 0 for g in groups)

@@ -6,6 +6,7 @@ from typing import Any
 
 from nndoctor.events import SchedulerStep
 from nndoctor.findings import Severity
+from nndoctor.instrument.optimizers import unwrap_optimizer
 from nndoctor.registry import Check, register
 
 
@@ -53,7 +54,7 @@ class SchedulerMisuse(Check):
     ## Why is this bad?
     Case 2 is silent and severe: ``StepLR(step_size=30, gamma=0.1)`` stepped per batch on
     391 batches/epoch divides the LR by 10 thirteen times in the first epoch; training
-    stops learning after a few hundred steps (seed 002).
+    stops learning after a few hundred steps.
 
     ## Example
     ```python
@@ -76,11 +77,18 @@ class SchedulerMisuse(Check):
     Schedules meant per iteration (OneCycleLR, CyclicLR, warm-up LinearLR, LambdaLR,
     CosineAnnealingLR with ``T_max`` of at least an epoch of batches) are not reported.
     A scheduler stepped before the optimizer while a GradScaler is in use is not reported
-    either: the scaler legitimately skips early optimizer steps.
+    either: the scaler legitimately skips early optimizer steps. Optimizers wrapped by
+    accelerate (``AcceleratedOptimizer``, what HF Trainer's scheduler holds) or Lightning
+    are resolved to the optimizer they wrap, whether the scheduler was built before or
+    after ``accelerator.prepare()``.
+
+    Both cases are errors: each changes the learning rate the run actually trains with
+    (case 1 shifts the whole schedule by one step, so warm-up never applies its first
+    value; PyTorch itself warns about it).
 
     ## References
     - PyTorch docs, "How to adjust learning rate": https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate
-    - shared/seeds 002.
+    - PyTorch warning "Detected call of `lr_scheduler.step()` before `optimizer.step()`" (torch/optim/lr_scheduler.py).
     """
 
     code = "O107"
@@ -104,6 +112,7 @@ class SchedulerMisuse(Check):
         optimizer = getattr(scheduler, "optimizer", None)
         if optimizer is None:
             return
+        optimizer = unwrap_optimizer(optimizer)  # accelerate's AcceleratedOptimizer, Lightning's
         state = self.session.state
         opt_steps = state.step_counts.get(optimizer, 0)
         if count == 1 and opt_steps == 0 and state.scaler is None and (key, "early") not in self._reported:
@@ -112,7 +121,7 @@ class SchedulerMisuse(Check):
                 f"{type(scheduler).__name__}.step() was called before the first optimizer.step(): "
                 "the first learning-rate value of the schedule is skipped.",
                 location=event.location, evidence={"scheduler": type(scheduler).__name__},
-                severity=Severity.WARNING, step=event.step,
+                fix="call scheduler.step() after optimizer.step()", step=event.step,
             )
         if (key, "per-batch") in self._reported or not stepped_per_batch(count, opt_steps):
             return

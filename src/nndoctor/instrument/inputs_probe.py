@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
+from nndoctor.instrument.stats import has_plain_values
 
 # Positional index of ``ignore_index`` after (input, target) in both signatures:
 # cross_entropy(input, target, weight, size_average, ignore_index, ...), same for nll_loss.
@@ -79,7 +80,7 @@ def class_target_range(input: Any, target: Any, ignore_index: int) -> tuple[int,
 
     min/max exclude ``ignore_index``. One host synchronisation.
     """
-    if not isinstance(input, torch.Tensor) or not isinstance(target, torch.Tensor):
+    if not has_plain_values(input) or not has_plain_values(target):
         return None
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         return None
@@ -126,7 +127,7 @@ def _make_probe(installation: Any, probe: TargetProbe, name: str, wrapped: Any) 
 
     @functools.wraps(wrapped)
     def probed(input, target, *args, **kwargs):
-        if session.active and session.sampled:
+        if session.active and session.sampled and not torch.compiler.is_compiling():
             installation._safe(record, input, target, args, kwargs, sys._getframe(1))
         return wrapped(input, target, *args, **kwargs)
 
@@ -152,7 +153,7 @@ def summarize_samples(tensor: torch.Tensor) -> SampleSummary | None:
     different images rarely collide even when the strided positions fall on a shared
     background. One host synchronisation.
     """
-    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2 or tensor.numel() == 0:
+    if not has_plain_values(tensor) or tensor.dim() < 2 or tensor.numel() == 0:
         return None
     if not tensor.is_floating_point():
         return None
@@ -206,7 +207,7 @@ class ClassAxisSummary:
 
 def summarize_class_axis(tensor: torch.Tensor) -> ClassAxisSummary | None:
     """Row sums and log-sum-exps along the class axis (dim 1, or 0 for one sample). One sync."""
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+    if not has_plain_values(tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
         return None
     if tensor.dim() == 0:
         return None

@@ -119,6 +119,8 @@ def is_internal_frame(frame: FrameType) -> bool:
 
 
 _MODULE_CALL_FILE = os.path.join("torch", "nn", "modules", "module.py")
+# ``OptimizedModule.__call__`` (torch.compile) sits between the user and the module call.
+_COMPILED_CALL_FILE = os.path.join("torch", "_dynamo", "eval_frame.py")
 
 
 def direct_caller(frame: FrameType | None) -> FrameType | None:
@@ -126,7 +128,7 @@ def direct_caller(frame: FrameType | None) -> FrameType | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         own = filename.startswith(_NNDOCTOR_DIR) and not filename.startswith(_DEMO_DIR)
-        if own or filename.endswith(_MODULE_CALL_FILE):
+        if own or filename.endswith((_MODULE_CALL_FILE, _COMPILED_CALL_FILE)):
             frame = frame.f_back
             continue
         return frame

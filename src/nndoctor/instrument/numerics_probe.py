@@ -35,7 +35,7 @@ import torch
 
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
-from nndoctor.instrument.stats import first_tensor, tensor_version
+from nndoctor.instrument.stats import first_plain_tensor, tensor_version
 
 GRADIENT_STATS_KEY = "nndoctor.gradient_stats"
 
@@ -186,10 +186,10 @@ def observe_module(qualname: str, module: Any, inputs: Any, output: Any,
     When the input is the unchanged output of one of the last ``recent`` records (the usual
     chain of layers), that record's flag is reused.
     """
-    out = first_tensor(output)
+    out = first_plain_tensor(output)
     if out is None or not out.is_floating_point():
         return None
-    x = first_tensor(inputs)
+    x = first_plain_tensor(inputs)
     input_flag = None
     if x is not None:
         version = tensor_version(x)
@@ -304,10 +304,14 @@ class NonfiniteTracer:
         self._handles, self._stack, self._callback = [], [], None
 
     def _pre(self, module: Any, args: tuple) -> None:
+        if torch.compiler.is_compiling():  # see torch_hooks._compiling
+            return None
         self._stack.append(module)
         return None
 
     def _post(self, module: Any, args: tuple, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return None
         stack = self._stack
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is module:

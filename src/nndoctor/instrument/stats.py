@@ -98,15 +98,31 @@ def _channel_stats(x: torch.Tensor) -> list[torch.Tensor]:
     return parts
 
 
+def has_plain_values(tensor: Any) -> bool:
+    """A dense (strided) tensor whose values can be read: not sparse (COO, CSR, ...), nested,
+    quantized, meta or fake (FakeTensorMode, torch.compile tracing). Statistics skip the rest."""
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    try:
+        if tensor.layout != torch.strided or tensor.is_nested or tensor.is_quantized or tensor.is_meta:
+            return False
+    except (RuntimeError, NotImplementedError):  # an exotic subclass that cannot say
+        return False
+    return not _is_fake(tensor)
+
+
+def _is_fake(tensor: torch.Tensor) -> bool:
+    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", None)
+    return fake is not None and isinstance(tensor, fake)
+
+
 def summarize(tensor: torch.Tensor, channels: bool = True) -> TensorStats | None:
     """Statistics of a tensor, or None for empty/complex/unsupported tensors.
 
     One synchronisation for a finite tensor; a second one, on a masked slow path, only when
     the tensor holds NaN or Inf.
     """
-    if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0 or tensor.is_complex():
-        return None
-    if tensor.is_sparse or tensor.is_nested or tensor.device.type == "meta":
+    if not has_plain_values(tensor) or tensor.is_complex() or tensor.numel() == 0:
         return None
     with torch.no_grad(), torch.autocast(tensor.device.type, enabled=False):
         x = tensor.detach()
@@ -163,6 +179,13 @@ def first_tensor(value: Any) -> torch.Tensor | None:
             if found is not None:
                 return found
     return None
+
+
+def first_plain_tensor(value: Any) -> torch.Tensor | None:
+    """``first_tensor`` when its values can be read (``has_plain_values``), else None: checks
+    that compute statistics skip sparse, nested, quantized, meta and fake tensors."""
+    tensor = first_tensor(value)
+    return tensor if tensor is not None and has_plain_values(tensor) else None
 
 
 def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:

@@ -37,6 +37,12 @@ from nndoctor import events as ev
 from nndoctor.engine import Session, StopRun
 from nndoctor.instrument.patches import Patcher
 
+# True while dynamo traces (torch.compile): our hooks and wrappers are inlined into the traced
+# function then, and Python side effects there (lists, sys._getframe, events) either break the
+# trace ("already tracked for mutation") or would be baked into the graph. They step aside; the
+# compiled module is still observed from outside, as a top-level call that dynamo does not trace.
+_compiling = torch.compiler.is_compiling
+
 # Functional losses observed when called from user code (not from inside a loss module).
 LOSS_FUNCTIONS = (
     "cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
@@ -105,7 +111,7 @@ class Installation:
         self.patcher.on_undo(post.remove)
 
     def _forward_pre(self, module: Any, args: tuple) -> None:
-        if not self.session.active:
+        if not self.session.active or _compiling():
             return None
         self._stack.append(module)
         if isinstance(module, _Loss):
@@ -114,7 +120,7 @@ class Installation:
 
     def _forward_post(self, module: Any, args: tuple, output: Any) -> None:
         session = self.session
-        if not session.active:
+        if not session.active or _compiling():
             return None
         stack = self._stack
         # Pop this module (search from the top: a user may have caught an exception that
@@ -131,6 +137,8 @@ class Installation:
         if output is None and sys.exc_info()[1] is not None:
             return None
         try:
+            if _without_values(output):
+                return None
             if not stack:  # a top-level call from user code
                 self._root_forward(module, args, output, is_loss)
             elif session.wants("module_output") and session.sampled:
@@ -221,11 +229,10 @@ class Installation:
         if not session.active:
             return None
         session.state.optimizers.add(optimizer)
-        if session.wants("step_start"):
-            has_closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
+        if session.wants("step_start") and not _optimizer_without_values(optimizer):
             session.emit(ev.StepStart(
-                step=session.step, sampled=session.sampled, frame=sys._getframe(1),
-                optimizer=optimizer, has_closure=has_closure,
+                step=session.step, sampled=session.step_sampled(optimizer), frame=sys._getframe(1),
+                optimizer=optimizer, has_closure=_has_closure(args, kwargs),
                 backwards_since_step=session.state.backwards_since_step,
                 zero_grads_since_backward=session.state.zero_grads_since_backward,
             ))
@@ -236,12 +243,12 @@ class Installation:
         if not session.active:
             return None
         state = session.state
-        sampled = session.sampled
+        sampled = session.step_sampled(optimizer)
         session.count_step(optimizer)
         state.backwards_since_step = 0
-        if session.wants("step_end"):
+        if session.wants("step_end") and not _optimizer_without_values(optimizer):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
-                                    optimizer=optimizer))
+                                    optimizer=optimizer, has_closure=_has_closure(args, kwargs)))
         if session.should_stop():
             raise StopRun(f"--max-steps {session.max_steps} reached")
         return None
@@ -281,7 +288,7 @@ class Installation:
         @functools.wraps(original)
         def train(module, mode: bool = True):
             session = inst.session
-            if not session.active or inst._in_train:
+            if not session.active or inst._in_train or _compiling():
                 return original(module, mode)
             inst._in_train += 1
             try:
@@ -329,7 +336,7 @@ class Installation:
             index = state.backwards_since_step
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
-            if session.wants("backward"):
+            if session.wants("backward") and not _without_values(tensor):
                 session.emit(ev.Backward(step=session.step, sampled=session.sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
                                          batches_since_last_backward=batches,
@@ -338,7 +345,7 @@ class Installation:
         def after(tensor, frame) -> None:
             session = inst.session
             session.state.zero_grads_since_backward = 0
-            if session.wants("backward_done"):
+            if session.wants("backward_done") and not _without_values(tensor):
                 session.emit(ev.BackwardDone(step=session.step, sampled=session.sampled,
                                              frame=frame, tensor=tensor))
 
@@ -544,6 +551,30 @@ class Installation:
         GradScaler.scale = scale
 
 
+def _without_values(value: Any) -> bool:
+    """Meta or fake tensors (shape inference, ``torch.device("meta")`` models) carry no values:
+    no event is emitted about them, so no check reads data that does not exist."""
+    from nndoctor.instrument.stats import first_tensor
+
+    tensor = value if isinstance(value, torch.Tensor) else first_tensor(value)
+    if tensor is None:
+        return False
+    return tensor.is_meta or type(tensor).__name__ == "FakeTensor"
+
+
+def _optimizer_without_values(optimizer: Any) -> bool:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return _without_values(p)
+    return False
+
+
+def _has_closure(args: tuple, kwargs: dict) -> bool:
+    """Was ``step`` given a closure (L-BFGS)? torch's step hooks get ``args`` *with* the
+    optimizer itself first, so a positional closure is ``args[1]``."""
+    return any(callable(a) for a in args[1:2]) or callable(kwargs.get("closure"))
+
+
 def _path_of(f: Any) -> str | None:
     if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
         return str(f)
@@ -554,10 +585,10 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
     @functools.wraps(original)
     def loss_function(input, target, *args, **kwargs):
         session = inst.session
-        if not session.active or inst._in_loss:
+        if not session.active or inst._in_loss or _compiling():
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
-        if session.wants("loss"):
+        if session.wants("loss") and not _without_values(output):
             options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
             frame = sys._getframe(1)
             inst._safe(lambda: session.emit(ev.LossComputed(

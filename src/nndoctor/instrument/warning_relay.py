@@ -49,6 +49,16 @@ def caller_past_wrappers(filename: str, lineno: int, frame: Any) -> tuple[str, i
     return frame.f_code.co_filename, frame.f_lineno
 
 
+# torch.compile warns on every ``OptimizedModule`` call while any global module hook exists.
+# The hooks are ours, and they step aside while dynamo traces: the warning describes
+# nndoctor, not the user's program, so it is not shown during a session.
+_OWN_HOOK_WARNING = "Using `torch.compile(module)` when there are global hooks on modules"
+
+
+def is_about_our_hooks(msg: Any) -> bool:
+    return str(getattr(msg, "message", "")).startswith(_OWN_HOOK_WARNING)
+
+
 def install(installation: Any) -> None:
     # ``warnings._showwarnmsg`` is the one function both the C and the Python implementation
     # of ``warn`` call with the whole WarningMessage (3.6+): relaying there keeps ``source``
@@ -59,6 +69,8 @@ def install(installation: Any) -> None:
         return
 
     def _showwarnmsg(msg):
+        if is_about_our_hooks(msg):
+            return None
         try:
             moved = caller_past_wrappers(msg.filename, msg.lineno, sys._getframe(1))
         except Exception:  # noqa: BLE001 - observer rule: show the warning as it was
