@@ -15,6 +15,8 @@ A framework that is not installed skips its programs (CI installs them all: the 
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,12 +85,24 @@ def framework_run(monkeypatch, tmp_path):
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
+    environment = dict(os.environ)  # programs set variables too (PL_GLOBAL_SEED, HF_HUB_OFFLINE)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: threads only contend on a shared 2-core runner
     try:
         yield run_script
     finally:
         torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environment)
+        _reset_accelerate()
+
+
+def _reset_accelerate() -> None:
+    """accelerate keeps one process-wide state; each program starts from a fresh one, as in its own process."""
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
 
 
 def _describe(report) -> str:
