@@ -249,7 +249,10 @@ def _model_input(check: Check, event: Forward) -> TensorStats | None:
     """Statistics of the first tensor given to a model (sampled steps, not loss modules)."""
     if not event.sampled or event.is_loss:
         return None
-    return cached_stats(event, "input0", first_plain_tensor(event.inputs))
+    tensor = first_plain_tensor(event.inputs)
+    if tensor is None:  # model(**batch): Hugging Face Trainer and accelerate loops call this way
+        tensor = first_plain_tensor(event.kwargs)
+    return cached_stats(event, "input0", tensor)
 
 
 def _model_name(event: Forward) -> str:
@@ -311,6 +314,11 @@ class UnnormalizedInput(Check):
     def on_forward(self, event: Forward) -> None:
         first = self._first.take(event.module) if not event.is_loss else None
         stats = _model_input(self, event)
+        if stats is None and first is not None:
+            # Called with keyword arguments only (``model(pixel_values=x)``, as Hugging Face
+            # Trainer does), the batch is not among the positional inputs the forward hook
+            # sees: the first learned layer's input is the best view of it.
+            stats = first.stats
         if stats is None or first is None or image_layout(stats.shape) is None:
             return
         problem = unnormalized_pixels(stats.dtype, stats.min, stats.max)
