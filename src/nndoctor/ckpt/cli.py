@@ -52,6 +52,22 @@ def finish(report: Report, args: argparse.Namespace) -> int:
     return 1 if report.reaches(fail_threshold(args)) else 0
 
 
+def unreadable_but_unsafe(ckpt: object, command: list[str], args: argparse.Namespace) -> int:
+    """Exit through the C104 report when a file names unsafe globals but holds nothing usable.
+
+    diff/fix/convert cannot do their job on such a file; what matters is that it is dangerous.
+    """
+    from nndoctor.ckpt.analysis import safety_findings
+
+    report = Report(command=command)
+    for finding in safety_findings(ckpt):  # type: ignore[arg-type]
+        report.add(finding)
+    report.extra["checkpoint"] = {"path": ckpt.path, "format": ckpt.format,  # type: ignore[attr-defined]
+                                  "read_mode": ckpt.read_mode,  # type: ignore[attr-defined]
+                                  "unsafe_globals": ckpt.unsafe_globals}  # type: ignore[attr-defined]
+    return max(finish(report, args), 1)
+
+
 def add_trust_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust", action="store_true",
                         help="allow the pickle to import and call what it references "

@@ -4,6 +4,10 @@ Checkpoints are rarely a bare state_dict: training loops save ``{"model": …, "
 "epoch": …}``, Lightning saves ``{"state_dict": …, "optimizer_states": […], …}``, and
 ``torch.save(model)`` pickles the module itself. This walks the object once and reports
 every flat name->tensor mapping, plus a one-line summary of everything else.
+
+The object comes from an untrusted file, so the walk is bounded: each container is visited once
+(a few KB of pickle can reference one dict a billion times), and the number of objects and the
+nesting depth are capped (limits.py).
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from nndoctor.ckpt.checkpoint import StateDict, TensorInfo
+from nndoctor.ckpt.limits import ReadLimits
 from nndoctor.ckpt.safe_unpickle import OpaqueObject
 
-_MAX_DEPTH = 5
+_MAX_DEPTH = 5  # how deep state dicts are looked for inside nested containers
+_MAX_MODULE_NESTING = 256  # submodule levels read from a pickled nn.Module (real models: < 20)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -43,15 +49,19 @@ def _placeholder_state(obj: OpaqueObject) -> Any:
     return state
 
 
-def placeholder_module_state_dict(obj: OpaqueObject, prefix: str = "") -> dict[str, Any]:
+def placeholder_module_state_dict(obj: OpaqueObject, prefix: str = "",
+                                  _seen: set[int] | None = None) -> dict[str, Any]:
     """The state_dict a pickled nn.Module would return, read from its pickled ``__dict__``.
 
-    Mirrors ``nn.Module.state_dict``: parameters, then persistent buffers, then children.
+    Mirrors ``nn.Module.state_dict``: parameters, then persistent buffers, then children. A
+    module reached twice (shared, or a hostile cycle) is read once.
     """
+    seen = _seen if _seen is not None else set()
     state = _placeholder_state(obj)
     result: dict[str, Any] = {}
-    if not isinstance(state, Mapping):
+    if id(obj) in seen or not isinstance(state, Mapping) or prefix.count(".") > _MAX_MODULE_NESTING:
         return result
+    seen.add(id(obj))
     for name, value in (state.get("_parameters") or {}).items():
         if value is not None and _is_tensor(value):
             result[prefix + name] = value
@@ -61,7 +71,7 @@ def placeholder_module_state_dict(obj: OpaqueObject, prefix: str = "") -> dict[s
             result[prefix + name] = value
     for name, child in (state.get("_modules") or {}).items():
         if isinstance(child, OpaqueObject) and _placeholder_is_module(child):
-            result.update(placeholder_module_state_dict(child, f"{prefix}{name}."))
+            result.update(placeholder_module_state_dict(child, f"{prefix}{name}.", seen))
     return result
 
 
@@ -81,7 +91,7 @@ def summarize(value: Any) -> str:
         info = TensorInfo.of(value)
         return f"tensor {info.shape_text()} {info.dtype}"
     if isinstance(value, (int, float, bool, str)) or value is None:
-        text = repr(value)
+        text = repr(value[:81] if isinstance(value, str) else value)
         return text if len(text) <= 80 else text[:77] + "..."
     if isinstance(value, Mapping):
         return f"{type(value).__name__} with {len(value)} entries"
@@ -93,13 +103,30 @@ def summarize(value: Any) -> str:
 class ContainerWalk:
     """The result of walking a loaded checkpoint object."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: ReadLimits | None = None) -> None:
         self.state_dicts: list[StateDict] = []
         self.whole_model_at: list[str] = []
         self.other_entries: dict[str, str] = {}
+        self.limits = limits or ReadLimits()
+        self._seen: dict[int, str] = {}
+        self._nodes = 0
+        self.truncated = False
 
     def walk(self, obj: Any, where: str = "", depth: int = 0) -> None:
         import torch
+
+        self._nodes += 1
+        if self._nodes > self.limits.max_nodes:
+            if not self.truncated:
+                self.truncated = True
+                self.other_entries["(truncated)"] = (f"stopped after {self.limits.max_nodes:,} objects "
+                                                     f"(NNDOCTOR_MAX_NODES): the rest is not shown")
+            return
+        if isinstance(obj, (Mapping, OpaqueObject, torch.nn.Module)) or (isinstance(obj, (list, tuple)) and obj):
+            if id(obj) in self._seen:
+                self.other_entries[where or "(root)"] = f"same object as {self._seen[id(obj)]!r}"
+                return
+            self._seen[id(obj)] = where or "(root)"
 
         if isinstance(obj, torch.nn.Module):
             self.whole_model_at.append(where)

@@ -56,9 +56,11 @@ def target_infos(args: argparse.Namespace) -> tuple[dict[str, TensorInfo], str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    from nndoctor.ckpt.cli import finish
+    from nndoctor.ckpt.cli import finish, unreadable_but_unsafe
 
     ckpt = read_checkpoint(args.a, trust=args.trust)
+    if ckpt.unsafe_globals and not ckpt.state_dicts:
+        return unreadable_but_unsafe(ckpt, ["ckpt", "diff", args.a], args)
     source = select_state_dict(ckpt, args.key)
     target, label, _model = target_infos(args)
     mapping = propose_mapping(source.infos(), target)
