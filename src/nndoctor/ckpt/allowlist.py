@@ -48,14 +48,14 @@ def _resolve(name: str) -> Any:
     if parts[0] not in _ROOTS:
         raise KeyError(name)
     for split in range(len(parts) - 1, 0, -1):
-        try:
-            with warnings.catch_warnings():  # numpy 2 warns on numpy.core, which old pickles name
-                warnings.simplefilter("ignore")
+        with warnings.catch_warnings():  # numpy 2 warns on numpy.core, which old pickles name
+            warnings.simplefilter("ignore")
+            try:
                 owner: Any = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        for attr in parts[split:]:
-            owner = getattr(owner, attr)
+            except ImportError:
+                continue
+            for attr in parts[split:]:
+                owner = getattr(owner, attr)
         return owner
     raise KeyError(name)
 

@@ -37,6 +37,11 @@ def run(args: argparse.Namespace) -> int:
     if handler is None:
         args._ckpt_parser.print_help()
         return 2
+    json_path = getattr(args, "json", None)
+    if json_path and json_path != "-":
+        from nndoctor.ckpt.writer import check_writable_file
+
+        check_writable_file(json_path, "--json")
     return int(handler(args) or 0)
 
 
@@ -47,7 +52,11 @@ def finish(report: Report, args: argparse.Namespace) -> int:
     json_path = getattr(args, "json", None)
     if json_path != "-":
         print_report(report, file=sys.stdout, json_path=json_path)
-    if json_path:
+    if json_path and json_path != "-":
+        from nndoctor.ckpt.writer import write_or_fail
+
+        write_or_fail(json_path, lambda: write_json(report, json_path), "--json")
+    elif json_path:
         write_json(report, json_path)
     return 1 if report.reaches(fail_threshold(args)) else 0
 

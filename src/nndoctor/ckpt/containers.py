@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from nndoctor.ckpt.checkpoint import StateDict, TensorInfo
-from nndoctor.ckpt.limits import ReadLimits
 from nndoctor.ckpt.safe_unpickle import OpaqueObject
+from nndoctor.limits import ReadLimits
 
 _MAX_DEPTH = 5  # how deep state dicts are looked for inside nested containers
 _MAX_MODULE_NESTING = 256  # submodule levels read from a pickled nn.Module (real models: < 20)
@@ -109,10 +109,19 @@ class ContainerWalk:
         self.other_entries: dict[str, str] = {}
         self.limits = limits or ReadLimits()
         self._seen: dict[int, str] = {}
+        self._repeats: set[int] = set()
+        self._more_repeats = 0
         self._nodes = 0
         self.truncated = False
 
-    def walk(self, obj: Any, where: str = "", depth: int = 0) -> None:
+    def walk(self, obj: Any) -> None:
+        """Walk the root object; shared references are listed once each, then counted."""
+        self._walk(obj, "", 0)
+        if self._more_repeats:
+            self.other_entries["(shared references)"] = (
+                f"{self._more_repeats:,} further references to objects listed above (not repeated)")
+
+    def _walk(self, obj: Any, where: str, depth: int) -> None:
         import torch
 
         self._nodes += 1
@@ -124,7 +133,11 @@ class ContainerWalk:
             return
         if isinstance(obj, (Mapping, OpaqueObject, torch.nn.Module)) or (isinstance(obj, (list, tuple)) and obj):
             if id(obj) in self._seen:
-                self.other_entries[where or "(root)"] = f"same object as {self._seen[id(obj)]!r}"
+                if id(obj) in self._repeats:
+                    self._more_repeats += 1
+                else:
+                    self._repeats.add(id(obj))
+                    self.other_entries[where or "(root)"] = f"same object as {self._seen[id(obj)]!r}"
                 return
             self._seen[id(obj)] = where or "(root)"
 
@@ -150,7 +163,7 @@ class ContainerWalk:
             isinstance(v, (Mapping, torch.nn.Module, OpaqueObject)) for v in obj
         ):
             for index, value in enumerate(obj):
-                self.walk(value, _join(where, index), depth + 1)
+                self._walk(value, _join(where, index), depth + 1)
             return
         self.other_entries[where or "(root)"] = summarize(obj)
 
@@ -167,4 +180,4 @@ class ContainerWalk:
             self.other_entries[where or "(root)"] = summarize(obj)
             return
         for key, value in obj.items():
-            self.walk(value, _join(where, key), depth + 1)
+            self._walk(value, _join(where, key), depth + 1)

@@ -14,9 +14,9 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from nndoctor.ckpt.limits import ReadLimits, megabytes
 from nndoctor.ckpt.pickle_scan import PickleCorrupt, looks_like_pickle, scan_pickle
 from nndoctor.errors import UsageError
+from nndoctor.limits import ReadLimits, megabytes
 
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -73,11 +73,8 @@ def check_zip_sizes(path: str, archive: zipfile.ZipFile, file_size: int, limits:
 
 def npy_pickle(where: str, stream: IO[bytes]) -> EmbeddedPickle | None:
     """The pickle of an object-dtype .npy (after its header), or None for plain arrays."""
-    import numpy as np
-
     try:
-        version = np.lib.format.read_magic(stream)
-        shape, _fortran, dtype = np.lib.format._read_array_header(stream, version)
+        _shape, dtype = npy_header(stream)
     except Exception as error:  # numpy raises ValueError for bad headers, SyntaxError for bad dicts
         return EmbeddedPickle(where, [], f"unreadable .npy header: {error}")
     if not dtype.hasobject:
@@ -86,10 +83,18 @@ def npy_pickle(where: str, stream: IO[bytes]) -> EmbeddedPickle | None:
 
 
 def npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], Any]:
+    """(shape, dtype) from a .npy header; numpy parses it with ast.literal_eval, never eval."""
     import numpy as np
 
     version = np.lib.format.read_magic(stream)
-    shape, _fortran, dtype = np.lib.format._read_array_header(stream, version)
+    if version == (1, 0):
+        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:  # 3.0 (UTF-8 field names) has no public reader
+        from numpy.lib import _format_impl
+
+        shape, _fortran, dtype = _format_impl._read_array_header(stream, version)
     return tuple(shape), dtype
 
 

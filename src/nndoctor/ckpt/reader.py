@@ -31,10 +31,10 @@ from nndoctor.ckpt.embedded import (
     tar_pickles,
     zip_pickles,
 )
-from nndoctor.ckpt.limits import ReadLimits
 from nndoctor.ckpt.pickle_scan import PickleCorrupt, looks_like_pickle, scan_pickle
 from nndoctor.ckpt.safe_unpickle import inert_load_pickle, inert_torch_load
 from nndoctor.errors import UsageError
+from nndoctor.limits import ReadLimits
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -105,7 +105,14 @@ def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None
     if kind == "safetensors":
         return _read_safetensors(path)
     if kind == "hdf5":
-        return _with_embedded(_read_keras(path), _hdf5_file_pickles(path))
+        embedded = _hdf5_file_pickles(path)
+        try:
+            ckpt = _read_keras(path)
+        except UsageError:
+            if any(_unsafe(item.globals) for item in embedded):
+                return _embedded_only(path, "hdf5", embedded)
+            raise
+        return _with_embedded(ckpt, embedded)
     if kind == "npy":
         return _read_npy(path)
     if kind == "tar":

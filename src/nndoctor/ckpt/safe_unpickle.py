@@ -21,8 +21,8 @@ import pickle
 from typing import Any
 
 from nndoctor.ckpt import allowlist
-from nndoctor.ckpt.limits import ReadLimits, megabytes
 from nndoctor.ckpt.pickle_scan import python3_name
+from nndoctor.limits import ReadLimits, megabytes
 
 
 class RefusedPickle(pickle.UnpicklingError):
