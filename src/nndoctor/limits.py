@@ -34,6 +34,8 @@ class ReadLimits:
     max_alloc_bytes: int = 512 * _MB
     # Objects visited when walking a loaded object graph.
     max_nodes: int = 200_000
+    # Bytes one TFRecord record may hold (read into memory whole, inflated when the file is gzip).
+    max_record_bytes: int = 256 * _MB
 
     @classmethod
     def from_env(cls) -> ReadLimits:
@@ -41,6 +43,7 @@ class ReadLimits:
             max_inflate_bytes=_env_int("NNDOCTOR_MAX_INFLATE_MB", cls.max_inflate_bytes // _MB) * _MB,
             max_alloc_bytes=_env_int("NNDOCTOR_MAX_ALLOC_MB", cls.max_alloc_bytes // _MB) * _MB,
             max_nodes=_env_int("NNDOCTOR_MAX_NODES", cls.max_nodes),
+            max_record_bytes=_env_int("NNDOCTOR_MAX_RECORD_MB", cls.max_record_bytes // _MB) * _MB,
         )
 
 

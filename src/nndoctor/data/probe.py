@@ -55,6 +55,19 @@ class FileRecord:
     def from_json(cls, values: list) -> FileRecord:
         return cls(*values)
 
+    @classmethod
+    def valid_json(cls, values: object) -> bool:
+        """True when ``values`` (e.g. a cache row) rebuilds a FileRecord with the right types."""
+        if not isinstance(values, list) or len(values) != len(fields(cls)):
+            return False
+        number = (int, float)
+        for value, kind in zip(values, (str, int, str, str, str, int, int, int, str, (int, type(None)),
+                                        (*number, type(None)), (list, type(None)))):
+            if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+                return False
+        moments = values[-1]
+        return moments is None or all(isinstance(m, number) for m in moments)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
