@@ -23,6 +23,10 @@ _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception:",
 )
 _PREAMBLE_LINES = 40
+# How much of the previous traceback of a chain a chained traceback keeps as its preamble. Not
+# the whole chain: each link would then copy all the links before it, and a log of n chained
+# tracebacks would cost n² time and memory (minutes for a few MB).
+_CHAIN_CONTEXT_CHARS = 4096
 # torchrun prefixes every line of a rank's output ("[rank1]: Traceback ...").
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:[ ]?", re.M)
 
@@ -101,7 +105,8 @@ def parse_crashes(text: str) -> list[list[Crash]]:
         if crash is None:
             continue
         if chained and chains:
-            crash.preamble = f"{chains[-1][-1].text}\n{crash.preamble}"
+            cause = chains[-1][-1].text[-_CHAIN_CONTEXT_CHARS:]
+            crash.preamble = f"{cause}\n{crash.preamble}"
             chains[-1].append(crash)
         else:
             chains.append([crash])
