@@ -46,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 # Characters of input read: a log bigger than this is cut (with a note), so /dev/zero-like
-# input or a runaway log cannot exhaust memory. 1 GiB is five times the largest real log we met.
+# input or a runaway log cannot exhaust memory; 1 GiB leaves room for logs of hundreds of MB.
 MAX_INPUT_CHARS = 1 << 30
 
 
