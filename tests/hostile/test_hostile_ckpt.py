@@ -368,6 +368,14 @@ def test_escape_sequences_in_the_file_name_are_shown_escaped(tmp_path, capsys):
     assert "\\e[2J" in header
 
 
+def test_escape_sequences_in_an_error_message_are_shown_escaped(tmp_path, capsys):
+    path = tmp_path / "bad\x1b]0;owned\x07.pt"
+    path.write_bytes(b"this is not a checkpoint")
+    code, out, err, _ = run_cli(capsys, "ckpt", "inspect", path)
+    assert code == 2 and err.startswith("nndoctor: error: ")
+    h.assert_no_raw_controls(out + err)
+
+
 # -- 12. output paths ----------------------------------------------------------------------
 @pytest.mark.parametrize("target", ["existing-dir", "unwritable-folder", "sysfs", "below-a-file"])
 def test_fix_output_problems_are_one_line_errors(tmp_path, capsys, target):

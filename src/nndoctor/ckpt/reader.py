@@ -10,7 +10,6 @@ globals is still returned (read_mode "not-loaded") so that C104 is reported.
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import stat
@@ -155,13 +154,8 @@ def _read_raw_pickle(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
     # Either the legacy torch format (several pickles, then raw bytes) or a plain pickle.dump.
     with open(path, "rb") as handle:
         data = handle.read()
-    fmt = "pickle"
-    try:
-        first = inert_load_pickle(io.BytesIO(data), limits)
-        if isinstance(first, int) and first == _TORCH_LEGACY_MAGIC:
-            fmt = "pytorch-legacy"
-    except Exception:  # the scan below gives the precise error
-        pass
+    # torch's legacy format starts with its magic number pickled on its own (protocol 2).
+    fmt = "pytorch-legacy" if data.startswith(pickle.dumps(_TORCH_LEGACY_MAGIC, protocol=2)) else "pickle"
     scanned = scan_bytes("(root)", data, max_pickles=5 if fmt == "pytorch-legacy" else 1)
     return _load_pickled(path, fmt, [scanned], trust, limits)
 
