@@ -232,3 +232,26 @@ def test_escape_sequences_in_file_names(tmp_path, capsys):
     if "printable" not in open(terminal.__file__).read():
         pytest.skip("report/terminal.py does not escape finding text yet (harden-run's part of issue 12)")
     h.assert_no_raw_controls(out + err)
+
+
+# -- 8. the readers themselves never block, even when a path is swapped after the walk ----------
+@pytest.mark.parametrize("reader", ["image-probe", "tfrecord-scan"])
+def test_readers_refuse_a_fifo_without_blocking(tmp_path, reader):
+    import threading
+
+    from nndoctor.data.probe import probe_file
+    from nndoctor.data.tfrecord import scan_tfrecord
+
+    fifo = tmp_path / "swapped.tfrecord"
+    os.mkfifo(fifo)
+    results: list = []
+    read = (lambda: probe_file(str(fifo))) if reader == "image-probe" else (lambda: scan_tfrecord(str(fifo)))
+    worker = threading.Thread(target=lambda: results.append(read()), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    if worker.is_alive():  # unblock the reader so the test process can end
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("the reader blocked on a FIFO")
+    text = json.dumps(results[0] if isinstance(results[0], dict) else results[0].as_dict())
+    assert "not a regular file" in text

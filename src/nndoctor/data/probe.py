@@ -17,6 +17,7 @@ from PIL import Image, UnidentifiedImageError
 
 from nndoctor.data.formats import IMAGE_FORMATS, sniff, structure_problem
 from nndoctor.data.imagestats import PHASH_SIZE, channel_moments, gray_std, phash
+from nndoctor.data.regular import NotARegularFile, open_regular
 
 # Bump when what a record holds or how it is computed changes: old cache entries are ignored.
 PROBE_VERSION = 1
@@ -79,7 +80,7 @@ def unreadable(reason: str, **known) -> FileRecord:
 def probe_file(path: str) -> FileRecord:
     """Everything nndoctor wants to know about one file, in one read."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             data = handle.read(_READ_LIMIT)
     except FileNotFoundError:
         return unreadable("file disappeared during the scan (or is a broken symlink)")
@@ -87,6 +88,8 @@ def probe_file(path: str) -> FileRecord:
         return unreadable("permission denied")
     except IsADirectoryError:
         return unreadable("is a directory")
+    except NotARegularFile as error:
+        return unreadable(str(error))
     except OSError as error:
         return unreadable(f"read error: {error.strerror or error}")
     if not data:

@@ -12,7 +12,6 @@ import gzip
 import io
 import json
 import os
-import stat
 import struct
 import zlib
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from PIL import Image
 
 from nndoctor.data.crc32c import masked_crc32c
 from nndoctor.data.formats import IMAGE_FORMATS, sniff
+from nndoctor.data.regular import open_regular
 from nndoctor.limits import ReadLimits, megabytes
 
 TFRECORD_VERSION = 2
@@ -38,28 +38,6 @@ class NotAnExample(ValueError):
 
 
 # -- framing -------------------------------------------------------------------------------
-class NotARegularFile(OSError):
-    """A FIFO, socket or device named like a TFRecord file: reading it could block forever."""
-
-
-def open_regular(path: str) -> IO[bytes]:
-    """Open ``path`` for reading only if it is a regular file.
-
-    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer; fstat on
-    the opened descriptor then decides, so a file swapped after a stat() cannot slip through.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotARegularFile("not a regular file (a FIFO, socket or device): not read")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def open_records(path: str) -> tuple[IO[bytes], str]:
     """Open a TFRecord file, transparently decompressing GZIP or ZLIB files."""
     raw = open_regular(path)
