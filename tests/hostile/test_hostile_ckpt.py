@@ -157,6 +157,18 @@ def _build_container(kind: str, tmp_path: Path, marker: Path) -> Path:
         path = tmp_path / "bundle.zip"
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("model/weights.pkl", pickle.dumps({"w": [1.0], "x": evil}, protocol=4))
+    elif kind == "keras-zip-member":
+        import h5py
+
+        weights = tmp_path / "model.weights.h5"
+        with h5py.File(weights, "w") as handle:
+            handle.create_dataset("layers/dense/vars/0", data=np.ones((2, 2), "f4"))
+            handle["layers"].attrs["meta"] = np.void(pickle.dumps(evil, protocol=2))
+        path = tmp_path / "evil.keras"
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("config.json", json.dumps({"class_name": "Sequential", "config": {"layers": []}}))
+            archive.write(weights, "model.weights.h5")
+            archive.writestr("assets/tokenizer.pkl", pickle.dumps(evil, protocol=4))
     elif kind == "hdf5-attribute":
         import h5py
 
@@ -170,7 +182,7 @@ def _build_container(kind: str, tmp_path: Path, marker: Path) -> Path:
 
 
 CONTAINERS = ["torch-zip", "torch-legacy", "torch-zip-extra-member", "legacy-tar", "npy-object",
-              "npz-object", "zip-member", "hdf5-attribute"]
+              "npz-object", "zip-member", "hdf5-attribute", "keras-zip-member"]
 
 
 @pytest.mark.parametrize("kind", CONTAINERS)
@@ -272,7 +284,25 @@ def _special_file(folder: Path, special: str) -> Path:
     return path
 
 
-ALLOCATION_BOMBS = ["bytearray", "tensor-constructor", "numpy-shape", "storage-size"]
+def _hdf5_file(folder: Path, kind: str) -> Path:
+    import h5py
+
+    path = folder / f"{kind}.weights.h5"
+    with h5py.File(path, "w") as handle:
+        dense = handle.create_group("layers/dense/vars")
+        dense.create_dataset("0", data=np.ones((3, 2), "f4"))
+        if kind == "hdf5-fill-bomb":
+            # Never written, so never stored: 1.6 GB of fill value declared in a few KB.
+            dense.create_dataset("1", shape=(400_000_000,), dtype="f4")
+        else:  # hdf5-cycle: every nested "layers" group links back to the root, twice
+            nested = handle["layers"]
+            for name in ("a", "b"):
+                nested[name] = handle
+    assert path.stat().st_size < 100_000
+    return path
+
+
+ALLOCATION_BOMBS = ["bytearray", "tensor-constructor", "numpy-shape", "storage-size", "hdf5-fill-bomb"]
 SPECIAL_FILES = ["fifo", "dev-zero", "dev-urandom"]
 
 
@@ -282,7 +312,9 @@ def limited(tmp_path_factory) -> dict[str, h.Limited]:
     cases = {"graph": ("ckpt", "inspect", _graph_file(folder), "--json", folder / "graph.json"),
              "zip-bomb": ("ckpt", "inspect", _zip_bomb(folder))}
     for bomb in ALLOCATION_BOMBS:
-        cases[bomb] = ("ckpt", "inspect", _allocation_bomb(folder, bomb))
+        path = _hdf5_file(folder, bomb) if bomb.startswith("hdf5") else _allocation_bomb(folder, bomb)
+        cases[bomb] = ("ckpt", "inspect", path)
+    cases["hdf5-cycle"] = ("ckpt", "inspect", _hdf5_file(folder, "hdf5-cycle"), "--json", folder / "cycle.json")
     for special in SPECIAL_FILES:
         cases[special] = ("ckpt", "inspect", _special_file(folder, special))
     return dict(zip(cases, h.run_limited(list(cases.values()), cwd=folder)))
@@ -295,6 +327,13 @@ def test_shared_reference_graph_is_walked_once(limited):
     entries = result.json["extra"]["checkpoint"]["other_entries"]
     assert "further references" in entries["(shared references)"]
     assert len(entries) < 100
+
+
+def test_hdf5_link_cycles_are_walked_once(limited):
+    result = limited["hdf5-cycle"]
+    assert result.code == 0, result.err
+    assert result.seconds < h.TIME_LIMIT_S
+    assert result.json["extra"]["checkpoint"]["state_dicts"][0]["tensors"] == 1
 
 
 def test_realistic_zip_bomb_is_refused(limited):

@@ -10,6 +10,7 @@ globals is still returned (read_mode "not-loaded") so that C104 is reported.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import stat
@@ -104,14 +105,7 @@ def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None
     if kind == "safetensors":
         return _read_safetensors(path)
     if kind == "hdf5":
-        embedded = _hdf5_file_pickles(path)
-        try:
-            ckpt = _read_keras(path)
-        except UsageError:
-            if any(_unsafe(item.globals) for item in embedded):
-                return _embedded_only(path, "hdf5", embedded)
-            raise
-        return _with_embedded(ckpt, embedded)
+        return _keras_with_embedded(path, _hdf5_file_pickles(path))
     if kind == "npy":
         return _read_npy(path)
     if kind == "tar":
@@ -126,7 +120,10 @@ def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
             if "config.json" in names and "model.weights.h5" in names:
-                return _read_keras(path)
+                check_zip_sizes(path, archive, os.path.getsize(path), limits)
+                embedded = zip_pickles(path, archive, limits, skip={"model.weights.h5"})
+                embedded += _hdf5_bytes_pickles(archive.read("model.weights.h5"))
+                return _keras_with_embedded(path, embedded)
             pkl = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
             if not pkl:
                 if names and all(n.endswith(".npy") for n in names):
@@ -241,6 +238,27 @@ def _with_embedded(ckpt: Checkpoint, pickles: list[EmbeddedPickle]) -> Checkpoin
         ckpt.unsafe_globals.extend(g for g in unsafe if g not in ckpt.unsafe_globals)
         ckpt.other_entries[f"[attribute {item.where}]"] = "pickle naming " + (", ".join(item.globals) or "no globals")
     return ckpt
+
+
+def _keras_with_embedded(path: str, embedded: list[EmbeddedPickle]) -> Checkpoint:
+    """The Keras weights plus any pickles hidden in the file; hostile pickles win over read errors."""
+    try:
+        ckpt = _read_keras(path)
+    except UsageError:
+        if any(_unsafe(item.globals) for item in embedded):
+            return _embedded_only(path, "hdf5", embedded)
+        raise
+    return _with_embedded(ckpt, embedded)
+
+
+def _hdf5_bytes_pickles(data: bytes) -> list[EmbeddedPickle]:
+    try:
+        import h5py
+
+        with h5py.File(io.BytesIO(data), "r") as handle:
+            return hdf5_pickles(handle)
+    except Exception:  # unreadable HDF5 is reported by the Keras reader
+        return []
 
 
 def _hdf5_file_pickles(path: str) -> list[EmbeddedPickle]:
