@@ -220,6 +220,18 @@ def test_dangerous_and_unloadable_is_still_reported_dangerous(tmp_path, capsys, 
     assert finding["evidence"]["read_mode"] == "not-loaded"
 
 
+def test_a_pickle_naming_many_globals_stays_cheap(tmp_path, capsys):
+    # 50,000 different names in 700 KB: each would become a class if nothing bounded it.
+    data = b"\x80\x02(" + b"".join(b"cm%d\nf\n" % i for i in range(50_000)) + b"l."
+    path = tmp_path / "names.pt"
+    path.write_bytes(data)
+    code, _out, err, report = run_cli(capsys, "ckpt", "inspect", path, "--json", tmp_path / "r.json")
+    assert code == 1, err
+    finding = c104(report)
+    assert len(finding["evidence"]["unsafe_globals"]) == 50_000
+    assert finding["evidence"]["read_mode"] == "not-loaded"
+
+
 # -- 13. plain pickles are pickles ----------------------------------------------------------
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_plain_pickle_dump_is_identified_as_a_pickle(tmp_path, capsys, protocol):

@@ -13,8 +13,10 @@ Two kinds of entries:
   classes, ``numpy.ndarray``); calling them is refused, because ``torch.FloatTensor(10**10)`` is an
   allocation bomb built entirely from "safe" names.
 
-The list follows what ``torch.save`` and ``numpy.save`` emit for tensors, parameters, dtypes and
-plain containers (PyTorch docs, "weights_only": https://pytorch.org/docs/stable/notes/serialization.html#weights-only).
+The list follows what ``torch.save`` and ``numpy.save`` emit for dense tensors, parameters, dtypes
+and plain containers. Sparse, meta, quantized and nested tensors are left out on purpose: torch
+builds sparse tensors without checking their invariants ("memory errors (e.g. SEGFAULT) will
+occur"), and meta tensors can declare any size (PyTorch docs, "weights_only": https://pytorch.org/docs/stable/notes/serialization.html#weights-only).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ CALLABLE_NAMES = frozenset({
     "torch.Size", "torch.device", "torch.nn.parameter.Parameter", "torch.serialization._get_layout",
     "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
     "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
-    "torch._utils._rebuild_meta_tensor_no_storage", "torch._utils._rebuild_sparse_tensor",
     "torch._tensor._rebuild_from_type_v2",
     "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
     "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.dtype",

@@ -110,7 +110,8 @@ def nonfinite_findings(ckpt: Checkpoint) -> list[Finding]:
     for sd in ckpt.state_dicts:
         for key, value in sd.tensors.items():
             if isinstance(value, torch.Tensor):
-                if value.is_floating_point() and value.numel():
+                # Only dense tensors with data: sparse/meta ones (--trust) have no values to count.
+                if value.layout == torch.strided and not value.is_meta and value.is_floating_point() and value.numel():
                     count = int((~torch.isfinite(value)).sum())
                 else:
                     continue

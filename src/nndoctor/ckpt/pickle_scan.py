@@ -76,9 +76,12 @@ class PickleGlobals:
     """The globals a pickle references, in order of first appearance."""
 
     names: list[str] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set, repr=False)
 
     def add(self, name: str) -> None:
-        if name not in self.names:
+        # A set, not ``name in self.names``: a hostile pickle can name a million globals.
+        if name not in self._seen:
+            self._seen.add(name)
             self.names.append(name)
 
 

@@ -162,12 +162,7 @@ def _unsafe(names: list[str]) -> list[str]:
 
 
 def _all_globals(pickles: list[EmbeddedPickle]) -> list[str]:
-    seen: list[str] = []
-    for item in pickles:
-        for name in item.globals:
-            if name not in seen:
-                seen.append(name)
-    return seen
+    return list(dict.fromkeys(name for item in pickles for name in item.globals))
 
 
 def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: bool,
@@ -230,12 +225,9 @@ def _embedded_only(path: str, fmt: str, pickles: list[EmbeddedPickle]) -> Checkp
 
 
 def _with_embedded(ckpt: Checkpoint, pickles: list[EmbeddedPickle]) -> Checkpoint:
+    ckpt.globals = list(dict.fromkeys([*ckpt.globals, *_all_globals(pickles)]))
+    ckpt.unsafe_globals = list(dict.fromkeys([*ckpt.unsafe_globals, *_unsafe(ckpt.globals)]))
     for item in pickles:
-        for name in item.globals:
-            if name not in ckpt.globals:
-                ckpt.globals.append(name)
-        unsafe = _unsafe(item.globals)
-        ckpt.unsafe_globals.extend(g for g in unsafe if g not in ckpt.unsafe_globals)
         ckpt.other_entries[f"[attribute {item.where}]"] = "pickle naming " + (", ".join(item.globals) or "no globals")
     return ckpt
 

@@ -74,6 +74,12 @@ class OpaqueObject:
 
 
 _placeholders: dict[str, type[OpaqueObject]] = {}
+# Distinct placeholder classes kept for reuse; beyond this, new ones are not cached (a class
+# costs ~1 KB, and a hostile pickle can name a million globals in a few MB).
+_PLACEHOLDERS_CACHED = 4096
+# Different untrusted names one pickle may use: a whole-model pickle of a large network names
+# a few dozen classes.
+MAX_PLACEHOLDER_NAMES = 10_000
 
 
 def placeholder_for(global_name: str) -> type[OpaqueObject]:
@@ -81,7 +87,8 @@ def placeholder_for(global_name: str) -> type[OpaqueObject]:
     if cls is None:
         short = global_name.rpartition(".")[2]
         cls = type(short if short.isidentifier() else "Opaque", (OpaqueObject,), {"_nnd_global": global_name})
-        _placeholders[global_name] = cls
+        if len(_placeholders) < _PLACEHOLDERS_CACHED:
+            _placeholders[global_name] = cls
     return cls
 
 
@@ -95,6 +102,20 @@ def _element_count(shape: Any) -> int:
     if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) for d in shape):
         raise RefusedPickle(f"refusing an array shape that is not a tuple of integers: {type(shape).__name__}")
     return math.prod(shape)
+
+
+def check_attribute_state(state: Any) -> None:
+    """torch sets these as attributes on the rebuilt tensor: plain names only, no dunders.
+
+    An instance attribute named ``__reduce_ex__`` would be called by the next pickle.dump.
+    """
+    parts = state if isinstance(state, tuple) else (state,)
+    for part in parts:
+        if part is None:
+            continue
+        if not isinstance(part, dict) or not all(
+                isinstance(k, str) and k.isidentifier() and not k.startswith("__") for k in part):
+            raise RefusedPickle("refusing tensor state that is not plain attribute names")
 
 
 class _Guards:
@@ -114,6 +135,9 @@ class _Guards:
         rebuild = allowlist.allowed_callable("torch._tensor._rebuild_from_type_v2")
         if rebuild is not None:
             self.wrapped[id(rebuild)] = self._rebuild_from_type_with(rebuild)
+        with_state = allowlist.allowed_callable("torch._utils._rebuild_parameter_with_state")
+        if with_state is not None:
+            self.wrapped[id(with_state)] = self._parameter_with_state(with_state)
         self.callable_ids = {id(obj) for obj in callables}
         import collections
 
@@ -145,9 +169,17 @@ class _Guards:
             inner = self.callable_for(inner)
             if not (isinstance(new_type, type) and issubclass(new_type, self.tensor_types)):
                 raise RefusedPickle(f"refusing to rebuild a tensor as {new_type!r}")
+            check_attribute_state(state)
             return func(inner, new_type, args, state)
 
         return rebuild_from_type
+
+    def _parameter_with_state(self, func: Any) -> Any:
+        def rebuild(data: Any, requires_grad: Any, backward_hooks: Any, state: Any) -> Any:
+            check_attribute_state(state)
+            return func(data, requires_grad, backward_hooks, state)
+
+        return rebuild
 
     def callable_for(self, func: Any) -> Any:
         """``func`` itself (or its size-checked version) if a pickle may call it; else refuse."""
@@ -186,6 +218,7 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         self._guards = _Guards(self.limits)
         self._torch_persistent_load: Any = None
         self._storage_keys: set[Any] = set()
+        self._placeholder_names: set[str] = set()
         self._storage_bytes = 0
 
     def find_class(self, module: str, name: str) -> Any:
@@ -193,7 +226,13 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         found = allowlist.allowed_callable(full)
         if found is None:
             found = allowlist.allowed_value(full)
-        return found if found is not None else placeholder_for(full)
+        if found is not None:
+            return found
+        self._placeholder_names.add(full)
+        if len(self._placeholder_names) > MAX_PLACEHOLDER_NAMES:
+            raise RefusedPickle(f"the pickle names more than {MAX_PLACEHOLDER_NAMES:,} different classes "
+                                f"or functions: not read further")
+        return placeholder_for(full)
 
     # -- persistent ids: torch assigns its own loader; every storage it builds is size-checked first
     @property  # type: ignore[override]
