@@ -97,14 +97,16 @@ def test_copyreg_extension_codes_are_c104(tmp_path, capsys, protocol):
     assert any("copyreg extension" in g for g in c104(report)["evidence"]["unsafe_globals"])
 
 
-@pytest.mark.parametrize("command", ["diff", "fix", "convert"])
+@pytest.mark.parametrize("command", ["diff", "diff-second", "fix", "convert"])
 def test_every_ckpt_command_exits_1_on_a_code_running_pickle(tmp_path, capsys, command):
     marker = tmp_path / "marker"
     path = tmp_path / "evil.pt"
     path.write_bytes(h.dump(h.payloads(marker)["os.system"], 2))
-    argv = {"diff": [path, path], "fix": [path, "-o", tmp_path / "out.safetensors"],
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(2)}, good)
+    argv = {"diff": [path, good], "diff-second": [good, path], "fix": [path, "-o", tmp_path / "out.safetensors"],
             "convert": [path, "-o", tmp_path / "out.safetensors", "--model", "never_built.py:build"]}[command]
-    code, out, err, report = run_cli(capsys, "ckpt", command, *argv, "--json", tmp_path / "r.json")
+    code, out, err, report = run_cli(capsys, "ckpt", command.split("-")[0], *argv, "--json", tmp_path / "r.json")
     assert not marker.exists()
     assert code == 1, err
     assert c104(report)["severity"] == "error"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from nndoctor.findings import Report
 from nndoctor.report import print_report, write_json
@@ -61,19 +62,20 @@ def finish(report: Report, args: argparse.Namespace) -> int:
     return 1 if report.reaches(fail_threshold(args)) else 0
 
 
-def unreadable_but_unsafe(ckpt: object, command: list[str], args: argparse.Namespace) -> int:
+def unreadable_but_unsafe(ckpts: Any, command: list[str], args: argparse.Namespace) -> int:
     """Exit through the C104 report when a file names unsafe globals but holds nothing usable.
 
     diff/fix/convert cannot do their job on such a file; what matters is that it is dangerous.
     """
     from nndoctor.ckpt.analysis import safety_findings
 
+    ckpts = ckpts if isinstance(ckpts, list) else [ckpts]
     report = Report(command=command)
-    for finding in safety_findings(ckpt):  # type: ignore[arg-type]
-        report.add(finding)
-    report.extra["checkpoint"] = {"path": ckpt.path, "format": ckpt.format,  # type: ignore[attr-defined]
-                                  "read_mode": ckpt.read_mode,  # type: ignore[attr-defined]
-                                  "unsafe_globals": ckpt.unsafe_globals}  # type: ignore[attr-defined]
+    for ckpt in ckpts:
+        for finding in safety_findings(ckpt):
+            report.add(finding)
+    report.extra["checkpoints"] = [{"path": c.path, "format": c.format, "read_mode": c.read_mode,
+                                    "unsafe_globals": c.unsafe_globals} for c in ckpts]
     return max(finish(report, args), 1)
 
 
