@@ -113,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except UsageError as error:
-        print(f"nndoctor: error: {error}", file=sys.stderr)
+        from nndoctor.report.sanitize import printable  # messages quote file names: no raw escapes
+
+        print(f"nndoctor: error: {printable(str(error), keep_newlines=False)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("nndoctor: interrupted", file=sys.stderr)

@@ -100,11 +100,12 @@ def test_whole_model_pickle_c103_and_extracted_without_running(tmp_path, net, ru
     code, report, _ = run_json("ckpt", "inspect", path)
     assert {"C103", "C104"} <= set(codes(report))
     c104 = next(f for f in report["findings"] if f["code"] == "C104")
-    assert c104["severity"] == "warning"  # classes only, no command-running callables
+    # Loading it imports and builds nets.Net: code outside the allowlist, so an error.
+    assert c104["severity"] == "error" and code == 1
     assert any("nets.Net" in g for g in c104["evidence"]["unsafe_globals"])
     out = tmp_path / "sd.pt"
     code, report, _ = run_json("ckpt", "fix", path, "-o", out)
-    assert code == 0
+    assert code == 1 and report["extra"]["fix"]["written"]  # the input stays dangerous; the output is clean
     loaded = torch.load(out, weights_only=True)
     fresh = type(net)()
     fresh.load_state_dict(loaded, strict=True)

@@ -28,32 +28,29 @@ def _where(sd: StateDict) -> str:
 
 
 def safety_findings(ckpt: Checkpoint) -> list[Finding]:
-    """C104 for globals outside the weights_only allowlist, C103 for pickled nn.Modules."""
+    """C104 for any global outside the allowlist (always an error), C103 for pickled nn.Modules."""
     findings: list[Finding] = []
     if ckpt.unsafe_globals:
         dangerous = [g for g in ckpt.unsafe_globals if is_dangerous(g)]
         status = {
             "placeholders": "it was NOT loaded: nndoctor read it with inert placeholders, nothing was executed",
+            "weights_only": "it was NOT loaded: nndoctor read it with inert placeholders, nothing was executed",
             "trusted": "it was loaded with --trust (pickle code was allowed to run)",
-            "not-loaded": "it was not loaded",
+            "not-loaded": "it was NOT loaded (nothing was executed)",
         }.get(ckpt.read_mode, "")
-        if dangerous:
-            message = (f"the pickle calls {_some(dangerous)} — loading it with torch.load("
-                       f"weights_only=False) or pickle.load would run that code; {status}")
-        else:
-            message = (f"the pickle references {len(ckpt.unsafe_globals)} global(s) outside "
-                       f"torch's weights_only allowlist: {_some(ckpt.unsafe_globals)}; "
-                       f"torch.load(weights_only=True) refuses it and weights_only=False would "
-                       f"import and call them; {status}")
+        named = dangerous + [g for g in ckpt.unsafe_globals if g not in dangerous]
+        message = (f"the pickle names {len(ckpt.unsafe_globals)} global(s) outside the allowlist of "
+                   f"tensor and container rebuild functions: {_some(named)} — loading it with "
+                   f"torch.load(weights_only=False), pickle.load or numpy.load(allow_pickle=True) "
+                   f"imports and calls them, which can run any code; {status}")
         findings.append(shared_finding(
-            "C104", message, path=ckpt.path,
-            severity=Severity.ERROR if dangerous else Severity.WARNING,
+            "C104", message, path=ckpt.path, severity=Severity.ERROR,
             evidence={"unsafe_globals": ckpt.unsafe_globals, "dangerous_globals": dangerous,
                       "read_mode": ckpt.read_mode},
             fix=("do not load this file with weights_only=False; if you did not create it, delete it"
                  if dangerous else
-                 "re-save only tensors (nndoctor ckpt fix IN -o OUT.safetensors), or allow exactly "
-                 "these classes with torch.serialization.add_safe_globals([...])"),
+                 "if you created the file: re-save only tensors (nndoctor ckpt fix IN -o OUT.safetensors); "
+                 "otherwise do not load it with weights_only=False"),
         ))
     for where in ckpt.whole_model_at:
         sd = ckpt.find(where)
@@ -113,7 +110,8 @@ def nonfinite_findings(ckpt: Checkpoint) -> list[Finding]:
     for sd in ckpt.state_dicts:
         for key, value in sd.tensors.items():
             if isinstance(value, torch.Tensor):
-                if value.is_floating_point() and value.numel():
+                # Only dense tensors with data: sparse/meta ones (--trust) have no values to count.
+                if value.layout == torch.strided and not value.is_meta and value.is_floating_point() and value.numel():
                     count = int((~torch.isfinite(value)).sum())
                 else:
                     continue

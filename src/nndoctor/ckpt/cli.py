@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from nndoctor.findings import Report
 from nndoctor.report import print_report, write_json
@@ -37,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
     if handler is None:
         args._ckpt_parser.print_help()
         return 2
+    json_path = getattr(args, "json", None)
+    if json_path and json_path != "-":
+        from nndoctor.ckpt.writer import check_writable_file
+
+        check_writable_file(json_path, "--json")
     return int(handler(args) or 0)
 
 
@@ -47,9 +53,30 @@ def finish(report: Report, args: argparse.Namespace) -> int:
     json_path = getattr(args, "json", None)
     if json_path != "-":
         print_report(report, file=sys.stdout, json_path=json_path)
-    if json_path:
+    if json_path and json_path != "-":
+        from nndoctor.ckpt.writer import write_or_fail
+
+        write_or_fail(json_path, lambda: write_json(report, json_path), "--json")
+    elif json_path:
         write_json(report, json_path)
     return 1 if report.reaches(fail_threshold(args)) else 0
+
+
+def unreadable_but_unsafe(ckpts: Any, command: list[str], args: argparse.Namespace) -> int:
+    """Exit through the C104 report when a file names unsafe globals but holds nothing usable.
+
+    diff/fix/convert cannot do their job on such a file; what matters is that it is dangerous.
+    """
+    from nndoctor.ckpt.analysis import safety_findings
+
+    ckpts = ckpts if isinstance(ckpts, list) else [ckpts]
+    report = Report(command=command)
+    for ckpt in ckpts:
+        for finding in safety_findings(ckpt):
+            report.add(finding)
+    report.extra["checkpoints"] = [{"path": c.path, "format": c.format, "read_mode": c.read_mode,
+                                    "unsafe_globals": c.unsafe_globals} for c in ckpts]
+    return max(finish(report, args), 1)
 
 
 def add_trust_option(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,10 @@ Checkpoints are rarely a bare state_dict: training loops save ``{"model": …, "
 "epoch": …}``, Lightning saves ``{"state_dict": …, "optimizer_states": […], …}``, and
 ``torch.save(model)`` pickles the module itself. This walks the object once and reports
 every flat name->tensor mapping, plus a one-line summary of everything else.
+
+The object comes from an untrusted file, so the walk is bounded: each container is visited once
+(a few KB of pickle can reference one dict a billion times), and the number of objects and the
+nesting depth are capped (limits.py).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from typing import Any
 
 from nndoctor.ckpt.checkpoint import StateDict, TensorInfo
 from nndoctor.ckpt.safe_unpickle import OpaqueObject
+from nndoctor.limits import ReadLimits
 
-_MAX_DEPTH = 5
+_MAX_DEPTH = 5  # how deep state dicts are looked for inside nested containers
+_MAX_MODULE_NESTING = 256  # submodule levels read from a pickled nn.Module (real models: < 20)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -43,15 +49,19 @@ def _placeholder_state(obj: OpaqueObject) -> Any:
     return state
 
 
-def placeholder_module_state_dict(obj: OpaqueObject, prefix: str = "") -> dict[str, Any]:
+def placeholder_module_state_dict(obj: OpaqueObject, prefix: str = "",
+                                  _seen: set[int] | None = None) -> dict[str, Any]:
     """The state_dict a pickled nn.Module would return, read from its pickled ``__dict__``.
 
-    Mirrors ``nn.Module.state_dict``: parameters, then persistent buffers, then children.
+    Mirrors ``nn.Module.state_dict``: parameters, then persistent buffers, then children. A
+    module reached twice (shared, or a hostile cycle) is read once.
     """
+    seen = _seen if _seen is not None else set()
     state = _placeholder_state(obj)
     result: dict[str, Any] = {}
-    if not isinstance(state, Mapping):
+    if id(obj) in seen or not isinstance(state, Mapping) or prefix.count(".") > _MAX_MODULE_NESTING:
         return result
+    seen.add(id(obj))
     for name, value in (state.get("_parameters") or {}).items():
         if value is not None and _is_tensor(value):
             result[prefix + name] = value
@@ -61,7 +71,7 @@ def placeholder_module_state_dict(obj: OpaqueObject, prefix: str = "") -> dict[s
             result[prefix + name] = value
     for name, child in (state.get("_modules") or {}).items():
         if isinstance(child, OpaqueObject) and _placeholder_is_module(child):
-            result.update(placeholder_module_state_dict(child, f"{prefix}{name}."))
+            result.update(placeholder_module_state_dict(child, f"{prefix}{name}.", seen))
     return result
 
 
@@ -81,7 +91,7 @@ def summarize(value: Any) -> str:
         info = TensorInfo.of(value)
         return f"tensor {info.shape_text()} {info.dtype}"
     if isinstance(value, (int, float, bool, str)) or value is None:
-        text = repr(value)
+        text = repr(value[:81] if isinstance(value, str) else value)
         return text if len(text) <= 80 else text[:77] + "..."
     if isinstance(value, Mapping):
         return f"{type(value).__name__} with {len(value)} entries"
@@ -93,13 +103,43 @@ def summarize(value: Any) -> str:
 class ContainerWalk:
     """The result of walking a loaded checkpoint object."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: ReadLimits | None = None) -> None:
         self.state_dicts: list[StateDict] = []
         self.whole_model_at: list[str] = []
         self.other_entries: dict[str, str] = {}
+        self.limits = limits or ReadLimits()
+        self._seen: dict[int, str] = {}
+        self._repeats: set[int] = set()
+        self._more_repeats = 0
+        self._nodes = 0
+        self.truncated = False
 
-    def walk(self, obj: Any, where: str = "", depth: int = 0) -> None:
+    def walk(self, obj: Any) -> None:
+        """Walk the root object; shared references are listed once each, then counted."""
+        self._walk(obj, "", 0)
+        if self._more_repeats:
+            self.other_entries["(shared references)"] = (
+                f"{self._more_repeats:,} further references to objects listed above (not repeated)")
+
+    def _walk(self, obj: Any, where: str, depth: int) -> None:
         import torch
+
+        self._nodes += 1
+        if self._nodes > self.limits.max_nodes:
+            if not self.truncated:
+                self.truncated = True
+                self.other_entries["(truncated)"] = (f"stopped after {self.limits.max_nodes:,} objects "
+                                                     f"(NNDOCTOR_MAX_NODES): the rest is not shown")
+            return
+        if isinstance(obj, (Mapping, OpaqueObject, torch.nn.Module)) or (isinstance(obj, (list, tuple)) and obj):
+            if id(obj) in self._seen:
+                if id(obj) in self._repeats:
+                    self._more_repeats += 1
+                else:
+                    self._repeats.add(id(obj))
+                    self.other_entries[where or "(root)"] = f"same object as {self._seen[id(obj)]!r}"
+                return
+            self._seen[id(obj)] = where or "(root)"
 
         if isinstance(obj, torch.nn.Module):
             self.whole_model_at.append(where)
@@ -123,7 +163,7 @@ class ContainerWalk:
             isinstance(v, (Mapping, torch.nn.Module, OpaqueObject)) for v in obj
         ):
             for index, value in enumerate(obj):
-                self.walk(value, _join(where, index), depth + 1)
+                self._walk(value, _join(where, index), depth + 1)
             return
         self.other_entries[where or "(root)"] = summarize(obj)
 
@@ -140,4 +180,4 @@ class ContainerWalk:
             self.other_entries[where or "(root)"] = summarize(obj)
             return
         for key, value in obj.items():
-            self.walk(value, _join(where, key), depth + 1)
+            self._walk(value, _join(where, key), depth + 1)

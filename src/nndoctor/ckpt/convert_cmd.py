@@ -9,11 +9,11 @@ import argparse
 import sys
 
 from rich.console import Console
-from rich.markup import escape
 
 from nndoctor.ckpt import checks
 from nndoctor.ckpt.keras_convert import UnknownEpsilon, plan_conversion
 from nndoctor.ckpt.reader import read_checkpoint
+from nndoctor.ckpt.render import escape
 from nndoctor.ckpt.writer import check_output_path, write_state_dict
 from nndoctor.errors import UsageError
 from nndoctor.findings import Location, Report
@@ -63,12 +63,19 @@ def run(args: argparse.Namespace) -> int:
     from nndoctor.ckpt.model_spec import build_torch_model
 
     check_output_path(args.output, [args.source])
+    from nndoctor.ckpt.analysis import safety_findings
+    from nndoctor.ckpt.cli import unreadable_but_unsafe
+
     ckpt = read_checkpoint(args.source)
+    if ckpt.unsafe_globals and not ckpt.format.startswith("keras"):
+        return unreadable_but_unsafe(ckpt, ["ckpt", "convert", args.source, "-o", args.output], args)
     if not ckpt.format.startswith("keras"):
         raise UsageError(f"{args.source}: convert takes Keras files (.keras, .h5, .weights.h5); "
                          f"this is {ckpt.format} — use 'nndoctor ckpt fix' for PyTorch checkpoints")
     model = build_torch_model(args.model)
     report = Report(command=["ckpt", "convert", args.source, "-o", args.output])
+    for finding in safety_findings(ckpt):  # pickles hidden in HDF5 attributes
+        report.add(finding)
     location = Location(args.source)
     keras_model = None
     if not args.no_verify:

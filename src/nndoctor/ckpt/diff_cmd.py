@@ -40,8 +40,9 @@ def select_state_dict(ckpt: Checkpoint, key: str | None) -> StateDict:
     return sd
 
 
-def target_infos(args: argparse.Namespace) -> tuple[dict[str, TensorInfo], str, object]:
-    """(infos, label, model or None) of the diff target."""
+def target_infos(args: argparse.Namespace, other: Checkpoint | None = None,
+                 ) -> tuple[dict[str, TensorInfo], str, object]:
+    """(infos, label, model or None) of the diff target (``other``: checkpoint B, already read)."""
     if args.model and args.b:
         raise UsageError("give either a second checkpoint or --model, not both")
     if args.model:
@@ -51,16 +52,20 @@ def target_infos(args: argparse.Namespace) -> tuple[dict[str, TensorInfo], str, 
         return {k: TensorInfo.of(v) for k, v in model.state_dict().items()}, args.model, model
     if not args.b:
         raise UsageError("diff needs a second checkpoint or --model MODULE:CALLABLE")
-    other = read_checkpoint(args.b, trust=args.trust)
+    other = other if other is not None else read_checkpoint(args.b, trust=args.trust)
     return select_state_dict(other, None).infos(), args.b, None
 
 
 def run(args: argparse.Namespace) -> int:
-    from nndoctor.ckpt.cli import finish
+    from nndoctor.ckpt.cli import finish, unreadable_but_unsafe
 
     ckpt = read_checkpoint(args.a, trust=args.trust)
+    other = read_checkpoint(args.b, trust=args.trust) if args.b and not args.model else None
+    read = [c for c in (ckpt, other) if c is not None]
+    if any(c.unsafe_globals and not c.state_dicts for c in read):
+        return unreadable_but_unsafe(read, ["ckpt", "diff", args.a] + ([args.b] if args.b else []), args)
     source = select_state_dict(ckpt, args.key)
-    target, label, _model = target_infos(args)
+    target, label, _model = target_infos(args, other)
     mapping = propose_mapping(source.infos(), target)
     if getattr(args, "json", None) != "-":
         print_diff(mapping, args.a, label, sys.stdout)
@@ -68,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
                    + (f"--model {shlex.quote(args.model)}" if args.model else
                       " ".join(r.as_option() for r in mapping.rules)))
     report = Report(command=["ckpt", "diff", args.a, label])
-    for finding in safety_findings(ckpt) + mapping_findings(mapping, source=args.a, target=label,
-                                                            fix_command=fix_command):
+    safety = [f for c in read for f in safety_findings(c)]
+    for finding in safety + mapping_findings(mapping, source=args.a, target=label, fix_command=fix_command):
         report.add(finding)
     report.extra["diff"] = {
         "source": args.a, "target": label, "exact": mapping.exact, "matched": mapping.matched,

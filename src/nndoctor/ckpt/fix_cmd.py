@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from nndoctor.ckpt.analysis import mapping_findings, prefix_findings, safety_findings
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict, TensorInfo
@@ -27,6 +26,7 @@ from nndoctor.ckpt.prefixes import (
     strip_wrappers,
 )
 from nndoctor.ckpt.reader import read_checkpoint
+from nndoctor.ckpt.render import escape
 from nndoctor.ckpt.writer import check_output_path, replace_at, write_state_dict
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
@@ -147,8 +147,15 @@ def run(args: argparse.Namespace) -> int:
     from nndoctor.ckpt.cli import finish
 
     check_output_path(args.output, [args.input])
+    from nndoctor.ckpt.cli import unreadable_but_unsafe
+
     ckpt = read_checkpoint(args.input, trust=args.trust)
+    if ckpt.unsafe_globals and not ckpt.state_dicts:
+        return unreadable_but_unsafe(ckpt, ["ckpt", "fix", args.input, "-o", args.output], args)
     sd = select_state_dict(ckpt, args.key)
+    if ckpt.format in ("npz", "npy"):
+        raise UsageError(f"{args.input}: a numpy file; load it with numpy.load(allow_pickle=False) "
+                         f"and save the arrays with safetensors")
     if sd.role == "weights" and ckpt.format.startswith("keras"):
         raise UsageError("this is a Keras file: use 'nndoctor ckpt convert' to turn it into a PyTorch state_dict")
     log: list[str] = []

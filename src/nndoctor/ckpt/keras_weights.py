@@ -8,16 +8,47 @@ Two layouts exist:
   of layers *of one class*, which is what conversion matches on.
 - Legacy HDF5 (``model.save("m.h5")``, Keras 2 ``save_weights("w.h5")``): attribute
   ``layer_names`` gives the layer order, ``weight_names`` the variable names.
+
+The file may be hostile: groups are visited once each (HDF5 hard links can form cycles), and
+the arrays read may not add up to more than the file's size plus the inflate limit (a
+compressed or never-written dataset can declare gigabytes in a few bytes).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any
+
+from nndoctor.errors import UsageError
+from nndoctor.limits import ReadLimits, megabytes
+
+
+class _ReadBudget:
+    """Bytes of arrays still allowed to be read from one file."""
+
+    def __init__(self, file_size: int, limits: ReadLimits) -> None:
+        self.left = file_size + limits.max_inflate_bytes
+        self.visited: set[Any] = set()
+
+    def read(self, dataset: Any) -> Any:
+        nbytes = int(getattr(dataset, "nbytes", 0) or 0)
+        if nbytes > self.left:
+            raise UsageError(f"the HDF5 dataset {dataset.name!r} declares {megabytes(nbytes)}, more than "
+                             f"the file can hold plus the inflate limit (NNDOCTOR_MAX_INFLATE_MB): not read")
+        self.left -= nbytes
+        return dataset[()]
+
+    def first_visit(self, group: Any) -> bool:
+        key = group.id
+        if key in self.visited:
+            return False
+        self.visited.add(key)
+        return True
 
 _VAR_NAMES = {
     "dense": ["kernel", "bias"],
@@ -81,24 +112,30 @@ def read_keras_file(path: str) -> tuple[str, list[KerasLayerWeights], dict[str, 
     """(format, layers, model config or {}) for a .keras, .h5 or .weights.h5 file."""
     import h5py
 
+    limits = ReadLimits.from_env()
     if zipfile.is_zipfile(path):
+        from nndoctor.ckpt.embedded import check_zip_sizes
+
         with zipfile.ZipFile(path) as archive:
+            check_zip_sizes(path, archive, os.path.getsize(path), limits)
             names = archive.namelist()
             config = json.loads(archive.read("config.json")) if "config.json" in names else {}
             if "model.weights.h5" not in names:
                 raise ValueError("a .keras archive without model.weights.h5")
             data = archive.read("model.weights.h5")
+        budget = _ReadBudget(len(data), limits)
         with h5py.File(io.BytesIO(data), "r") as handle:
-            return "keras-zip", _read_keras3(handle, "", _layer_configs(config)), config
+            return "keras-zip", _read_keras3(handle, "", _layer_configs(config), budget), config
+    budget = _ReadBudget(os.path.getsize(path), limits)
     with h5py.File(path, "r") as handle:
         if "layers" in handle or ("vars" in handle and "layer_names" not in handle.attrs):
-            return "keras-weights-h5", _read_keras3(handle, "", {}), {}
+            return "keras-weights-h5", _read_keras3(handle, "", {}, budget), {}
         config = {}
         raw = handle.attrs.get("model_config")
         if raw is not None:
             config = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
         root = handle["model_weights"] if "model_weights" in handle else handle
-        return "keras-legacy-h5", _read_legacy(root, _layer_configs(config)), config
+        return "keras-legacy-h5", _read_legacy(root, _layer_configs(config), budget), config
 
 
 def _layer_configs(model_config: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -118,16 +155,17 @@ def _layer_configs(model_config: dict[str, Any]) -> dict[str, list[dict[str, Any
     return by_kind
 
 
-def _read_keras3(group: Any, prefix: str, configs: dict[str, list[dict[str, Any]]]) -> list[KerasLayerWeights]:
+def _read_keras3(group: Any, prefix: str, configs: dict[str, list[dict[str, Any]]],
+                 budget: _ReadBudget) -> list[KerasLayerWeights]:
     layers: list[KerasLayerWeights] = []
     container = group.get("layers")
-    if container is None:
+    if container is None or not budget.first_visit(container):
         return layers
     for name in sorted(container.keys(), key=_natural_key):
         sub = container[name]
         path = f"{prefix}layers/{name}"
         if "layers" in sub:
-            layers.extend(_read_keras3(sub, path + "/", configs))
+            layers.extend(_read_keras3(sub, path + "/", configs, budget))
             continue
         arrays = []
         display = name
@@ -135,7 +173,7 @@ def _read_keras3(group: Any, prefix: str, configs: dict[str, list[dict[str, Any]
             if vars_path in sub:
                 vars_group = sub[vars_path]
                 display = str(vars_group.attrs.get("name", display)) if vars_path == "vars" else display
-                arrays += [vars_group[k][()] for k in sorted(vars_group.keys(), key=int)]
+                arrays += [budget.read(vars_group[k]) for k in sorted(vars_group.keys(), key=int)]
         if not arrays:
             continue
         kind = _strip_counter(name)
@@ -174,7 +212,7 @@ def _guess_kind(layer_name: str, weights: dict[str, Any]) -> str:
     return "unknown"
 
 
-def _read_legacy(root: Any, configs: dict[str, list[dict[str, Any]]]) -> list[KerasLayerWeights]:
+def _read_legacy(root: Any, configs: dict[str, list[dict[str, Any]]], budget: _ReadBudget) -> list[KerasLayerWeights]:
     config_by_name = {c.get("name"): (kind, c) for kind, cs in configs.items() for c in cs}
     layers: list[KerasLayerWeights] = []
     for layer_name in (_decode(n) for n in root.attrs.get("layer_names", [])):
@@ -182,7 +220,7 @@ def _read_legacy(root: Any, configs: dict[str, list[dict[str, Any]]]) -> list[Ke
         weights: dict[str, Any] = {}
         for weight_name in (_decode(n) for n in group.attrs.get("weight_names", [])):
             short = weight_name.split("/")[-1].split(":")[0]
-            weights[short] = group[weight_name][()]
+            weights[short] = budget.read(group[weight_name])
         if not weights:
             continue
         kind, config = config_by_name.get(layer_name, (None, {}))

@@ -10,8 +10,9 @@ import io
 import pickletools
 from dataclasses import dataclass, field
 
-# Globals that hand an attacker code execution or file access if a pickle may call them.
-# Anything outside the allowlist is already refused; these make the finding an error.
+# Globals that are known to run commands or touch files. This is NOT what decides whether a file
+# is unsafe (allowlist.py does: anything outside it is an error); it only lets the message name
+# the worst offenders first.
 _DANGEROUS_MODULES = {
     "os", "posix", "nt", "subprocess", "sys", "shutil", "socket", "pty", "runpy",
     "importlib", "ctypes", "marshal", "pickle", "_pickle", "dill", "code", "codeop",
@@ -37,7 +38,37 @@ def python3_name(module: str, name: str) -> str:
 
 
 class PickleCorrupt(ValueError):
-    """The bytes are not a complete, well-formed pickle."""
+    """The bytes are not a complete, well-formed pickle.
+
+    ``found`` keeps the globals seen before the damage: a hostile file that is also broken must
+    still be reported as hostile.
+    """
+
+    def __init__(self, message: str, found: PickleGlobals | None = None) -> None:
+        super().__init__(message)
+        self.found = found if found is not None else PickleGlobals()
+
+
+# First bytes of protocol 0/1 pickles (text opcodes, no \x80 PROTO header): MARK, EMPTY_DICT,
+# EMPTY_LIST, EMPTY_TUPLE, GLOBAL, INST, INT, LONG, FLOAT, STRING, UNICODE, NONE, PERSID, and
+# the protocol 1 binary forms (BININT*, BINSTRING, BINUNICODE, BINFLOAT).
+_TEXT_PICKLE_STARTS = frozenset(b"(}])ciILFSVNPJKMTUXGN")
+
+
+def looks_like_pickle(head: bytes) -> bool:
+    """Cheap test on the first bytes: a protocol 2+ header, or a plausible protocol 0/1 opcode.
+
+    A match only means "worth scanning": scan_pickle decides.
+    """
+    if head[:1] == b"\x80":
+        return len(head) < 2 or head[1] <= pickle_highest()
+    return bool(head) and head[0] in _TEXT_PICKLE_STARTS
+
+
+def pickle_highest() -> int:
+    import pickle
+
+    return pickle.HIGHEST_PROTOCOL
 
 
 @dataclass
@@ -45,9 +76,12 @@ class PickleGlobals:
     """The globals a pickle references, in order of first appearance."""
 
     names: list[str] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set, repr=False)
 
     def add(self, name: str) -> None:
-        if name not in self.names:
+        # A set, not ``name in self.names``: a hostile pickle can name a million globals.
+        if name not in self._seen:
+            self._seen.add(name)
             self.names.append(name)
 
 
@@ -79,13 +113,13 @@ def scan_pickle(data: bytes | io.BufferedIOBase, *, max_pickles: int = 1) -> tup
         stream.seek(start)
         try:
             _scan_one(stream, found)
-        except PickleCorrupt:
+        except PickleCorrupt as error:
             if count == 0:
-                raise
+                raise PickleCorrupt(str(error), found) from None
             break
         count += 1
     if count == 0:
-        raise PickleCorrupt("empty file: no pickle data")
+        raise PickleCorrupt("empty file: no pickle data", found)
     return found, count
 
 

@@ -1,9 +1,11 @@
 """Opening any supported checkpoint file safely, by its content rather than its name.
 
-Order of operations for pickle-based files: scan the opcodes for globals (pickle_scan), and
-only if every global is on torch's weights_only allowlist load with ``weights_only=True``.
-Otherwise the file is read with inert placeholders (safe_unpickle) unless the user passed
-``--trust``. Damaged files raise UsageError with a clear message, never a traceback.
+Order of operations for pickle-based files: scan the opcodes for globals (pickle_scan), then
+read with the inert unpickler (safe_unpickle): allowlisted names resolve, every other global
+becomes a placeholder, nothing the file names is imported or called, and allocations are
+bounded (limits.py). ``--trust`` is the only way to let the pickle run. Damaged files raise
+UsageError with a clear message, never a traceback; a damaged file that also names unsafe
+globals is still returned (read_mode "not-loaded") so that C104 is reported.
 """
 
 from __future__ import annotations
@@ -11,40 +13,68 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
 import zipfile
 from typing import Any
 
+from nndoctor.ckpt.allowlist import is_allowed
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict
 from nndoctor.ckpt.containers import ContainerWalk
-from nndoctor.ckpt.pickle_scan import PickleCorrupt, scan_pickle
-from nndoctor.ckpt.safe_unpickle import (
-    PlaceholderUnpickler,
-    allowed_globals,
-    is_allowed,
-    load_with_placeholders,
+from nndoctor.ckpt.embedded import (
+    NPY_MAGIC,
+    EmbeddedPickle,
+    check_zip_sizes,
+    hdf5_pickles,
+    npy_header,
+    npy_pickle,
+    scan_bytes,
+    tar_pickles,
+    zip_pickles,
 )
+from nndoctor.ckpt.pickle_scan import PickleCorrupt, looks_like_pickle, scan_pickle
+from nndoctor.ckpt.safe_unpickle import inert_load_pickle, inert_torch_load
 from nndoctor.errors import UsageError
+from nndoctor.limits import ReadLimits
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ZIP_MAGIC = b"PK\x03\x04"
 _TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
-def sniff_format(path: str) -> str:
-    """The container format from the first bytes: zip, hdf5, safetensors or pickle."""
-    if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file")
-    if os.path.isdir(path):
+def _regular_file(path: str) -> int:
+    """The size of ``path``; refuse anything but a regular file (FIFOs and devices never end)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read it ({error.strerror})") from None
+    if stat.S_ISDIR(info.st_mode):
         raise UsageError(f"{path}: is a directory, not a checkpoint file")
-    size = os.path.getsize(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"{path}: not a regular file (a FIFO, socket or device): not read")
+    return info.st_size
+
+
+def _is_tar(head: bytes) -> bool:
+    return len(head) >= 262 and head[257:262] == b"ustar"
+
+
+def sniff_format(path: str) -> str:
+    """The container format from the first bytes: zip, hdf5, safetensors, npy, tar or pickle."""
+    size = _regular_file(path)
     if size == 0:
         raise UsageError(f"{path}: empty file (0 bytes) — the save was interrupted or never happened")
     with open(path, "rb") as handle:
-        head = handle.read(16)
+        head = handle.read(512)
     if head.startswith(ZIP_MAGIC):
         return "zip"
     if head.startswith(HDF5_MAGIC):
         return "hdf5"
+    if head.startswith(NPY_MAGIC):
+        return "npy"
+    if _is_tar(head):
+        return "tar"
     # safetensors before pickle: its 8-byte header length may well start with 0x80.
     if len(head) >= 9 and head[8:9] == b"{" and head[6:8] == b"\x00\x00":
         header_len = int.from_bytes(head[:8], "little")
@@ -52,67 +82,104 @@ def sniff_format(path: str) -> str:
             return "safetensors"
         raise UsageError(f"{path}: truncated safetensors file: header says {header_len} bytes, "
                          f"file has {size}")
-    if head[:1] == b"\x80":
-        return "pickle"
+    if looks_like_pickle(head):
+        if head[:1] == b"\x80":
+            return "pickle"
+        # Protocol 0/1 pickles are text: only a scan tells them from other text files.
+        try:
+            with open(path, "rb") as handle:
+                scan_pickle(handle)
+            return "pickle"
+        except PickleCorrupt as error:
+            if error.found.names:
+                return "pickle"
     raise UsageError(f"{path}: not a recognised checkpoint (PyTorch zip/pickle, safetensors, "
-                     f"Keras HDF5 or .keras); first bytes {head[:8]!r}")
+                     f"Keras HDF5 or .keras, .npy/.npz); first bytes {head[:8]!r}")
 
 
-def read_checkpoint(path: str, *, trust: bool = False) -> Checkpoint:
+def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None = None) -> Checkpoint:
     """Read ``path`` without executing anything it contains (unless ``trust``)."""
     path = os.fspath(path)
+    limits = limits or ReadLimits.from_env()
     kind = sniff_format(path)
     if kind == "safetensors":
         return _read_safetensors(path)
     if kind == "hdf5":
-        return _read_keras(path)
+        return _keras_with_embedded(path, _hdf5_file_pickles(path))
+    if kind == "npy":
+        return _read_npy(path)
+    if kind == "tar":
+        return _read_tar(path, limits)
     if kind == "zip":
-        try:
-            with zipfile.ZipFile(path) as archive:
-                names = archive.namelist()
-                if "config.json" in names and "model.weights.h5" in names:
-                    return _read_keras(path)
-                pkl = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
-                if not pkl:
-                    raise UsageError(f"{path}: a zip archive that is neither a PyTorch checkpoint "
-                                     f"nor a .keras model (no data.pkl, no config.json)")
-                torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
-                data = archive.read(pkl[0])
-        except zipfile.BadZipFile as error:
-            raise UsageError(f"{path}: truncated or corrupted zip checkpoint ({error}); "
-                             f"re-save or re-download it") from None
-        except (OSError, zipfile.LargeZipFile, EOFError) as error:
-            raise UsageError(f"{path}: cannot read the archive: {error}") from None
-        globals_ = _scan(path, data, max_pickles=1)
-        fmt = "torchscript" if torchscript else "pytorch-zip"
-        return _load_pickled(path, fmt, globals_, trust)
-    # A bare pickle: either the legacy torch format (several pickles, then raw bytes) or
-    # a plain pickle.dump of some object.
+        return _read_zip(path, trust, limits)
+    return _read_raw_pickle(path, trust, limits)
+
+
+def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            if "config.json" in names and "model.weights.h5" in names:
+                check_zip_sizes(path, archive, os.path.getsize(path), limits)
+                embedded = zip_pickles(path, archive, limits, skip={"model.weights.h5"})
+                embedded += _hdf5_bytes_pickles(archive.read("model.weights.h5"))
+                return _keras_with_embedded(path, embedded)
+            pkl = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
+            if not pkl:
+                if names and all(n.endswith(".npy") for n in names):
+                    return _read_npz(path, archive, limits)
+                embedded = zip_pickles(path, archive, limits, skip=set())
+                if embedded:
+                    return _embedded_only(path, "zip", embedded)
+                raise UsageError(f"{path}: a zip archive that is neither a PyTorch checkpoint "
+                                 f"nor a .keras model (no data.pkl, no config.json)")
+            check_zip_sizes(path, archive, os.path.getsize(path), limits)
+            torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+            data = archive.read(pkl[0])
+            extra = zip_pickles(path, archive, limits, skip={pkl[0]})
+    except zipfile.BadZipFile as error:
+        raise UsageError(f"{path}: truncated or corrupted zip checkpoint ({error}); "
+                         f"re-save or re-download it") from None
+    except (OSError, zipfile.LargeZipFile, EOFError, NotImplementedError) as error:
+        raise UsageError(f"{path}: cannot read the archive: {error}") from None
+    fmt = "torchscript" if torchscript else "pytorch-zip"
+    main = scan_bytes(pkl[0], data)
+    return _load_pickled(path, fmt, [main, *extra], trust, limits)
+
+
+def _read_raw_pickle(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
+    # Either the legacy torch format (several pickles, then raw bytes) or a plain pickle.dump.
     with open(path, "rb") as handle:
         data = handle.read()
-    fmt = "pickle"
-    try:
-        first = PlaceholderUnpickler(io.BytesIO(data)).load()
-        if first == _TORCH_LEGACY_MAGIC:
-            fmt = "pytorch-legacy"
-    except Exception:
-        pass  # the scan below gives the precise error
-    globals_ = _scan(path, data, max_pickles=5 if fmt == "pytorch-legacy" else 1)
-    return _load_pickled(path, fmt, globals_, trust)
+    # torch's legacy format starts with its magic number pickled on its own (protocol 2).
+    fmt = "pytorch-legacy" if data.startswith(pickle.dumps(_TORCH_LEGACY_MAGIC, protocol=2)) else "pickle"
+    scanned = scan_bytes("(root)", data, max_pickles=5 if fmt == "pytorch-legacy" else 1)
+    return _load_pickled(path, fmt, [scanned], trust, limits)
 
 
-def _scan(path: str, data: bytes, *, max_pickles: int) -> list[str]:
-    try:
-        found, _count = scan_pickle(data, max_pickles=max_pickles)
-    except PickleCorrupt as error:
-        raise UsageError(f"{path}: corrupted checkpoint: {error}") from None
-    return found.names
+def _unsafe(names: list[str]) -> list[str]:
+    return [g for g in names if not is_allowed(g)]
 
 
-def _load_pickled(path: str, fmt: str, globals_: list[str], trust: bool) -> Checkpoint:
-    allowed = allowed_globals()
-    unsafe = [g for g in globals_ if not is_allowed(g, allowed)]
+def _all_globals(pickles: list[EmbeddedPickle]) -> list[str]:
+    return list(dict.fromkeys(name for item in pickles for name in item.globals))
+
+
+def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: bool,
+                  limits: ReadLimits) -> Checkpoint:
+    globals_ = _all_globals(pickles)
+    unsafe = _unsafe(globals_)
     ckpt = Checkpoint(path=path, format=fmt, globals=globals_, unsafe_globals=unsafe)
+    for item in pickles[1:]:
+        if _unsafe(item.globals):
+            ckpt.other_entries[f"[member {item.where}]"] = "pickle naming " + ", ".join(_unsafe(item.globals))
+    main = pickles[0]
+    if main.error is not None:
+        if unsafe:  # hostile and broken: still report it as hostile
+            ckpt.read_mode = "not-loaded"
+            ckpt.other_entries["(root)"] = f"not loaded: {main.error}"
+            return ckpt
+        raise UsageError(f"{path}: corrupted checkpoint: {main.error}")
     if fmt == "torchscript":
         ckpt.read_mode = "not-loaded"
         ckpt.other_entries["(root)"] = "TorchScript archive: load it with torch.jit.load"
@@ -121,26 +188,132 @@ def _load_pickled(path: str, fmt: str, globals_: list[str], trust: bool) -> Chec
         if trust:
             ckpt.read_mode = "trusted"
             ckpt.root = _trusted_load(path, fmt)
-        elif unsafe:
-            ckpt.read_mode = "placeholders"
-            ckpt.root = _placeholder_load(path, fmt)
         else:
-            import torch
-
-            ckpt.read_mode = "weights_only"
-            ckpt.root = torch.load(path, map_location="cpu", weights_only=True,
-                                   mmap=fmt == "pytorch-zip")
+            ckpt.read_mode = "placeholders" if unsafe else "weights_only"
+            if fmt == "pickle":
+                with open(path, "rb") as handle:
+                    ckpt.root = inert_load_pickle(handle, limits)
+            else:
+                ckpt.root = inert_torch_load(path, limits, mmap=fmt == "pytorch-zip")
     except UsageError:
         raise
-    except Exception as error:
-        raise UsageError(f"{path}: could not read the checkpoint's tensors "
-                         f"({type(error).__name__}: {error}); the file is probably truncated or "
-                         f"corrupted") from None
-    walk = ContainerWalk()
+    except (Exception, RecursionError) as error:
+        reason = f"{type(error).__name__}: {error}"
+        if unsafe:
+            ckpt.read_mode = "not-loaded"
+            ckpt.other_entries["(root)"] = f"not loaded: {reason}"
+            return ckpt
+        raise UsageError(f"{path}: could not read the checkpoint's tensors ({reason}); the file is "
+                         f"truncated, corrupted or hostile") from None
+    walk = ContainerWalk(limits)
     walk.walk(ckpt.root)
     ckpt.state_dicts = walk.state_dicts
     ckpt.whole_model_at = walk.whole_model_at
     ckpt.other_entries.update(walk.other_entries)
+    return ckpt
+
+
+def _embedded_only(path: str, fmt: str, pickles: list[EmbeddedPickle]) -> Checkpoint:
+    globals_ = _all_globals(pickles)
+    ckpt = Checkpoint(path=path, format=fmt, globals=globals_, unsafe_globals=_unsafe(globals_),
+                      read_mode="not-loaded")
+    for item in pickles:
+        state = f"unreadable pickle ({item.error})" if item.error else "pickle"
+        named = ", ".join(item.globals) if item.globals else "no globals"
+        ckpt.other_entries[f"[member {item.where}]"] = f"{state} naming {named}"
+    return ckpt
+
+
+def _with_embedded(ckpt: Checkpoint, pickles: list[EmbeddedPickle]) -> Checkpoint:
+    ckpt.globals = list(dict.fromkeys([*ckpt.globals, *_all_globals(pickles)]))
+    ckpt.unsafe_globals = list(dict.fromkeys([*ckpt.unsafe_globals, *_unsafe(ckpt.globals)]))
+    for item in pickles:
+        ckpt.other_entries[f"[attribute {item.where}]"] = "pickle naming " + (", ".join(item.globals) or "no globals")
+    return ckpt
+
+
+def _keras_with_embedded(path: str, embedded: list[EmbeddedPickle]) -> Checkpoint:
+    """The Keras weights plus any pickles hidden in the file; hostile pickles win over read errors."""
+    try:
+        ckpt = _read_keras(path)
+    except UsageError:
+        if any(_unsafe(item.globals) for item in embedded):
+            return _embedded_only(path, "hdf5", embedded)
+        raise
+    return _with_embedded(ckpt, embedded)
+
+
+def _hdf5_bytes_pickles(data: bytes) -> list[EmbeddedPickle]:
+    try:
+        import h5py
+
+        with h5py.File(io.BytesIO(data), "r") as handle:
+            return hdf5_pickles(handle)
+    except Exception:  # unreadable HDF5 is reported by the Keras reader
+        return []
+
+
+def _hdf5_file_pickles(path: str) -> list[EmbeddedPickle]:
+    try:
+        import h5py
+
+        with h5py.File(path, "r") as handle:
+            return hdf5_pickles(handle)
+    except Exception:  # unreadable HDF5 is reported by the Keras reader
+        return []
+
+
+def _read_npy(path: str) -> Checkpoint:
+    import numpy as np
+
+    with open(path, "rb") as handle:
+        embedded = npy_pickle("(root)", handle)
+    if embedded is not None:
+        return _embedded_only(path, "npy", [embedded])
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as error:
+        raise UsageError(f"{path}: corrupted .npy file ({error})") from None
+    return Checkpoint(path=path, format="npy", state_dicts=[StateDict("", {"(array)": array})],
+                      read_mode="tensors-only")
+
+
+def _read_npz(path: str, archive: zipfile.ZipFile, limits: ReadLimits) -> Checkpoint:
+    """Shapes and dtypes from each member's header; object arrays are scanned, never loaded."""
+    embedded = zip_pickles(path, archive, limits, skip=set())
+    if embedded:
+        ckpt = _embedded_only(path, "npz", embedded)
+    else:
+        ckpt = Checkpoint(path=path, format="npz", read_mode="tensors-only")
+    arrays: dict[str, Any] = {}
+    for info in archive.infolist():
+        with archive.open(info) as handle:
+            try:
+                shape, dtype = npy_header(handle)
+            except Exception:
+                continue
+        if not dtype.hasobject:
+            arrays[info.filename[:-4]] = _ArrayHeader(shape, str(dtype))
+    if arrays:
+        ckpt.state_dicts.append(StateDict("", arrays))
+    return ckpt
+
+
+class _ArrayHeader:
+    """Shape and dtype of an array that was not read (numpy .npz member)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+def _read_tar(path: str, limits: ReadLimits) -> Checkpoint:
+    """torch's pre-1.6 tar format is scanned, never loaded: its loader allocates sizes the file declares."""
+    pickles = tar_pickles(path, limits)
+    if not pickles:
+        raise UsageError(f"{path}: a tar archive that is not a PyTorch checkpoint")
+    ckpt = _embedded_only(path, "pytorch-tar", pickles)
+    ckpt.other_entries["(root)"] = ("legacy tar checkpoint: scanned, not loaded; re-save it with a "
+                                    "current torch.save if you trust it")
     return ckpt
 
 
@@ -151,13 +324,6 @@ def _trusted_load(path: str, fmt: str) -> Any:
         with open(path, "rb") as handle:
             return pickle.load(handle)  # noqa: S301 - the user passed --trust
     return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def _placeholder_load(path: str, fmt: str) -> Any:
-    if fmt == "pickle":
-        with open(path, "rb") as handle:
-            return PlaceholderUnpickler(handle).load()
-    return load_with_placeholders(path)
 
 
 def _read_safetensors(path: str) -> Checkpoint:

@@ -1,15 +1,28 @@
-"""Terminal views of a checkpoint (key tree) and of a diff (mapping table)."""
+"""Terminal views of a checkpoint (key tree) and of a diff (mapping table).
+
+Every name shown here comes from the file (keys, metadata, class names) or the command line, so
+it goes through ``_safe``: rich markup escaped and control characters made visible, so that a key
+named ``"\x1b]0;pwned\x07"`` cannot rewrite the terminal.
+"""
 
 from __future__ import annotations
 
 from typing import IO, Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.tree import Tree
 
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict, TensorInfo
 from nndoctor.ckpt.mapping import KeyMapping
+from nndoctor.report.sanitize import printable
+
+_OTHER_ENTRIES_SHOWN = 60
+
+
+def escape(text: object) -> str:
+    """Untrusted text for a rich console: one line, control characters visible, markup escaped."""
+    return _markup_escape(printable(str(text), keep_newlines=False))
 
 _AUTO_DEPTH_LIMIT = 80  # state dicts with more tensors are shown 3 levels deep by default
 
@@ -55,7 +68,7 @@ def _total(node: Any) -> tuple[int, int]:
 def _add(tree: Tree, node: dict[str, Any], depth: int, max_depth: int | None) -> None:
     for name, child in node.items():
         if isinstance(child, TensorInfo):
-            tree.add(f"{escape(name)}  [bold]{child.shape_text()}[/bold]  [dim]{child.dtype}[/dim]")
+            tree.add(f"{escape(name)}  [bold]{child.shape_text()}[/bold]  [dim]{escape(child.dtype)}[/dim]")
             continue
         tensors, params = _total(child)
         label = f"[cyan]{escape(name)}[/cyan]  [dim]{tensors} tensors, {human_count(params)} params[/dim]"
@@ -71,7 +84,7 @@ def state_dict_tree(sd: StateDict, *, max_depth: int | None = None, separator: s
     title = f"'{sd.where}'" if sd.where else "(root)"
     role = " — recovered from a pickled nn.Module" if sd.role == "whole-model" else ""
     tree = Tree(f"[bold]{escape(title)}[/bold]: {len(infos)} tensors, "
-                f"{human_count(sd.parameter_count)} values, {_dtypes(infos)}{role}")
+                f"{human_count(sd.parameter_count)} values, {escape(_dtypes(infos))}{role}")
     _add(tree, _nest(infos, separator), 0, max_depth)
     return tree
 
@@ -79,30 +92,33 @@ def state_dict_tree(sd: StateDict, *, max_depth: int | None = None, separator: s
 def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = None) -> None:
     console = Console(file=file, highlight=False, soft_wrap=False)
     mode = {
-        "weights_only": "read with torch.load(weights_only=True)",
+        "weights_only": "read inertly: only tensor and container rebuild functions, nothing executed",
         "placeholders": "NOT loaded: classes outside the allowlist shown as placeholders, nothing executed",
         "trusted": "loaded with --trust (pickle code allowed to run)",
         "tensors-only": "tensor file, no code involved",
-        "not-loaded": "not loaded",
+        "not-loaded": "NOT loaded: scanned only, nothing executed",
     }[ckpt.read_mode]
-    console.print(f"[bold]{escape(ckpt.path)}[/bold] · {ckpt.format} · {mode}")
+    console.print(f"[bold]{escape(ckpt.path)}[/bold] · {escape(ckpt.format)} · {mode}")
     if ckpt.metadata:
         console.print("[dim]metadata: " + escape(", ".join(f"{k}={v}" for k, v in ckpt.metadata.items())) + "[/dim]")
     if ckpt.keras_layers:
         tree = Tree(f"[bold]Keras layers[/bold]: {len(ckpt.keras_layers)} with weights")
         for layer in ckpt.keras_layers:
-            branch = tree.add(f"[cyan]{escape(layer.name)}[/cyan]  [dim]{layer.kind}[/dim]")
+            branch = tree.add(f"[cyan]{escape(layer.name)}[/cyan]  [dim]{escape(layer.kind)}[/dim]")
             for name, array in layer.weights.items():
                 info = TensorInfo.of(array)
-                branch.add(f"{escape(name)}  [bold]{info.shape_text()}[/bold]  [dim]{info.dtype}[/dim]")
+                branch.add(f"{escape(name)}  [bold]{info.shape_text()}[/bold]  [dim]{escape(info.dtype)}[/dim]")
         console.print(tree)
     else:
         for sd in ckpt.state_dicts:
             console.print(state_dict_tree(sd, max_depth=max_depth))
     if ckpt.other_entries:
         console.print("[bold]other entries[/bold]")
-        for key, summary in ckpt.other_entries.items():
+        entries = list(ckpt.other_entries.items())
+        for key, summary in entries[:_OTHER_ENTRIES_SHOWN]:
             console.print(f"  {escape(key)}: {escape(summary)}")
+        if len(entries) > _OTHER_ENTRIES_SHOWN:
+            console.print(f"  [dim]… {len(entries) - _OTHER_ENTRIES_SHOWN} more (all in --json)[/dim]")
     if not ckpt.state_dicts and not ckpt.keras_layers:
         console.print("[yellow]no tensors found[/yellow]")
     console.print()

@@ -19,6 +19,31 @@ def check_output_path(out: str, inputs: list[str]) -> None:
     for path in inputs:
         if os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
             raise UsageError(f"-o {out!r} is the input file; nndoctor never modifies its input")
+    check_writable_file(out, "-o")
+
+
+def check_writable_file(path: str, option: str) -> None:
+    """Fail early, in one line, when ``path`` cannot become a file: before any work is done."""
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path!r} is a directory; give a file name")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise UsageError(f"{option} {path!r} exists and is not a regular file")
+    parent = os.path.dirname(os.path.abspath(path))
+    # The nearest existing ancestor decides: missing folders are created, files block them.
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option} {path!r}: {parent!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path!r}: the folder {parent!r} is not writable")
+
+
+def write_or_fail(path: str, write: Any, option: str) -> None:
+    """Run ``write()`` and turn an OS error (disk full, permissions) into a one-line UsageError."""
+    try:
+        write()
+    except OSError as error:
+        raise UsageError(f"{option} {path!r}: cannot write ({error.strerror or error})") from None
 
 
 def plain_tensors(tensors: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,7 +72,7 @@ def write_state_dict(out: str, tensors: Mapping[str, Any], *, container: Any = N
         buffer = io.BytesIO()
         torch.save(container if container is not None else tensors, buffer)
         data = buffer.getvalue()
-    atomic_write_bytes(out, data)
+    write_or_fail(out, lambda: atomic_write_bytes(out, data), "-o")
 
 
 def replace_at(root: Any, where: str, value: Any) -> Any:

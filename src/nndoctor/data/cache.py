@@ -3,7 +3,8 @@
 SQLite in the user's cache folder (``$NNDOCTOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/nndoctor``,
 else ``~/.cache/nndoctor``) — never inside the dataset. A row is valid while the file's
 absolute path, size and mtime (ns) match and the probe version is the current one.
-A cache that cannot be opened or written degrades to no cache; the scan never fails for it.
+A cache that cannot be opened or written, or that holds a malformed row (a damaged or
+tampered file), degrades to no cache; the scan never fails for it and says so in its stats.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 CACHE_FILE = "data-scan.sqlite"
@@ -59,8 +60,13 @@ class ScanCache:
                 pass
         self._db = None
 
-    def lookup(self, items: Iterable[tuple[str, int, int]], version: str) -> dict[str, object]:
-        """``{path: result}`` for the (path, size, mtime_ns) items whose entry is current."""
+    def lookup(self, items: Iterable[tuple[str, int, int]], version: str,
+               valid: Callable[[object], bool] | None = None) -> dict[str, object]:
+        """``{path: result}`` for the (path, size, mtime_ns) items whose entry is current.
+
+        ``valid`` checks each result's shape; one malformed row disables the cache (this batch
+        is then read from disk like every later one).
+        """
         if self._db is None:
             return {}
         items = list(items)
@@ -76,11 +82,15 @@ class ScanCache:
                     chunk,
                 )
                 for key, size, mtime, row_version, result in rows:
-                    path, want_size, want_mtime = wanted[key]
-                    if (size, mtime, row_version) == (want_size, want_mtime, version):
-                        found[path] = json.loads(result)
-        except (sqlite3.Error, ValueError) as error:
+                    path, want_size, want_mtime = wanted.get(key, (None, None, None))
+                    if path is not None and (size, mtime, row_version) == (want_size, want_mtime, version):
+                        value = json.loads(result)
+                        if valid is not None and not valid(value):
+                            raise ValueError(f"malformed entry for {os.fsdecode(key)!r}")
+                        found[path] = value
+        except (sqlite3.Error, ValueError, TypeError) as error:
             self._disable(error)
+            return {}
         return found
 
     def store(self, items: Iterable[tuple[str, int, int, object]], version: str) -> None:

@@ -9,12 +9,13 @@ from nndoctor.cli import add_common_options
 from nndoctor.data.analyze import NEAR_DISTANCE, AnalysisOptions, image_findings
 from nndoctor.data.checks import CrossSplitDuplicates
 from nndoctor.data.layout import plan
-from nndoctor.data.scan import ScanOptions, scan
+from nndoctor.data.scan import ScanOptions, available_cpus, scan
 from nndoctor.data.selection import check_enabled, data_selectors, filter_data_findings
 from nndoctor.data.tfrecord_analyze import tfrecord_findings
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
 from nndoctor.report import print_report, write_json
+from nndoctor.report.sanitize import printable
 from nndoctor.selection import fail_threshold
 
 
@@ -25,7 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
              "folders (one split each), a flat folder of images, or TFRecord files/globs",
     )
     parser.add_argument("--crop", type=int, metavar="N", help="training crop size: list images smaller than N×N (F103)")
-    parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: all cores)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="worker processes (default and maximum: the CPUs available)")
     parser.add_argument("--no-cache", action="store_true", help="read every file; do not use or update the scan cache")
     parser.add_argument(
         "--near-distance", type=int, default=NEAR_DISTANCE, metavar="BITS",
@@ -54,6 +56,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers must be 0 (all cores) or more")
     if not 0 <= args.near_distance <= 32:
         raise UsageError("--near-distance must be between 0 and 32 bits")
+    if args.json and args.json != "-":
+        from nndoctor.ckpt.writer import check_writable_file
+
+        check_writable_file(args.json, "--json")
+    cpus = available_cpus()
+    if args.workers > cpus:
+        print(f"nndoctor: note: --workers {args.workers} capped at {cpus}, the CPUs available", file=sys.stderr)
+        args.workers = cpus
     layout = plan(args.paths)
     near_enabled = check_enabled(CrossSplitDuplicates, select, ignore)
     result = scan(layout, ScanOptions(workers=args.workers, use_cache=not args.no_cache))
@@ -62,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         findings = image_findings(result, options) + tfrecord_findings(result.tfrecords)
     finally:
         result.close()
+    cache_state = result.stats.get("cache")
+    if isinstance(cache_state, str) and cache_state.startswith("cache disabled"):
+        print(f"nndoctor: note: {printable(cache_state, keep_newlines=False)}; every file was read",
+              file=sys.stderr)
     report = Report(command=_command(args), status="completed", steps=0)
     for finding in findings:
         report.add(finding)
@@ -70,8 +84,12 @@ def run(args: argparse.Namespace) -> int:
     to_stdout = args.json == "-"
     # With --json -, stdout carries the JSON alone; the readable report moves to stderr.
     print_report(report, file=sys.stderr if to_stdout else sys.stdout, json_path=None if to_stdout else args.json)
-    if args.json:
+    if args.json == "-":
         write_json(report, args.json)
+    elif args.json:
+        from nndoctor.ckpt.writer import write_or_fail
+
+        write_or_fail(args.json, lambda: write_json(report, args.json), "--json")
     return 1 if report.reaches(fail_on) else 0
 
 
@@ -83,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except UsageError as error:
-        print(f"nndoctor: error: {error}", file=sys.stderr)
+        print(f"nndoctor: error: {printable(str(error), keep_newlines=False)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("nndoctor: interrupted", file=sys.stderr)

@@ -53,6 +53,23 @@ class Split:
 class Plan:
     splits: list[Split] = field(default_factory=list)
     tfrecords: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why): never opened
+
+
+def special_file_reason(path: str) -> str | None:
+    """Why ``path`` (links followed) must not be opened, or None for a regular file.
+
+    Reading a FIFO blocks until a writer comes; /dev/zero and /dev/urandom never end.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # missing or unreadable: reported where it is opened
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"{kind}, not a regular file: skipped, never opened"
 
 
 @dataclass(slots=True)
@@ -99,12 +116,17 @@ def plan(paths: list[str]) -> Plan:
         if os.path.isdir(given):
             folders.append(given)
             continue
+        reason = special_file_reason(given)
+        if reason is not None:
+            raise UsageError(f"{given}: {reason}")
         if os.path.isfile(given):
             result.tfrecords.append(given)
             continue
         matches = sorted(glob.glob(given, recursive=True)) if glob.has_magic(given) else []
         files = [m for m in matches if os.path.isfile(m)]
-        if not files:
+        special = [(m, r) for m in matches if (r := special_file_reason(m)) is not None]
+        result.skipped += special
+        if not files and not special:
             raise UsageError(f"{given}: no such file or folder")
         result.tfrecords.extend(files)
     if len(folders) == 1:
@@ -116,8 +138,8 @@ def plan(paths: list[str]) -> Plan:
             if split is not None:
                 result.splits.append(split)
             else:
-                result.tfrecords.extend(_tfrecords_in(folder))
-    if not result.splits and not result.tfrecords:
+                result.tfrecords.extend(_tfrecords_in(folder, result))
+    if not result.splits and not result.tfrecords and not result.skipped:
         raise UsageError(f"nothing to check in {', '.join(paths)}: no images, class folders or TFRecord files")
     return result
 
@@ -146,9 +168,24 @@ def _listdir(folder: str) -> tuple[list[str], list[str]]:
     return sorted(dirs), sorted(files)
 
 
-def _tfrecords_in(folder: str) -> list[str]:
+def _tfrecords_in(folder: str, result: Plan) -> list[str]:
     _, files = _listdir(folder)
-    return [os.path.join(folder, f) for f in files if is_tfrecord_name(f)]
+    return _regular_tfrecords(folder, files, result)
+
+
+def _regular_tfrecords(folder: str, names: list[str], result: Plan) -> list[str]:
+    """TFRecord-named files in ``folder`` that are regular files; the others go to ``skipped``."""
+    found = []
+    for name in names:
+        if not is_tfrecord_name(name):
+            continue
+        path = os.path.join(folder, name)
+        reason = special_file_reason(path)
+        if reason is None:
+            found.append(path)
+        else:
+            result.skipped.append((path, reason))
+    return found
 
 
 def _splits_of(folder: str, result: Plan) -> list[Split]:
@@ -158,7 +195,7 @@ def _splits_of(folder: str, result: Plan) -> list[Split]:
         return [s for s in (_single_split(os.path.join(folder, d), d) for d in split_dirs) if s]
     split = _single_split(folder, _unique_name(folder, set()))
     if split is None:
-        result.tfrecords.extend(os.path.join(folder, f) for f in files if is_tfrecord_name(f))
+        result.tfrecords.extend(_regular_tfrecords(folder, files, result))
         return []
     return [split]
 
@@ -265,5 +302,7 @@ def _entry_task(
         problems.unreadable.append((entry.path, f"cannot stat: {error.strerror or error}"))
         return None
     if not stat.S_ISREG(st.st_mode):
-        return None  # sockets, fifos, devices: nothing a loader reads
+        # Sockets, FIFOs, devices: never opened (a FIFO would block, /dev/zero never ends).
+        problems.unreadable.append((entry.path, special_file_reason(entry.path) or "not a regular file"))
+        return None
     return FileTask(entry.path, split, cls, st.st_size, st.st_mtime_ns)

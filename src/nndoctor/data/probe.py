@@ -17,6 +17,7 @@ from PIL import Image, UnidentifiedImageError
 
 from nndoctor.data.formats import IMAGE_FORMATS, sniff, structure_problem
 from nndoctor.data.imagestats import PHASH_SIZE, channel_moments, gray_std, phash
+from nndoctor.data.regular import NotARegularFile, open_regular
 
 # Bump when what a record holds or how it is computed changes: old cache entries are ignored.
 PROBE_VERSION = 1
@@ -55,6 +56,19 @@ class FileRecord:
     def from_json(cls, values: list) -> FileRecord:
         return cls(*values)
 
+    @classmethod
+    def valid_json(cls, values: object) -> bool:
+        """True when ``values`` (e.g. a cache row) rebuilds a FileRecord with the right types."""
+        if not isinstance(values, list) or len(values) != len(fields(cls)):
+            return False
+        number = (int, float)
+        for value, kind in zip(values, (str, int, str, str, str, int, int, int, str, (int, type(None)),
+                                        (*number, type(None)), (list, type(None)))):
+            if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+                return False
+        moments = values[-1]
+        return moments is None or all(isinstance(m, number) for m in moments)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -66,7 +80,7 @@ def unreadable(reason: str, **known) -> FileRecord:
 def probe_file(path: str) -> FileRecord:
     """Everything nndoctor wants to know about one file, in one read."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             data = handle.read(_READ_LIMIT)
     except FileNotFoundError:
         return unreadable("file disappeared during the scan (or is a broken symlink)")
@@ -74,6 +88,8 @@ def probe_file(path: str) -> FileRecord:
         return unreadable("permission denied")
     except IsADirectoryError:
         return unreadable("is a directory")
+    except NotARegularFile as error:
+        return unreadable(str(error))
     except OSError as error:
         return unreadable(f"read error: {error.strerror or error}")
     if not data:

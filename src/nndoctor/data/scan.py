@@ -23,7 +23,7 @@ from nndoctor.data.index import ScanIndex
 from nndoctor.data.layout import FileTask, Plan, WalkProblems, display, iter_files
 from nndoctor.data.probe import PROBE_VERSION, FileRecord, probe_batch
 from nndoctor.data.progress import ScanProgress
-from nndoctor.data.tfrecord import TFRECORD_VERSION, scan_tfrecord
+from nndoctor.data.tfrecord import TFRECORD_VERSION, scan_tfrecord, valid_summary
 
 IMAGE_BATCH = 32  # files per worker task: amortises pickling without starving a worker
 IN_FLIGHT_PER_WORKER = 4  # batches queued per worker: keeps workers busy, memory bounded
@@ -60,6 +60,14 @@ class ScanResult:
 
 
 # -- worker pool ---------------------------------------------------------------------------
+def available_cpus() -> int:
+    """CPUs this process may run on: more worker processes than that only add memory and forks."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class WorkerPool:
     """A process pool (or in-process for one worker) fed with a bounded window of batches."""
 
@@ -119,9 +127,10 @@ def _scan_tfrecord_paths(items: list[tuple[str, int, int]]) -> list[dict[str, An
 def scan(plan: Plan, options: ScanOptions) -> ScanResult:
     started = time.perf_counter()
     result = ScanResult(plan=plan, index=ScanIndex())
+    result.walk.unreadable.extend(plan.skipped)
     cache = ScanCache() if options.use_cache else None
     counters = Counter()
-    workers = options.workers or os.cpu_count() or 1
+    workers = min(options.workers, available_cpus()) if options.workers else available_cpus()
     try:
         with WorkerPool(workers) as pool, ScanProgress(options.progress) as progress:
             _scan_images(plan, result, pool, cache, progress, counters)
@@ -150,11 +159,11 @@ def scan(plan: Plan, options: ScanOptions) -> ScanResult:
 
 def _with_cache(
     items: Iterable[tuple[Any, str, int, int]], cache: ScanCache | None, version: str,
-    counters: Counter, batch_size: int,
+    counters: Counter, batch_size: int, valid: Callable[[Any], bool],
 ) -> Iterator[tuple[list, dict[str, Any]]]:
     """Batches of (item, path, size, mtime) with the cached results found for them."""
     for batch in _batched(items, batch_size):
-        found = cache.lookup(((p, s, m) for _, p, s, m in batch), version) if cache else {}
+        found = cache.lookup(((p, s, m) for _, p, s, m in batch), version, valid) if cache else {}
         counters["cache_hits"] += len(found)
         yield batch, found
 
@@ -171,7 +180,7 @@ def _scan_images(
 
     def uncached() -> Iterator[list[FileTask]]:
         # Cached results are ingested as they are met; only misses go to the workers.
-        for batch, found in _with_cache(tasks, cache, version, counters, 256):
+        for batch, found in _with_cache(tasks, cache, version, counters, 256, FileRecord.valid_json):
             misses = []
             for task, path, _, _ in batch:
                 if path in found:
@@ -226,7 +235,7 @@ def _scan_tfrecords(
         except OSError as error:
             result.tfrecords.append((path, _unopenable(error)))
     todo = []
-    for batch, found in _with_cache(items, cache, version, counters, 256):
+    for batch, found in _with_cache(items, cache, version, counters, 256, valid_summary):
         for item, path, _, _ in batch:
             if path in found:
                 result.tfrecords.append((path, found[path]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -20,8 +21,10 @@ from PIL import Image
 
 from nndoctor.data.crc32c import masked_crc32c
 from nndoctor.data.formats import IMAGE_FORMATS, sniff
+from nndoctor.data.regular import open_regular
+from nndoctor.limits import ReadLimits, megabytes
 
-TFRECORD_VERSION = 1
+TFRECORD_VERSION = 2
 # Examples kept per (file, signature) and per (file, key, length) so that a minority of odd
 # records can be named without holding an entry per record (bounded memory).
 EXAMPLES_KEPT = 20
@@ -37,7 +40,7 @@ class NotAnExample(ValueError):
 # -- framing -------------------------------------------------------------------------------
 def open_records(path: str) -> tuple[IO[bytes], str]:
     """Open a TFRecord file, transparently decompressing GZIP or ZLIB files."""
-    raw = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    raw = open_regular(path)
     head = raw.read(2)
     raw.seek(0)
     if head == b"\x1f\x8b":
@@ -81,9 +84,15 @@ class _ZlibReader(io.RawIOBase):
         super().close()
 
 
-def iter_records(stream: IO[bytes]) -> Iterator[tuple[int, int, bytes | None, str | None]]:
+def iter_records(stream: IO[bytes], max_record: int | None = None,
+                 ) -> Iterator[tuple[int, int, bytes | None, str | None]]:
     """Yield ``(index, offset, data, problem)``; after a framing problem that makes the rest
-    of the file unreadable, the last item has ``data=None`` and the reading stops."""
+    of the file unreadable, the last item has ``data=None`` and the reading stops.
+
+    A record longer than ``max_record`` bytes is not read (it would be held in memory whole,
+    and in a gzip file 1.5 MB on disk can declare 1.5 GB): reported, and the reading stops.
+    """
+    max_record = ReadLimits.from_env().max_record_bytes if max_record is None else max_record
     offset, index = 0, 0
     while True:
         header = stream.read(12)
@@ -99,6 +108,11 @@ def iter_records(stream: IO[bytes]) -> Iterator[tuple[int, int, bytes | None, st
         (length,) = struct.unpack("<Q", length_bytes)
         if length > _MAX_RECORD:
             yield index, offset, None, f"record length {length} is implausible; rest of file unreadable"
+            return
+        if length > max_record:
+            yield index, offset, None, (f"record declares {megabytes(length)}, over the "
+                                        f"{megabytes(max_record)} read limit (NNDOCTOR_MAX_RECORD_MB): "
+                                        f"not read, nor the rest of the file")
             return
         data = stream.read(length)
         footer = stream.read(4)
@@ -243,6 +257,11 @@ def scan_tfrecord(path: str) -> dict[str, Any]:
     except OSError as error:
         summary["corrupt"].append([None, 0, f"cannot open: {error.strerror or error}"])
         return summary
+    if os.fstat(_raw_fd(stream)).st_size == 0:
+        stream.close()
+        summary["corrupt"].append([None, 0, "empty file (0 bytes): no records; the write was interrupted "
+                                            "or never happened"])
+        return summary
     try:
         _scan_stream(stream, summary)
     except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as error:
@@ -250,6 +269,20 @@ def scan_tfrecord(path: str) -> dict[str, Any]:
     finally:
         stream.close()
     return summary
+
+
+def _raw_fd(stream: Any) -> int:
+    raw = getattr(stream, "fileobj", None) or getattr(stream, "_raw", None) or stream
+    return raw.fileno()
+
+
+def valid_summary(summary: Any) -> bool:
+    """True when a cached summary has the shape scan_tfrecord produces (a bad cache row is no result)."""
+    if not isinstance(summary, dict):
+        return False
+    shapes = {"records": int, "compression": str, "corrupt": list, "unparseable": list,
+              "signatures": dict, "lengths": dict, "bad_images": list, "images": int}
+    return all(isinstance(summary.get(key), kind) for key, kind in shapes.items())
 
 
 def _scan_stream(stream: IO[bytes], summary: dict[str, Any]) -> None:

@@ -18,7 +18,10 @@ an unexplained error fails (any value but ``never``).
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+from dataclasses import dataclass, field
 
 from rich.text import Text
 
@@ -28,6 +31,7 @@ from nndoctor.explain.base import explain
 from nndoctor.explain.crash import Crash
 from nndoctor.explain.tracetext import parse_crashes
 from nndoctor.findings import Finding, Report
+from nndoctor.report.sanitize import printable
 from nndoctor.selection import fail_threshold, selectors
 
 EXIT_UNEXPLAINED = 1
@@ -41,36 +45,95 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
 
 
+# Characters of input read: a log bigger than this is cut (with a note), so /dev/zero-like
+# input or a runaway log cannot exhaust memory; 1 GiB leaves room for logs of hundreds of MB.
+MAX_INPUT_CHARS = 1 << 30
+
+
+def _read_bounded(handle, label: str) -> str:
+    text = handle.read(MAX_INPUT_CHARS)
+    if handle.read(1):
+        print(f"nndoctor: note: {printable(label, keep_newlines=False)} is longer than "
+              f"{MAX_INPUT_CHARS:,} characters: only the beginning was read", file=sys.stderr)
+    return text
+
+
 def read_text(name: str | None) -> tuple[str, str]:
-    """(label, text) of the input."""
+    """(label, text) of the input: a regular file or a pipe (a FIFO, ``<(…)``, stdin)."""
     if name in (None, "-"):
         if name is None and sys.stdin.isatty():
             raise UsageError("nothing to explain: give a FILE, or pipe a log into 'nndoctor explain -'")
-        return "<stdin>", sys.stdin.read()
+        return "<stdin>", _read_bounded(sys.stdin, "standard input")
     try:
+        mode = os.stat(name).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise UsageError(f"{name}: not a regular file or pipe (a device or socket): not read")
         with open(name, encoding="utf-8", errors="replace") as handle:
-            return name, handle.read()
+            return name, _read_bounded(handle, name)
     except OSError as error:
         raise UsageError(f"can't read {name!r}: {error.strerror or error}") from None
 
 
-def explain_text(text: str, *, select=(), ignore=()) -> tuple[list[Finding], list[Crash]]:
-    """Explanations for every crash in ``text`` and the crashes with no known cause."""
-    findings: list[Finding] = []
-    unexplained: list[Crash] = []
-    for chain in parse_crashes(text):
+# A log can hold thousands of tracebacks (every rank, every retry, every step of a loop that
+# catches and prints). Identical ones are explained once; of the distinct ones, the first and
+# the last MAX_CHAINS_ANALYSED / 2 are explained (the last is usually what ended the run) and
+# the rest only counted, so the time stays linear in the size of the log.
+MAX_CHAINS_ANALYSED = 200
+# Links of one chain tried, from the raised exception backwards.
+MAX_LINKS_TRIED = 8
+
+
+@dataclass
+class Explained:
+    findings: list[Finding] = field(default_factory=list)
+    unexplained: list[Crash] = field(default_factory=list)
+    tracebacks: int = 0  # chains found in the text
+    not_analysed: int = 0  # distinct chains beyond MAX_CHAINS_ANALYSED, counted only
+
+
+def _signature(chain: list[Crash]) -> tuple:
+    last = chain[-1]
+    return (len(chain), last.text, tuple((f.path, f.line, f.function, f.source) for f in last.frames),
+            tuple((f.path, f.line) for f in last.worker_frames))
+
+
+def _selected(chains: list[list[Crash]]) -> tuple[list[list[Crash]], int]:
+    """Distinct chains to analyse (first and last half of the budget) and how many are left out."""
+    distinct: dict[tuple, list[Crash]] = {}
+    for chain in chains:
+        distinct.setdefault(_signature(chain), chain)
+    unique = list(distinct.values())
+    if len(unique) <= MAX_CHAINS_ANALYSED:
+        return unique, 0
+    half = MAX_CHAINS_ANALYSED // 2
+    return unique[:half] + unique[-half:], len(unique) - 2 * half
+
+
+def explain_all(text: str, *, select=(), ignore=()) -> Explained:
+    """Explanations for the crashes in ``text``, those with no known cause, and the counts."""
+    chains = parse_crashes(text)
+    chosen, not_analysed = _selected(chains)
+    result = Explained(tracebacks=len(chains), not_analysed=not_analysed)
+    keys: set = set()
+    for chain in chosen:
         finding = None
         # The last traceback of a chain is what was raised; earlier ones are its causes.
-        for crash in reversed(chain):
+        for crash in list(reversed(chain))[:MAX_LINKS_TRIED]:
             finding = explain(crash, select=select, ignore=ignore)
             if finding is not None:
                 break
-        if finding is not None:
-            if all(f.merge_key != finding.merge_key for f in findings):
-                findings.append(finding)
-        else:
-            unexplained.append(chain[-1])
-    return findings, unexplained
+        if finding is None:
+            result.unexplained.append(chain[-1])
+        elif finding.merge_key not in keys:
+            keys.add(finding.merge_key)
+            result.findings.append(finding)
+    return result
+
+
+def explain_text(text: str, *, select=(), ignore=()) -> tuple[list[Finding], list[Crash]]:
+    """Explanations for the crashes in ``text`` and the crashes with no known cause."""
+    result = explain_all(text, select=select, ignore=ignore)
+    return result.findings, result.unexplained
 
 
 def unexplained_summary(crash: Crash) -> dict[str, object]:
@@ -94,11 +157,17 @@ def render_unexplained(console, crashes: list[Crash]) -> None:
 def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
     label, text = read_text(args.file)
-    findings, unexplained = explain_text(text, select=select, ignore=ignore)
+    explained = explain_all(text, select=select, ignore=ignore)
+    findings, unexplained = explained.findings, explained.unexplained
     report = Report(command=["explain", label])
     for finding in findings:
         report.add(finding)
-    report.extra["tracebacks"] = len(findings) + len(unexplained)
+    report.extra["tracebacks"] = explained.tracebacks
+    if explained.not_analysed:
+        report.extra["tracebacks_not_analysed"] = explained.not_analysed
+        print(f"nndoctor: note: {explained.not_analysed:,} of {explained.tracebacks:,} tracebacks were "
+              f"counted, not analysed (the first and last {MAX_CHAINS_ANALYSED // 2} distinct ones were)",
+              file=sys.stderr)
     if unexplained:
         report.extra["unexplained"] = [unexplained_summary(c) for c in unexplained]
     if args.json:

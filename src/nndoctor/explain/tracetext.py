@@ -31,6 +31,10 @@ _CARETS = re.compile(r"^\s*[~^]+\s*$")
 _HEADERLESS_FRAME_LINES = 400
 # pytest's summary of where a test failed, printed under its "E   " lines: "pkg/mod.py:178: RuntimeError".
 _PYTEST_LOCATION = re.compile(r"^(?P<path>\S+\.py):(?P<line>\d+): (?P<type>[\w.]+)\s*$")
+# How much of the previous traceback of a chain a chained traceback keeps as its preamble. Not
+# the whole chain: each link would then copy all the links before it, and a log of n chained
+# tracebacks would cost n² time and memory (minutes for a few MB).
+_CHAIN_CONTEXT_CHARS = 4096
 
 
 def parse_frames(lines: list[str]) -> tuple[list[Frame], int]:
@@ -111,7 +115,8 @@ def parse_crashes(text: str) -> list[list[Crash]]:
         if crash is None:
             continue
         if chained and chains:
-            crash.preamble = f"{chains[-1][-1].text}\n{crash.preamble}"
+            cause = chains[-1][-1].text[-_CHAIN_CONTEXT_CHARS:]
+            crash.preamble = f"{cause}\n{crash.preamble}"
             chains[-1].append(crash)
         else:
             chains.append([crash])

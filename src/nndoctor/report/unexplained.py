@@ -12,12 +12,16 @@ from typing import Any
 from rich.text import Text
 
 from nndoctor.report.capping import cap_lists
+from nndoctor.report.sanitize import printable
 
 
 def render_no_known_cause(console: Any, crash: Mapping[str, Any]) -> None:
     """Print the block for one unexplained error. ``crash`` holds ``type``, ``message`` (its
     first line), ``location`` (the innermost frame of the user's code, "path:line") and
     ``source`` (that frame's source line); any may be missing."""
+    # Every piece comes from the traceback or a pasted log: control characters are shown escaped.
+    crash = {key: printable(value, keep_newlines=False) if isinstance(value, str) else value
+             for key, value in crash.items()}
     exc_type = str(crash.get("type") or "error")
     location = crash.get("location")
     head = Text()
