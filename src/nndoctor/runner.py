@@ -7,11 +7,16 @@ outcome — completed, stopped by ``--max-steps``, crashed, interrupted — ends
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import runpy
 import sys
+import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 from nndoctor import events as ev
@@ -64,7 +69,8 @@ def check_target(target: Target) -> None:
 
 
 def user_traceback(error: BaseException) -> str:
-    """The traceback as the user would see it under plain python (our frames removed)."""
+    """The traceback as the user would see it under plain python: our frames removed, also
+    from tracebacks quoted in the message (a DataLoader worker's "Original Traceback")."""
     exc = traceback.TracebackException.from_exception(error)
     stack = [exc]
     while stack:
@@ -75,7 +81,35 @@ def user_traceback(error: BaseException) -> str:
         for nested in (current.__cause__, current.__context__):
             if nested is not None:
                 stack.append(nested)
-    return "".join(exc.format())
+    return strip_own_frames("".join(exc.format()))
+
+
+_FRAME_LINE = re.compile(r'^(?P<indent>[ \t]*)File "(?P<file>[^"]+)", line \d+')
+
+
+def strip_own_frames(text: str) -> str:
+    """Remove nndoctor's frames (a ``File "…", line N`` line and the lines indented below it)
+    from traceback text."""
+    kept: list[str] = []
+    skipping_below: int | None = None
+    for line in text.splitlines(keepends=True):
+        match = _FRAME_LINE.match(line)
+        if match:
+            own = _is_own_frame(match.group("file"))
+            skipping_below = len(match.group("indent")) if own else None
+            if own:
+                continue
+        elif skipping_below is not None:
+            indent = len(line) - len(line.lstrip(" \t"))
+            if line.strip() and indent > skipping_below:
+                continue
+            skipping_below = None
+        kept.append(line)
+    return "".join(kept)
+
+
+def full_traceback(error: BaseException) -> str:
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))
 
 
 def _is_own_frame(filename: str) -> bool:
@@ -85,8 +119,13 @@ def _is_own_frame(filename: str) -> bool:
     return path.startswith(_NNDOCTOR_DIR + os.sep) or os.path.basename(path) == "runpy.py"
 
 
-def run_target(target: Target, session: Session) -> Report:
-    """Run ``target`` under ``session`` and return the finished report."""
+def run_target(target: Target, session: Session, *,
+               deliver: Callable[[Report], None] | None = None) -> Report:
+    """Run ``target`` under ``session`` and return the finished report.
+
+    With ``deliver`` (the CLI's way of writing the JSON and printing the report), SIGTERM and
+    ``os._exit`` during the run also end with a delivered report (``nndoctor.signals``).
+    """
     from nndoctor.instrument import install
 
     report = session.report
@@ -112,11 +151,14 @@ def run_target(target: Target, session: Session) -> Report:
 
     installation = install(session)
     status, crash = "completed", None
+    guard = _abrupt_end_guard(session, installation, deliver)
+    process_state, thread_stops = _ProcessState(), _ThreadStops()
     try:
-        if target.is_module:
-            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target.name, run_name="__main__")
+        with guard, thread_stops:
+            if target.is_module:
+                runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target.name, run_name="__main__")
     except StopRun:
         status = "stopped"
     except SystemExit as exit_:
@@ -126,18 +168,99 @@ def run_target(target: Target, session: Session) -> Report:
         elif isinstance(code, int):
             report.exit_code = code
         else:
-            print(code, file=sys.stderr)
+            with contextlib.suppress(Exception):
+                print(code, file=sys.stderr)
             report.exit_code = 1
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except KeyboardInterrupt as interrupt:
+        status, crash = "interrupted", None
+        process_state.uncaught = interrupt
     except BaseException as error:  # noqa: BLE001 - the user's crash, reported below
         status, crash = "crashed", error
+        process_state.uncaught = error
     finally:
+        if status == "completed" and thread_stops.seen:
+            status = "stopped"  # --max-steps reached in a training thread
         finish(session, installation, status, crash)
+        process_state.call_users_excepthook()
+        process_state.restore()
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
     return report
+
+
+def _abrupt_end_guard(session: Session, installation: Any,
+                      deliver: Callable[[Report], None] | None) -> contextlib.AbstractContextManager:
+    if deliver is None:
+        return contextlib.nullcontext()
+    from nndoctor.signals import AbruptEndGuard
+
+    def end_run(status: str, exit_code: int | None) -> None:
+        if exit_code is not None:
+            session.report.exit_code = exit_code
+        finish(session, installation, status, None)
+        deliver(session.report)
+
+    return AbruptEndGuard(session, end_run)
+
+
+class _ThreadStops:
+    """``--max-steps`` reached in a training thread ends that thread quietly (StopRun is ours,
+    not the script's error) and the run is reported as stopped."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous = threading.excepthook
+
+    def __enter__(self) -> _ThreadStops:
+        self._previous = threading.excepthook
+        threading.excepthook = self._hook
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.excepthook == self._hook:
+            threading.excepthook = self._previous
+
+    def _hook(self, args: Any) -> None:
+        if isinstance(args.exc_value, StopRun):
+            self.seen = True
+            return
+        self._previous(args)
+
+
+class _ProcessState:
+    """What the script may change in ``sys`` that nndoctor needs back afterwards, and the
+    script's own ``sys.excepthook``, called for an uncaught exception as python would."""
+
+    def __init__(self) -> None:
+        self.stdout, self.stderr, self.excepthook = sys.stdout, sys.stderr, sys.excepthook
+        self.uncaught: BaseException | None = None
+
+    def call_users_excepthook(self) -> None:
+        hook = sys.excepthook
+        error = self.uncaught
+        if error is None or hook is self.excepthook or hook is sys.__excepthook__:
+            return
+        try:
+            hook(type(error), error, _user_frames_only(error.__traceback__))
+        except BaseException as failure:  # noqa: BLE001 - python reports it and goes on too
+            with contextlib.suppress(Exception):
+                print(f"nndoctor: the script's sys.excepthook raised {type(failure).__name__}: {failure}",
+                      file=self.stderr)
+
+    def restore(self) -> None:
+        sys.excepthook = self.excepthook
+        for name in ("stdout", "stderr"):
+            saved = getattr(self, name)
+            if saved is not None and not getattr(saved, "closed", False):
+                setattr(sys, name, saved)
+
+
+def _user_frames_only(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame on, as python would hand it to the hook."""
+    while tb is not None and _is_own_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
 
 
 def finish(session: Session, installation: Any, status: str, crash: BaseException | None) -> None:
@@ -147,6 +270,8 @@ def finish(session: Session, installation: Any, status: str, crash: BaseExceptio
     try:
         if crash is not None:
             report.traceback = user_traceback(crash)
+            report.extra["traceback"] = report.traceback
+            report.extra["traceback_full"] = full_traceback(crash)  # nndoctor's frames too
             session.emit(ev.Crash(step=session.step, exception=crash, context=dict(session.crash_context)))
             explain_crash(session, crash)
         session.emit(ev.RunEnd(step=session.step, status=status, wall_s=session.elapsed()))

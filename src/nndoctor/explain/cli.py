@@ -22,6 +22,7 @@ import sys
 
 from rich.text import Text
 
+from nndoctor.atomic import describe_write_error, prepare_output_path
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
 from nndoctor.explain.base import explain
@@ -101,6 +102,7 @@ def render_unexplained(console, crashes: list[Crash]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
+    json_path = prepare_output_path(args.json) if args.json else None  # fail before any work
     label, text = read_text(args.file)
     findings, unexplained = explain_text(text, select=select, ignore=ignore)
     report = Report(command=["explain", label])
@@ -109,13 +111,13 @@ def run(args: argparse.Namespace) -> int:
     report.extra["tracebacks"] = len(findings) + len(unexplained)
     if unexplained:
         report.extra["unexplained"] = [unexplained_summary(c) for c in unexplained]
-    if args.json:
+    if json_path:
         from nndoctor.report import write_json
 
         try:
-            write_json(report, args.json)
+            write_json(report, json_path)
         except OSError as error:
-            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
+            print(describe_write_error(args.json, error), file=sys.stderr)
     if not args.quiet:
         show(report, unexplained, text_had_errors=bool(findings or unexplained))
     if unexplained and fail_threshold(args) is not None:
