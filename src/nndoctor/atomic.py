@@ -81,6 +81,7 @@ def prepare_output_path(path: str | os.PathLike[str], option: str = "--json") ->
     text = os.fspath(path)
     if text == "-":
         return text
+    shown = _shown(text)
     if not text:
         raise UsageError(f"{option}: empty path")
     absolute = os.path.abspath(text)
@@ -91,30 +92,37 @@ def prepare_output_path(path: str | os.PathLike[str], option: str = "--json") ->
     except FileNotFoundError:
         info = None
     except NotADirectoryError:
-        raise UsageError(f"{option} {text}: {_file_above(absolute)} is a file, not a folder") from None
+        raise UsageError(f"{option} {shown}: {_shown(_file_above(absolute))} is a file, not a folder") from None
     except OSError as error:
-        raise UsageError(f"{option} {text}: {error.strerror or error}") from None
+        raise UsageError(f"{option} {shown}: {error.strerror or error}") from None
     if info is not None:
         problem = _unwritable_kind(info.st_mode)
         if problem:
-            raise UsageError(f"{option} {text}: {problem}")
+            raise UsageError(f"{option} {shown}: {problem}")
         if not stat.S_ISREG(info.st_mode):
             return absolute  # a device or FIFO: written through at the end
     folder = _nearest_existing(os.path.dirname(absolute))
     if not os.path.isdir(folder):
-        raise UsageError(f"{option} {text}: {folder} is a file, not a folder")
+        raise UsageError(f"{option} {shown}: {_shown(folder)} is a file, not a folder")
     if not _can_create_in(folder):
-        raise UsageError(f"{option} {text}: cannot write in {folder} (permission denied or read-only)")
+        raise UsageError(f"{option} {shown}: cannot write in {_shown(folder)} (permission denied or read-only)")
     return absolute
 
 
 def describe_write_error(path: str | os.PathLike[str], error: OSError) -> str:
     """One line for a report that could not be written at the end of a run."""
     reason = error.strerror or str(error)
-    return f"nndoctor: could not write {os.fspath(path)}: {reason}"
+    return f"nndoctor: could not write {_shown(os.fspath(path))}: {_shown(reason)}"
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def _shown(text: str) -> str:
+    """A path as it may be printed on a terminal (control characters escaped)."""
+    from nndoctor.report.sanitize import printable  # lazily: nndoctor.report imports this module
+
+    return printable(text, keep_newlines=False)
+
+
 def _special_kind(target: Path) -> str | None:
     """'stream' for paths to write through, None for a regular or new file; raise for the rest."""
     try:

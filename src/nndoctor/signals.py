@@ -35,6 +35,20 @@ DELIVERY_DEADLINE_S = float(os.environ.get("NNDOCTOR_ABRUPT_END_DEADLINE", "20")
 # end_run(status, exit_code): close the session and deliver the report (JSON and terminal).
 EndRun = Callable[[str, "int | None"], None]
 
+# The guard of the run in progress, for the fork hook below (one run at a time per process).
+_active: AbruptEndGuard | None = None
+_fork_hook_registered = False
+
+
+def _leave_forked_child() -> None:
+    """A forked child (DataLoader worker, multiprocessing) owns no report: it gets the plain
+    signal API, ``os._exit`` and the SIGTERM handler the script set (default: SIG_DFL) back,
+    exactly as it would inherit them without nndoctor."""
+    global _active
+    guard, _active = _active, None
+    if guard is not None:
+        guard._leave_child()
+
 
 class AbruptEndGuard:
     """Install around a script run; undo everything on exit (usable as a context manager)."""
@@ -58,6 +72,11 @@ class AbruptEndGuard:
 
     # -- install / uninstall -----------------------------------------------------------------
     def __enter__(self) -> AbruptEndGuard:
+        global _active, _fork_hook_registered
+        if not _fork_hook_registered:
+            os.register_at_fork(after_in_child=_leave_forked_child)
+            _fork_hook_registered = True
+        _active = self
         os._exit = self._os_exit  # type: ignore[assignment]
         if threading.current_thread() is threading.main_thread():
             self._before = self._real_getsignal(signal.SIGTERM)
@@ -69,6 +88,9 @@ class AbruptEndGuard:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _active
+        if _active is self:
+            _active = None
         if os._exit == self._os_exit:
             os._exit = self._real_exit  # type: ignore[assignment]
         if not self._installed:
@@ -77,6 +99,17 @@ class AbruptEndGuard:
         signal.signal, signal.getsignal = self._real_signal, self._real_getsignal  # type: ignore[assignment]
         # nndoctor's own process gets back the handler it had before the script started.
         self._real_signal(signal.SIGTERM, self._before if self._before is not None else signal.SIG_DFL)
+
+    def _leave_child(self) -> None:
+        os._exit = self._real_exit  # type: ignore[assignment]
+        if not self._installed:
+            return
+        self._installed = False
+        signal.signal, signal.getsignal = self._real_signal, self._real_getsignal  # type: ignore[assignment]
+        try:
+            self._real_signal(signal.SIGTERM, self._virtual if self._virtual is not None else signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass  # forked from a thread that cannot set handlers; the pid check covers it
 
     # -- the virtualised signal API ----------------------------------------------------------
     def _signal(self, signalnum: int, handler: Any) -> Any:
@@ -96,6 +129,14 @@ class AbruptEndGuard:
     # -- endings -----------------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         handler = self._virtual
+        if os.getpid() != self._pid and not callable(handler):
+            # A forked child (a DataLoader worker stopped with Process.terminate()) inherited this
+            # handler: it owns no report and must die exactly as it would without nndoctor.
+            self._real_signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
+            if handler is signal.SIG_IGN:
+                return
+            signal.raise_signal(signal.SIGTERM)
+            return
         if handler is signal.SIG_IGN:
             return
         if callable(handler):

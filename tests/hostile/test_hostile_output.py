@@ -285,3 +285,13 @@ def test_checks_has_no_output_path_and_rejects_one(capsys):
         main(["checks", "--json", "x.json"])
     assert exit_.value.code == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_bad_output_path_with_control_characters_is_printed_escaped(tmp_path, capsys):
+    folder = tmp_path / "evil\x1b]0;pwned\x07\x1b[2J"
+    folder.mkdir()
+    script, marker = _training_marker_script(tmp_path)
+    assert main(["run", "--json", str(folder), str(script)]) == 2
+    err = capsys.readouterr().err
+    _assert_no_raw_controls(err)
+    assert "evil\\e]0;pwned\\x07\\e[2J: is a directory" in err and not marker.exists()

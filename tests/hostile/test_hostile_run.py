@@ -165,6 +165,37 @@ def test_signal_api_is_virtualised_and_restored_in_process(tmp_path):
     assert report.extra["signal"] == "SIGTERM"
 
 
+def test_forked_children_get_pythons_own_sigterm_and_os_exit(tmp_path):
+    """A DataLoader worker or multiprocessing child stopped with terminate() dies at once of
+    SIGTERM, as without nndoctor, and writes no report of its own."""
+    seen = tmp_path / "seen.json"
+    script = tmp_path / "forks.py"
+    script.write_text(textwrap.dedent(f'''
+        import json, multiprocessing as mp, os, signal, time
+        def child(queue):
+            queue.put([repr(signal.getsignal(signal.SIGTERM)), type(os._exit).__name__])
+            time.sleep(60)
+        if __name__ == "__main__":
+            ctx = mp.get_context("fork")
+            queue = ctx.Queue()
+            process = ctx.Process(target=child, args=(queue,))
+            process.start()
+            inherited = queue.get(timeout=60)
+            started = time.monotonic()
+            process.terminate()
+            process.join(30)
+            json.dump({{"inherited": inherited, "exitcode": process.exitcode,
+                        "seconds": time.monotonic() - started}}, open({str(seen)!r}, "w"))
+    '''))
+    delivered: list[Report] = []
+    handler_before = signal.getsignal(signal.SIGTERM)
+    report = run_target(Target(str(script), []), Session(), deliver=delivered.append)
+    assert report.status == "completed" and not delivered
+    data = json.loads(seen.read_text())
+    assert data["inherited"] == [repr(handler_before), "builtin_function_or_method"]
+    assert data["exitcode"] == -signal.SIGTERM and data["seconds"] < 20
+
+
 # -- 4. relative --json paths resolve against the starting directory ----------------------------
 CHDIR_AND_TRAIN = textwrap.dedent('''
     import os, sys
