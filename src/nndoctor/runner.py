@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import runpy
 import sys
-import threading
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from nndoctor import events as ev
 from nndoctor.engine import Session, StopRun
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
-
-_NNDOCTOR_DIR = os.path.dirname(os.path.abspath(__file__))
+from nndoctor.run_guards import ProcessState, ThreadStops
+from nndoctor.tracebacks import full_traceback, user_traceback
 
 
 @dataclass
@@ -68,57 +64,6 @@ def check_target(target: Target) -> None:
             raise UsageError(f"can't read {target.name!r}: {error}") from None
 
 
-def user_traceback(error: BaseException) -> str:
-    """The traceback as the user would see it under plain python: our frames removed, also
-    from tracebacks quoted in the message (a DataLoader worker's "Original Traceback")."""
-    exc = traceback.TracebackException.from_exception(error)
-    stack = [exc]
-    while stack:
-        current = stack.pop()
-        current.stack = traceback.StackSummary.from_list(
-            [f for f in current.stack if not _is_own_frame(f.filename)]
-        )
-        for nested in (current.__cause__, current.__context__):
-            if nested is not None:
-                stack.append(nested)
-    return strip_own_frames("".join(exc.format()))
-
-
-_FRAME_LINE = re.compile(r'^(?P<indent>[ \t]*)File "(?P<file>[^"]+)", line \d+')
-
-
-def strip_own_frames(text: str) -> str:
-    """Remove nndoctor's frames (a ``File "…", line N`` line and the lines indented below it)
-    from traceback text."""
-    kept: list[str] = []
-    skipping_below: int | None = None
-    for line in text.splitlines(keepends=True):
-        match = _FRAME_LINE.match(line)
-        if match:
-            own = _is_own_frame(match.group("file"))
-            skipping_below = len(match.group("indent")) if own else None
-            if own:
-                continue
-        elif skipping_below is not None:
-            indent = len(line) - len(line.lstrip(" \t"))
-            if line.strip() and indent > skipping_below:
-                continue
-            skipping_below = None
-        kept.append(line)
-    return "".join(kept)
-
-
-def full_traceback(error: BaseException) -> str:
-    return "".join(traceback.format_exception(type(error), error, error.__traceback__))
-
-
-def _is_own_frame(filename: str) -> bool:
-    if filename == "<frozen runpy>":
-        return True
-    path = os.path.abspath(filename)
-    return path.startswith(_NNDOCTOR_DIR + os.sep) or os.path.basename(path) == "runpy.py"
-
-
 def run_target(target: Target, session: Session, *,
                deliver: Callable[[Report], None] | None = None) -> Report:
     """Run ``target`` under ``session`` and return the finished report.
@@ -152,7 +97,7 @@ def run_target(target: Target, session: Session, *,
     installation = install(session)
     status, crash = "completed", None
     guard = _abrupt_end_guard(session, installation, deliver)
-    process_state, thread_stops = _ProcessState(), _ThreadStops()
+    process_state, thread_stops = ProcessState(), ThreadStops()
     try:
         with guard, thread_stops:
             if target.is_module:
@@ -202,65 +147,6 @@ def _abrupt_end_guard(session: Session, installation: Any,
         deliver(session.report)
 
     return AbruptEndGuard(session, end_run)
-
-
-class _ThreadStops:
-    """``--max-steps`` reached in a training thread ends that thread quietly (StopRun is ours,
-    not the script's error) and the run is reported as stopped."""
-
-    def __init__(self) -> None:
-        self.seen = False
-        self._previous = threading.excepthook
-
-    def __enter__(self) -> _ThreadStops:
-        self._previous = threading.excepthook
-        threading.excepthook = self._hook
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if threading.excepthook == self._hook:
-            threading.excepthook = self._previous
-
-    def _hook(self, args: Any) -> None:
-        if isinstance(args.exc_value, StopRun):
-            self.seen = True
-            return
-        self._previous(args)
-
-
-class _ProcessState:
-    """What the script may change in ``sys`` that nndoctor needs back afterwards, and the
-    script's own ``sys.excepthook``, called for an uncaught exception as python would."""
-
-    def __init__(self) -> None:
-        self.stdout, self.stderr, self.excepthook = sys.stdout, sys.stderr, sys.excepthook
-        self.uncaught: BaseException | None = None
-
-    def call_users_excepthook(self) -> None:
-        hook = sys.excepthook
-        error = self.uncaught
-        if error is None or hook is self.excepthook or hook is sys.__excepthook__:
-            return
-        try:
-            hook(type(error), error, _user_frames_only(error.__traceback__))
-        except BaseException as failure:  # noqa: BLE001 - python reports it and goes on too
-            with contextlib.suppress(Exception):
-                print(f"nndoctor: the script's sys.excepthook raised {type(failure).__name__}: {failure}",
-                      file=self.stderr)
-
-    def restore(self) -> None:
-        sys.excepthook = self.excepthook
-        for name in ("stdout", "stderr"):
-            saved = getattr(self, name)
-            if saved is not None and not getattr(saved, "closed", False):
-                setattr(sys, name, saved)
-
-
-def _user_frames_only(tb: TracebackType | None) -> TracebackType | None:
-    """The traceback from the script's first frame on, as python would hand it to the hook."""
-    while tb is not None and _is_own_frame(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    return tb
 
 
 def finish(session: Session, installation: Any, status: str, crash: BaseException | None) -> None:

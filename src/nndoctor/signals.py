@@ -58,6 +58,7 @@ class AbruptEndGuard:
         self._end_run = end_run
         self._pid = os.getpid()
         self._ended = threading.Event()
+        self._delivery: threading.Thread | None = None
         self._installed = False
         self._real_signal = signal.signal
         self._real_getsignal = signal.getsignal
@@ -153,8 +154,11 @@ class AbruptEndGuard:
         self._real_exit(code)
 
     def _deliver(self, status: str, exit_code: int | None) -> None:
-        """Close the run and write the report, within the deadline, at most once."""
+        """Close the run and write the report, within the deadline, at most once (a second
+        ending, say SIGTERM during an ``os._exit`` delivery, waits for the first)."""
         if self._ended.is_set():
+            if self._delivery is not None and self._delivery is not threading.current_thread():
+                self._delivery.join(DELIVERY_DEADLINE_S)
             return
         self._ended.set()
 
@@ -168,6 +172,7 @@ class AbruptEndGuard:
                     pass
 
         worker = threading.Thread(target=work, name="nndoctor-abrupt-end", daemon=True)
+        self._delivery = worker
         worker.start()
         worker.join(DELIVERY_DEADLINE_S)
 

@@ -22,8 +22,9 @@ from nndoctor.cli import main
 from nndoctor.engine import Session
 from nndoctor.findings import Report
 from nndoctor.report import render_text
-from nndoctor.runner import Target, run_target, strip_own_frames
+from nndoctor.runner import Target, run_target
 from nndoctor.runner_cli import exit_status
+from nndoctor.tracebacks import strip_own_frames
 from tests.conftest import run_script
 
 RAW_CONTROLS = {chr(c) for c in range(0x20) if chr(c) not in "\n\t"} | {"\x7f"}
