@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=["nndoctor-demo"])
     try:
-        report = run_target(Target(SCRIPT, []), session)
+        report = run_target(Target(SCRIPT, []), session, deliver=output.deliver)
         report.command = ["demo/buggy_train.py"]
         output.deliver(report)
     finally:
