@@ -125,11 +125,16 @@ def _shown(text: str) -> str:
 
 def _special_kind(target: Path) -> str | None:
     """'stream' for paths to write through, None for a regular or new file; raise for the rest."""
+    is_stream = bool(_STREAM_PATH.match(os.path.abspath(target)))
     try:
         info = os.stat(target)
     except FileNotFoundError:
+        if is_stream:  # a closed descriptor: never create a file in /dev or /proc in its place
+            raise OSError(errno.EBADF, "the stream is closed", str(target)) from None
         return None
     except OSError:
+        if is_stream:
+            raise
         return None  # let the ordinary path report it (ENOTDIR, EACCES …)
     problem = _unwritable_kind(info.st_mode)
     if problem:
@@ -140,7 +145,7 @@ def _special_kind(target: Path) -> str | None:
         return "fifo"
     if not stat.S_ISREG(info.st_mode):
         return "device"
-    if _STREAM_PATH.match(os.path.abspath(target)):
+    if is_stream:
         return "stream"  # /dev/stdout redirected to a file: append, never rename or truncate
     return None
 

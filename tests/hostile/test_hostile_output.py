@@ -171,6 +171,18 @@ def test_dev_stdout_as_a_pipe_receives_the_json():
     assert json.loads(result.stdout)["command"] == ["piped"]
 
 
+def test_closed_stdout_path_is_an_error_not_a_new_file_in_dev():
+    code = ("import os, sys\n"
+            "from nndoctor.findings import Report\nfrom nndoctor.report import write_json\n"
+            "os.close(1)\n"
+            "try:\n    write_json(Report(), '/dev/stdout')\n"
+            "except OSError as error:\n    print('refused:', error, file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "refused:" in result.stderr and "the stream is closed" in result.stderr, result.stderr
+    assert os.path.islink("/dev/stdout")
+    assert not [p for p in os.listdir("/dev") if p.startswith(".stdout.")]
+
+
 def test_directory_target_is_refused_not_replaced(tmp_path):
     with pytest.raises(IsADirectoryError):
         atomic_write_text(tmp_path, "x")
