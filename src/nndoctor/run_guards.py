@@ -59,9 +59,11 @@ class ProcessState:
         try:
             hook(type(error), error, user_frames_only(error.__traceback__))
         except BaseException as failure:  # noqa: BLE001 - python reports it and goes on too
+            from nndoctor.report.sanitize import printable
+
             with contextlib.suppress(Exception):
-                print(f"nndoctor: the script's sys.excepthook raised {type(failure).__name__}: {failure}",
-                      file=self.stderr)
+                line = f"nndoctor: the script's sys.excepthook raised {type(failure).__name__}: {failure}"
+                print(printable(line, keep_newlines=False), file=self.stderr)
 
     def restore(self) -> None:
         sys.excepthook = self.excepthook

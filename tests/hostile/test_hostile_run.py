@@ -262,6 +262,18 @@ def test_scripts_excepthook_is_called_like_python_does(tmp_path):
     assert sys.excepthook is saved
 
 
+def test_a_failing_excepthook_is_reported_in_one_line(tmp_path, capsys):
+    script = tmp_path / "bad_hook.py"
+    script.write_text("import sys\n"
+                      "def hook(*args):\n    raise KeyError('hook \\x1b[2J broke')\n"
+                      "sys.excepthook = hook\nraise RuntimeError('boom')\n")
+    started = time.monotonic()
+    report = run_script(script)
+    _assert_sound(report, "crashed", 3, started)
+    err = capsys.readouterr().err
+    assert "nndoctor: the script's sys.excepthook raised KeyError" in err and "\x1b" not in err
+
+
 # -- 6. --max-steps inside a training thread ----------------------------------------------------
 def test_max_steps_in_a_training_thread_stops_cleanly(tmp_path, capfd):
     script = tmp_path / "threaded.py"
