@@ -155,6 +155,30 @@ def test_os_exit_writes_the_report_first_and_keeps_the_code(tmp_path):
     assert "nndoctor ·" in err
 
 
+def test_a_raw_fork_that_runs_on_does_not_overwrite_the_report(tmp_path):
+    script = tmp_path / "raw_fork.py"
+    script.write_text(textwrap.dedent('''
+        import os, time
+        import torch
+        if os.fork() == 0:
+            time.sleep(1.0)          # the child outlives the parent and runs to the end of the script
+        else:
+            model = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(3):
+                opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+    '''))
+    out = tmp_path / "r.json"
+    started = time.monotonic()
+    # capture_output waits for the child too: it holds the same pipes until it exits.
+    result = subprocess.run([sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script)],
+                            capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert time.monotonic() - started < 180
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("nndoctor ·") == 1, result.stderr  # one report, the parent's
+    assert json.loads(out.read_text())["steps"] == 3
+
+
 def test_signal_api_is_virtualised_and_restored_in_process(tmp_path):
     """In-process: the script's own SIGTERM handler runs (nndoctor's is chained, not in the way),
     SIG_IGN is honoured, and nndoctor's process gets its handler back afterwards."""

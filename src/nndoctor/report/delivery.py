@@ -10,6 +10,7 @@ ending (SIGTERM, ``os._exit``) calls.
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 from collections.abc import Iterable
 
@@ -28,13 +29,20 @@ class ReportDelivery:
         self.streams = OriginalStreams()
         self.json_failed = False
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReportDelivery:
         return cls(getattr(args, "json", None), quiet=bool(getattr(args, "quiet", False)))
 
     def deliver(self, report: Report, preamble: Iterable[str] = ()) -> None:
-        """Write the JSON report and print the terminal report (never raises for I/O)."""
+        """Write the JSON report and print the terminal report (never raises for I/O).
+
+        Only the process that started the run delivers: a child the script forked with
+        ``os.fork()`` that runs on to the end of the script owns no report (and must not
+        overwrite its parent's)."""
+        if os.getpid() != self._pid:
+            return
         with self._lock:
             self.streams.restore()
             self.streams.flush_stdout()
