@@ -307,3 +307,17 @@ def test_bad_output_path_with_control_characters_is_printed_escaped(tmp_path, ca
     err = capsys.readouterr().err
     _assert_no_raw_controls(err)
     assert "evil\\e]0;pwned\\x07\\e[2J: is a directory" in err and not marker.exists()
+
+
+def test_report_that_cannot_be_written_at_the_end_is_one_line_and_not_advertised(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    script = tmp_path / "sabotage.py"
+    script.write_text("import os, shutil\nshutil.rmtree('out')\nopen('out', 'w').close()\n")
+    started = time.monotonic()
+    assert main(["run", "--json", "out/r.json", str(script)]) == 0  # the script's own outcome
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err
+    assert "nndoctor: could not write out/r.json:" in err and "Traceback" not in err
+    assert "JSON: out/r.json" not in err
+    _assert_no_raw_controls(err)

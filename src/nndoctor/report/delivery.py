@@ -60,6 +60,10 @@ class ReportDelivery:
         except OSError as error:
             self.json_failed = True
             self._say(describe_write_error(self.json_shown or self.json_path, error))
+        except Exception as error:  # noqa: BLE001 - a script that patched os/json must not get our traceback
+            self.json_failed = True
+            self._say(describe_write_error(self.json_shown or self.json_path,
+                                           OSError(f"internal error {type(error).__name__}: {error}")))
 
     def _print(self, report: Report, preamble: list[str]) -> None:
         from nndoctor.report.sanitize import printable
@@ -69,7 +73,7 @@ class ReportDelivery:
         try:
             if preamble:
                 stream.write(printable("\n".join(preamble)) + "\n")
-            shown = self.json_shown if self.json_shown not in (None, "-") else None
+            shown = self.json_shown if self.json_shown not in (None, "-") and not self.json_failed else None
             print_report(report, stream, json_path=shown)
             stream.flush()
         except (OSError, ValueError):
