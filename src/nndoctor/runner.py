@@ -7,10 +7,11 @@ outcome — completed, stopped by ``--max-steps``, crashed, interrupted — ends
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
-import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,8 @@ from nndoctor import events as ev
 from nndoctor.engine import Session, StopRun
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
-
-_NNDOCTOR_DIR = os.path.dirname(os.path.abspath(__file__))
+from nndoctor.run_guards import ProcessState, ThreadStops
+from nndoctor.tracebacks import full_traceback, user_traceback
 
 
 @dataclass
@@ -63,30 +64,13 @@ def check_target(target: Target) -> None:
             raise UsageError(f"can't read {target.name!r}: {error}") from None
 
 
-def user_traceback(error: BaseException) -> str:
-    """The traceback as the user would see it under plain python (our frames removed)."""
-    exc = traceback.TracebackException.from_exception(error)
-    stack = [exc]
-    while stack:
-        current = stack.pop()
-        current.stack = traceback.StackSummary.from_list(
-            [f for f in current.stack if not _is_own_frame(f.filename)]
-        )
-        for nested in (current.__cause__, current.__context__):
-            if nested is not None:
-                stack.append(nested)
-    return "".join(exc.format())
+def run_target(target: Target, session: Session, *,
+               deliver: Callable[[Report], None] | None = None) -> Report:
+    """Run ``target`` under ``session`` and return the finished report.
 
-
-def _is_own_frame(filename: str) -> bool:
-    if filename == "<frozen runpy>":
-        return True
-    path = os.path.abspath(filename)
-    return path.startswith(_NNDOCTOR_DIR + os.sep) or os.path.basename(path) == "runpy.py"
-
-
-def run_target(target: Target, session: Session) -> Report:
-    """Run ``target`` under ``session`` and return the finished report."""
+    With ``deliver`` (the CLI's way of writing the JSON and printing the report), SIGTERM and
+    ``os._exit`` during the run also end with a delivered report (``nndoctor.signals``).
+    """
     from nndoctor.instrument import install
 
     report = session.report
@@ -112,11 +96,14 @@ def run_target(target: Target, session: Session) -> Report:
 
     installation = install(session)
     status, crash = "completed", None
+    guard = _abrupt_end_guard(session, installation, deliver)
+    process_state, thread_stops = ProcessState(), ThreadStops()
     try:
-        if target.is_module:
-            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target.name, run_name="__main__")
+        with guard, thread_stops:
+            if target.is_module:
+                runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target.name, run_name="__main__")
     except StopRun:
         status = "stopped"
     except SystemExit as exit_:
@@ -126,18 +113,40 @@ def run_target(target: Target, session: Session) -> Report:
         elif isinstance(code, int):
             report.exit_code = code
         else:
-            print(code, file=sys.stderr)
+            with contextlib.suppress(Exception):
+                print(code, file=sys.stderr)
             report.exit_code = 1
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except KeyboardInterrupt as interrupt:
+        status, crash = "interrupted", None
+        process_state.uncaught = interrupt
     except BaseException as error:  # noqa: BLE001 - the user's crash, reported below
         status, crash = "crashed", error
+        process_state.uncaught = error
     finally:
+        if status == "completed" and thread_stops.seen:
+            status = "stopped"  # --max-steps reached in a training thread
         finish(session, installation, status, crash)
+        process_state.call_users_excepthook()
+        process_state.restore()
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
     return report
+
+
+def _abrupt_end_guard(session: Session, installation: Any,
+                      deliver: Callable[[Report], None] | None) -> contextlib.AbstractContextManager:
+    if deliver is None:
+        return contextlib.nullcontext()
+    from nndoctor.signals import AbruptEndGuard
+
+    def end_run(status: str, exit_code: int | None) -> None:
+        if exit_code is not None:
+            session.report.exit_code = exit_code
+        finish(session, installation, status, None)
+        deliver(session.report)
+
+    return AbruptEndGuard(session, end_run)
 
 
 def finish(session: Session, installation: Any, status: str, crash: BaseException | None) -> None:
@@ -147,6 +156,8 @@ def finish(session: Session, installation: Any, status: str, crash: BaseExceptio
     try:
         if crash is not None:
             report.traceback = user_traceback(crash)
+            report.extra["traceback"] = report.traceback
+            report.extra["traceback_full"] = full_traceback(crash)  # nndoctor's frames too
             session.emit(ev.Crash(step=session.step, exception=crash, context=dict(session.crash_context)))
             explain_crash(session, crash)
         session.emit(ev.RunEnd(step=session.step, status=status, wall_s=session.elapsed()))

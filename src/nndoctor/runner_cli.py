@@ -1,25 +1,26 @@
 """``nndoctor run [OPTIONS] SCRIPT [ARGS...]`` and ``nndoctor run [OPTIONS] -m MODULE [ARGS...]``.
 
 Exit status: 0 clean; 1 a finding reached ``--fail-on``; 2 nndoctor could not start the
-script (usage error, missing file, syntax error); 3 the script crashed; 130 interrupted;
-otherwise the script's own non-zero ``sys.exit`` code.
+script (usage error, missing file, syntax error, unwritable ``--json`` path); 3 the script
+crashed; 130 interrupted; killed by SIGTERM (143 in a shell) after writing the report;
+otherwise the script's own non-zero ``sys.exit`` / ``os._exit`` code.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.engine import Session
 from nndoctor.errors import UsageError
-from nndoctor.report import print_report, write_json
+from nndoctor.report.delivery import ReportDelivery
 from nndoctor.runner import Target, run_target
 from nndoctor.selection import fail_threshold, selectors
 
 EXIT_FINDINGS = 1
 EXIT_CRASHED = 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell shows for a job killed by SIGTERM
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
 def exit_status(report, threshold) -> int:
     if report.status == "interrupted":
         return EXIT_INTERRUPTED
+    if report.status == "terminated":
+        return EXIT_TERMINATED
     if report.status == "crashed":
         return EXIT_CRASHED
     if report.exit_code:
@@ -64,23 +67,21 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     select, ignore = selectors(args)
+    output = ReportDelivery.from_args(args)
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
     preflight = getattr(args, "preflight_stop", False) or args.preflight
     if preflight:
         from nndoctor.preflight.probe import attach
 
         attach(session, stop=getattr(args, "preflight_stop", False))
-    report = run_target(target, session)
-    if args.json:
-        try:
-            write_json(report, args.json)
-        except OSError as error:
-            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
-    if not args.quiet:
-        sys.stdout.flush()
+    try:
+        report = run_target(target, session, deliver=output.deliver)
+        preamble = []
         if preflight:
-            from nndoctor.preflight.render import print_preflight
+            from nndoctor.preflight.render import preflight_lines
 
-            print_preflight(report, sys.stderr)
-        print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+            preamble = preflight_lines(report)
+        output.deliver(report, preamble=preamble)
+    finally:
+        output.close()
     return exit_status(report, fail_threshold(args))

@@ -8,7 +8,7 @@ import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.engine import Session
-from nndoctor.report import print_report, write_json
+from nndoctor.report.delivery import ReportDelivery
 from nndoctor.runner import Target, run_target
 from nndoctor.runner_cli import exit_status
 from nndoctor.selection import fail_threshold, selectors
@@ -28,13 +28,14 @@ def run(args: argparse.Namespace) -> int:
         with open(SCRIPT, encoding="utf-8") as handle:
             sys.stdout.write(handle.read())
         return 0
+    output = ReportDelivery.from_args(args)
     print(f"nndoctor demo: training a small CNN on generated shapes ({SCRIPT})", file=sys.stderr)
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=["nndoctor-demo"])
-    report = run_target(Target(SCRIPT, []), session)
-    report.command = ["demo/buggy_train.py"]
-    if args.json:
-        write_json(report, args.json)
-    sys.stdout.flush()
-    print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+    try:
+        report = run_target(Target(SCRIPT, []), session, deliver=output.deliver)
+        report.command = ["demo/buggy_train.py"]
+        output.deliver(report)
+    finally:
+        output.close()
     return exit_status(report, fail_threshold(args))

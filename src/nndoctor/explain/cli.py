@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 
+from nndoctor.atomic import describe_write_error, prepare_output_path
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
 from nndoctor.explain.base import explain
@@ -156,6 +157,7 @@ def render_unexplained(console, crashes: list[Crash]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
+    json_path = prepare_output_path(args.json) if args.json else None  # fail before any work
     label, text = read_text(args.file)
     explained = explain_all(text, select=select, ignore=ignore)
     findings, unexplained = explained.findings, explained.unexplained
@@ -170,13 +172,13 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if unexplained:
         report.extra["unexplained"] = [unexplained_summary(c) for c in unexplained]
-    if args.json:
+    if json_path:
         from nndoctor.report import write_json
 
         try:
-            write_json(report, args.json)
+            write_json(report, json_path)
         except OSError as error:
-            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
+            print(describe_write_error(args.json, error), file=sys.stderr)
     if not args.quiet:
         show(report, unexplained, text_had_errors=bool(findings or unexplained))
     if unexplained and fail_threshold(args) is not None:

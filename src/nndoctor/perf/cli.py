@@ -9,7 +9,6 @@ warnings and advice, so the default ``error`` threshold leaves it at 0).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
@@ -19,7 +18,7 @@ from nndoctor.perf.recorder import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.session import run_perf
 from nndoctor.perf.trials import parse_tries
-from nndoctor.report import print_report, write_json
+from nndoctor.report.delivery import ReportDelivery
 from nndoctor.runner_cli import exit_status, target_from_args
 from nndoctor.selection import fail_threshold, filter_findings, selectors
 
@@ -58,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
     config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds,
                         try_repeats=args.try_repeats)
+    output = ReportDelivery.from_args(args)  # a bad --json path fails now, not after the run
     report, result = run_perf(target, config, select=select, ignore=ignore)
     measured = diagnose(result)
     if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
@@ -69,14 +69,7 @@ def run(args: argparse.Namespace) -> int:
                                result.device.cuda)
     report.extra["perf"] = {**result.to_json(), "step_class": step_class,
                             "advice": order_advice(advice(result), step_class["class"])}
-    if args.json:
-        try:
-            write_json(report, args.json)
-        except OSError as error:
-            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
-    if not args.quiet:
-        sys.stdout.flush()
-        perf = report.extra["perf"]
-        print("\n".join(["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""]), file=sys.stderr)
-        print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+    perf = report.extra["perf"]
+    output.deliver(report, preamble=["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""])
+    output.close()
     return exit_status(report, fail_threshold(args))

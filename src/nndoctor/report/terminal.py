@@ -14,6 +14,7 @@ from rich.text import Text
 from nndoctor.findings import Finding, Report, Severity
 from nndoctor.report.capping import cap_items, cap_lists
 from nndoctor.report.unexplained import render_no_known_cause
+from nndoctor.report.sanitize import printable
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
 _EVIDENCE_SHOWN = 6
@@ -30,7 +31,7 @@ def _format_value(value: Any) -> str:
 
 
 def _headline(report: Report) -> Text:
-    command = " ".join(report.command) if report.command else "nndoctor"
+    command = printable(" ".join(report.command), keep_newlines=False) if report.command else "nndoctor"
     status = report.status
     if report.steps:
         status += f" after {report.steps} optimizer step{'s' if report.steps != 1 else ''}"
@@ -44,9 +45,9 @@ def _finding_block(console: Console, finding: Finding) -> None:
     head = Text()
     head.append(f"{finding.severity.label:<7} ", style=_STYLE[finding.severity])
     head.append(f"{finding.code} ", style="bold")
-    head.append(finding.name)
+    head.append(printable(finding.name, keep_newlines=False))
     if finding.location:
-        head.append(f"  {finding.location}", style="cyan")
+        head.append(f"  {printable(finding.location, keep_newlines=False)}", style="cyan")
     extras = []
     if finding.count > 1:
         extras.append(f"×{finding.count}")
@@ -55,22 +56,27 @@ def _finding_block(console: Console, finding: Finding) -> None:
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
-    console.print(Text("    " + cap_lists(finding.message)))
-    shown = [(k, v) for k, v in finding.evidence.items() if not k.startswith("_")]
+    # Messages, evidence and fixes quote module, file and key names and exception messages:
+    # user-controlled text, printed with control characters escaped (the JSON keeps it raw).
+    console.print(Text("    " + cap_lists(printable(finding.message))))
+    shown = [(k, v) for k, v in finding.evidence.items() if not str(k).startswith("_")]
     if shown:
         parts = [f"{k}={_format_value(v)}" for k, v in shown[:_EVIDENCE_SHOWN]]
         if len(shown) > _EVIDENCE_SHOWN:
             parts.append(f"… (+{len(shown) - _EVIDENCE_SHOWN} in JSON)")
-        console.print(Text("    evidence: " + "; ".join(parts), style="dim"))
-    console.print(Text("    fix: " + finding.fix, style="green"))
+        console.print(Text("    evidence: " + printable("; ".join(parts), keep_newlines=False), style="dim"))
+    console.print(Text("    fix: " + printable(finding.fix), style="green"))
 
 
 def render_to(console: Console, report: Report, *, json_path: str | None = None) -> None:
     console.print(_headline(report), soft_wrap=True)
     findings = report.sorted_findings()
     if report.traceback and report.status == "crashed":
+        shown = report.traceback
+        if os.environ.get("NNDOCTOR_DEBUG") and report.extra.get("traceback_full"):
+            shown = report.extra["traceback_full"]  # with nndoctor's own frames
         console.print(Text("\nThe script raised:", style="bold"))
-        console.print(Text(cap_lists(report.traceback.rstrip()), style="dim"))
+        console.print(Text(cap_lists(printable(shown.rstrip())), style="dim"))
     console.print()
     if report.status == "crashed" and not any(f.code.startswith("E") for f in findings):
         render_no_known_cause(console, report.extra.get("crash") or {})
@@ -90,9 +96,10 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     if report.internal_errors:
         tail += f" · {len(report.internal_errors)} internal error(s) in nndoctor (see JSON)"
         for err in report.internal_errors[:3]:
-            console.print(Text(f"internal error in {err.where}: {_first_sentence(err.error)}", style="magenta"))
+            line = f"internal error in {err.where}: {_first_sentence(err.error)}"
+            console.print(Text(printable(line, keep_newlines=False), style="magenta"))
     if json_path:
-        tail += f" · JSON: {json_path}"
+        tail += f" · JSON: {printable(json_path, keep_newlines=False)}"
     console.print(Text(tail, style="bold"))
     console.print(Text("Details: nndoctor checks CODE", style="dim"))
 

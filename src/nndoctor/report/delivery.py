@@ -1,0 +1,90 @@
+"""Where a run's report goes (``--json PATH``, the terminal), fixed before the script runs.
+
+Shared by ``nndoctor run``, ``demo`` and ``perf``: the JSON path is checked and made absolute
+up front (a bad path is a usage error before a long run, not a lost report after it, and a
+script's ``os.chdir`` cannot move it); the report is written to nndoctor's own streams, which
+the script cannot close or redirect (``nndoctor.streams``). ``deliver`` is also what an abrupt
+ending (SIGTERM, ``os._exit``) calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from collections.abc import Iterable
+
+from nndoctor.atomic import describe_write_error, prepare_output_path
+from nndoctor.findings import Report
+from nndoctor.streams import OriginalStreams
+
+
+class ReportDelivery:
+    """The report's destinations for one command."""
+
+    def __init__(self, json_arg: str | None, *, quiet: bool = False) -> None:
+        self.json_shown = json_arg  # as the user typed it, for the terminal
+        self.json_path = prepare_output_path(json_arg) if json_arg else None
+        self.quiet = quiet
+        self.streams = OriginalStreams()
+        self.json_failed = False
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ReportDelivery:
+        return cls(getattr(args, "json", None), quiet=bool(getattr(args, "quiet", False)))
+
+    def deliver(self, report: Report, preamble: Iterable[str] = ()) -> None:
+        """Write the JSON report and print the terminal report (never raises for I/O).
+
+        Only the process that started the run delivers: a child the script forked with
+        ``os.fork()`` that runs on to the end of the script owns no report (and must not
+        overwrite its parent's)."""
+        if os.getpid() != self._pid:
+            return
+        with self._lock:
+            self.streams.restore()
+            self.streams.flush_stdout()
+            self.write_json(report)
+            if not self.quiet:
+                self._print(report, list(preamble))
+
+    def write_json(self, report: Report) -> None:
+        if not self.json_path:
+            return
+        from nndoctor.report.json_report import write_json
+
+        try:
+            write_json(report, self.json_path, stdout=self.streams.stdout)
+        except OSError as error:
+            self.json_failed = True
+            self._say(describe_write_error(self.json_shown or self.json_path, error))
+        except Exception as error:  # noqa: BLE001 - a script that patched os/json must not get our traceback
+            self.json_failed = True
+            self._say(describe_write_error(self.json_shown or self.json_path,
+                                           OSError(f"internal error {type(error).__name__}: {error}")))
+
+    def _print(self, report: Report, preamble: list[str]) -> None:
+        from nndoctor.report.sanitize import printable
+        from nndoctor.report.terminal import print_report
+
+        stream = self.streams.stderr
+        try:
+            if preamble:
+                stream.write(printable("\n".join(preamble)) + "\n")
+            shown = self.json_shown if self.json_shown not in (None, "-") and not self.json_failed else None
+            print_report(report, stream, json_path=shown)
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # nndoctor's own stderr is gone (closed pipe): the JSON report is what is left
+
+    def _say(self, line: str) -> None:
+        try:
+            self.streams.stderr.write(line + "\n")
+            self.streams.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        self.streams.close()
