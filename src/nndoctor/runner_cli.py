@@ -58,12 +58,20 @@ def exit_status(report, threshold) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nndoctor.distributed import context as distributed
+
     target = target_from_args(args)
+    distributed.refuse_launcher(target.name, target.is_module)
+    rank = distributed.torchrun_rank()
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
     report = run_target(target, session)
+    if rank is not None:  # one rank of torchrun: rank 0 merges, writes and prints
+        from nndoctor.distributed.rank_run import finish_rank
+
+        return finish_rank(report, session, rank, args)
     if args.json:
         try:
             write_json(report, args.json)

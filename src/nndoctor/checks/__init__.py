@@ -3,6 +3,7 @@
 from nndoctor.checks import (  # noqa: F401
     batchnorm,
     checkpoints,
+    distributed,
     environment,
     gradient_flow,
     gradients,

@@ -19,6 +19,8 @@ FEATURE_MODULES = (
     "nndoctor.explain.instrument",  # crash context: failing batch indices (E checks)
     "nndoctor.perf.instrument",  # step-time breakdown (P checks)
     "nndoctor.instrument.warning_relay",  # torch's warnings shown at the user's line, not ours
+    "nndoctor.instrument.ddp_hooks",  # DDP wrappers and collectives (X checks, stall watchdog)
+    "nndoctor.distributed.children",  # mp.spawn / mp.Process trainers report back to the parent
 )
 
 

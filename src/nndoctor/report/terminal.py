@@ -52,6 +52,8 @@ def _finding_block(console: Console, finding: Finding) -> None:
         extras.append(f"×{finding.count}")
     if finding.first_step is not None:
         extras.append(f"first at step {finding.first_step}")
+    if finding.ranks is not None:
+        extras.append(f"rank{'s' if len(finding.ranks) != 1 else ''} {', '.join(map(str, finding.ranks))}")
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
