@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nndoctor import watchdog
 from nndoctor.cli import add_common_options
 from nndoctor.engine import Session
 from nndoctor.errors import UsageError
@@ -28,6 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, metavar="N",
                         help="stop the script cleanly after N optimizer steps and report")
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
+    watchdog.add_options(parser)
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-steps must be at least 1")
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
+    watchdog.configure(session, args)
     report = run_target(target, session)
     if rank is not None:  # one rank of torchrun: rank 0 merges, writes and prints
         from nndoctor.distributed.rank_run import finish_rank

@@ -14,4 +14,5 @@ from nndoctor.checks import (  # noqa: F401
     numerics,
     optimizer_params,
     schedulers,
+    stall,
 )

@@ -66,7 +66,9 @@ def cross_rank_findings(parts: list[dict[str, Any]], select: Iterable[str] = (),
     """The findings of every enabled cross-rank check over the ranks' parts."""
     select, ignore = list(select), list(ignore)
     found: list[Finding] = []
-    for cls in (MissingDistributedSampler, RankDivergence, RankUnsafeIO):
+    from nndoctor.checks.stall import CollectiveMismatch
+
+    for cls in (MissingDistributedSampler, RankDivergence, RankUnsafeIO, CollectiveMismatch):
         if is_enabled(cls, select, ignore):
             found.extend(cls.compare(parts))
     return found

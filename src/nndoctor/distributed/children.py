@@ -48,6 +48,7 @@ def run_child(fn: Any, args: tuple, kwargs: dict, config: dict[str, Any], index:
     session = Session(select=config["select"], ignore=config["ignore"], command=config["command"],
                       max_steps=config.get("max_steps"), full_window=config["full_window"],
                       sample_every=config["sample_every"])
+    session.__dict__["_child_part"] = (config["folder"], index)  # for the stall watchdog
     installation = install(session)
     status, crash, result = "completed", None, None
     try:

@@ -21,6 +21,7 @@ FEATURE_MODULES = (
     "nndoctor.instrument.warning_relay",  # torch's warnings shown at the user's line, not ours
     "nndoctor.instrument.ddp_hooks",  # DDP wrappers and collectives (X checks, stall watchdog)
     "nndoctor.distributed.children",  # mp.spawn / mp.Process trainers report back to the parent
+    "nndoctor.watchdog",  # R104/X110: the stall watchdog thread
 )
 
 
