@@ -80,9 +80,9 @@ def format_stack(frame: Any) -> tuple[str, list[str]]:
 
     user: list[str] = []
     out: list[str] = []
-    for f, lineno in reversed(list(traceback.walk_stack(frame))):
-        if _is_ours(f.f_code.co_filename):
-            continue
+    for depth, (f, lineno) in enumerate(reversed(list(traceback.walk_stack(frame)))):
+        if _is_ours(f.f_code.co_filename) or (depth == 0 and f.f_code.co_filename == "<string>"):
+            continue  # ours, runpy's, or a spawned child's `python -c` bootstrap
         where = f"{display_path(f.f_code.co_filename)}:{lineno}"
         if _is_user(f):
             user.append(where)

@@ -121,6 +121,8 @@ def install(installation: Any) -> None:
         parts = read_parts(state["folder"])
         attach_children(session.report, parts, list(session.select), list(session.ignore))
         remove_parts(state["folder"])
+        # The report's headline counts the steps the children trained.
+        session.step = max([session.step] + [int(p["report"].get("steps", 0)) for p in parts])
 
     def forget() -> None:
         if _CURRENT.get("installation") is installation:
