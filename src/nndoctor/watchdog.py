@@ -181,7 +181,8 @@ def fire(session: Any, check: Any, idle: float, own_ident: int | None) -> None:
     print(header + "\n" + body, file=sys.stderr, flush=True)
     blocked = f"in torch.distributed.{collective} called at {collective_location}" if collective else (
         f"at {location}" if location else "outside your code")
-    check.report(
+    report = (lambda *a, **k: None) if getattr(check, "silent", False) else check.report
+    report(
         f"No batch, forward or optimizer step for {idle:.0f} s (last progress: {check.last_kind} "
         f"at step {session.step}): the main thread is blocked {blocked}. Every thread's stack was "
         "printed to stderr (>> marks your frames).",
@@ -195,7 +196,27 @@ def fire(session: Any, check: Any, idle: float, own_ident: int | None) -> None:
     session.report.extra["stall_stacks"] = [{"thread": s["thread"], "stack": s["stack"]} for s in stacks]
     _share_and_write(session, record)
     if stall_action() == "stop":
+        _wait_for_peers(session)
         _stop(session)
+
+
+def _wait_for_peers(session: Any) -> None:
+    """Before stopping, let the other ranks' watchdogs leave their snapshots: stopping this rank
+    first would make their collectives fail instead of showing where they were blocked."""
+    from nndoctor.distributed.context import torchrun_rank
+    from nndoctor.distributed.parts import rank_data, wait_for_stalls
+
+    info = torchrun_rank()
+    child = session.__dict__.get("_child_part")
+    world = info.world_size if info is not None else rank_data(session).get("world_size")
+    if info is not None:
+        from nndoctor.distributed.rank_run import parts_dir
+
+        folder = parts_dir(info)
+    else:
+        folder = child[0] if child else None
+    if folder and world and world > 1:
+        wait_for_stalls(folder, int(world), timeout_s=min(10.0, 2 * stall_seconds()))
 
 
 def _rank(session: Any) -> int | None:
@@ -284,12 +305,19 @@ def _stop(session: Any) -> None:
 
 
 def install(installation: Any) -> None:
-    from nndoctor.checks.stall import TrainingStalled
+    from nndoctor.checks.stall import CollectiveMismatch, TrainingStalled
 
     session = installation.session
     check = next((c for c in session.checks if isinstance(c, TrainingStalled)), None)
     if check is None:
-        return
+        if not any(isinstance(c, CollectiveMismatch) for c in session.checks):
+            return
+        # X110 alone still needs the watchdog (and its progress notes), not R104's finding.
+        session._add_check(TrainingStalled)
+        check = next((c for c in session.checks if isinstance(c, TrainingStalled)), None)
+        if check is None:
+            return
+        check.silent = True
     watchdog = Watchdog(session, check)
     watchdog.start()
     installation.patcher.on_undo(watchdog.stopped.set)
