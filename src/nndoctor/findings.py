@@ -59,6 +59,8 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     count: int = 1
     first_step: int | None = None
+    # The ranks of a distributed run on which it occurred (None outside distributed runs).
+    ranks: list[int] | None = None
 
     @property
     def merge_key(self) -> tuple[str, Location | None]:
@@ -75,6 +77,7 @@ class Finding:
             "first_step": self.first_step,
             "evidence": _jsonable(self.evidence),
             "fix": self.fix,
+            **({"ranks": list(self.ranks)} if self.ranks is not None else {}),
         }
 
 
@@ -105,6 +108,8 @@ class Report:
     exit_code: int | None = None
     traceback: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # A merged distributed run: {"world_size": N, "ranks": [per-rank detail]} (top level in JSON).
+    distributed: dict[str, Any] | None = None
 
     def add(self, finding: Finding) -> Finding:
         """Add a finding, merging it into an earlier one with the same code and place."""
@@ -160,6 +165,8 @@ class Report:
             data["exit_code"] = self.exit_code
         if self.extra:
             data["extra"] = _jsonable(self.extra)
+        if self.distributed is not None:
+            data.update(_jsonable(self.distributed))
         return data
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from nndoctor import watchdog
 from nndoctor.cli import add_common_options
 from nndoctor.engine import Session
 from nndoctor.errors import UsageError
@@ -31,6 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("--preflight", action="store_true",
                         help="at the first optimizer step, run active tests on copies of the model, then train on")
+    watchdog.add_options(parser)
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -63,19 +65,29 @@ def exit_status(report, threshold) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nndoctor.distributed import context as distributed
+
     target = target_from_args(args)
+    distributed.refuse_launcher(target.name, target.is_module)
+    rank = distributed.torchrun_rank()
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     select, ignore = selectors(args)
     output = ReportDelivery.from_args(args)
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
+    watchdog.configure(session, args)
     preflight = getattr(args, "preflight_stop", False) or args.preflight
     if preflight:
         from nndoctor.preflight.probe import attach
 
         attach(session, stop=getattr(args, "preflight_stop", False))
     try:
-        report = run_target(target, session, deliver=output.deliver)
+        # Under torchrun rank 0 alone reports, after merging every rank's part.
+        report = run_target(target, session, deliver=output.deliver if rank is None else None)
+        if rank is not None:
+            from nndoctor.distributed.rank_run import finish_rank
+
+            return finish_rank(report, session, rank, args, deliver=output.deliver)
         preamble = []
         if preflight:
             from nndoctor.preflight.render import preflight_lines

@@ -60,6 +60,9 @@ EVIDENCE = {
     "E126_numpy_in_checkpoint": lambda f: ("numpy._core.multiarray._reconstruct" in f.evidence["globals"]
                                            and f.evidence["file"].endswith("checkpoint.pt")),
     "E128_relative_path": lambda f: f.evidence["exists_at"].endswith("crash/E128_data/classes.txt"),
+    "E129_unused_parameter_ddp": lambda f: (f.evidence["parameters"] == ["aux_head.weight", "aux_head.bias"]
+                                            and f.evidence["modules"] == ["aux_head"]),
+    "E131_port_already_in_use": lambda f: isinstance(f.evidence["port"], int) and "already uses it" in f.message,
 }
 
 
@@ -90,6 +93,7 @@ def test_every_cpu_code_has_a_crash_fixture():
     from nndoctor.registry import all_checks
 
     gpu_only = {"E108", "E109", "E116", "E120", "E121", "E127"}  # recorded messages / notebook test
+    gpu_only |= {"E130", "E132"}  # need several ranks: recorded messages, tests/distributed
     covered = {code for p in crash_fixtures() for code in expected_lines(p)}
     expected = {c.code for c in all_checks("explain")} - gpu_only
     assert expected <= covered, sorted(expected - covered)

@@ -3,6 +3,7 @@
 from nndoctor.checks import (  # noqa: F401
     batchnorm,
     checkpoints,
+    distributed,
     environment,
     gradient_flow,
     gradients,
@@ -13,5 +14,6 @@ from nndoctor.checks import (  # noqa: F401
     numerics,
     optimizer_params,
     schedulers,
+    stall,
     training_observed,
 )

@@ -13,8 +13,8 @@ from rich.text import Text
 
 from nndoctor.findings import Finding, Report, Severity
 from nndoctor.report.capping import cap_items, cap_lists
-from nndoctor.report.unexplained import render_no_known_cause
 from nndoctor.report.sanitize import printable
+from nndoctor.report.unexplained import render_no_known_cause
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
 _EVIDENCE_SHOWN = 6
@@ -53,6 +53,8 @@ def _finding_block(console: Console, finding: Finding) -> None:
         extras.append(f"×{finding.count}")
     if finding.first_step is not None:
         extras.append(f"first at step {finding.first_step}")
+    if finding.ranks is not None:
+        extras.append(f"rank{'s' if len(finding.ranks) != 1 else ''} {', '.join(map(str, finding.ranks))}")
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable

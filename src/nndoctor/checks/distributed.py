@@ -1,0 +1,746 @@
+"""X checks: distributed data-parallel training (torch.distributed, DistributedDataParallel).
+
+Two kinds. Checks that one rank can decide alone (sampler epoch, forward bypassing the DDP
+wrapper, parameters changed after wrapping, accumulation without ``no_sync``, small
+per-rank BatchNorm batches) report from the rank's events. Checks that need several ranks
+(same batches on every rank, diverged parameters, one file written by several ranks) record
+plain numbers on sampled steps (``rank_data``) and compare them when the ranks' reports are
+merged (``cross_rank_findings``): no extra collective is ever issued into the user's
+process group, so the checks cannot hang or reorder the user's communication.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from nndoctor.distributed.parts import rank_data
+from nndoctor.findings import Finding, Location, Severity
+from nndoctor.registry import Check, is_enabled, register
+
+_MAX_RECORDED_BATCHES = 64
+_MAX_RECORDED_STEPS = 32
+_BN_SMALL_BATCH = 16
+
+
+def _is_ddp(module: Any) -> bool:
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return False
+    return isinstance(module, DistributedDataParallel)
+
+
+def _location_json(location: Location | None) -> dict[str, Any] | None:
+    return location.to_json() if location is not None else None
+
+
+def _location_from_json(data: dict[str, Any] | None) -> Location | None:
+    return Location(data["path"], data.get("line")) if data else None
+
+
+def _world_size() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - no process group: one process
+        pass
+    return 1
+
+
+class CrossRankCheck(Check):
+    """A check decided by comparing what several ranks recorded (at merge time)."""
+
+    @classmethod
+    def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def cross_rank_findings(parts: list[dict[str, Any]], select: Iterable[str] = (),
+                        ignore: Iterable[str] = ()) -> list[Finding]:
+    """The findings of every enabled cross-rank check over the ranks' parts."""
+    select, ignore = list(select), list(ignore)
+    found: list[Finding] = []
+    from nndoctor.checks.stall import CollectiveMismatch
+
+    for cls in (MissingDistributedSampler, RankDivergence, RankUnsafeIO, CollectiveMismatch):
+        if is_enabled(cls, select, ignore):
+            found.extend(cls.compare(parts))
+    return found
+
+
+# -- X101 ----------------------------------------------------------------------------------
+def batch_fingerprint(tensor: Any) -> list[Any] | None:
+    """Shape, mean, std, min and max of a batch's first tensor: equal on two ranks only when
+    they read the same samples (the order inside a batch does not change it)."""
+    from nndoctor.instrument.stats import summarize
+
+    stats = summarize(tensor, channels=False)
+    if stats is None:
+        return None
+    return [list(stats.shape), stats.mean, stats.std, stats.min, stats.max]
+
+
+def identical_batch_keys(per_rank: dict[int, dict[str, list[Any]]]) -> tuple[int, int]:
+    """(batches compared on every rank, of which identical on every rank)."""
+    ranks = list(per_rank)
+    if len(ranks) < 2:
+        return 0, 0
+    common = set.intersection(*(set(per_rank[r]) for r in ranks))
+    same = sum(1 for key in common if all(per_rank[r][key] == per_rank[ranks[0]][key] for r in ranks))
+    return len(common), same
+
+
+@register
+class MissingDistributedSampler(CrossRankCheck):
+    """
+    ## What it does
+    Compares a fingerprint (shape, mean, std, min, max) of the training batches every rank
+    received on sampled steps. When all ranks got the very same batches, the loader is not
+    splitting the data between ranks.
+
+    ## Why is this bad?
+    With DistributedDataParallel each rank must see a different shard of the data. Without a
+    `DistributedSampler` (or an equivalent split) every rank reads the same samples: N GPUs do
+    the work of one, an epoch is not an epoch, and the effective batch is N copies of the
+    same batch.
+
+    ## Example
+    ```python
+    loader = DataLoader(dataset, batch_size=32, shuffle=True)   # same order on every rank
+    model = DDP(model)
+    ```
+
+    ## Use instead
+    ```python
+    sampler = DistributedSampler(dataset, shuffle=True)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+    ```
+
+    ## References
+    - PyTorch docs, DistributedSampler: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
+    - PyTorch tutorial, Getting Started with DDP: https://pytorch.org/tutorials/intermediate/ddp_tutorial.html
+    """
+
+    code = "X101"
+    name = "missing-distributed-sampler"
+    severity = Severity.ERROR
+    summary = "every rank reads the same samples"
+    fix = "give the DataLoader a DistributedSampler(dataset) (and call sampler.set_epoch(epoch) each epoch)"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._last_key: str | None = None
+
+    def on_batch(self, event: Any) -> None:
+        if not event.sampled:
+            return
+        data = rank_data(self.session)
+        batches = data.setdefault("batches", {})
+        if len(batches) >= _MAX_RECORDED_BATCHES:
+            return
+        from nndoctor.instrument.stats import first_tensor
+
+        tensor = first_tensor(event.batch)
+        if tensor is None:
+            return
+        location = event.location
+        key = f"{location}|{event.epoch}|{event.index}"
+        fingerprint = batch_fingerprint(tensor)
+        if fingerprint is None:
+            return
+        batches[key] = fingerprint
+        sampler = getattr(event.loader, "sampler", None)
+        data.setdefault("batch_sites", {})[str(location)] = {
+            "location": _location_json(location), "sampler": type(sampler).__name__,
+        }
+        self._last_key = key
+
+    def on_backward(self, event: Any) -> None:
+        # Only batches that were trained on count: evaluating the whole validation set on
+        # every rank is wasteful but not this bug.
+        if self._last_key is not None:
+            rank_data(self.session).setdefault("trained_batches", []).append(self._last_key)
+            self._last_key = None
+
+    @classmethod
+    def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        per_rank: dict[int, dict[str, list[Any]]] = {}
+        for part in parts:
+            data = part.get("data") or {}
+            trained = set(data.get("trained_batches", []))
+            per_rank[part["rank"]] = {k: v for k, v in data.get("batches", {}).items() if k in trained}
+        compared, same = identical_batch_keys(per_rank)
+        if compared < 2 or same < compared:
+            return []
+        first_key = sorted(set.intersection(*(set(b) for b in per_rank.values())))[0]
+        site = first_key.split("|", 1)[0]
+        info = (parts[0].get("data") or {}).get("batch_sites", {}).get(site, {})
+        ranks = sorted(per_rank)
+        finding = cls.finding(
+            f"All {len(ranks)} ranks trained on identical batches: {same} of {compared} sampled "
+            f"training batches have the same fingerprint (shape, mean, std, min, max) on every "
+            f"rank. The DataLoader's sampler is {info.get('sampler', 'unknown')}, not a "
+            "DistributedSampler, so each rank reads the same samples.",
+            location=_location_from_json(info.get("location")),
+            evidence={"ranks": ranks, "batches_compared": compared, "identical_batches": same,
+                      "sampler": info.get("sampler")},
+        )
+        finding.ranks = ranks
+        return [finding]
+
+
+# -- X102 ----------------------------------------------------------------------------------
+@register
+class SamplerEpochNotSet(Check):
+    """
+    ## What it does
+    Watches every DataLoader whose sampler is a shuffling `DistributedSampler`: when a new pass
+    over it starts and the sampler's epoch is still the value of the previous pass,
+    `sampler.set_epoch(epoch)` was not called.
+
+    ## Why is this bad?
+    `DistributedSampler` seeds its shuffle with `seed + epoch`. Without `set_epoch`, every
+    epoch visits the samples in exactly the same order on every rank, which removes the
+    benefit of shuffling and can hurt convergence.
+
+    ## Example
+    ```python
+    sampler = DistributedSampler(dataset, shuffle=True)
+    for epoch in range(epochs):
+        for x, y in DataLoader(dataset, sampler=sampler): ...
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader: ...
+    ```
+
+    ## References
+    - PyTorch docs, DistributedSampler ("calling set_epoch() at the beginning of each epoch
+      ... is necessary to make shuffling work properly across multiple epochs"):
+      https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
+    """
+
+    code = "X102"
+    name = "sampler-epoch-not-set"
+    severity = Severity.WARNING
+    summary = "DistributedSampler.set_epoch never called"
+    fix = "call sampler.set_epoch(epoch) at the start of every epoch"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        # sampler -> the epoch of its last pass that trained (an optimizer step happened in it)
+        self._trained_epoch: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # sampler -> (epoch at the start of its latest pass, where that pass started), until
+        # that pass trains
+        self._pending: weakref.WeakKeyDictionary[Any, tuple[int, Location | None, int]] = (
+            weakref.WeakKeyDictionary())
+
+    def on_epoch_start(self, event: Any) -> None:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = getattr(event.loader, "sampler", None)
+        if isinstance(sampler, DistributedSampler) and getattr(sampler, "shuffle", False):
+            self._pending[sampler] = (int(getattr(sampler, "epoch", 0)), event.location, event.epoch)
+
+    def on_step_end(self, event: Any) -> None:
+        # A pass counts once it trains: evaluating on the same loader within an epoch (same
+        # sampler epoch, no optimizer step) is not an epoch of its own.
+        for sampler, (epoch, location, passes) in list(self._pending.items()):
+            del self._pending[sampler]
+            previous = self._trained_epoch.get(sampler)
+            self._trained_epoch[sampler] = epoch
+            if previous is None or previous != epoch:
+                continue
+            self.report(
+                f"A new training pass over the DataLoader (pass {passes + 1}) started with its "
+                f"DistributedSampler still at epoch {epoch}, like the previous training pass: "
+                "set_epoch() was not called, so every epoch shuffles the samples into the same "
+                "order on every rank.",
+                location=location,
+                evidence={"sampler_epoch": epoch, "pass": passes + 1,
+                          "seed": getattr(sampler, "seed", None)},
+                step=event.step,
+            )
+
+
+# -- X103 ----------------------------------------------------------------------------------
+@register
+class UnsyncedBatchNorm(Check):
+    """
+    ## What it does
+    On a sampled training forward through `DistributedDataParallel` with more than one rank,
+    looks for BatchNorm layers that are not `SyncBatchNorm` while each rank's batch holds
+    fewer than 16 samples.
+
+    ## Why is this bad?
+    Under DDP each plain BatchNorm normalises with the statistics of its own rank's batch
+    only. With few samples per rank those statistics are noisy, which is known to hurt
+    accuracy noticeably below about 16 samples per batch (Wu & He, 2018); `SyncBatchNorm`
+    computes them over the global batch.
+
+    ## Example
+    ```python
+    model = DDP(resnet50())          # BatchNorm2d, 8 images per GPU
+    ```
+
+    ## Use instead
+    ```python
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(resnet50())
+    model = DDP(model)
+    ```
+
+    ## References
+    - PyTorch docs, SyncBatchNorm: https://pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html
+    - Wu & He, "Group Normalization" (2018), Fig. 1: https://arxiv.org/abs/1803.08494
+    """
+
+    code = "X103"
+    name = "unsynced-batchnorm"
+    severity = Severity.WARNING
+    heuristic = True
+    summary = "BatchNorm (not SyncBatchNorm) with small or class-skewed per-rank batches"
+    fix = "convert with nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._done: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def on_forward(self, event: Any) -> None:
+        module = event.module
+        if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
+            return
+        if module in self._done:
+            return
+        world = _world_size()
+        if world < 2:
+            return
+        from torch.nn import SyncBatchNorm
+        from torch.nn.modules.batchnorm import _BatchNorm
+
+        from nndoctor.instrument.stats import first_tensor
+
+        tensor = first_tensor(event.inputs)
+        if tensor is None or tensor.dim() == 0:
+            return
+        batch = int(tensor.shape[0])
+        layers = [name for name, m in module.module.named_modules()
+                  if isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm) and m.training]
+        self._done.add(module)
+        if not layers or batch >= _BN_SMALL_BATCH:
+            return
+        self.report(
+            f"{len(layers)} BatchNorm layer(s) (e.g. {layers[0]}) normalise each rank's batch of "
+            f"{batch} samples on its own ({world} ranks, global batch {batch * world}): below "
+            f"{_BN_SMALL_BATCH} samples per batch the statistics are noisy. SyncBatchNorm would use "
+            f"all {batch * world}.",
+            location=event.location,
+            evidence={"per_rank_batch": batch, "world_size": world, "batchnorm_layers": layers[:8],
+                      "threshold": _BN_SMALL_BATCH},
+            step=event.step,
+        )
+
+
+# -- X104 ----------------------------------------------------------------------------------
+def first_divergence(per_rank: dict[int, dict[str, list[float]]], names: list[str],
+                     rel_tol: float = 1e-6) -> tuple[int, str, dict[int, float]] | None:
+    """(step, parameter, its checksum per rank) of the first parameter that differs."""
+    ranks = sorted(per_rank)
+    if len(ranks) < 2:
+        return None
+    steps = sorted(set.intersection(*(set(per_rank[r]) for r in ranks)), key=int)
+    for step in steps:
+        values = [per_rank[r][step] for r in ranks]
+        for i, name in enumerate(names):
+            column = [v[i] for v in values if i < len(v)]
+            if len(column) < len(ranks):
+                continue
+            top = max(abs(c) for c in column)
+            if max(column) - min(column) > rel_tol * max(top, 1e-12):
+                return int(step), name, dict(zip(ranks, column))
+    return None
+
+
+@register
+class RankDivergence(CrossRankCheck):
+    """
+    ## What it does
+    After `optimizer.step()` on sampled steps, every rank records a cheap checksum (the L2
+    norm) of each parameter of its `DistributedDataParallel` model; the checksums are compared
+    across ranks when the reports are merged, naming the first parameter and step where they
+    differ.
+
+    ## Why is this bad?
+    DDP keeps replicas identical only if every rank applies the same update to the same
+    starting weights. A rank-dependent learning rate, a parameter changed on one rank, or a
+    parameter the reducer does not know about makes the replicas drift apart silently: the
+    model each rank saves or evaluates is different.
+
+    ## Example
+    ```python
+    optimizer = SGD(model.parameters(), lr=0.1 * (rank + 1))
+    ```
+
+    ## Use instead
+    Use the same optimizer settings on every rank, change parameters only before wrapping in
+    DDP, and let DDP broadcast the initial weights.
+
+    ## References
+    - PyTorch notes, Distributed Data Parallel (replicas stay in sync because every rank
+      applies the same averaged gradients): https://pytorch.org/docs/stable/notes/ddp.html
+    """
+
+    code = "X104"
+    name = "rank-divergence"
+    severity = Severity.ERROR
+    summary = "parameters differ across ranks after a step"
+    fix = "apply the same update on every rank: same optimizer settings, no rank-conditional parameter changes"
+
+    def on_step_end(self, event: Any) -> None:
+        if not event.sampled:
+            return
+        data = rank_data(self.session)
+        checksums = data.setdefault("param_checksums", {})
+        if len(checksums) >= _MAX_RECORDED_STEPS:
+            return
+        ddps = [m for m in list(self.session.state.roots) if _is_ddp(m)]
+        if not ddps:
+            return
+        import torch
+
+        named = [(n, p) for n, p in ddps[0].module.named_parameters()]
+        if not named:
+            return
+        with torch.no_grad():
+            norms = torch._foreach_norm([p.detach() for _, p in named])
+            values = torch.stack([n.float() for n in norms]).double().cpu().tolist()
+        checksums[str(event.step)] = values
+        if "param_names" not in data:
+            data["param_names"] = [n for n, _ in named]
+            data["step_location"] = _location_json(event.location)
+
+    @classmethod
+    def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        per_rank = {p["rank"]: (p.get("data") or {}).get("param_checksums", {}) for p in parts}
+        per_rank = {r: v for r, v in per_rank.items() if v}
+        names = next(((p.get("data") or {}).get("param_names") for p in parts
+                      if (p.get("data") or {}).get("param_names")), None)
+        if len(per_rank) < 2 or not names:
+            return []
+        found = first_divergence(per_rank, names)
+        if found is None:
+            return []
+        step, name, values = found
+        location = next((_location_from_json((p.get("data") or {}).get("step_location")) for p in parts
+                         if (p.get("data") or {}).get("step_location")), None)
+        shown = ", ".join(f"rank {r}: {v:.6g}" for r, v in values.items())
+        finding = cls.finding(
+            f"The DDP replicas diverged: after optimizer step {step} parameter {name} differs "
+            f"across ranks (L2 norm {shown}). DDP keeps replicas identical only when every rank "
+            "applies the same update.",
+            location=location,
+            evidence={"step": step, "parameter": name, "norm_by_rank": {str(k): v for k, v in values.items()}},
+        )
+        finding.first_step = step
+        finding.ranks = sorted(values)
+        return [finding]
+
+
+# -- X105 ----------------------------------------------------------------------------------
+@register
+class RankUnsafeIO(CrossRankCheck):
+    """
+    ## What it does
+    Records the files each rank writes with `torch.save`; when the ranks' reports are merged,
+    a path written by several ranks on the same host is reported.
+
+    ## Why is this bad?
+    Every rank writing the same checkpoint races: the file can be truncated or interleaved
+    while another rank writes or reads it, and N ranks do N times the I/O for one file.
+
+    ## Example
+    ```python
+    torch.save(model.state_dict(), "checkpoint.pt")      # on every rank
+    ```
+
+    ## Use instead
+    ```python
+    if dist.get_rank() == 0:
+        torch.save(model.module.state_dict(), "checkpoint.pt")
+    dist.barrier()                                        # others wait before reading it
+    ```
+
+    ## References
+    - PyTorch tutorial, DDP "Save and Load Checkpoints": https://pytorch.org/tutorials/intermediate/ddp_tutorial.html#save-and-load-checkpoints
+    """
+
+    code = "X105"
+    name = "rank-unsafe-io"
+    severity = Severity.WARNING
+    summary = "every rank writes the same checkpoint/log path"
+    fix = "write from rank 0 only (if dist.get_rank() == 0: torch.save(...)), then dist.barrier()"
+
+    def on_checkpoint_save(self, event: Any) -> None:
+        if not event.path:
+            return
+        saves = rank_data(self.session).setdefault("saves", {})
+        path = os.path.abspath(str(event.path))
+        entry = saves.setdefault(path, {"count": 0, "location": _location_json(event.location),
+                                        "step": event.step, "time": time.time()})
+        entry["count"] += 1
+
+    @classmethod
+    def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        writers: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+        for part in parts:
+            for path, entry in ((part.get("data") or {}).get("saves") or {}).items():
+                writers.setdefault((part.get("host", ""), path), []).append((part["rank"], entry))
+        findings = []
+        for (_, path), entries in sorted(writers.items()):
+            if len(entries) < 2:
+                continue
+            ranks = sorted(r for r, _ in entries)
+            first = entries[0][1]
+            finding = cls.finding(
+                f"{len(ranks)} ranks wrote the same file {path} with torch.save (ranks "
+                f"{', '.join(map(str, ranks))}, {sum(e['count'] for _, e in entries)} writes): "
+                "they race on one file.",
+                location=_location_from_json(first.get("location")),
+                evidence={"path": path, "ranks": ranks, "writes": {str(r): e["count"] for r, e in entries}},
+            )
+            finding.first_step = min(e.get("step", 0) for _, e in entries)
+            finding.ranks = ranks
+            findings.append(finding)
+        return findings
+
+
+# -- X107 ----------------------------------------------------------------------------------
+@register
+class DdpForwardBypass(Check):
+    """
+    ## What it does
+    Reports a training forward (grad enabled, training mode) called directly on a module that
+    is wrapped by `DistributedDataParallel` — `model.module(x)` instead of `model(x)`.
+
+    ## Why is this bad?
+    DDP prepares its gradient all-reduce in its own `forward`. A forward through the inner
+    module skips it: the gradients of that step are not averaged across ranks, the replicas
+    drift apart, and with `find_unused_parameters` the next step can fail.
+
+    ## Example
+    ```python
+    model = DDP(net)
+    loss = loss_fn(model.module(x), y)
+    ```
+
+    ## Use instead
+    ```python
+    loss = loss_fn(model(x), y)     # call the DDP wrapper while training
+    ```
+
+    ## References
+    - PyTorch docs, DistributedDataParallel: https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
+    - PyTorch notes, DDP internal design (forward pass prepares the reducer): https://pytorch.org/docs/stable/notes/ddp.html#internal-design
+    """
+
+    code = "X107"
+    name = "ddp-forward-bypass"
+    severity = Severity.ERROR
+    summary = "forward through the inner module instead of the DDP wrapper while training"
+    fix = "call the DDP wrapper (model(x)), not model.module(x), for training forwards"
+
+    def on_forward(self, event: Any) -> None:
+        if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
+            return
+        from nndoctor.instrument.ddp_hooks import registry
+
+        record = registry(self.session).by_inner.get(event.module)
+        if record is None or record.ddp() is None:
+            return
+        self.report(
+            f"A training forward called {type(event.module).__name__} directly although it is "
+            f"wrapped by DistributedDataParallel (built at {record.location}): DDP's forward, which "
+            "prepares the gradient all-reduce, was skipped, so this step's gradients are not "
+            "averaged across ranks.",
+            location=event.location,
+            evidence={"module": type(event.module).__name__, "ddp_built_at": record.location,
+                      "grad_enabled": True, "training": True},
+            step=event.step,
+        )
+
+
+# -- X108 ----------------------------------------------------------------------------------
+def param_changes(before: dict[int, tuple], after: dict[int, tuple]) -> dict[str, list[str]]:
+    """Parameters added, replaced or moved (device/dtype/shape) since the wrapper was built."""
+    added = [after[i][0] for i in after if i not in before]
+    replaced = [before[i][0] for i in before if i not in after]
+    moved = [f"{after[i][0]} ({before[i][2]} {before[i][3]}{list(before[i][1])} -> "
+             f"{after[i][2]} {after[i][3]}{list(after[i][1])})"
+             for i in after if i in before and before[i][1:] != after[i][1:]]
+    return {k: v for k, v in (("added", added), ("replaced", replaced), ("moved", moved)) if v}
+
+
+@register
+class ParamsChangedAfterWrap(Check):
+    """
+    ## What it does
+    Remembers the parameters a `DistributedDataParallel` wrapper was built with (identity,
+    shape, device, dtype) and, on sampled training forwards through it, reports parameters
+    added, replaced or moved since.
+
+    ## Why is this bad?
+    DDP registers its gradient hooks and all-reduce buckets on the parameters it sees at
+    construction. A layer replaced afterwards (a new head, `module.fc = nn.Linear(...)`) is
+    trained without gradient averaging, so ranks diverge; a parameter moved or cast after
+    wrapping breaks the buckets' views.
+
+    ## Example
+    ```python
+    model = DDP(net)
+    model.module.fc = nn.Linear(512, 10)      # after wrapping
+    ```
+
+    ## Use instead
+    ```python
+    net.fc = nn.Linear(512, 10)               # finish the model (and .to(device)) first
+    model = DDP(net)
+    ```
+
+    ## References
+    - PyTorch docs, DistributedDataParallel ("you should never try to change your model's
+      parameters after wrapping up your model with DistributedDataParallel"):
+      https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
+    """
+
+    code = "X108"
+    name = "params-changed-after-wrap"
+    severity = Severity.ERROR
+    summary = "parameters added, replaced or moved after DDP was built"
+    fix = "finish building the model (layers, .to(device), dtype) before wrapping it in DDP"
+
+    def on_forward(self, event: Any) -> None:
+        module = event.module
+        if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
+            return
+        from nndoctor.instrument.ddp_hooks import param_signature, registry
+
+        record = registry(self.session).by_wrapper.get(module)
+        if record is None or record.checked_changes:
+            return
+        changes = param_changes(record.params, param_signature(module.module))
+        if not changes:
+            return
+        record.checked_changes = True
+        described = "; ".join(f"{kind}: {', '.join(names[:4])}" + (" …" if len(names) > 4 else "")
+                              for kind, names in changes.items())
+        self.report(
+            f"The DistributedDataParallel model's parameters changed after it was built at "
+            f"{record.location} ({described}): DDP only all-reduces the gradients of the "
+            "parameters it saw at construction.",
+            location=event.location,
+            evidence={"ddp_built_at": record.location, **{k: v[:16] for k, v in changes.items()}},
+            step=event.step,
+        )
+
+
+# -- X109 ----------------------------------------------------------------------------------
+@register
+class AccumulationWithoutNoSync(Check):
+    """
+    ## What it does
+    On sampled steps, counts the backward passes between two `optimizer.step()` calls on a
+    `DistributedDataParallel` model and whether their forwards ran inside `no_sync()`. When
+    every micro-step of an accumulation all-reduced its gradients, it reports the redundant
+    all-reduces, the gradient bytes each one moves and the measured backward time.
+
+    ## Why is this bad?
+    With gradient accumulation only the last micro-step's gradients need averaging. Outside
+    `no_sync()`, DDP all-reduces the full gradients after every micro-step: k micro-steps cost
+    k all-reduces instead of one, which dominates the step time on slow interconnects.
+
+    ## Example
+    ```python
+    for i, (x, y) in enumerate(loader):
+        loss_fn(model(x), y).backward()
+        if (i + 1) % 4 == 0:
+            optimizer.step(); optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    context = model.no_sync() if (i + 1) % 4 else contextlib.nullcontext()
+    with context:
+        loss_fn(model(x), y).backward()
+    ```
+
+    ## References
+    - PyTorch docs, DistributedDataParallel.no_sync: https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html#torch.nn.parallel.DistributedDataParallel.no_sync
+    """
+
+    code = "X109"
+    name = "accumulation-without-no-sync"
+    severity = Severity.WARNING
+    summary = "gradient accumulation under DDP all-reducing every micro-step"
+    fix = "run the forward and backward of every micro-step but the last inside model.no_sync()"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._forwards: list[bool] = []  # synced? per DDP training forward since the last step
+        self._backward_started: float | None = None
+        self._backward_s: list[float] = []
+        self._location: Location | None = None
+        self._grad_bytes = 0
+
+    def on_forward(self, event: Any) -> None:
+        module = event.module
+        if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
+            return
+        self._forwards.append(bool(getattr(module, "require_backward_grad_sync", True)))
+        if not self._grad_bytes:
+            self._grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+
+    def on_backward(self, event: Any) -> None:
+        if self._forwards:
+            self._backward_started = time.perf_counter()
+            if self._location is None:
+                self._location = event.location
+
+    def on_backward_done(self, event: Any) -> None:
+        if self._backward_started is not None:
+            self._backward_s.append(time.perf_counter() - self._backward_started)
+            self._backward_started = None
+
+    def on_step_start(self, event: Any) -> None:
+        forwards, backward_s, location = self._forwards, self._backward_s, self._location
+        self._forwards, self._backward_s, self._location = [], [], None
+        if not event.sampled or event.backwards_since_step < 2 or len(forwards) < 2:
+            return
+        if not all(forwards):
+            return
+        micro = event.backwards_since_step
+        mean_ms = 1000 * sum(backward_s) / len(backward_s) if backward_s else None
+        megabytes = self._grad_bytes / 1e6
+        timing = f"; each backward (with its all-reduce) took {mean_ms:.1f} ms on average" if mean_ms else ""
+        self.report(
+            f"{micro} backward passes were accumulated before optimizer.step() and every one "
+            f"all-reduced its gradients ({megabytes:.2f} MB each): {micro - 1} of the {micro} "
+            f"all-reduces are redundant{timing}. Only the last micro-step needs to synchronise.",
+            location=location or event.location,
+            evidence={"micro_steps": micro, "redundant_allreduces": micro - 1,
+                      "gradient_mb_per_allreduce": round(megabytes, 3),
+                      "mean_backward_ms": round(mean_ms, 2) if mean_ms else None},
+            step=event.step,
+        )
+
+
+__all__ = ["cross_rank_findings"]

@@ -1,0 +1,160 @@
+"""R104 training-stalled and X110 collective-mismatch: what the stall watchdog reports.
+
+The watchdog thread (``nndoctor.watchdog``) decides when a run stalled and gathers the
+stacks; these classes are the catalog entries, the progress bookkeeping the watchdog reads,
+and the cross-rank comparison of where each rank is blocked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nndoctor.checks.distributed import CrossRankCheck
+from nndoctor.findings import Finding, Location, Severity
+from nndoctor.registry import Check, register
+
+
+@register
+class TrainingStalled(Check):
+    """
+    ## What it does
+    A watchdog thread notes every optimizer step, batch and forward. When none happened for
+    `--stall-seconds` (default 300; 0 disables; also `NNDOCTOR_STALL_SECONDS`), it prints the
+    stack of every thread with your frames marked `>>`, reports where the main thread is
+    blocked (and in which `torch.distributed` collective, if any), writes the JSON report and
+    keeps waiting — or, with `--stall-action stop`, stops the run. It arms at the first batch,
+    forward or step (or when a collective is entered), so long setup is not a stall.
+
+    ## Why is this bad?
+    A hung run burns its GPU allocation and says nothing: a DataLoader worker deadlock, a
+    collective one rank never joins, a lock or a blocking read. The stack at the moment of the
+    hang is what tells which.
+
+    ## Example
+    ```python
+    if dist.get_rank() == 0:
+        dist.all_reduce(metric)        # rank 1 never calls it: rank 0 waits forever
+    ```
+
+    ## Use instead
+    Call every collective on every rank, in the same order; give DataLoader workers
+    timeouts (`DataLoader(..., timeout=...)`) and avoid locks shared with forked workers.
+
+    ## References
+    - PyTorch docs, torch.distributed (collectives must be called by all ranks of the group):
+      https://pytorch.org/docs/stable/distributed.html#collective-functions
+    - Python docs, faulthandler.dump_traceback_later (the same idea for one process):
+      https://docs.python.org/3/library/faulthandler.html
+    """
+
+    code = "R104"
+    name = "training-stalled"
+    severity = Severity.ERROR
+    summary = "no step/batch/forward for `--stall-seconds`: stacks of every thread (and rank)"
+    fix = "see where each thread (and rank) is blocked in the stacks printed above the report"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self.last_progress = time.monotonic()
+        self.last_kind = "start"
+        self.armed = False
+
+    def _progress(self, kind: str) -> None:
+        self.last_progress = time.monotonic()
+        self.last_kind = kind
+        self.armed = True
+
+    def on_batch(self, event: Any) -> None:
+        self._progress("batch")
+
+    def on_forward(self, event: Any) -> None:
+        self._progress("forward")
+
+    def on_backward_done(self, event: Any) -> None:
+        self._progress("backward")
+
+    def on_step_end(self, event: Any) -> None:
+        self._progress("optimizer step")
+
+
+def _where(record: dict[str, Any]) -> str:
+    collective = record.get("collective")
+    if collective:
+        return f"in {collective} at {record.get('collective_location') or record.get('location')}"
+    return f"at {record.get('location')} (not in a collective)"
+
+
+def blocked_positions(parts: list[dict[str, Any]]) -> dict[int, dict[str, Any] | None]:
+    """rank -> its stall record (None: the rank did not stall, e.g. it finished)."""
+    return {p["rank"]: (p.get("data") or {}).get("stall") for p in parts}
+
+
+@register
+class CollectiveMismatch(CrossRankCheck):
+    """
+    ## What it does
+    When the stall watchdog fires in a distributed run, every rank records the collective it
+    is blocked in (from the `torch.distributed` call in your code) and the line; the records
+    are compared across ranks. Ranks blocked in different collectives or at different lines,
+    or one rank waiting in a collective that another rank already left (it finished or is
+    elsewhere), are reported with the line of each rank.
+
+    ## Why is this bad?
+    Every rank must call the same collectives in the same order. A collective inside
+    `if rank == 0:` (logging a metric, saving) or a different number of batches per rank makes
+    one rank wait forever: the job hangs until the NCCL/gloo timeout, often 10–30 minutes.
+
+    ## Example
+    ```python
+    if dist.get_rank() == 0:
+        dist.all_reduce(loss_sum)
+    ```
+
+    ## Use instead
+    ```python
+    dist.all_reduce(loss_sum)          # on every rank
+    if dist.get_rank() == 0:
+        print(loss_sum.item())
+    ```
+
+    ## References
+    - PyTorch docs, torch.distributed collective functions: https://pytorch.org/docs/stable/distributed.html#collective-functions
+    - PyTorch docs, TORCH_DISTRIBUTED_DEBUG / monitored_barrier for debugging hangs: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
+    """
+
+    code = "X110"
+    name = "collective-mismatch"
+    severity = Severity.ERROR
+    summary = "ranks in different collectives / a rank-conditional collective (hang)"
+    fix = "call every collective on every rank in the same order (no collective inside `if rank == ...`)"
+
+    @classmethod
+    def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        positions = blocked_positions(parts)
+        stalled = {r: rec for r, rec in positions.items() if rec}
+        in_collective = {r: rec for r, rec in stalled.items() if rec.get("collective")}
+        if not in_collective or len(positions) < 2:
+            return []
+        keys = {r: (rec.get("collective"), rec.get("collective_location") or rec.get("location"))
+                if rec else None for r, rec in positions.items()}
+        if len(set(keys.values())) < 2:
+            return []  # every rank in the same collective at the same line: not a mismatch
+        described = "; ".join(f"rank {r} {_where(rec)}" if rec else f"rank {r} was not blocked (it finished or moved on)"
+                              for r, rec in sorted(positions.items()))
+        first_rank = min(in_collective)
+        where = in_collective[first_rank].get("collective_location") or in_collective[first_rank].get("location")
+        location = None
+        if where and ":" in where:
+            path, _, line = where.rpartition(":")
+            location = Location(path, int(line) if line.isdigit() else None)
+        finding = cls.finding(
+            f"The ranks are blocked in different places, so none can proceed: {described}. A "
+            "collective that not every rank calls (for example inside `if rank == 0:`) waits forever.",
+            location=location,
+            evidence={"positions": {str(r): (_where(rec) if rec else "not blocked") for r, rec in positions.items()},
+                      "idle_s": max((rec.get("idle_s", 0) for rec in stalled.values()), default=0)},
+        )
+        finding.ranks = sorted(positions)
+        finding.first_step = min((rec.get("step", 0) for rec in stalled.values()), default=None)
+        return [finding]

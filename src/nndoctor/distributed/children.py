@@ -1,0 +1,147 @@
+"""Processes the script starts itself (``torch.multiprocessing.spawn``, ``multiprocessing.Process``)
+are instrumented too, and report back to the parent.
+
+``Process.start`` is wrapped: the child's target (for ``mp.spawn``, the function it calls
+with the process index) is replaced by a picklable ``ChildEntry`` that runs it under its own
+session, with the parent's check selection, and writes the child's report part into a folder
+the parent reads when its own run ends. DataLoader workers and other library processes are
+left alone. A target that cannot be pickled fails exactly as it would without nndoctor
+(``ChildEntry`` pickles the target itself).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import sys
+import tempfile
+from typing import Any
+
+from nndoctor.distributed.parts import rank_data, read_parts, remove_parts, write_part
+
+# Modules whose processes are not trainers (DataLoader workers, pools, managers, ourselves).
+_LIBRARY_PREFIXES = ("torch.", "multiprocessing.", "concurrent.", "nndoctor.", "joblib.", "loky.")
+
+# The installation of this process (to drop, in a forked child, the one inherited from the parent).
+_CURRENT: dict[str, Any] = {}
+
+
+class ChildEntry:
+    """The target of an instrumented child process: runs ``fn`` under a fresh session."""
+
+    def __init__(self, fn: Any, config: dict[str, Any], index: int) -> None:
+        self.fn, self.config, self.index = fn, config, index
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return run_child(self.fn, args, kwargs, self.config, self.index)
+
+
+def run_child(fn: Any, args: tuple, kwargs: dict, config: dict[str, Any], index: int) -> Any:
+    from nndoctor.engine import Session, StopRun
+    from nndoctor.instrument import install
+    from nndoctor.runner import finish
+
+    inherited = _CURRENT.get("installation")
+    if inherited is not None and inherited.session.pid != os.getpid():
+        inherited.uninstall()  # forked: the parent's hooks would only see a foreign session
+    session = Session(select=config["select"], ignore=config["ignore"], command=config["command"],
+                      max_steps=config.get("max_steps"), full_window=config["full_window"],
+                      sample_every=config["sample_every"])
+    session.__dict__["_child_part"] = (config["folder"], index)  # for the stall watchdog
+    installation = install(session)
+    status, crash, result = "completed", None, None
+    try:
+        result = fn(*args, **kwargs)
+    except StopRun:
+        status = "stopped"
+    except SystemExit as exit_:
+        code = exit_.code
+        session.report.exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        raise
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException as error:
+        status, crash = "crashed", error
+        raise
+    finally:
+        finish(session, installation, status, crash)
+        session.report.steps = session.step
+        data = rank_data(session)
+        try:
+            write_part(config["folder"], int(data.get("rank", index)), data.get("world_size"),
+                       session.report, data, unique=True)
+        except OSError as error:
+            print(f"nndoctor: child process could not write its report part: {error}", file=sys.stderr)
+    return result
+
+
+def _is_library_target(target: Any) -> bool:
+    module = getattr(target, "__module__", None) or ""
+    return module == "multiprocessing" or module.startswith(_LIBRARY_PREFIXES)
+
+
+def install(installation: Any) -> None:
+    import multiprocessing.process as mp_process
+
+    session = installation.session
+    owner_pid = os.getpid()
+    state: dict[str, Any] = {"folder": None}
+    counter = itertools.count()
+    _CURRENT["installation"] = installation
+
+    def config() -> dict[str, Any]:
+        if state["folder"] is None:
+            state["folder"] = tempfile.mkdtemp(prefix="nndoctor-children-")
+        return {
+            "folder": state["folder"], "select": list(session.select), "ignore": list(session.ignore),
+            "command": list(session.report.command), "max_steps": session.max_steps,
+            "full_window": session.full_window, "sample_every": session.sample_every,
+        }
+
+    original_start = installation.patcher.patch(mp_process.BaseProcess, "start", None)
+
+    @functools.wraps(original_start)
+    def start(process):
+        if session.active and os.getpid() == owner_pid:
+            try:
+                _wrap_target(process, config, counter)
+            except Exception as error:  # noqa: BLE001 - observer rule: start it unobserved
+                session.internal_error("child process instrumentation", error)
+        return original_start(process)
+
+    mp_process.BaseProcess.start = start
+
+    def collect() -> None:
+        if os.getpid() != owner_pid or state["folder"] is None:
+            return
+        from nndoctor.distributed.merge import attach_children
+
+        parts = read_parts(state["folder"])
+        attach_children(session.report, parts, list(session.select), list(session.ignore))
+        remove_parts(state["folder"])
+        # The report's headline counts the steps the children trained.
+        session.step = max([session.step] + [int(p["report"].get("steps", 0)) for p in parts])
+
+    def forget() -> None:
+        if _CURRENT.get("installation") is installation:
+            del _CURRENT["installation"]
+
+    installation.patcher.on_undo(forget)
+    installation.patcher.on_undo(collect)
+
+
+def _wrap_target(process: Any, config: Any, counter: Any) -> None:
+    target = getattr(process, "_target", None)
+    if target is None or isinstance(target, ChildEntry):
+        return
+    spawn_module = sys.modules.get("torch.multiprocessing.spawn")
+    if spawn_module is not None and target is getattr(spawn_module, "_wrap", None):
+        fn, index, *rest = process._args
+        if not isinstance(fn, ChildEntry):
+            process._args = (ChildEntry(fn, config(), int(index)), index, *rest)
+        return
+    if _is_library_target(target):
+        return
+    process._target = ChildEntry(target, config(), next(counter))

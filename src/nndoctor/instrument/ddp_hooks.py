@@ -1,0 +1,152 @@
+"""DistributedDataParallel and collectives: what the X checks and the stall watchdog need.
+
+- ``DistributedDataParallel.__init__`` is wrapped to remember, by weak reference, each
+  wrapper's inner module and the parameters it was built with (ids, shapes, devices: no
+  tensors), so a forward that bypasses the wrapper or parameters changed after wrapping
+  can be recognised.
+- The ``torch.distributed`` collectives called from Python are wrapped to record which
+  collective this process is in and from which user line (read by the watchdog when the
+  run stalls), and ``init_process_group`` to learn this process's rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from nndoctor.distributed.parts import rank_data
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier", "gather", "gather_object", "scatter", "scatter_object_list",
+    "monitored_barrier",
+)
+
+
+@dataclass
+class WrapRecord:
+    """What a DDP wrapper looked like when it was built (plain values only)."""
+
+    ddp: weakref.ref
+    params: dict[int, tuple[str, tuple[int, ...], str, str]]  # id -> (name, shape, device, dtype)
+    location: str | None
+    checked_changes: bool = False
+
+
+@dataclass
+class DdpRegistry:
+    """Per-session DDP facts: inner module -> its wrapper's record."""
+
+    by_inner: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    by_wrapper: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+
+
+@dataclass
+class CollectiveState:
+    """The collective this process is blocked in, if any (read by the watchdog thread)."""
+
+    name: str | None = None
+    location: str | None = None
+    since: float = 0.0
+    count: int = 0
+    # The caller's frame while inside the collective (resolved to a user line only if the
+    # watchdog has to report; dropped as soon as the collective returns).
+    frame_ref: Any = None
+
+
+def registry(session: Any) -> DdpRegistry:
+    return session.__dict__.setdefault("_ddp_registry", DdpRegistry())
+
+
+def collective_state(session: Any) -> CollectiveState:
+    return session.__dict__.setdefault("_collective_state", CollectiveState())
+
+
+def param_signature(module: Any) -> dict[int, tuple[str, tuple[int, ...], str, str]]:
+    return {
+        id(p): (name, tuple(p.shape), str(p.device), str(p.dtype).replace("torch.", ""))
+        for name, p in module.named_parameters()
+    }
+
+
+def install(installation: Any) -> None:
+    try:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:  # torch built without distributed support
+        return
+    if not dist.is_available():
+        return
+    session = installation.session
+    patcher = installation.patcher
+    ddp_registry = registry(session)
+
+    original_init = patcher.patch(DistributedDataParallel, "__init__", None)
+
+    @functools.wraps(original_init)
+    def ddp_init(self, module, *args, **kwargs):
+        original_init(self, module, *args, **kwargs)
+        if session.active:
+            try:
+                from nndoctor.instrument.location import user_location
+
+                where = user_location(sys._getframe(1))
+                record = WrapRecord(ddp=weakref.ref(self), params=param_signature(self.module),
+                                    location=str(where) if where else None)
+                ddp_registry.by_inner[self.module] = record
+                ddp_registry.by_wrapper[self] = record
+            except Exception as error:  # noqa: BLE001 - observer rule
+                session.internal_error("DDP wrap record", error)
+
+    DistributedDataParallel.__init__ = ddp_init
+    _patch_collectives(session, patcher, dist)
+    _patch_init_process_group(session, patcher, dist)
+
+
+def _patch_collectives(session: Any, patcher: Any, dist: Any) -> None:
+    state = collective_state(session)
+
+    def make(name: str, original: Any) -> Any:
+        @functools.wraps(original)
+        def collective(*args, **kwargs):
+            if not session.active or state.name is not None:  # nested (e.g. *_object helpers)
+                return original(*args, **kwargs)
+            frame = sys._getframe(1)
+            state.name, state.since, state.location = name, time.monotonic(), None
+            state.count += 1
+            state.frame_ref = frame  # resolved by the watchdog only if it has to report
+            try:
+                return original(*args, **kwargs)
+            finally:
+                state.name, state.frame_ref = None, None
+
+        return collective
+
+    for name in COLLECTIVES:
+        original = getattr(dist, name, None)
+        if original is None:
+            continue
+        patcher.patch(dist, name, make(name, original))
+
+
+def _patch_init_process_group(session: Any, patcher: Any, dist: Any) -> None:
+    original = patcher.patch(dist, "init_process_group", None)
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            data = rank_data(session)
+            data["rank"] = dist.get_rank()
+            data["world_size"] = dist.get_world_size()
+            data["backend"] = str(dist.get_backend())
+        except Exception as error:  # noqa: BLE001 - observer rule
+            session.internal_error("init_process_group record", error)
+        return result
+
+    dist.init_process_group = init_process_group

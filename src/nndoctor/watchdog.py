@@ -1,0 +1,323 @@
+"""The stall watchdog: a daemon thread that notices when training stops making progress.
+
+It reads the progress the R104 check records (batches, forwards, backward passes, optimizer
+steps). After ``NNDOCTOR_STALL_SECONDS`` (``--stall-seconds``, default 300; 0 disables) without
+any, it dumps every thread's stack with the user's frames marked, records where the main
+thread is blocked (and in which ``torch.distributed`` collective), reports R104, leaves a
+snapshot of this rank's report for the other ranks (X110 compares them), writes the JSON
+report, and keeps waiting — or, with ``--stall-action stop``, interrupts the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import linecache
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from nndoctor.findings import Location
+
+DEFAULT_STALL_SECONDS = 300.0
+EXIT_STALLED = 124  # like timeout(1): stopped by --stall-action stop
+_ENV_SECONDS = "NNDOCTOR_STALL_SECONDS"
+_ENV_ACTION = "NNDOCTOR_STALL_ACTION"
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stall-seconds", type=float, metavar="S",
+                        help="report a stall (R104) after S seconds without a batch, forward or "
+                             "optimizer step, with every thread's stack (default 300; 0 disables)")
+    parser.add_argument("--stall-action", choices=("wait", "stop"),
+                        help="after reporting a stall: keep waiting (default) or stop the run")
+
+
+def configure(session: Any, args: argparse.Namespace) -> None:
+    """Apply the options; exported through the environment so ranks and child processes share them."""
+    seconds = getattr(args, "stall_seconds", None)
+    action = getattr(args, "stall_action", None)
+    if seconds is not None:
+        os.environ[_ENV_SECONDS] = repr(float(seconds))
+    if action is not None:
+        os.environ[_ENV_ACTION] = action
+    session.__dict__["_watchdog_output"] = {"json": getattr(args, "json", None),
+                                            "quiet": bool(getattr(args, "quiet", False))}
+
+
+def stall_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get(_ENV_SECONDS, DEFAULT_STALL_SECONDS)))
+    except ValueError:
+        return DEFAULT_STALL_SECONDS
+
+
+def stall_action() -> str:
+    return "stop" if os.environ.get(_ENV_ACTION) == "stop" else "wait"
+
+
+# -- stacks ----------------------------------------------------------------------------------
+def _is_user(frame: Any) -> bool:
+    from nndoctor.instrument.location import _classifier
+
+    return _classifier.rank(frame.f_code) == 0
+
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _is_ours(filename: str) -> bool:
+    """nndoctor's own frames (and runpy's) are noise in the user's stack dump."""
+    return filename.startswith(_OWN_DIR) or filename in ("<frozen runpy>",) or filename.endswith("runpy.py")
+
+
+def format_stack(frame: Any) -> tuple[str, list[str]]:
+    """The stack, outermost first, user frames marked ``>>`` with their source line; and the
+    user frames as ``path:line``."""
+    from nndoctor.instrument.location import display_path
+
+    user: list[str] = []
+    out: list[str] = []
+    for depth, (f, lineno) in enumerate(reversed(list(traceback.walk_stack(frame)))):
+        if _is_ours(f.f_code.co_filename) or (depth == 0 and f.f_code.co_filename == "<string>"):
+            continue  # ours, runpy's, or a spawned child's `python -c` bootstrap
+        where = f"{display_path(f.f_code.co_filename)}:{lineno}"
+        if _is_user(f):
+            user.append(where)
+            source = linecache.getline(f.f_code.co_filename, lineno).strip()
+            out.append(f"  >> {where} in {f.f_code.co_name}" + (f"\n        {source}" if source else ""))
+        else:
+            out.append(f"     {where} in {f.f_code.co_name}")
+    return "\n".join(out), user
+
+
+def thread_stacks(skip: int | None = None) -> list[dict[str, Any]]:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        if ident == skip:
+            continue
+        text, user = format_stack(frame)
+        stacks.append({"thread": names.get(ident, str(ident)), "main": ident == main,
+                       "stack": text, "user_frames": user, "_frame": frame if ident == main else None})
+    return sorted(stacks, key=lambda s: not s["main"])
+
+
+# -- the thread ------------------------------------------------------------------------------
+class Watchdog(threading.Thread):
+    def __init__(self, session: Any, check: Any) -> None:
+        super().__init__(name="nndoctor-stall-watchdog", daemon=True)
+        self.session, self.check = session, check
+        self.stopped = threading.Event()
+        self.fired_at: float | None = None
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            seconds = stall_seconds()
+            self.stopped.wait(min(1.0, seconds / 4) if seconds else 1.0)
+            if self.stopped.is_set() or not seconds or not self.session.active:
+                continue
+            try:
+                self.poll(seconds)
+            except Exception as error:  # noqa: BLE001 - observer rule
+                self.session.internal_error("stall watchdog", error)
+
+    def poll(self, seconds: float) -> None:
+        from nndoctor.instrument.ddp_hooks import collective_state
+
+        collective = collective_state(self.session)
+        if not (self.check.armed or collective.name):
+            return
+        last = self.check.last_progress
+        if collective.name and not self.check.armed:
+            last = collective.since
+        idle = time.monotonic() - last
+        if idle < seconds:
+            self.fired_at = None
+            return
+        if self.fired_at == last:
+            return  # this stall was reported; report again only after progress resumed
+        self.fired_at = last
+        fire(self.session, self.check, idle, self.ident)
+
+
+def fire(session: Any, check: Any, idle: float, own_ident: int | None) -> None:
+    from nndoctor.distributed.parts import rank_data
+    from nndoctor.instrument.ddp_hooks import collective_state
+    from nndoctor.instrument.location import user_location
+
+    stacks = thread_stacks(skip=own_ident)
+    main = next((s for s in stacks if s["main"]), None)
+    main_frame = main.pop("_frame") if main else None
+    for s in stacks:
+        s.pop("_frame", None)
+    location = user_location(main_frame) if main_frame is not None else None
+    del main_frame
+    state = collective_state(session)
+    collective, collective_location = state.name, None
+    frame = state.frame_ref
+    if collective and frame is not None:
+        found = user_location(frame)
+        collective_location = str(found) if found else None
+    del frame
+    data = rank_data(session)
+    rank = _rank(session)
+    record = {
+        "rank": rank, "idle_s": round(idle, 1), "step": session.step, "last_progress": check.last_kind,
+        "collective": collective, "collective_location": collective_location,
+        "location": str(location) if location else None,
+        "user_frames": main["user_frames"] if main else [],
+    }
+    data["stall"] = record
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    header = (f"\n{prefix}nndoctor: no batch, forward or optimizer step for {idle:.0f} s "
+              f"(last: {check.last_kind} at step {session.step}); "
+              + (f"blocked in torch.distributed.{collective} at {collective_location}. " if collective else "")
+              + "Stacks of every thread (>> marks your code):")
+    body = "\n".join(f"{prefix}-- thread {s['thread']}{' (main)' if s['main'] else ''}\n{s['stack']}" for s in stacks)
+    print(header + "\n" + body, file=sys.stderr, flush=True)
+    blocked = f"in torch.distributed.{collective} called at {collective_location}" if collective else (
+        f"at {location}" if location else "outside your code")
+    report = (lambda *a, **k: None) if getattr(check, "silent", False) else check.report
+    report(
+        f"No batch, forward or optimizer step for {idle:.0f} s (last progress: {check.last_kind} "
+        f"at step {session.step}): the main thread is blocked {blocked}. Every thread's stack was "
+        "printed to stderr (>> marks your frames).",
+        location=location if isinstance(location, Location) else None,
+        evidence={"idle_s": round(idle, 1), "stall_seconds": stall_seconds(),
+                  "last_progress": check.last_kind, "collective": collective,
+                  "main_thread_user_frames": record["user_frames"][-6:],
+                  "threads": len(stacks), **({"rank": rank} if rank is not None else {})},
+        step=session.step,
+    )
+    session.report.extra["stall_stacks"] = [{"thread": s["thread"], "stack": s["stack"]} for s in stacks]
+    _share_and_write(session, record)
+    if stall_action() == "stop":
+        _wait_for_peers(session)
+        _stop(session)
+
+
+def _wait_for_peers(session: Any) -> None:
+    """Before stopping, let the other ranks' watchdogs leave their snapshots: stopping this rank
+    first would make their collectives fail instead of showing where they were blocked."""
+    from nndoctor.distributed.context import torchrun_rank
+    from nndoctor.distributed.parts import rank_data, wait_for_stalls
+
+    info = torchrun_rank()
+    child = session.__dict__.get("_child_part")
+    world = info.world_size if info is not None else rank_data(session).get("world_size")
+    if info is not None:
+        from nndoctor.distributed.rank_run import parts_dir
+
+        folder = parts_dir(info)
+    else:
+        folder = child[0] if child else None
+    if folder and world and world > 1:
+        wait_for_stalls(folder, int(world), timeout_s=min(10.0, 2 * stall_seconds()))
+
+
+def _rank(session: Any) -> int | None:
+    from nndoctor.distributed.context import torchrun_rank
+    from nndoctor.distributed.parts import rank_data
+
+    info = torchrun_rank()
+    if info is not None:
+        return info.rank
+    rank = rank_data(session).get("rank")
+    if rank is None:
+        child = session.__dict__.get("_child_part")
+        rank = child[1] if child else None
+    return rank
+
+
+def _share_and_write(session: Any, record: dict[str, Any]) -> None:
+    """Leave this rank's snapshot for the others; rank 0 (or a lone process) writes the JSON."""
+    import dataclasses
+
+    from nndoctor.distributed.context import torchrun_rank
+    from nndoctor.distributed.parts import rank_data, write_part
+
+    output = session.__dict__.get("_watchdog_output") or {}
+    info = torchrun_rank()
+    child = session.__dict__.get("_child_part")
+    snapshot = dataclasses.replace(session.report, status="stalled", steps=session.step,
+                                   findings=list(session.report.findings))
+    if child is not None:
+        write_part(child[0], int(rank_data(session).get("rank", child[1])), rank_data(session).get("world_size"),
+                   snapshot, rank_data(session), unique=True, stall=True)
+        return
+    if info is not None:
+        from nndoctor.distributed.merge import attach_cross_rank
+        from nndoctor.distributed.parts import wait_for_stalls
+        from nndoctor.distributed.rank_run import parts_dir
+
+        folder = parts_dir(info)
+        write_part(folder, info.rank, info.world_size, snapshot, rank_data(session), stall=True)
+        if not info.is_leader:
+            return
+        # Give the other ranks' watchdogs a moment to leave their snapshots.
+        stalls = wait_for_stalls(folder, info.world_size, timeout_s=min(10.0, stall_seconds()))
+        stalls = [p for p in stalls if p.get("rank") != info.rank] + [
+            {"rank": info.rank, "data": {"stall": record}, "report": {}}]
+        attach_cross_rank(snapshot, stalls, list(session.select), list(session.ignore))
+        for finding in snapshot.findings:
+            if finding.code == "X110" and finding not in session.report.findings:
+                session.report.add(finding)
+        snapshot.distributed = {"world_size": info.world_size,
+                                "stalled_ranks": [(p.get("data") or {}).get("stall") for p in stalls]}
+    if output.get("json"):
+        from nndoctor.report import write_json
+
+        try:
+            write_json(snapshot, output["json"])
+        except OSError as error:
+            print(f"nndoctor: could not write {output['json']}: {error}", file=sys.stderr)
+    if not output.get("quiet", True) and stall_action() != "stop":  # stop: the final report follows
+        from nndoctor.report import print_report
+
+        print_report(snapshot, sys.stderr)
+
+
+def _stop(session: Any) -> None:
+    """Interrupt the main thread; if it is stuck in native code, end the process."""
+    import signal
+
+    main = threading.main_thread().ident
+    try:  # a real signal also interrupts a blocking wait (lock, sleep, queue)
+        signal.pthread_kill(main, signal.SIGINT)
+    except (AttributeError, OSError, ValueError):
+        import _thread
+
+        _thread.interrupt_main()
+    deadline = time.monotonic() + 3.0
+    while session.active and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if session.active:
+        child = session.__dict__.get("_child_part")
+        if child is not None:
+            time.sleep(2.0)  # let sibling ranks leave their snapshots before the parent reacts
+        print("nndoctor: the run is stuck in native code; stopping it (--stall-action stop)",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_STALLED)
+
+
+def install(installation: Any) -> None:
+    from nndoctor.checks.stall import CollectiveMismatch, TrainingStalled
+
+    session = installation.session
+    check = next((c for c in session.checks if isinstance(c, TrainingStalled)), None)
+    if check is None:
+        if not any(isinstance(c, CollectiveMismatch) for c in session.checks):
+            return
+        # X110 alone still needs the watchdog (and its progress notes), not R104's finding.
+        session._add_check(TrainingStalled)
+        check = next((c for c in session.checks if isinstance(c, TrainingStalled)), None)
+        if check is None:
+            return
+        check.silent = True
+    watchdog = Watchdog(session, check)
+    watchdog.start()
+    installation.patcher.on_undo(watchdog.stopped.set)

@@ -1,0 +1,72 @@
+"""`torchrun --nproc_per_node 2 -m nndoctor run ...` end to end (gloo on CPU).
+
+Each test launches real ranks through torch.distributed.run: one merged report written once
+and printed once, findings with their ranks, rank exit statuses that keep the script's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "distributed"
+
+
+def torchrun(tmp_path, script, *options, nproc=2, script_args=()):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("NNDOCTOR_STALL_SECONDS", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "nndoctor", "run", "--json", str(tmp_path / "report.json"), *options,
+               str(FIXTURES / script), *script_args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    report = json.loads((tmp_path / "report.json").read_text()) if (tmp_path / "report.json").exists() else None
+    return result, report
+
+
+def test_correct_ddp_program_gives_one_merged_clean_report(tmp_path):
+    result, report = torchrun(tmp_path, "ddp_correct.py", script_args=[str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert report is not None and report["world_size"] == 2 and report["missing_ranks"] == []
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
+    assert all(r["status"] == "completed" and r["steps"] > 0 for r in report["ranks"])
+    bad = [f for f in report["findings"] if f["severity"] in ("error", "warning")]
+    assert not bad, bad
+    assert result.stderr.count("nndoctor · ") == 1  # printed once, by rank 0
+    assert "No problems found." in result.stderr
+
+
+def test_findings_name_their_ranks_and_do_not_fail_the_ranks(tmp_path):
+    result, report = torchrun(tmp_path, "ddp_buggy.py", script_args=[str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]  # findings alone never fail a rank
+    assert "ChildFailedError" not in result.stderr
+    by_code = {f["code"]: f for f in report["findings"]}
+    for code in ("X101", "X104", "X105"):
+        assert code in by_code, sorted(by_code)
+        assert by_code[code]["ranks"] == [0, 1]
+    assert by_code["X101"]["location"]["line"] == 20
+    assert by_code["X104"]["location"]["line"] == 24
+    assert by_code["X105"]["location"]["line"] == 25
+    assert result.stderr.count("nndoctor · ") == 1
+
+
+def test_fail_on_is_decided_once_by_rank_zero(tmp_path):
+    result, report = torchrun(tmp_path, "ddp_buggy.py", "--fail-on", "error", script_args=[str(tmp_path)])
+    assert result.returncode != 0
+    assert report["ranks"] and all(r["status"] == "completed" for r in report["ranks"])
+    assert any(f["code"] == "X101" for f in report["findings"])
+
+
+def test_wrapping_the_launcher_is_refused_with_the_supported_form(tmp_path):
+    command = [sys.executable, "-m", "nndoctor", "run", "-m", "torch.distributed.run",
+               "--nproc_per_node", "2", "train.py"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "torchrun --nproc_per_node N -m nndoctor run" in result.stderr
+    assert "No problems found" not in result.stderr
