@@ -11,9 +11,10 @@ import argparse
 import sys
 
 from nndoctor.cli import add_common_options
+from nndoctor.config import session_options
 from nndoctor.engine import Session
 from nndoctor.errors import UsageError
-from nndoctor.report import print_report, write_json
+from nndoctor.report.outputs import deliver, stdout_to_stderr
 from nndoctor.runner import Target, run_target
 from nndoctor.selection import fail_threshold, selectors
 
@@ -27,7 +28,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_common_options(parser)
     parser.add_argument("--max-steps", type=int, metavar="N",
                         help="stop the script cleanly after N optimizer steps and report")
-    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -62,14 +62,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     select, ignore = selectors(args)
-    session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
-    report = run_target(target, session)
-    if args.json:
-        try:
-            write_json(report, args.json)
-        except OSError as error:
-            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
-    if not args.quiet:
-        sys.stdout.flush()
-        print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+    session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps,
+                      **session_options(args))
+    if args.html or args.tensorboard:
+        from nndoctor.history import attach
+
+        attach(session)
+    with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+        report = run_target(target, session)
+    sys.stdout.flush()
+    deliver(report, args, sys.stderr, also_scan=[] if target.is_module else [target.name])
     return exit_status(report, fail_threshold(args))

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nndoctor.findings import Report
-from nndoctor.report import print_report, write_json
+from nndoctor.report.outputs import deliver
 from nndoctor.selection import fail_threshold, filter_findings, selectors
 
 _ACTIONS = {
@@ -44,11 +44,7 @@ def finish(report: Report, args: argparse.Namespace) -> int:
     """Filter by --select/--ignore, print, write --json, and turn --fail-on into an exit status."""
     select, ignore = selectors(args)
     filter_findings(report, select, ignore)
-    json_path = getattr(args, "json", None)
-    if json_path != "-":
-        print_report(report, file=sys.stdout, json_path=json_path)
-    if json_path:
-        write_json(report, json_path)
+    deliver(report, args, sys.stdout)
     return 1 if report.reaches(fail_threshold(args)) else 0
 
 

@@ -14,7 +14,7 @@ from nndoctor.data.selection import check_enabled, data_selectors, filter_data_f
 from nndoctor.data.tfrecord_analyze import tfrecord_findings
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
-from nndoctor.report import print_report, write_json
+from nndoctor.report.outputs import deliver
 from nndoctor.selection import fail_threshold
 
 
@@ -67,11 +67,8 @@ def run(args: argparse.Namespace) -> int:
         report.add(finding)
     filter_data_findings(report, select, ignore)
     report.extra = {"scan": result.stats, "splits": [s.name for s in layout.splits]}
-    to_stdout = args.json == "-"
     # With --json -, stdout carries the JSON alone; the readable report moves to stderr.
-    print_report(report, file=sys.stderr if to_stdout else sys.stdout, json_path=None if to_stdout else args.json)
-    if args.json:
-        write_json(report, args.json)
+    deliver(report, args, sys.stdout)
     return 1 if report.reaches(fail_on) else 0
 
 

@@ -8,12 +8,14 @@ import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.engine import Session
-from nndoctor.report import print_report, write_json
+from nndoctor.findings import Location, Report
+from nndoctor.report.outputs import deliver, stdout_to_stderr
 from nndoctor.runner import Target, run_target
 from nndoctor.runner_cli import exit_status
 from nndoctor.selection import fail_threshold, selectors
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "buggy_train.py")
+SHOWN_PATH = "nndoctor/demo/buggy_train.py"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,13 +30,27 @@ def run(args: argparse.Namespace) -> int:
         with open(SCRIPT, encoding="utf-8") as handle:
             sys.stdout.write(handle.read())
         return 0
-    print(f"nndoctor demo: training a small CNN on generated shapes ({SCRIPT})", file=sys.stderr)
+    print(f"nndoctor demo: training a small CNN on generated shapes ({SHOWN_PATH}; "
+          "'nndoctor demo --show-source' prints it)", file=sys.stderr)
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=["nndoctor-demo"])
-    report = run_target(Target(SCRIPT, []), session)
-    report.command = ["demo/buggy_train.py"]
-    if args.json:
-        write_json(report, args.json)
+    if args.html or args.tensorboard:
+        from nndoctor.history import attach
+
+        attach(session)
+    with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+        report = run_target(Target(SCRIPT, []), session)
+    report.command = [SHOWN_PATH]
+    show_bundled_paths(report)
     sys.stdout.flush()
-    print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+    deliver(report, args, sys.stderr)
     return exit_status(report, fail_threshold(args))
+
+
+def show_bundled_paths(report: Report) -> None:
+    """Findings in the bundled script name it as users know it (nndoctor/demo/buggy_train.py),
+    not by where pip put it on this machine."""
+    for finding in report.findings:
+        location = finding.location
+        if location is not None and os.path.abspath(location.path) == SCRIPT:
+            finding.location = Location(SHOWN_PATH, location.line)

@@ -31,14 +31,24 @@ from nndoctor.findings import Finding, Report
 from nndoctor.selection import fail_threshold, selectors
 
 EXIT_UNEXPLAINED = 1
+EXIT_STATUS_HELP = """exit status:
+  0  every error in the text was explained, or the text holds no error at all
+  1  some error has no known cause (--fail-on never turns this into 0)
+  2  usage error (unreadable FILE, nothing on standard input)"""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "nndoctor explain [OPTIONS] [FILE | -]"
     add_common_options(parser)
+    # Explanations describe a crash that already happened: --fail-on only decides whether an
+    # error with no known cause fails, and --help must say so (it is not run's threshold).
+    parser._option_string_actions["--fail-on"].help = (
+        "exit 1 when some error in the text has no known cause, unless 'never' "
+        "(explained errors never fail: they describe a crash that already happened)")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_STATUS_HELP
     parser.add_argument("file", nargs="?", metavar="FILE",
                         help="a saved traceback or log ('-' or omitted with piped input: standard input)")
-    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
 
 
 def read_text(name: str | None) -> tuple[str, str]:
@@ -109,15 +119,10 @@ def run(args: argparse.Namespace) -> int:
     report.extra["tracebacks"] = len(findings) + len(unexplained)
     if unexplained:
         report.extra["unexplained"] = [unexplained_summary(c) for c in unexplained]
-    if args.json:
-        from nndoctor.report import write_json
+    from nndoctor.report.outputs import deliver
 
-        try:
-            write_json(report, args.json)
-        except OSError as error:
-            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
-    if not args.quiet:
-        show(report, unexplained, text_had_errors=bool(findings or unexplained))
+    deliver(report, args, sys.stdout, render_text=lambda stream, _json: show(
+        report, unexplained, text_had_errors=bool(findings or unexplained), file=stream))
     if unexplained and fail_threshold(args) is not None:
         return EXIT_UNEXPLAINED
     return 0

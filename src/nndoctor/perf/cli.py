@@ -18,7 +18,8 @@ from nndoctor.perf.recorder import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.session import run_perf
 from nndoctor.perf.trials import parse_tries
-from nndoctor.report import print_report, write_json
+from nndoctor.report.outputs import deliver
+from nndoctor.report.terminal import print_report
 from nndoctor.runner_cli import exit_status, target_from_args
 from nndoctor.selection import fail_threshold, filter_findings, selectors
 
@@ -36,7 +37,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds timed per --try loader setting and per end-to-end timing of its "
                              "best candidates; a whole epoch is timed instead when it fits in 4×S "
                              "(default 2)")
-    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -59,14 +59,13 @@ def run(args: argparse.Namespace) -> int:
         report.add(finding)
     filter_findings(report, select, ignore)
     report.extra["perf"] = {**result.to_json(), "advice": advice(result)}
-    if args.json:
-        try:
-            write_json(report, args.json)
-        except OSError as error:
-            print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
-    if not args.quiet:
-        sys.stdout.flush()
-        perf = report.extra["perf"]
-        print("\n".join(["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""]), file=sys.stderr)
-        print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
+    perf = report.extra["perf"]
+
+    def show(stream, json_path) -> None:
+        print("\n".join(["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""]), file=stream)
+        print_report(report, stream, json_path=json_path)
+
+    sys.stdout.flush()
+    deliver(report, args, sys.stderr, also_scan=[] if target.is_module else [target.name],
+            render_text=show)
     return exit_status(report, fail_threshold(args))

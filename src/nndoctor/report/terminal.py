@@ -55,14 +55,22 @@ def _finding_block(console: Console, finding: Finding) -> None:
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
-    console.print(Text("    " + finding.message))
+    _indented(console, Text(finding.message))
     shown = [(k, v) for k, v in finding.evidence.items() if not k.startswith("_")]
     if shown:
         parts = [f"{k}={_format_value(v)}" for k, v in shown[:_EVIDENCE_SHOWN]]
         if len(shown) > _EVIDENCE_SHOWN:
             parts.append(f"… (+{len(shown) - _EVIDENCE_SHOWN} in JSON)")
-        console.print(Text("    evidence: " + "; ".join(parts), style="dim"))
-    console.print(Text("    fix: " + finding.fix, style="green"))
+        _indented(console, Text("evidence: " + "; ".join(parts), style="dim"))
+    _indented(console, Text("fix: " + finding.fix, style="green"))
+
+
+def _indented(console: Console, text: Text) -> None:
+    """Print with a hanging indent: wrapped lines stay under the first, words are not split."""
+    width = max(20, console.width - 4)
+    for line in text.wrap(console, width, overflow="fold"):  # fold only words wider than a line
+        line.rstrip()
+        console.print(Text("    ") + line, soft_wrap=True)
 
 
 def render_to(console: Console, report: Report, *, json_path: str | None = None) -> None:
@@ -84,6 +92,8 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     tail = f"{len(findings)} finding{'s' if len(findings) != 1 else ''}"
     if summary:
         tail += f": {summary}"
+    if report.suppressed:
+        tail += f" · {len(report.suppressed)} suppressed"
     if report.internal_errors:
         tail += f" · {len(report.internal_errors)} internal error(s) in nndoctor (see JSON)"
         for err in report.internal_errors[:3]:
@@ -108,12 +118,16 @@ def make_console(file: IO[str] | None = None, width: int | None = None) -> Conso
     file = file or sys.stderr
     if width is None and not (hasattr(file, "isatty") and file.isatty()):
         width = 100  # logs and pipes: no terminal to fit, keep lines readable
+    # NO_COLOR (no-color.org) means no escape codes at all: rich's no_color keeps bold and
+    # dim, a console without a colour system writes plain text.
+    plain = bool(os.environ.get("NO_COLOR"))
     return Console(
         file=file,
         width=width,
         highlight=False,
         soft_wrap=False,
-        no_color=bool(os.environ.get("NO_COLOR")) or None,
+        no_color=plain or None,
+        **({"color_system": None} if plain else {}),
     )
 
 
