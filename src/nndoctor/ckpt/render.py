@@ -100,9 +100,11 @@ def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = No
         for sd in ckpt.state_dicts:
             console.print(state_dict_tree(sd, max_depth=max_depth))
     if ckpt.other_entries:
+        from nndoctor.ckpt.bookkeeping import bookkeeping_lines
+
         console.print("[bold]other entries[/bold]")
-        for key, summary in ckpt.other_entries.items():
-            console.print(f"  {escape(key)}: {escape(summary)}")
+        for line in bookkeeping_lines(ckpt.other_entries):
+            console.print(f"  {escape(line)}", soft_wrap=True)  # long keys are not cut mid-word
     if not ckpt.state_dicts and not ckpt.keras_layers:
         console.print("[yellow]no tensors found[/yellow]")
     console.print()
