@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     select, ignore = selectors(args)
     config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds)
-    report, result = run_perf(target, config, select=select, ignore=ignore)
+    shows_text = not args.quiet and args.output_format == "text"
+    announce = (lambda line: print(f"nndoctor perf: {line}", file=sys.stderr, flush=True)) if shows_text else None
+    report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce)
     measured = diagnose(result)
     if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
         report.findings = [f for f in report.findings if f.code != "P102"]

@@ -10,6 +10,7 @@ findings are derived from it by ``perf/checks.py``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +62,10 @@ class PerfResult:
 class PerfSession(Session):
     """A Session whose only subscribers are the perf recorder and the run-scope P checks."""
 
-    def __init__(self, config: PerfConfig, *, select=(), ignore=(), command=None) -> None:
+    def __init__(self, config: PerfConfig, *, select=(), ignore=(), command=None,
+                 announce: Callable[[str], None] | None = None) -> None:
         self.perf_config = config
+        self.announce = announce or (lambda message: None)
         checks = [PerfRecorder] + [c for c in enabled_checks(select, ignore) if c.code.startswith("P")]
         # Every step of the window is a sampled step (CUDA events, sync locations).
         super().__init__(command=command, max_steps=config.last_step, checks=checks,
@@ -76,15 +79,18 @@ class PerfSession(Session):
             return
         # The trials call optimizer.step() and the loss functions: keep every hook quiet.
         active, self.active = self.active, False
+        self.announce(f"measured {self.perf_config.steps} steps; now trying "
+                      f"{', '.join(self.perf_config.tries)} on the captured step and loader")
         try:
-            self.trials = run_trials(recorder, self.perf_config)
+            self.trials = run_trials(recorder, self.perf_config, announce=self.announce)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.internal_error("perf --try", error)
         finally:
             self.active = active
 
 
-def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
+def run_trials(recorder: PerfRecorder, config: PerfConfig,
+               announce: Callable[[str], None] | None = None) -> dict[str, Any]:
     import torch
 
     from nndoctor.perf import trials
@@ -109,6 +115,8 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
                 results[name] = {"skipped": f"could not rebuild the step (no {', '.join(missing)} seen "
                                             "in the last measured step)"}
         else:
+            if announce:
+                announce(f"timing the step with {', '.join(step_tries)} against the baseline")
             with torch.enable_grad():
                 results.update(trials.try_steps(step_tries, model, optimizer, loss_fn,
                                                 recorder.captured_inputs, recorder.captured_target,
@@ -122,6 +130,8 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
         if loader is None:
             results["loader"] = {"skipped": "no DataLoader was iterated in the measured window"}
         else:
+            if announce:
+                announce(f"timing DataLoader settings (about {config.try_seconds:g} s each)")
             try:
                 with torch.enable_grad():
                     results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
@@ -178,9 +188,14 @@ def other_gpu_processes(processes: list[dict[str, Any]], own_pid: int) -> list[d
     return others
 
 
-def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=()) -> tuple[Report, PerfResult]:
-    """Run ``target`` under a perf session; the report carries the run-scope P findings."""
-    session = PerfSession(config, select=select, ignore=ignore, command=target.command)
+def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
+             announce: Callable[[str], None] | None = None) -> tuple[Report, PerfResult]:
+    """Run ``target`` under a perf session; the report carries the run-scope P findings.
+
+    ``announce`` receives a line for each thing being measured, as it starts."""
+    session = PerfSession(config, select=select, ignore=ignore, command=target.command, announce=announce)
+    session.announce(f"running {' '.join(target.command)}: {config.warmup} warm-up optimizer steps, "
+                     f"then timing {config.steps}")
     report = run_target(target, session)
     recorder = session.perf_recorder
     breakdown = summarize(recorder.records)
