@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(handle.read())
         return 0
     print(f"nndoctor demo: training a small CNN on generated shapes ({SHOWN_PATH}; "
-          "'nndoctor demo --show-source' prints it)", file=sys.stderr)
+          "--show-source prints it)", file=sys.stderr)
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=["nndoctor-demo"])
     if args.html or args.tensorboard:
