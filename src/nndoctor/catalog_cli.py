@@ -11,6 +11,7 @@ from rich.table import Table
 
 from nndoctor.errors import UsageError
 from nndoctor.registry import all_checks, get_check
+from nndoctor.report.terminal import no_color_options
 
 
 def markdown_catalog() -> str:
@@ -69,7 +70,7 @@ def plain_table(checks) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(file=sys.stdout, highlight=False)
+    console = Console(file=sys.stdout, highlight=False, **no_color_options())
     quiet = args.quiet or args.json == "-"
     if args.code:
         cls = get_check(args.code)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,7 +55,8 @@ class DoctorCallback(TrainerCallback):
                                 html=html, tensorboard=tensorboard, output_format=output_format, quiet=quiet)
         self._run = DoctorRun(options, ["transformers", "Trainer.train"])
         self.report: Report | None = None
-        atexit.register(self._close_abandoned)
+        reference = weakref.ref(self)  # atexit must not keep every callback alive
+        atexit.register(lambda: (callback := reference()) is not None and callback._close_abandoned())
 
     def _close_abandoned(self) -> None:
         if self._run.running:  # train() raised: no hook told us

@@ -76,3 +76,20 @@ def test_wrapped_lines_keep_a_hanging_indent_and_whole_words():
     assert len(body) > 4
     assert all(line.startswith("    ") for line in body)
     assert all(token.startswith(("word", "fix:")) for line in body for token in line.split())
+
+
+def test_no_color_means_no_escape_codes_at_all(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from nndoctor.report.terminal import no_color_options
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    buffer = io.StringIO()
+    Console(file=buffer, force_terminal=True, **no_color_options()).print("[bold]a[/bold] [dim red]b[/dim red]")
+    assert buffer.getvalue() == "a b\n"
+    monkeypatch.delenv("NO_COLOR")
+    buffer = io.StringIO()
+    Console(file=buffer, force_terminal=True, **no_color_options()).print("[bold]a[/bold]")
+    assert "\x1b[" in buffer.getvalue()

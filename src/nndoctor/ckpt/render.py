@@ -10,6 +10,7 @@ from rich.tree import Tree
 
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict, TensorInfo
 from nndoctor.ckpt.mapping import KeyMapping
+from nndoctor.report.terminal import no_color_options
 
 _AUTO_DEPTH_LIMIT = 80  # state dicts with more tensors are shown 3 levels deep by default
 
@@ -77,7 +78,7 @@ def state_dict_tree(sd: StateDict, *, max_depth: int | None = None, separator: s
 
 
 def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = None) -> None:
-    console = Console(file=file, highlight=False, soft_wrap=False)
+    console = Console(file=file, highlight=False, soft_wrap=False, **no_color_options())
     mode = {
         "weights_only": "read with torch.load(weights_only=True)",
         "placeholders": "NOT loaded: classes outside the allowlist shown as placeholders, nothing executed",
@@ -111,7 +112,7 @@ def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = No
 
 
 def print_diff(mapping: KeyMapping, source: str, target: str, file: IO[str]) -> None:
-    console = Console(file=file, highlight=False, soft_wrap=False)
+    console = Console(file=file, highlight=False, soft_wrap=False, **no_color_options())
     console.print(f"[bold]diff[/bold] {escape(source)} → {escape(target)}")
     console.print(f"  {mapping.exact} keys match as they are; "
                   f"{mapping.matched} match after the mapping")

@@ -36,3 +36,9 @@ def github_line(finding: Finding) -> str:
 def render_github(report: Report) -> str:
     lines = [github_line(f) for f in report.sorted_findings()]
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def unused_suppression_line(path: str, line: int, text: str) -> str:
+    """A notice for a ``# nndoctor: ignore`` comment that silenced nothing."""
+    return (f"::notice file={escape_property(relative_path(path))},line={line},"
+            f"title=unused suppression::{escape_data(text)}")

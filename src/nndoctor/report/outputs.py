@@ -94,14 +94,13 @@ def deliver(
         sys.stdout.write(render_json(report))
         sys.stdout.flush()
     if output_format == "github":
-        from nndoctor.report.github import escape_data, github_line
+        from nndoctor.report.github import github_line, unused_suppression_line
 
         sys.stdout.flush()
         for finding in report.sorted_findings():
             print(github_line(finding), file=sys.stdout)
         for directive in unused:
-            print(f"::notice file={directive.path},line={directive.line},title=unused suppression::"
-                  f"{escape_data(str(directive))}", file=sys.stdout)
+            print(unused_suppression_line(directive.path, directive.line, str(directive)), file=sys.stdout)
         sys.stdout.flush()
         return
     if getattr(args, "quiet", False) or output_format == "json":

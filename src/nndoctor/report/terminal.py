@@ -118,17 +118,15 @@ def make_console(file: IO[str] | None = None, width: int | None = None) -> Conso
     file = file or sys.stderr
     if width is None and not (hasattr(file, "isatty") and file.isatty()):
         width = 100  # logs and pipes: no terminal to fit, keep lines readable
-    # NO_COLOR (no-color.org) means no escape codes at all: rich's no_color keeps bold and
-    # dim, a console without a colour system writes plain text.
-    plain = bool(os.environ.get("NO_COLOR"))
-    return Console(
-        file=file,
-        width=width,
-        highlight=False,
-        soft_wrap=False,
-        no_color=plain or None,
-        **({"color_system": None} if plain else {}),
-    )
+    return Console(file=file, width=width, highlight=False, soft_wrap=False, **no_color_options())
+
+
+def no_color_options() -> dict[str, Any]:
+    """Console options for NO_COLOR (no-color.org): no escape codes at all. rich's own
+    no_color keeps bold and dim; a console without a colour system writes plain text."""
+    if os.environ.get("NO_COLOR"):
+        return {"no_color": True, "color_system": None}
+    return {}
 
 
 def print_report(report: Report, file: IO[str] | None = None, *, json_path: str | None = None) -> None:
@@ -143,4 +141,4 @@ def render_text(report: Report, width: int = 100, *, json_path: str | None = Non
     return buffer.getvalue()
 
 
-__all__ = ["escape", "make_console", "print_report", "render_text", "render_to"]
+__all__ = ["escape", "make_console", "no_color_options", "print_report", "render_text", "render_to"]
