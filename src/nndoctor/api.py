@@ -26,6 +26,8 @@ def watch(
         for finding in report.findings:
             print(finding.code, finding.message)
 
+    ``print_report`` prints the report when the block ends; in a Jupyter notebook it is one
+    HTML block with plots, locations shown as "cell N, line M".
     ``max_steps`` ends the block quietly after that many optimizer steps. An exception
     raised by the block is explained in the report and then re-raised unchanged.
     """
@@ -35,6 +37,11 @@ def watch(
 
     session = Session(select=parse_codes(list(select)), ignore=parse_codes(list(ignore)),
                       max_steps=max_steps)
+    shell = _notebook_shell() if print_report else None
+    if shell is not None:  # the notebook's report is one HTML block with plots
+        from nndoctor.history import attach
+
+        attach(session)
     installation = install(session)
     status, crash = "completed", None
     try:
@@ -49,7 +56,17 @@ def watch(
         raise
     finally:
         finish(session, installation, status, crash)
-        if print_report:
+        if shell is not None:
+            from nndoctor.notebook import display_report
+
+            display_report(session.report, shell)
+        elif print_report:
             from nndoctor.report import print_report as show
 
             show(session.report)
+
+
+def _notebook_shell():
+    from nndoctor.notebook import notebook_shell
+
+    return notebook_shell()

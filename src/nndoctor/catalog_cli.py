@@ -11,6 +11,7 @@ from rich.table import Table
 
 from nndoctor.errors import UsageError
 from nndoctor.registry import all_checks, get_check
+from nndoctor.report.terminal import no_color_options
 
 
 def markdown_catalog() -> str:
@@ -39,14 +40,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scope", choices=["run", "explain", "data", "ckpt", "perf", "env"],
                         help="only checks of this subcommand")
     parser.add_argument("--markdown", action="store_true", help="print raw Markdown")
+    parser.add_argument("--json", metavar="PATH", help="write the catalog (or the check) as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing on the terminal (with --json PATH)")
+
+
+def check_json(cls) -> dict:
+    return {"code": cls.code, "name": cls.name, "severity": cls.severity.label, "command": cls.scope,
+            "summary": cls.summary, "fix": cls.fix, "heuristic": bool(cls.heuristic),
+            "documentation": cls.documentation()}
+
+
+def _write_json(data, path: str) -> None:
+    import json
+
+    from nndoctor.atomic import atomic_write_text
+
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(path, text)
+
+
+def plain_table(checks) -> str:
+    """The catalog for pipes and files: one line per check, names never cut."""
+    width = max((len(c.name) for c in checks), default=4)
+    return "".join(f"{c.code}  {c.name:<{width}}  {c.severity.label:<7}  {c.scope:<7}  {c.summary}\n"
+                   for c in checks)
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(file=sys.stdout, highlight=False)
+    console = Console(file=sys.stdout, highlight=False, **no_color_options())
+    quiet = args.quiet or args.json == "-"
     if args.code:
         cls = get_check(args.code)
         if cls is None:
             raise UsageError(f"no check named {args.code!r} (see 'nndoctor checks')")
+        if args.json:
+            _write_json(check_json(cls), args.json)
+        if quiet:
+            return 0
         header = f"# {cls.code} {cls.name} ({cls.severity.label}, nndoctor {cls.scope})\n\n{cls.summary}\n\n"
         text = header + cls.documentation() + f"\n\n## Fix\n{cls.fix}\n"
         if args.markdown or not sys.stdout.isatty():
@@ -54,10 +87,18 @@ def run(args: argparse.Namespace) -> int:
         else:
             console.print(Markdown(text))
         return 0
+    checks = all_checks(args.scope)
+    if args.json:
+        _write_json([check_json(c) for c in checks], args.json)
+    if quiet:
+        return 0
+    if not args.markdown and not sys.stdout.isatty():
+        sys.stdout.write(plain_table(checks))
+        return 0
     table = Table(title="nndoctor checks", show_lines=False)
     for column in ("code", "name", "severity", "command", "what it detects"):
         table.add_column(column)
-    for cls in all_checks(args.scope):
+    for cls in checks:
         table.add_row(cls.code, cls.name, cls.severity.label, cls.scope, cls.summary)
     if args.markdown:
         sys.stdout.write(markdown_catalog())

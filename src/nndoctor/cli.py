@@ -40,6 +40,26 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help="skip these checks (codes, prefixes or names; comma-separated)")
     parser.add_argument("--fail-on", choices=FAIL_ON_CHOICES, default="error",
                         help="exit 1 when a finding reaches this severity (default: error)")
+    add_output_options(parser)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """Configuration, output formats and report files (README: Configuration, CI)."""
+    from nndoctor.config import OUTPUT_FORMATS
+
+    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
+    parser.add_argument("--output-format", choices=OUTPUT_FORMATS, default="text",
+                        help="terminal report: text (default), concise (one line per finding), "
+                             "github (GitHub Actions annotations, on stdout), json (on stdout)")
+    parser.add_argument("--sarif", metavar="PATH", help="also write a SARIF 2.1.0 report (code scanning)")
+    parser.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report with plots")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="also write the doctor's scalars and findings as a TensorBoard event file")
+    parser.add_argument("--report-unused-ignores", action="store_true",
+                        help="list '# nndoctor: ignore' comments that silenced nothing")
+    parser.add_argument("--config", metavar="PATH",
+                        help="read options from this file instead of the nearest pyproject.toml")
+    parser.add_argument("--isolated", action="store_true", help="ignore every configuration file")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -97,11 +117,26 @@ def _split_script_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list
     return argv
 
 
+def _usage_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost parser of the command given, so an unknown option shows its usage."""
+    sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub = sub_action.choices.get(getattr(args, "command", None) or "")
+    if sub is None:
+        return parser
+    nested = [a for a in sub._actions if isinstance(a, argparse._SubParsersAction)]
+    action = getattr(args, "ckpt_action", None)
+    if nested and action in nested[0].choices:
+        return nested[0].choices[action]
+    return sub
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     parser = build_parser(only)
-    args = parser.parse_args(_split_script_argv(parser, argv))
+    args, unknown = parser.parse_known_args(_split_script_argv(parser, argv))
+    if unknown:
+        _usage_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     broken = getattr(args, "_broken", None)
     if broken:
         print(f"nndoctor: error: {broken}", file=sys.stderr)
@@ -111,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if hasattr(args, "isolated"):  # subcommands with the shared options read the config
+            from nndoctor.config import apply
+
+            apply(args, argv)
         return int(handler(args) or 0)
     except UsageError as error:
         from nndoctor.report.sanitize import printable  # messages quote file names: no raw escapes

@@ -124,6 +124,11 @@ class Session:
         for kind, method in cls.handlers().items():
             self._handlers.setdefault(kind, []).append((check, getattr(check, method)))
 
+    def add_listener(self, listener: Check) -> None:
+        """Dispatch events to an object that is not a catalog check (the report's history)."""
+        for kind, method in type(listener).handlers().items():
+            self._handlers.setdefault(kind, []).append((listener, getattr(listener, method)))
+
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
         return kind in self._handlers

@@ -93,6 +93,17 @@ class InternalError:
         return {"where": self.where, "error": self.error, "traceback": self.traceback}
 
 
+@dataclass
+class Suppressed:
+    """A finding left out of the report by a suppression comment or the configuration."""
+
+    finding: Finding
+    reason: str  # e.g. "comment at train.py:12" or "per-file-ignores 'tests/*' in pyproject.toml"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.finding.to_json(), "reason": self.reason}
+
+
 STATUSES = ("completed", "stopped", "crashed", "interrupted")
 
 
@@ -110,6 +121,10 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)
     # A merged distributed run: {"world_size": N, "ranks": [per-rank detail]} (top level in JSON).
     distributed: dict[str, Any] | None = None
+    suppressed: list[Suppressed] = field(default_factory=list)
+    # What the doctor saw over the steps (nndoctor.history.RunHistory), for the HTML and
+    # TensorBoard reports; None when not recorded. Not part of the JSON schema.
+    history: Any = field(default=None, repr=False, compare=False)
 
     def add(self, finding: Finding) -> Finding:
         """Add a finding, merging it into an earlier one with the same code and place."""
@@ -160,6 +175,7 @@ class Report:
             "steps": self.steps,
             "findings": [f.to_json() for f in self.sorted_findings()],
             "internal_errors": [e.to_json() for e in self.internal_errors],
+            "suppressed": [s.to_json() for s in self.suppressed],
         }
         if self.exit_code is not None:
             data["exit_code"] = self.exit_code

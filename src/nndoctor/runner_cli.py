@@ -12,9 +12,11 @@ import argparse
 
 from nndoctor import watchdog
 from nndoctor.cli import add_common_options
+from nndoctor.config import session_options
 from nndoctor.engine import Session
 from nndoctor.errors import UsageError
 from nndoctor.report.delivery import ReportDelivery
+from nndoctor.report.outputs import stdout_to_stderr
 from nndoctor.runner import Target, run_target
 from nndoctor.selection import fail_threshold, selectors
 
@@ -29,7 +31,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_common_options(parser)
     parser.add_argument("--max-steps", type=int, metavar="N",
                         help="stop the script cleanly after N optimizer steps and report")
-    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("--preflight", action="store_true",
                         help="at the first optimizer step, run active tests on copies of the model, then train on")
     watchdog.add_options(parser)
@@ -73,9 +74,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     select, ignore = selectors(args)
-    output = ReportDelivery.from_args(args)
-    session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
+    output = ReportDelivery.from_args(args, also_scan=[] if target.is_module else [target.name])
+    session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps,
+                      **session_options(args))
     watchdog.configure(session, args)
+    if args.html or args.tensorboard:
+        from nndoctor.history import attach as record_history
+
+        record_history(session)
     preflight = getattr(args, "preflight_stop", False) or args.preflight
     if preflight:
         from nndoctor.preflight.probe import attach
@@ -83,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         attach(session, stop=getattr(args, "preflight_stop", False))
     try:
         # Under torchrun rank 0 alone reports, after merging every rank's part.
-        report = run_target(target, session, deliver=output.deliver if rank is None else None)
+        with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+            report = run_target(target, session, deliver=output.deliver if rank is None else None)
         if rank is not None:
             from nndoctor.distributed.rank_run import finish_rank
 

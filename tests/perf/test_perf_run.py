@@ -106,4 +106,8 @@ def test_cli_writes_breakdown_and_loader_measurement(tmp_path, capsys):
     codes = {f["code"] for f in data["findings"]}
     assert {"P101", "P102"} <= codes
     assert any(a["change"] == "loader" for a in perf_data["advice"])
-    assert "data wait (DataLoader)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "data wait (DataLoader)" in err
+    # While it runs, perf says what it is measuring.
+    assert "nndoctor perf: running " in err and "1 warm-up optimizer steps, then timing 6" in err
+    assert "nndoctor perf: timing DataLoader settings (about 0.3 s each)" in err

@@ -114,6 +114,10 @@ class SchedulerMisuse(Check):
             return
         optimizer = unwrap_optimizer(optimizer)  # accelerate's AcceleratedOptimizer, Lightning's
         state = self.session.state
+        # A wrapper (accelerate's AcceleratedOptimizer under the 🤗 Trainer) is not the object
+        # whose step() is counted: the optimizer it wraps is, in its .optimizer.
+        while optimizer not in state.step_counts and getattr(optimizer, "optimizer", None) is not None:
+            optimizer = optimizer.optimizer
         opt_steps = state.step_counts.get(optimizer, 0)
         if count == 1 and opt_steps == 0 and state.scaler is None and (key, "early") not in self._reported:
             self._reported.add((key, "early"))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from nndoctor.findings import Report
-from nndoctor.report import print_report, write_json
+from nndoctor.report.delivery import ReportDelivery
 from nndoctor.selection import fail_threshold, filter_findings, selectors
 
 _ACTIONS = {
@@ -50,15 +49,11 @@ def finish(report: Report, args: argparse.Namespace) -> int:
     """Filter by --select/--ignore, print, write --json, and turn --fail-on into an exit status."""
     select, ignore = selectors(args)
     filter_findings(report, select, ignore)
-    json_path = getattr(args, "json", None)
-    if json_path != "-":
-        print_report(report, file=sys.stdout, json_path=json_path)
-    if json_path and json_path != "-":
-        from nndoctor.ckpt.writer import write_or_fail
-
-        write_or_fail(json_path, lambda: write_json(report, json_path), "--json")
-    elif json_path:
-        write_json(report, json_path)
+    output = ReportDelivery.from_args(args, text_stream="stdout")  # a bad --json path: exit 2
+    try:
+        output.deliver(report)
+    finally:
+        output.close()
     return 1 if report.reaches(fail_threshold(args)) else 0
 
 

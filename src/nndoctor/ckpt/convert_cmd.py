@@ -139,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.append("NOT written (see findings)")
     if getattr(args, "json", None) != "-":
-        console = Console(file=sys.stdout, highlight=False)
+        from nndoctor.report.terminal import no_color_options
+
+        console = Console(file=sys.stdout, highlight=False, **no_color_options())
         console.print(f"[bold]convert[/bold] {escape(args.source)} → {escape(args.output)}")
         for line in log:
             console.print(f"  {escape(line)}")

@@ -189,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
         for finding in prefix_findings(Checkpoint(args.output, "output", state_dicts=[StateDict("", tensors)])):
             report.add(finding)
     if getattr(args, "json", None) != "-":
-        console = Console(file=sys.stdout, highlight=False)
+        from nndoctor.report.terminal import no_color_options
+
+        console = Console(file=sys.stdout, highlight=False, **no_color_options())
         console.print(f"[bold]fix[/bold] {escape(args.input)} → {escape(args.output)}")
         for line in log:
             console.print(f"  {escape(line)}")

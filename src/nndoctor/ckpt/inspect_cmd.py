@@ -25,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def build_report(args: argparse.Namespace) -> Report:
     ckpt = read_checkpoint(args.file, trust=args.trust)
-    if getattr(args, "json", None) != "-":
+    text_report = not getattr(args, "quiet", False) and getattr(args, "output_format", "text") == "text"
+    if getattr(args, "json", None) != "-" and text_report:
         print_inspect(ckpt, sys.stdout, max_depth=args.depth)
     report = Report(command=["ckpt", "inspect", args.file])
     for finding in inspect_findings(ckpt):

@@ -16,6 +16,7 @@ from rich.tree import Tree
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict, TensorInfo
 from nndoctor.ckpt.mapping import KeyMapping
 from nndoctor.report.sanitize import printable
+from nndoctor.report.terminal import no_color_options
 
 _OTHER_ENTRIES_SHOWN = 60
 
@@ -90,7 +91,7 @@ def state_dict_tree(sd: StateDict, *, max_depth: int | None = None, separator: s
 
 
 def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = None) -> None:
-    console = Console(file=file, highlight=False, soft_wrap=False)
+    console = Console(file=file, highlight=False, soft_wrap=False, **no_color_options())
     mode = {
         "weights_only": "read inertly: only tensor and container rebuild functions, nothing executed",
         "placeholders": "NOT loaded: classes outside the allowlist shown as placeholders, nothing executed",
@@ -113,19 +114,21 @@ def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = No
         for sd in ckpt.state_dicts:
             console.print(state_dict_tree(sd, max_depth=max_depth))
     if ckpt.other_entries:
+        from nndoctor.ckpt.bookkeeping import bookkeeping_lines
+
         console.print("[bold]other entries[/bold]")
-        entries = list(ckpt.other_entries.items())
-        for key, summary in entries[:_OTHER_ENTRIES_SHOWN]:
-            console.print(f"  {escape(key)}: {escape(summary)}")
-        if len(entries) > _OTHER_ENTRIES_SHOWN:
-            console.print(f"  [dim]… {len(entries) - _OTHER_ENTRIES_SHOWN} more (all in --json)[/dim]")
+        lines = bookkeeping_lines(ckpt.other_entries)
+        for line in lines[:_OTHER_ENTRIES_SHOWN]:
+            console.print(f"  {escape(line)}", soft_wrap=True)  # long keys are not cut mid-word
+        if len(lines) > _OTHER_ENTRIES_SHOWN:
+            console.print(f"  [dim]… {len(lines) - _OTHER_ENTRIES_SHOWN} more (all in --json)[/dim]")
     if not ckpt.state_dicts and not ckpt.keras_layers:
         console.print("[yellow]no tensors found[/yellow]")
     console.print()
 
 
 def print_diff(mapping: KeyMapping, source: str, target: str, file: IO[str]) -> None:
-    console = Console(file=file, highlight=False, soft_wrap=False)
+    console = Console(file=file, highlight=False, soft_wrap=False, **no_color_options())
     console.print(f"[bold]diff[/bold] {escape(source)} → {escape(target)}")
     console.print(f"  {mapping.exact} keys match as they are; "
                   f"{mapping.matched} match after the mapping")

@@ -14,7 +14,7 @@ from nndoctor.data.selection import check_enabled, data_selectors, filter_data_f
 from nndoctor.data.tfrecord_analyze import tfrecord_findings
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
-from nndoctor.report import print_report, write_json
+from nndoctor.report.delivery import ReportDelivery
 from nndoctor.report.sanitize import printable
 from nndoctor.selection import fail_threshold
 
@@ -56,10 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers must be 0 (all cores) or more")
     if not 0 <= args.near_distance <= 32:
         raise UsageError("--near-distance must be between 0 and 32 bits")
-    if args.json and args.json != "-":
-        from nndoctor.ckpt.writer import check_writable_file
-
-        check_writable_file(args.json, "--json")
+    output = ReportDelivery.from_args(args, text_stream="stdout")  # a bad --json path fails before the scan
     cpus = available_cpus()
     if args.workers > cpus:
         print(f"nndoctor: note: --workers {args.workers} capped at {cpus}, the CPUs available", file=sys.stderr)
@@ -81,15 +78,11 @@ def run(args: argparse.Namespace) -> int:
         report.add(finding)
     filter_data_findings(report, select, ignore)
     report.extra = {"scan": result.stats, "splits": [s.name for s in layout.splits]}
-    to_stdout = args.json == "-"
     # With --json -, stdout carries the JSON alone; the readable report moves to stderr.
-    print_report(report, file=sys.stderr if to_stdout else sys.stdout, json_path=None if to_stdout else args.json)
-    if args.json == "-":
-        write_json(report, args.json)
-    elif args.json:
-        from nndoctor.ckpt.writer import write_or_fail
-
-        write_or_fail(args.json, lambda: write_json(report, args.json), "--json")
+    try:
+        output.deliver(report)
+    finally:
+        output.close()
     return 1 if report.reaches(fail_on) else 0
 
 

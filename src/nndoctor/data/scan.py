@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -133,6 +134,8 @@ def scan(plan: Plan, options: ScanOptions) -> ScanResult:
     workers = min(options.workers, available_cpus()) if options.workers else available_cpus()
     try:
         with WorkerPool(workers) as pool, ScanProgress(options.progress) as progress:
+            if progress.enabled:
+                count_files_in_background(plan, progress)
             _scan_images(plan, result, pool, cache, progress, counters)
             _scan_tfrecords(plan, result, pool, cache, progress, counters)
     finally:
@@ -155,6 +158,20 @@ def scan(plan: Plan, options: ScanOptions) -> ScanResult:
         "splits": {name: {"files": t.files, "images": t.images} for name, t in result.splits.items()},
     }
     return result
+
+
+def count_files_in_background(plan: Plan, progress: ScanProgress) -> threading.Thread:
+    """List the files on a thread (directory entries only) and give the progress bar its total."""
+    def count() -> None:
+        try:
+            total = sum(1 for split in plan.splits for _ in iter_files(split, WalkProblems()))
+            progress.set_total(total + len(plan.tfrecords))
+        except Exception:  # noqa: BLE001 - the bar simply stays a counter
+            pass
+
+    thread = threading.Thread(target=count, name="nndoctor-data-listing", daemon=True)
+    thread.start()
+    return thread
 
 
 def _with_cache(

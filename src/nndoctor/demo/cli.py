@@ -8,12 +8,15 @@ import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.engine import Session
+from nndoctor.findings import Location, Report
 from nndoctor.report.delivery import ReportDelivery
+from nndoctor.report.outputs import stdout_to_stderr
 from nndoctor.runner import Target, run_target
 from nndoctor.runner_cli import exit_status
 from nndoctor.selection import fail_threshold, selectors
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "buggy_train.py")
+SHOWN_PATH = "nndoctor/demo/buggy_train.py"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,13 +32,29 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(handle.read())
         return 0
     output = ReportDelivery.from_args(args)
-    print(f"nndoctor demo: training a small CNN on generated shapes ({SCRIPT})", file=sys.stderr)
+    print(f"nndoctor demo: training a small CNN on generated shapes ({SHOWN_PATH}; "
+          "--show-source prints it)", file=sys.stderr)
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=["nndoctor-demo"])
+    if args.html or args.tensorboard:
+        from nndoctor.history import attach
+
+        attach(session)
     try:
-        report = run_target(Target(SCRIPT, []), session, deliver=output.deliver)
-        report.command = ["demo/buggy_train.py"]
+        with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+            report = run_target(Target(SCRIPT, []), session, deliver=output.deliver)
+        report.command = [SHOWN_PATH]
+        show_bundled_paths(report)
         output.deliver(report)
     finally:
         output.close()
     return exit_status(report, fail_threshold(args))
+
+
+def show_bundled_paths(report: Report) -> None:
+    """Findings in the bundled script name it as users know it (nndoctor/demo/buggy_train.py),
+    not by where pip put it on this machine."""
+    for finding in report.findings:
+        location = finding.location
+        if location is not None and os.path.abspath(location.path) == SCRIPT:
+            finding.location = Location(SHOWN_PATH, location.line)

@@ -25,25 +25,35 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 
-from nndoctor.atomic import describe_write_error, prepare_output_path
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
 from nndoctor.explain.base import explain
 from nndoctor.explain.crash import Crash
 from nndoctor.explain.tracetext import parse_crashes
 from nndoctor.findings import Finding, Report
+from nndoctor.report.delivery import ReportDelivery
 from nndoctor.report.sanitize import printable
 from nndoctor.selection import fail_threshold, selectors
 
 EXIT_UNEXPLAINED = 1
+EXIT_STATUS_HELP = """exit status:
+  0  every error in the text was explained, or the text holds no error at all
+  1  some error has no known cause (--fail-on never turns this into 0)
+  2  usage error (unreadable FILE, nothing on standard input)"""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "nndoctor explain [OPTIONS] [FILE | -]"
     add_common_options(parser)
+    # Explanations describe a crash that already happened: --fail-on only decides whether an
+    # error with no known cause fails, and --help must say so (it is not run's threshold).
+    parser._option_string_actions["--fail-on"].help = (
+        "exit 1 when some error in the text has no known cause, unless 'never' "
+        "(explained errors never fail: they describe a crash that already happened)")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_STATUS_HELP
     parser.add_argument("file", nargs="?", metavar="FILE",
                         help="a saved traceback or log ('-' or omitted with piped input: standard input)")
-    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
 
 
 # Characters of input read: a log bigger than this is cut (with a note), so /dev/zero-like
@@ -157,7 +167,7 @@ def render_unexplained(console, crashes: list[Crash]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
-    json_path = prepare_output_path(args.json) if args.json else None  # fail before any work
+    output = ReportDelivery.from_args(args, text_stream="stdout")  # a bad --json path fails before any work
     label, text = read_text(args.file)
     explained = explain_all(text, select=select, ignore=ignore)
     findings, unexplained = explained.findings, explained.unexplained
@@ -172,15 +182,11 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if unexplained:
         report.extra["unexplained"] = [unexplained_summary(c) for c in unexplained]
-    if json_path:
-        from nndoctor.report import write_json
-
-        try:
-            write_json(report, json_path)
-        except OSError as error:
-            print(describe_write_error(args.json, error), file=sys.stderr)
-    if not args.quiet:
-        show(report, unexplained, text_had_errors=bool(findings or unexplained))
+    try:
+        output.deliver(report, render_text=lambda stream, _json: show(
+            report, unexplained, text_had_errors=bool(findings or unexplained), file=stream))
+    finally:
+        output.close()
     if unexplained and fail_threshold(args) is not None:
         return EXIT_UNEXPLAINED
     return 0

@@ -9,6 +9,7 @@ warnings and advice, so the default ``error`` threshold leaves it at 0).
 from __future__ import annotations
 
 import argparse
+import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
@@ -19,6 +20,7 @@ from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.session import run_perf
 from nndoctor.perf.trials import parse_tries
 from nndoctor.report.delivery import ReportDelivery
+from nndoctor.report.terminal import print_report
 from nndoctor.runner_cli import exit_status, target_from_args
 from nndoctor.selection import fail_threshold, filter_findings, selectors
 
@@ -39,7 +41,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default 2)")
     parser.add_argument("--try-repeats", type=int, default=3, metavar="N",
                         help="re-runs of the script per step change and for the baseline, interleaved (default 3)")
-    parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -57,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
     config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds,
                         try_repeats=args.try_repeats)
-    output = ReportDelivery.from_args(args)  # a bad --json path fails now, not after the run
-    report, result = run_perf(target, config, select=select, ignore=ignore)
+    output = ReportDelivery.from_args(args, also_scan=[] if target.is_module else [target.name])
+    shows_text = not args.quiet and args.output_format == "text"
+    announce = (lambda line: print(f"nndoctor perf: {line}", file=sys.stderr, flush=True)) if shows_text else None
+    report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce)
     measured = diagnose(result)
     if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
         report.findings = [f for f in report.findings if f.code != "P102"]
@@ -70,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
     report.extra["perf"] = {**result.to_json(), "step_class": step_class,
                             "advice": order_advice(advice(result), step_class["class"])}
     perf = report.extra["perf"]
-    output.deliver(report, preamble=["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""])
-    output.close()
+
+    def show(stream, json_path) -> None:
+        print("\n".join(["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""]), file=stream)
+        print_report(report, stream, json_path=json_path)
+
+    try:
+        output.deliver(report, render_text=show)
+    finally:
+        output.close()
     return exit_status(report, fail_threshold(args))

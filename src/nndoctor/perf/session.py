@@ -10,6 +10,7 @@ findings are derived from it by ``perf/checks.py``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,10 +63,11 @@ class PerfSession(Session):
     """A Session whose only subscribers are the perf recorder and the run-scope P checks."""
 
     def __init__(self, config: PerfConfig, *, select=(), ignore=(), command=None,
-                 target: Target | None = None) -> None:
+                 target: Target | None = None, announce: Callable[[str], None] | None = None) -> None:
         self.perf_config = config
         # What --try re-runs, from the folder the run started in (the script may chdir).
         self.target, self.cwd = target, os.getcwd()
+        self.announce = announce or (lambda message: None)
         checks = [PerfRecorder] + [c for c in enabled_checks(select, ignore) if c.code.startswith("P")]
         # Every step of the window is a sampled step (CUDA events, sync locations).
         super().__init__(command=command, max_steps=config.last_step, checks=checks,
@@ -79,15 +81,18 @@ class PerfSession(Session):
             return
         # The trials call optimizer.step() and the loss functions: keep every hook quiet.
         active, self.active = self.active, False
+        self.announce(f"measured {self.perf_config.steps} steps; now trying "
+                      f"{', '.join(self.perf_config.tries)} on the captured step and loader")
         try:
-            self.trials = run_trials(recorder, self.perf_config, self.target, self.cwd)
+            self.trials = run_trials(recorder, self.perf_config, self.target, self.cwd, announce=self.announce)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.internal_error("perf --try", error)
         finally:
             self.active = active
 
 
-def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: str) -> dict[str, Any]:
+def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: str,
+               announce: Callable[[str], None] | None = None) -> dict[str, Any]:
     import torch
 
     from nndoctor.perf import rerun, trials
@@ -108,6 +113,8 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
     if step_tries:
         # The user's own loop, re-run with each change injected: any step shape works.
+        if announce:
+            announce(f"re-running the script with {', '.join(step_tries)} injected, against the baseline")
         if cuda:
             torch.cuda.empty_cache()  # the re-runs need the memory this process no longer uses
         results.update(rerun.try_changes(target, step_tries, warmup=config.warmup, steps=config.steps,
@@ -121,6 +128,8 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
         if loader is None:
             results["loader"] = {"skipped": "no DataLoader was iterated in the measured window"}
         else:
+            if announce:
+                announce(f"timing DataLoader settings (about {config.try_seconds:g} s each)")
             try:
                 with torch.enable_grad():
                     results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
@@ -177,9 +186,15 @@ def other_gpu_processes(processes: list[dict[str, Any]], own_pid: int) -> list[d
     return others
 
 
-def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=()) -> tuple[Report, PerfResult]:
-    """Run ``target`` under a perf session; the report carries the run-scope P findings."""
-    session = PerfSession(config, select=select, ignore=ignore, command=target.command, target=target)
+def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
+             announce: Callable[[str], None] | None = None) -> tuple[Report, PerfResult]:
+    """Run ``target`` under a perf session; the report carries the run-scope P findings.
+
+    ``announce`` receives a line for each thing being measured, as it starts."""
+    session = PerfSession(config, select=select, ignore=ignore, command=target.command, target=target,
+                          announce=announce)
+    session.announce(f"running {' '.join(target.command)}: {config.warmup} warm-up optimizer steps, "
+                     f"then timing {config.steps}")
     report = run_target(target, session)
     recorder = session.perf_recorder
     breakdown = summarize(recorder.records)

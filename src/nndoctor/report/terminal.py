@@ -60,14 +60,22 @@ def _finding_block(console: Console, finding: Finding) -> None:
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
     # Messages, evidence and fixes quote module, file and key names and exception messages:
     # user-controlled text, printed with control characters escaped (the JSON keeps it raw).
-    console.print(Text("    " + cap_lists(printable(finding.message))))
+    _indented(console, Text(cap_lists(printable(finding.message))))
     shown = [(k, v) for k, v in finding.evidence.items() if not str(k).startswith("_")]
     if shown:
         parts = [f"{k}={_format_value(v)}" for k, v in shown[:_EVIDENCE_SHOWN]]
         if len(shown) > _EVIDENCE_SHOWN:
             parts.append(f"… (+{len(shown) - _EVIDENCE_SHOWN} in JSON)")
-        console.print(Text("    evidence: " + printable("; ".join(parts), keep_newlines=False), style="dim"))
-    console.print(Text("    fix: " + printable(finding.fix), style="green"))
+        _indented(console, Text("evidence: " + printable("; ".join(parts), keep_newlines=False), style="dim"))
+    _indented(console, Text("fix: " + printable(finding.fix), style="green"))
+
+
+def _indented(console: Console, text: Text) -> None:
+    """Print with a hanging indent: wrapped lines stay under the first, words are not split."""
+    width = max(20, console.width - 4)
+    for line in text.wrap(console, width, overflow="fold"):  # fold only words wider than a line
+        line.rstrip()
+        console.print(Text("    ") + line, soft_wrap=True)
 
 
 def render_to(console: Console, report: Report, *, json_path: str | None = None) -> None:
@@ -95,6 +103,8 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     tail = f"{len(findings)} finding{'s' if len(findings) != 1 else ''}"
     if summary:
         tail += f": {summary}"
+    if report.suppressed:
+        tail += f" · {len(report.suppressed)} suppressed"
     if report.internal_errors:
         tail += f" · {len(report.internal_errors)} internal error(s) in nndoctor (see JSON)"
         for err in report.internal_errors[:3]:
@@ -120,13 +130,15 @@ def make_console(file: IO[str] | None = None, width: int | None = None) -> Conso
     file = file or sys.stderr
     if width is None and not (hasattr(file, "isatty") and file.isatty()):
         width = 100  # logs and pipes: no terminal to fit, keep lines readable
-    return Console(
-        file=file,
-        width=width,
-        highlight=False,
-        soft_wrap=False,
-        no_color=bool(os.environ.get("NO_COLOR")) or None,
-    )
+    return Console(file=file, width=width, highlight=False, soft_wrap=False, **no_color_options())
+
+
+def no_color_options() -> dict[str, Any]:
+    """Console options for NO_COLOR (no-color.org): no escape codes at all. rich's own
+    no_color keeps bold and dim; a console without a colour system writes plain text."""
+    if os.environ.get("NO_COLOR"):
+        return {"no_color": True, "color_system": None}
+    return {}
 
 
 def print_report(report: Report, file: IO[str] | None = None, *, json_path: str | None = None) -> None:
@@ -141,4 +153,4 @@ def render_text(report: Report, width: int = 100, *, json_path: str | None = Non
     return buffer.getvalue()
 
 
-__all__ = ["escape", "make_console", "print_report", "render_text", "render_to"]
+__all__ = ["escape", "make_console", "no_color_options", "print_report", "render_text", "render_to"]

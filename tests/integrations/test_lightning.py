@@ -1,0 +1,73 @@
+"""nndoctor.lightning.DoctorCallback inside Trainer.fit: catches a planted bug, silent when clean."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+L = pytest.importorskip("lightning")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from nndoctor.findings import Severity  # noqa: E402
+from nndoctor.lightning import DoctorCallback, FindingsReachedFailOn  # noqa: E402
+
+
+class TinyClassifier(L.LightningModule):
+    def __init__(self, softmax_before_loss: bool = False) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.softmax_before_loss = softmax_before_loss
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.net(x)
+        if self.softmax_before_loss:
+            logits = logits.softmax(dim=-1)  # the planted bug: CrossEntropyLoss softmaxes again
+        return F.cross_entropy(logits, y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def _loader():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 8, generator=generator)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+
+
+def _fit(tmp_path, callback, **model_options):
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_steps=12, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                        callbacks=[callback])
+    trainer.fit(TinyClassifier(**model_options), _loader())
+    return callback.report
+
+
+def test_catches_softmax_before_cross_entropy(tmp_path, caplog):
+    callback = DoctorCallback(quiet=True, json=str(tmp_path / "doctor.json"))
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.nndoctor"):
+        report = _fit(tmp_path, callback, softmax_before_loss=True)
+    assert report is not None and report.status == "completed" and report.steps == 12
+    assert "L101" in report.codes()
+    finding = report.by_code("L101")[0]
+    assert finding.location is not None and finding.location.path.endswith("test_lightning.py")
+    assert any("L101 softmax-before-cross-entropy" in r.getMessage() for r in caplog.records)
+    assert (tmp_path / "doctor.json").exists()
+
+
+def test_silent_on_a_clean_fit(tmp_path):
+    report = _fit(tmp_path, DoctorCallback(quiet=True))
+    assert report is not None and report.steps == 12
+    assert [f.code for f in report.findings if f.severity >= Severity.WARNING] == []
+    assert not report.internal_errors
+
+
+def test_fail_on_raises_after_the_fit(tmp_path):
+    with pytest.raises(FindingsReachedFailOn, match="L101"):
+        _fit(tmp_path, DoctorCallback(quiet=True, fail_on="error"), softmax_before_loss=True)

@@ -1,0 +1,32 @@
+"""The TensorBoard event file, read back with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import pytest
+
+from nndoctor.report.tensorboard import write_tensorboard
+
+pytest.importorskip("tensorboard")
+
+
+def test_scalars_and_findings_read_back(observed_report, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    write_tensorboard(observed_report, tmp_path / "tb")
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"nndoctor/loss", "nndoctor/grad_norm/total", "nndoctor/input/max", "nndoctor/step_time_s",
+            "nndoctor/update_ratio/0", "nndoctor/activations/relu_zero/1"} <= scalars
+    loss = events.Scalars("nndoctor/loss")
+    history = observed_report.history.loss
+    assert [e.step for e in loss] == history.steps
+    assert [e.value for e in loss] == pytest.approx(history.values, rel=1e-6)
+    tensors = set(events.Tags()["tensors"])
+    assert "nndoctor/findings/O101" in tensors and "nndoctor/report" in tensors
+    o101 = events.Tensors("nndoctor/findings/O101")[0]
+    text = tensor_util.make_ndarray(o101.tensor_proto).item().decode()
+    first = next(f for f in observed_report.findings if f.code == "O101")
+    assert o101.step == first.first_step
+    assert "missing-zero-grad" in text and "fix:" in text
