@@ -1,9 +1,13 @@
 """Runtime checks of ``nndoctor run``, one module per family; importing registers them."""
 
 from nndoctor.checks import (  # noqa: F401
+    activation_checkpointing,
+    amp,
     batchnorm,
     checkpoints,
+    debug_modes,
     environment,
+    finetuning,
     gradient_flow,
     gradients,
     inputs,

@@ -19,6 +19,7 @@ FEATURE_MODULES = (
     "nndoctor.explain.instrument",  # crash context: failing batch indices (E checks)
     "nndoctor.perf.instrument",  # step-time breakdown (P checks)
     "nndoctor.instrument.warning_relay",  # torch's warnings shown at the user's line, not ours
+    "nndoctor.instrument.training_probe",  # clipping, GradScaler steps, checkpointing, anomaly mode
 )
 
 
