@@ -125,3 +125,33 @@ def test_clipping_a_generator_under_nndoctor_gives_the_same_gradients():
         got = torch.nn.utils.clip_grad_norm_((p for p in b.parameters()), 0.1)
     assert torch.equal(expected, got)
     assert torch.equal(a.weight.grad, b.weight.grad) and torch.equal(a.bias.grad, b.bias.grad)
+
+
+def test_dead_filters_are_relative_to_the_layers_largest():
+    from nndoctor.checks.architecture import dead_filter_indices
+
+    weight = torch.ones(4, 2, 3, 3)
+    weight[1] = 1e-5
+    weight[3] = 0
+    dead, largest = dead_filter_indices(weight)
+    assert dead == [1, 3] and abs(largest - 3 * 2 ** 0.5) < 1e-5
+    assert dead_filter_indices(torch.zeros(3, 1, 1, 1)) == ([], 0.0)
+    assert dead_filter_indices(weight * 1e-6)[0] == [1, 3]            # scale-free
+
+
+def test_bias_false_conv_and_conv_relu_bn_are_not_reported(tmp_path):
+    script = tmp_path / "no_bias.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                              nn.Conv2d(4, 4, 3), nn.ReLU(), nn.BatchNorm2d(4),
+                              nn.Flatten(), nn.Linear(64, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(2):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)), torch.randint(0, 2, (4,))).backward()
+            opt.step()
+    """))
+    report = run_script(script, select=["M108"])
+    assert not report.findings and not report.internal_errors

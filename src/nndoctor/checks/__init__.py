@@ -3,6 +3,7 @@
 from nndoctor.checks import (  # noqa: F401
     activation_checkpointing,
     amp,
+    architecture,
     batchnorm,
     checkpoints,
     debug_modes,

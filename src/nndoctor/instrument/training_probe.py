@@ -14,6 +14,8 @@ Each patch calls the original with the user's own arguments and only observes:
   suspicious case (reentrant, gradients on, no input requiring grad), so the common call
   costs a few attribute reads.
 * ``torch.autograd.set_detect_anomaly`` / ``detect_anomaly`` -> ``debug_mode``.
+* ``Conv*d`` / ``Linear`` constructors: the user's line, in the numerics probe's table of
+  construction sites (``construction_site``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def install(installation: Any) -> None:
     _patch_scaler_step(installation)
     _patch_checkpoint(installation)
     _patch_anomaly(installation)
+    _patch_layer_constructors(installation)
 
 
 # -- gradient clipping ----------------------------------------------------------------------------
@@ -246,3 +249,33 @@ def _patch_anomaly(installation: Any) -> None:
         return result
 
     context_class.__enter__ = enter
+
+
+# -- construction sites of convolutions and linear layers -----------------------------------------
+def _patch_layer_constructors(installation: Any) -> None:
+    """Record the user's line that built each Conv/Linear layer (M108, N106 point at it), in
+    the numerics probe's table of construction sites."""
+    from torch.nn.modules.conv import _ConvNd
+
+    from nndoctor.instrument.location import user_location
+    from nndoctor.instrument.numerics_probe import probe_state
+
+    session = installation.session
+    sites = probe_state(session).sites
+    for owner in (_ConvNd, torch.nn.Linear):
+        original = owner.__dict__["__init__"]
+
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def __init__(self, *args, **kwargs):
+                original(self, *args, **kwargs)
+                if session.active and self not in sites:
+                    try:
+                        where = user_location(sys._getframe(1))
+                        if where is not None:
+                            sites[self] = where
+                    except Exception as error:  # noqa: BLE001 - observer rule
+                        session.internal_error("layer construction site", error)
+            return __init__
+
+        installation.patcher.patch(owner, "__init__", make(original))
