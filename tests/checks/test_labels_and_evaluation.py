@@ -78,3 +78,27 @@ def test_eval_mode_forwards_followed_by_backward_are_training(tmp_path):
     """))
     report = run_script(script, select=["P112"])
     assert not report.findings and not report.internal_errors
+
+
+def test_worker_duplicates_must_cross_workers_and_never_repeat_within_one():
+    import torch
+
+    from nndoctor.checks.data_workers import WorkerDuplicates, batch_fingerprint
+
+    batches = [torch.full((4, 2), float(i)) for i in range(6)]
+    unsharded = WorkerDuplicates(workers=2)
+    for index in range(12):                           # worker 0 and worker 1 both yield 0, 1, 2, …
+        unsharded.add(batch_fingerprint(batches[index // 2]), index)
+    assert unsharded.verdict() and unsharded.cross_worker == 6
+
+    constant = WorkerDuplicates(workers=2)
+    for index in range(12):                           # the data itself repeats
+        constant.add(batch_fingerprint(batches[0]), index)
+    assert not constant.verdict()
+
+    sharded = WorkerDuplicates(workers=2)
+    for index in range(6):
+        sharded.add(batch_fingerprint(batches[index]), index)
+    assert not sharded.verdict()
+    assert batch_fingerprint(batches[1]) != batch_fingerprint(batches[1].double())
+    assert batch_fingerprint({"text": "no tensor"}) is None
