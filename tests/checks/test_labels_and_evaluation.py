@@ -102,3 +102,25 @@ def test_worker_duplicates_must_cross_workers_and_never_repeat_within_one():
     assert not sharded.verdict()
     assert batch_fingerprint(batches[1]) != batch_fingerprint(batches[1].double())
     assert batch_fingerprint({"text": "no tensor"}) is None
+
+
+def test_memory_growth_verdict_wants_a_steady_rise():
+    from nndoctor.checks.memory_growth import MemorySample, growing_containers, growth_verdict
+
+    mb = 2**20
+
+    def series(values, start=3):
+        return [MemorySample(step=start + i, bytes=int(v * mb)) for i, v in enumerate(values)]
+
+    assert growth_verdict(series([10, 11, 12, 13, 14, 15])) == mb
+    assert growth_verdict(series([10, 11, 12, 13, 14])) is None                   # too few samples
+    assert growth_verdict(series([10, 10.1, 10.2, 10.3, 10.4, 10.5])) is None     # 0.1 MB/step
+    assert growth_verdict(series([10, 14, 10, 14, 10, 16])) is None               # not steady
+    assert growth_verdict(series([500, 501, 502, 503, 504, 505])) is None         # < 5% overall
+    assert growth_verdict(series([500, 501, 502, 503, 504, 505]), min_relative=0.0) == mb
+
+    samples = series([1, 2, 3])
+    samples[0].containers = {7: (4, 4), 9: (10, 0)}
+    samples[1].containers = {7: (5, 5), 9: (10, 0)}
+    samples[2].containers = {7: (6, 6), 9: (12, 0)}
+    assert growing_containers(samples) == [(7, 4, 6, 6)]                          # 9 did not grow each time

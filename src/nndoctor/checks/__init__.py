@@ -17,6 +17,7 @@ from nndoctor.checks import (  # noqa: F401
     labels,
     losses,
     memory,
+    memory_growth,
     modes,
     numerics,
     optimizer_params,
