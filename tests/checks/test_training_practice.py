@@ -155,3 +155,18 @@ def test_bias_false_conv_and_conv_relu_bn_are_not_reported(tmp_path):
     """))
     report = run_script(script, select=["M108"])
     assert not report.findings and not report.internal_errors
+
+
+def test_step_time_outliers_use_a_robust_sigma_and_twice_the_median():
+    from nndoctor.checks.step_time import StepRecord, explain_step, outlier_steps
+
+    records = [StepRecord(step=i, seconds=0.010 + 0.0005 * (i % 3)) for i in range(40)]
+    records[10].seconds, records[10].checkpoint_s = 0.500, 0.480
+    records[20].seconds = 0.016                                  # jitter: above 3σ but < 2× median
+    slow, median, sigma = outlier_steps(records)
+    assert [r.step for r in slow] == [10] and median == 0.0105
+    what, where = explain_step(records[10], median)
+    assert what.startswith("torch.save 480 ms")
+    assert outlier_steps(records[:10])[0] == []                  # too few steps
+    quiet = StepRecord(step=3, seconds=0.5)
+    assert explain_step(quiet, 0.01)[0].startswith("nothing")

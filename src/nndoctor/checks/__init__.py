@@ -22,4 +22,5 @@ from nndoctor.checks import (  # noqa: F401
     numerics,
     optimizer_params,
     schedulers,
+    step_time,
 )

@@ -14,6 +14,7 @@ Each patch calls the original with the user's own arguments and only observes:
   suspicious case (reentrant, gradients on, no input requiring grad), so the common call
   costs a few attribute reads.
 * ``torch.autograd.set_detect_anomaly`` / ``detect_anomaly`` -> ``debug_mode``.
+* ``gc.callbacks``: a clock of the time spent in garbage collection (``gc_clock``).
 * ``Conv*d`` / ``Linear`` constructors: the user's line, in the numerics probe's table of
   construction sites (``construction_site``).
 """
@@ -35,6 +36,7 @@ def install(installation: Any) -> None:
     _patch_checkpoint(installation)
     _patch_anomaly(installation)
     _patch_layer_constructors(installation)
+    _install_gc_clock(installation)
 
 
 # -- gradient clipping ----------------------------------------------------------------------------
@@ -279,3 +281,47 @@ def _patch_layer_constructors(installation: Any) -> None:
             return __init__
 
         installation.patcher.patch(owner, "__init__", make(original))
+
+
+# -- garbage-collection pauses --------------------------------------------------------------------
+class GcClock:
+    """Seconds spent in the garbage collector since install (P114 attributes slow steps)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def callback(self, phase: str, info: dict) -> None:
+        import time
+
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+
+_GC_CLOCKS: Any = None
+
+
+def gc_clock(session: Any) -> GcClock | None:
+    """The session's GC clock (None when the probe is not installed)."""
+    return _GC_CLOCKS.get(session) if _GC_CLOCKS is not None else None
+
+
+def _install_gc_clock(installation: Any) -> None:
+    import gc
+    import weakref
+
+    global _GC_CLOCKS
+    if _GC_CLOCKS is None:
+        _GC_CLOCKS = weakref.WeakKeyDictionary()
+    clock = GcClock()
+    _GC_CLOCKS[installation.session] = clock
+    gc.callbacks.append(clock.callback)
+
+    def remove() -> None:
+        if clock.callback in gc.callbacks:
+            gc.callbacks.remove(clock.callback)
+
+    installation.patcher.on_undo(remove)
