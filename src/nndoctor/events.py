@@ -273,3 +273,59 @@ ALL_EVENTS: tuple[type[Event], ...] = (
 )
 
 EVENT_KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in ALL_EVENTS}
+
+
+# -- events of the training-practice probes (instrument/training_probe.py) ------------------------
+@dataclass(eq=False)
+class GradClip(Event):
+    """``clip_grad_norm_`` / ``clip_grad_value_`` returned.
+
+    ``scaled`` is True when a GradScaler had scaled the loss of this step and had not yet
+    unscaled the clipped gradients' optimizer (``scaler.unscale_(optimizer)``): the clipped
+    gradients were still multiplied by the scale.
+    """
+
+    kind: ClassVar[str] = "grad_clip"
+    function: str = ""
+    limit: float | None = None  # max_norm or clip_value
+    total_norm: Any = None  # what clip_grad_norm_ returned (a tensor; read only when needed)
+    scaled: bool = False
+    scaler: Any = None
+
+
+@dataclass(eq=False)
+class ScalerStep(Event):
+    """``GradScaler.step(optimizer)`` returned; ``skipped`` when it did not step the optimizer
+    (the gradients held Inf/NaN)."""
+
+    kind: ClassVar[str] = "scaler_step"
+    scaler: Any = None
+    optimizer: Any = None
+    skipped: bool = False
+
+
+@dataclass(eq=False)
+class ActivationCheckpoint(Event):
+    """``torch.utils.checkpoint.checkpoint(function, *args, ...)`` was called."""
+
+    kind: ClassVar[str] = "activation_checkpoint"
+    function: Any = None
+    use_reentrant: bool | None = None  # None: not passed (torch then defaults to True)
+    grad_enabled: bool = True
+    inputs_require_grad: bool = False
+    trainable_parameters: int = 0  # trainable parameters of the checkpointed module(s)
+    function_name: str = ""
+
+
+@dataclass(eq=False)
+class DebugModeSet(Event):
+    """A debugging mode was switched on or off from user code (``set_detect_anomaly(True)``,
+    ``detect_anomaly()``)."""
+
+    kind: ClassVar[str] = "debug_mode"
+    mode: str = ""
+    enabled: bool = True
+
+
+ALL_EVENTS = ALL_EVENTS + (GradClip, ScalerStep, ActivationCheckpoint, DebugModeSet)
+EVENT_KINDS.update({cls.kind: cls for cls in (GradClip, ScalerStep, ActivationCheckpoint, DebugModeSet)})

@@ -23,6 +23,7 @@ FEATURE_MODULES = (
     "nndoctor.instrument.ddp_hooks",  # DDP wrappers and collectives (X checks, stall watchdog)
     "nndoctor.distributed.children",  # mp.spawn / mp.Process trainers report back to the parent
     "nndoctor.watchdog",  # R104/X110: the stall watchdog thread
+    "nndoctor.instrument.training_probe",  # clipping, GradScaler steps, checkpointing, anomaly mode
 )
 
 

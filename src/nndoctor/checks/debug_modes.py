@@ -1,0 +1,111 @@
+"""Debugging left on during training: P116 anomaly detection."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from nndoctor.events import DebugModeSet, RunEnd, StepEnd
+from nndoctor.findings import Location, Severity
+from nndoctor.registry import Check, register
+
+
+def step_time_comparison(on: list[tuple[bool, float]], off: list[tuple[bool, float]]) -> tuple[float, float] | None:
+    """(median step seconds with the mode on, with it off), comparing steps of the same kind
+    (nndoctor's sampled steps cost more than the others); None when there is nothing to compare."""
+    for sampled in (False, True):
+        with_mode = [t for s, t in on if s == sampled]
+        without = [t for s, t in off if s == sampled]
+        if with_mode and without:
+            return statistics.median(with_mode), statistics.median(without)
+    return None
+
+
+@register
+class DebugModeLeftOn(Check):
+    """
+    ## What it does
+    Reads ``torch.is_anomaly_enabled()`` (a flag, no computation) after every optimizer step
+    and remembers where user code switched anomaly detection on
+    (``torch.autograd.set_detect_anomaly(True)`` or ``with torch.autograd.detect_anomaly():``).
+    When it stayed on for at least **5 optimizer steps**, the run's end reports it, with the
+    measured cost when some steps ran without it: the median step time with and without the
+    mode, over steps of the same kind (nndoctor's fully instrumented steps are compared only
+    with each other).
+
+    ## Why is this bad?
+    Anomaly detection records the Python stack of every operation in the forward pass and
+    checks every backward function's output for NaN, with a synchronisation per check on
+    GPUs. PyTorch documents it as a debugging tool that slows execution; left on after a
+    debugging session it commonly makes training several times slower, and nothing in the
+    training output shows why.
+
+    ## Example
+    ```python
+    torch.autograd.set_detect_anomaly(True)    # added while chasing a NaN, never removed
+    for x, y in loader:
+        ...
+    ```
+
+    ## Use instead
+    Remove the call, guard it behind a debug flag, or scope it to the step being debugged
+    (``with torch.autograd.detect_anomaly(): loss.backward()``). The threshold (5 steps)
+    lets a short, deliberate debugging window pass silently.
+
+    ## References
+    - PyTorch docs, "Anomaly detection" (``detect_anomaly``: "should be enabled only for debugging as the different tests will slow down your program execution"): https://pytorch.org/docs/stable/autograd.html#anomaly-detection
+    - PyTorch Performance Tuning Guide, "Disable debugging APIs": https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
+    """
+
+    code = "P116"
+    name = "debug-mode-left-on"
+    severity = Severity.WARNING
+    summary = "anomaly detection left on during training"
+    fix = "remove torch.autograd.set_detect_anomaly(True) (or scope detect_anomaly() to the step being debugged)"
+    MIN_STEPS = 5
+    MAX_TIMES = 2000
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._where: Location | None = None
+        self._last_end: float | None = None
+        self._on: list[tuple[bool, float]] = []
+        self._off: list[tuple[bool, float]] = []
+        self._first_step: int | None = None
+        self._steps_on = 0
+
+    def on_debug_mode(self, event: DebugModeSet) -> None:
+        if event.enabled and event.mode == "anomaly" and self._where is None:
+            self._where = event.location
+
+    def on_step_end(self, event: StepEnd) -> None:
+        now = time.perf_counter()
+        enabled = torch.is_anomaly_enabled()
+        if self._last_end is not None:
+            times = self._on if enabled else self._off
+            if len(times) < self.MAX_TIMES:
+                times.append((event.sampled, now - self._last_end))
+        self._steps_on += enabled
+        if enabled and self._first_step is None:
+            self._first_step = event.step - 1  # step_end counts the step that just ran
+        self._last_end = now
+
+    def on_run_end(self, event: RunEnd) -> None:
+        if self._steps_on < self.MIN_STEPS or self._first_step is None:
+            return
+        compared = step_time_comparison(self._on, self._off)
+        on_s, off_s = compared if compared else (None, None)
+        cost = (f"; steps took {on_s * 1000:.1f} ms (median) with it on, against {off_s * 1000:.1f} ms without "
+                f"({on_s / off_s:.1f}×)" if compared else "")
+        self.report(
+            f"Anomaly detection (torch.autograd.set_detect_anomaly) was on for {self._steps_on} optimizer "
+            f"steps, from step {self._first_step}: it records a stack trace for every operation and checks "
+            f"every gradient{cost}.",
+            location=self._where or event.location,
+            evidence={"steps_with_anomaly_detection": self._steps_on,
+                      "median_step_ms_on": round(on_s * 1000, 3) if on_s else None,
+                      "median_step_ms_off": round(off_s * 1000, 3) if off_s else None},
+            step=self._first_step,
+        )

@@ -1,0 +1,174 @@
+"""Step-time outliers: P114 steps far slower than the median, with what ran in them."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from nndoctor.events import BatchFetched, CheckpointSave, Forward, RunEnd, StepEnd
+from nndoctor.findings import Location, Severity
+from nndoctor.instrument.training_probe import gc_clock
+from nndoctor.registry import Check, register
+
+
+@dataclass
+class StepRecord:
+    step: int
+    seconds: float
+    checkpoint_s: float = 0.0
+    checkpoint_at: Location | None = None
+    eval_forwards: int = 0
+    eval_at: Location | None = None
+    gc_s: float = 0.0
+    wait_s: float = 0.0
+
+
+def outlier_steps(records: list[StepRecord], *, sigmas: float = 3.0, min_ratio: float = 2.0,
+                  min_steps: int = 20) -> tuple[list[StepRecord], float, float]:
+    """Steps slower than median + ``sigmas`` robust standard deviations (1.4826 × MAD, which
+    the outliers themselves do not inflate) and at least ``min_ratio`` × the median; with the
+    median and that deviation."""
+    if len(records) < min_steps:
+        return [], 0.0, 0.0
+    durations = [r.seconds for r in records]
+    median = statistics.median(durations)
+    sigma = 1.4826 * statistics.median(abs(d - median) for d in durations)
+    limit = max(median + sigmas * sigma, min_ratio * median)
+    return [r for r in records if r.seconds > limit], median, sigma
+
+
+def explain_step(record: StepRecord, median: float) -> tuple[str, Location | None]:
+    """What ran in a slow step, largest share of the extra time first."""
+    extra = max(record.seconds - median, 1e-9)
+    parts: list[tuple[float, str, Location | None]] = []
+    if record.checkpoint_s:
+        parts.append((record.checkpoint_s, f"torch.save {record.checkpoint_s * 1000:.0f} ms", record.checkpoint_at))
+    if record.eval_forwards:
+        parts.append((extra * 0.5, f"{record.eval_forwards} evaluation forward(s)", record.eval_at))
+    if record.gc_s > 0.2 * extra:
+        parts.append((record.gc_s, f"garbage collection {record.gc_s * 1000:.0f} ms", None))
+    if record.wait_s > 0.2 * extra:
+        parts.append((record.wait_s, f"waiting for data {record.wait_s * 1000:.0f} ms", None))
+    if not parts:
+        return "nothing nndoctor observes (host code, I/O or another process)", None
+    parts.sort(key=lambda p: -p[0])
+    return ", ".join(p[1] for p in parts), next((p[2] for p in parts if p[2] is not None), None)
+
+
+@register
+class StepTimeOutliers(Check):
+    """
+    ## What it does
+    Times every optimizer step (from one ``optimizer.step()`` to the next: a clock read,
+    nothing more) together with what ran in between: ``torch.save`` calls, evaluation
+    forwards (no gradients or eval mode), time in the garbage collector, and time waiting
+    for the DataLoader. nndoctor's own fully instrumented steps are left out. At the end of
+    the run it reports the steps slower than the **median + 3σ** (σ estimated as 1.4826 × the
+    median absolute deviation) and at least **2× the median**, with what ran in each; slow
+    steps in which nothing observable ran are only counted, and alone they are not
+    reported (on a shared machine they are as often noise as a cause).
+
+    ## Why is this bad?
+    Regular slow steps — a checkpoint written every N steps, an evaluation pass inside the
+    training loop, a full garbage collection, a data stall at each epoch start — stretch
+    wall-clock time and, in distributed training, make every other rank wait. They do not
+    show in an average step time. This is information (info), not an error.
+
+    ## Example
+    ```python
+    for step, (x, y) in enumerate(loader):
+        ...
+        if step % 50 == 0:
+            torch.save(model.state_dict(), "ckpt.pt")      # blocks the step
+    ```
+
+    ## Use instead
+    Checkpoint less often or asynchronously (``torch.distributed.checkpoint.async_save``),
+    evaluate at epoch ends, move heavy host work out of the loop, raise DataLoader
+    ``num_workers``/``prefetch_factor`` for stalls, or ``gc.freeze()`` after setup for long
+    GC pauses. Thresholds follow Amazon SageMaker Debugger's ``StepOutlier`` rule (3 standard
+    deviations from the mean), made robust with the median and MAD, plus 2× the median so
+    that the jitter of very regular steps is not reported.
+
+    ## References
+    - Amazon SageMaker Debugger, ``StepOutlier`` profiler rule (``stddev`` = 3): https://docs.aws.amazon.com/sagemaker/latest/dg/debugger-built-in-profiler-rules.html
+    - Python docs, ``gc.callbacks`` and ``gc.freeze``: https://docs.python.org/3/library/gc.html
+    - PyTorch docs, ``torch.distributed.checkpoint`` (asynchronous saving): https://pytorch.org/docs/stable/distributed.checkpoint.html
+    """
+
+    code = "P114"
+    name = "step-time-outliers"
+    severity = Severity.INFO
+    summary = "steps > 3σ slower than the median, with what ran in them — info"
+    fix = "move what ran in the slow steps out of the loop, make it less frequent or asynchronous"
+    MAX_RECORDS = 20_000
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._records: list[StepRecord] = []
+        self._last_end: float | None = None
+        self._current = StepRecord(step=0, seconds=0.0)
+        self._gc_at_last_end = 0.0
+
+    def on_checkpoint_save(self, event: CheckpointSave) -> None:
+        self._current.checkpoint_s += event.seconds
+        if self._current.checkpoint_at is None:
+            self._current.checkpoint_at = event.location
+
+    def on_forward(self, event: Forward) -> None:
+        if event.is_loss or (event.grad_enabled and event.training):
+            return
+        self._current.eval_forwards += 1
+        if self._current.eval_at is None:
+            self._current.eval_at = event.location
+
+    def on_batch(self, event: BatchFetched) -> None:
+        self._current.wait_s += event.wait_s
+
+    def on_step_end(self, event: StepEnd) -> None:
+        now = time.perf_counter()
+        clock = gc_clock(self.session)
+        gc_total = clock.seconds if clock is not None else 0.0
+        record = self._current
+        # A sampled step (or the one right after it) carries nndoctor's own instrumentation.
+        instrumented = event.sampled or self.session.is_sampled(event.step - 2)
+        if self._last_end is not None and not instrumented and len(self._records) < self.MAX_RECORDS:
+            record.step = event.step - 1
+            record.seconds = now - self._last_end
+            record.gc_s = gc_total - self._gc_at_last_end
+            self._records.append(record)
+        self._current = StepRecord(step=event.step, seconds=0.0)
+        self._last_end = now
+        self._gc_at_last_end = gc_total
+
+    def on_run_end(self, event: RunEnd) -> None:
+        slow, median, sigma = outlier_steps(self._records)
+        if not slow:
+            return
+        slow.sort(key=lambda r: -r.seconds)
+        explained, unexplained = [], 0
+        location = None
+        for record in slow:
+            what, where = explain_step(record, median)
+            if where is None and what.startswith("nothing"):
+                unexplained += 1
+                continue
+            location = location or where
+            if len(explained) < 5:
+                explained.append(f"step {record.step}: {record.seconds * 1000:.0f} ms ({what})")
+        if not explained:
+            return  # slow steps with no visible cause: machine noise as often as not
+        described = list(explained)
+        if unexplained:
+            described.append(f"{unexplained} more slow step(s) with nothing nndoctor observes (host code, I/O "
+                             "or another process)")
+        self.report(
+            f"{len(slow)} of {len(self._records)} timed steps took more than median + 3σ "
+            f"({median * 1000:.1f} ms + 3 × {sigma * 1000:.1f} ms, and at least 2× the median): "
+            + "; ".join(described) + ".",
+            location=location or event.location,
+            evidence={"outliers": len(slow), "timed_steps": len(self._records), "median_ms": round(median * 1000, 3),
+                      "sigma_ms": round(sigma * 1000, 3), "slowest_steps": [r.step for r in slow[:10]]},
+            step=slow[0].step,
+        )

@@ -1,0 +1,327 @@
+"""Instrumentation for training-practice checks: gradient clipping, GradScaler steps,
+activation checkpointing and debugging modes (O110, O111, M111, P116).
+
+Each patch calls the original with the user's own arguments and only observes:
+
+* ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` -> ``grad_clip``, with whether
+  the clipped gradients were still multiplied by a GradScaler's scale (its per-optimizer
+  stage is not ``UNSCALED`` after a scaled backward). A generator of parameters is turned
+  into a list first so that both the original and we can read it.
+* ``GradScaler.step`` -> ``scaler_step``: a step is *skipped* when the optimizer's step
+  count did not move (the scaler found Inf/NaN gradients). No device read: the scaler has
+  already synchronised to decide.
+* ``torch.utils.checkpoint.checkpoint`` -> ``activation_checkpoint``, emitted only in the
+  suspicious case (reentrant, gradients on, no input requiring grad), so the common call
+  costs a few attribute reads.
+* ``torch.autograd.set_detect_anomaly`` / ``detect_anomaly`` -> ``debug_mode``.
+* ``gc.callbacks``: a clock of the time spent in garbage collection (``gc_clock``).
+* ``Conv*d`` / ``Linear`` constructors: the user's line, in the numerics probe's table of
+  construction sites (``construction_site``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import torch
+
+from nndoctor import events as ev
+
+
+def install(installation: Any) -> None:
+    _patch_clipping(installation)
+    _patch_scaler_step(installation)
+    _patch_checkpoint(installation)
+    _patch_anomaly(installation)
+    _patch_layer_constructors(installation)
+    _install_gc_clock(installation)
+
+
+# -- gradient clipping ----------------------------------------------------------------------------
+def clipped_while_scaled(session: Any, params: list[torch.Tensor]) -> tuple[bool, Any]:
+    """(True, scaler) when a GradScaler scaled this step's loss and the optimizer owning
+    ``params`` has not been unscaled yet."""
+    ref = session.state.scaler
+    scaler = ref() if ref is not None else None
+    if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+        return False, scaler
+    if session.state.backwards_since_step <= 0:
+        return False, scaler
+    from torch.amp.grad_scaler import OptState
+
+    owners = session.state.optimizer_param_ids()
+    optimizers = {}
+    for p in params:
+        owner = owners.get(id(p))
+        optimizer = owner() if owner is not None else None
+        if optimizer is not None:
+            optimizers[id(optimizer)] = optimizer
+    if not optimizers:
+        return False, scaler
+    states = getattr(scaler, "_per_optimizer_states", {})
+    for key in optimizers:
+        stage = states.get(key, {}).get("stage", OptState.READY)
+        if stage is not OptState.UNSCALED:
+            return True, scaler
+    return False, scaler
+
+
+def _patch_clipping(installation: Any) -> None:
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_grad
+
+    session = installation.session
+
+    def make(original: Any, name: str, limit_name: str) -> Any:
+        @functools.wraps(original)
+        def clip(parameters, *args, **kwargs):
+            if not session.active or not session.wants("grad_clip"):
+                return original(parameters, *args, **kwargs)
+            if isinstance(parameters, torch.Tensor):
+                params = [parameters]
+            else:
+                parameters = params = list(parameters)
+            result = original(parameters, *args, **kwargs)
+            frame = sys._getframe(1)
+
+            def emit() -> None:
+                scaled, scaler = clipped_while_scaled(session, params)
+                limit = args[0] if args else kwargs.get(limit_name)
+                session.emit(ev.GradClip(
+                    step=session.step, sampled=session.sampled, frame=frame, function=name,
+                    limit=float(limit) if isinstance(limit, (int, float)) else None,
+                    total_norm=result, scaled=scaled, scaler=scaler))
+
+            installation._safe(emit)
+            return result
+
+        return clip
+
+    for name, limit_name in (("clip_grad_norm_", "max_norm"), ("clip_grad_value_", "clip_value")):
+        original = getattr(clip_grad, name, None)
+        if original is None:
+            continue
+        wrapper = make(original, name, limit_name)
+        installation.patcher.patch(clip_grad, name, wrapper)
+        if getattr(nn_utils, name, None) is original:
+            installation.patcher.patch(nn_utils, name, wrapper)
+
+
+# -- GradScaler.step ------------------------------------------------------------------------------
+def _patch_scaler_step(installation: Any) -> None:
+    try:
+        from torch.amp.grad_scaler import GradScaler
+    except ImportError:  # pragma: no cover - very old torch
+        return
+    session = installation.session
+    original = installation.patcher.patch(GradScaler, "step", None)
+
+    @functools.wraps(original)
+    def step(scaler, optimizer, *args, **kwargs):
+        if not session.active or not session.wants("scaler_step"):
+            return original(scaler, optimizer, *args, **kwargs)
+        counts = session.state.step_counts
+        before = counts.get(optimizer, 0)
+        result = original(scaler, optimizer, *args, **kwargs)
+        if scaler.is_enabled():
+            frame = sys._getframe(1)
+            skipped = counts.get(optimizer, 0) == before
+            installation._safe(lambda: session.emit(ev.ScalerStep(
+                step=session.step, sampled=session.sampled, frame=frame, scaler=scaler,
+                optimizer=optimizer, skipped=skipped)))
+        return result
+
+    GradScaler.step = step
+
+
+# -- activation checkpointing ---------------------------------------------------------------------
+def trainable_parameter_count(function: Any, depth: int = 2) -> int:
+    """Trainable parameters reachable from a checkpointed callable: a module, a bound method
+    of one, a ``functools.partial``, or modules captured in a closure (checkpoint_sequential)."""
+    modules: list[torch.nn.Module] = []
+
+    def collect(obj: Any, level: int) -> None:
+        if isinstance(obj, torch.nn.Module):
+            modules.append(obj)
+        elif isinstance(obj, (list, tuple)) and level > 0:
+            for item in obj[:256]:
+                collect(item, level - 1)
+        elif isinstance(obj, functools.partial) and level > 0:
+            collect(obj.func, level - 1)
+            for item in obj.args:
+                collect(item, level - 1)
+        elif level > 0:
+            owner = getattr(obj, "__self__", None)
+            if owner is not None:
+                collect(owner, level - 1)
+            for cell in getattr(obj, "__closure__", None) or ():
+                try:
+                    collect(cell.cell_contents, level - 1)
+                except ValueError:  # an empty cell
+                    continue
+
+    collect(function, depth)
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                total += 1
+    return total
+
+
+def _any_requires_grad(values: Any, depth: int = 2) -> bool:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                return True
+        elif isinstance(value, (list, tuple)) and depth > 0 and _any_requires_grad(value, depth - 1):
+            return True
+    return False
+
+
+def _patch_checkpoint(installation: Any) -> None:
+    import torch.utils.checkpoint as checkpoint_module
+
+    session = installation.session
+    original = installation.patcher.patch(checkpoint_module, "checkpoint", None)
+
+    @functools.wraps(original)
+    def checkpoint(function=None, *args, use_reentrant=None, **kwargs):
+        if (session.active and function is not None and use_reentrant is not False
+                and session.wants("activation_checkpoint") and torch.is_grad_enabled()
+                and not _any_requires_grad(args)):
+            frame = sys._getframe(1)
+
+            def emit() -> None:
+                session.emit(ev.ActivationCheckpoint(
+                    step=session.step, sampled=session.sampled, frame=frame, function=function,
+                    use_reentrant=use_reentrant, grad_enabled=True, inputs_require_grad=False,
+                    trainable_parameters=trainable_parameter_count(function),
+                    function_name=_callable_name(function)))
+
+            installation._safe(emit)
+        return original(function, *args, use_reentrant=use_reentrant, **kwargs)
+
+    checkpoint_module.checkpoint = checkpoint
+
+
+def _callable_name(function: Any) -> str:
+    if isinstance(function, torch.nn.Module):
+        return type(function).__name__
+    owner = getattr(function, "__self__", None)
+    name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None)
+    if owner is not None and isinstance(owner, torch.nn.Module):
+        return f"{type(owner).__name__}.{getattr(function, '__name__', 'forward')}"
+    return str(name or type(function).__name__)
+
+
+# -- anomaly detection ----------------------------------------------------------------------------
+def _patch_anomaly(installation: Any) -> None:
+    from torch.autograd import anomaly_mode
+
+    session = installation.session
+    set_class = anomaly_mode.set_detect_anomaly
+    original_init = installation.patcher.patch(set_class, "__init__", None)
+
+    @functools.wraps(original_init)
+    def set_init(self, mode: bool, *args, **kwargs):
+        original_init(self, mode, *args, **kwargs)
+        if session.active and session.wants("debug_mode"):
+            frame = sys._getframe(1)
+            installation._safe(lambda: session.emit(ev.DebugModeSet(
+                step=session.step, sampled=session.sampled, frame=frame, mode="anomaly",
+                enabled=bool(mode))))
+
+    set_class.__init__ = set_init
+
+    context_class = anomaly_mode.detect_anomaly
+    original_enter = installation.patcher.patch(context_class, "__enter__", None)
+
+    @functools.wraps(original_enter)
+    def enter(self):
+        result = original_enter(self)
+        if session.active and session.wants("debug_mode"):
+            frame = sys._getframe(1)
+            installation._safe(lambda: session.emit(ev.DebugModeSet(
+                step=session.step, sampled=session.sampled, frame=frame, mode="anomaly", enabled=True)))
+        return result
+
+    context_class.__enter__ = enter
+
+
+# -- construction sites of convolutions and linear layers -----------------------------------------
+def _patch_layer_constructors(installation: Any) -> None:
+    """Record the user's line that built each Conv/Linear layer (M108, N106 point at it), in
+    the numerics probe's table of construction sites."""
+    from torch.nn.modules.conv import _ConvNd
+
+    from nndoctor.instrument.location import user_location
+    from nndoctor.instrument.numerics_probe import probe_state
+
+    session = installation.session
+    sites = probe_state(session).sites
+    for owner in (_ConvNd, torch.nn.Linear):
+        original = owner.__dict__["__init__"]
+
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def __init__(self, *args, **kwargs):
+                original(self, *args, **kwargs)
+                if session.active and self not in sites:
+                    try:
+                        where = user_location(sys._getframe(1))
+                        if where is not None:
+                            sites[self] = where
+                    except Exception as error:  # noqa: BLE001 - observer rule
+                        session.internal_error("layer construction site", error)
+            return __init__
+
+        installation.patcher.patch(owner, "__init__", make(original))
+
+
+# -- garbage-collection pauses --------------------------------------------------------------------
+class GcClock:
+    """Seconds spent in the garbage collector since install (P114 attributes slow steps)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def callback(self, phase: str, info: dict) -> None:
+        import time
+
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+
+_GC_CLOCKS: Any = None
+
+
+def gc_clock(session: Any) -> GcClock | None:
+    """The session's GC clock (None when the probe is not installed)."""
+    return _GC_CLOCKS.get(session) if _GC_CLOCKS is not None else None
+
+
+def _install_gc_clock(installation: Any) -> None:
+    import gc
+    import weakref
+
+    global _GC_CLOCKS
+    if _GC_CLOCKS is None:
+        _GC_CLOCKS = weakref.WeakKeyDictionary()
+    clock = GcClock()
+    _GC_CLOCKS[installation.session] = clock
+    gc.callbacks.append(clock.callback)
+
+    def remove() -> None:
+        if clock.callback in gc.callbacks:
+            gc.callbacks.remove(clock.callback)
+
+    installation.patcher.on_undo(remove)

@@ -1,0 +1,126 @@
+"""D111, L109, P112, L107: decision functions and silent cases."""
+
+from __future__ import annotations
+
+import textwrap
+
+from nndoctor.checks.evaluation import overfitting_verdict
+from nndoctor.checks.labels import balancing_weights, collapse_verdict, imbalance_ratio
+from tests.conftest import run_script
+
+
+def test_imbalance_ratio_over_the_classes_seen():
+    assert imbalance_ratio([900, 80, 20]) == (45.0, 0, 2)
+    assert imbalance_ratio([0, 50, 0]) is None                 # one class seen: nothing to compare
+    assert imbalance_ratio([0, 30, 10]) == (3.0, 1, 2)
+
+
+def test_balancing_weights_are_sklearn_balanced():
+    assert balancing_weights([900, 80, 20]) == [0.37, 4.167, 16.667]
+    assert balancing_weights([5, 0]) == [0.5, 0.0]
+
+
+def test_collapse_needs_every_batch_dominated_by_the_same_over_predicted_class():
+    collapsed = [([8, 8, 8, 8], [32, 0, 0, 0])] * 6
+    assert collapse_verdict(collapsed) == (0, 1.0, 0.25)
+    one_batch_mixed = collapsed[:5] + [([8, 8, 8, 8], [20, 12, 0, 0])]
+    assert collapse_verdict(one_batch_mixed) is None
+    alternating = [([8, 8, 8, 8], [32, 0, 0, 0]), ([8, 8, 8, 8], [0, 32, 0, 0])] * 3
+    assert collapse_verdict(alternating) is None
+    skewed_targets = [([30, 1, 1, 0], [32, 0, 0, 0])] * 6    # the data are 94% class 0
+    assert collapse_verdict(skewed_targets) is None
+    assert collapse_verdict(collapsed[:2]) is None             # too few predictions
+
+
+def test_overfitting_verdict_needs_a_trend_on_both_curves():
+    rising = [(1.0, 1.0), (0.8, 1.05), (0.6, 1.1), (0.4, 1.2)]
+    verdict = overfitting_verdict(rising)
+    assert verdict and verdict["rise_above_best"] == 0.2
+    assert overfitting_verdict(rising[:3]) is None
+    assert overfitting_verdict([(1.0, 1.0), (0.8, 1.01), (0.6, 1.02), (0.4, 1.03)]) is None   # < 10%
+    assert overfitting_verdict([(1.0, 1.0), (0.8, 1.05), (0.6, 1.04), (0.4, 1.2)]) is None    # not each time
+    assert overfitting_verdict([(1.0, 1.0), (1.1, 1.05), (1.2, 1.1), (1.3, 1.2)]) is None     # diverging
+    assert overfitting_verdict([(1.0, 1.0), (0.8, 1.1), (0.6, float("nan")), (0.4, 1.2)]) is None
+
+
+def test_a_logged_no_grad_metric_per_step_is_not_an_evaluation(tmp_path):
+    script = tmp_path / "metric.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Linear(8, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+        for step in range(40):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():   # a noisy metric on a random batch, once per step
+                nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,)))
+    """))
+    report = run_script(script, select=["L107"])
+    assert not report.findings and not report.internal_errors
+
+
+def test_eval_mode_forwards_followed_by_backward_are_training(tmp_path):
+    script = tmp_path / "eval_mode_training.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.eval()                      # frozen BatchNorm statistics, on purpose
+        for step in range(8):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 2, (16,))).backward()
+            opt.step()
+    """))
+    report = run_script(script, select=["P112"])
+    assert not report.findings and not report.internal_errors
+
+
+def test_worker_duplicates_must_cross_workers_and_never_repeat_within_one():
+    import torch
+
+    from nndoctor.checks.data_workers import WorkerDuplicates, batch_fingerprint
+
+    batches = [torch.full((4, 2), float(i)) for i in range(6)]
+    unsharded = WorkerDuplicates(workers=2)
+    for index in range(12):                           # worker 0 and worker 1 both yield 0, 1, 2, …
+        unsharded.add(batch_fingerprint(batches[index // 2]), index)
+    assert unsharded.verdict() and unsharded.cross_worker == 6
+
+    constant = WorkerDuplicates(workers=2)
+    for index in range(12):                           # the data itself repeats
+        constant.add(batch_fingerprint(batches[0]), index)
+    assert not constant.verdict()
+
+    sharded = WorkerDuplicates(workers=2)
+    for index in range(6):
+        sharded.add(batch_fingerprint(batches[index]), index)
+    assert not sharded.verdict()
+    assert batch_fingerprint(batches[1]) != batch_fingerprint(batches[1].double())
+    assert batch_fingerprint({"text": "no tensor"}) is None
+
+
+def test_memory_growth_verdict_wants_a_steady_rise():
+    from nndoctor.checks.memory_growth import MemorySample, growing_containers, growth_verdict
+
+    mb = 2**20
+
+    def series(values, start=3):
+        return [MemorySample(step=start + i, bytes=int(v * mb)) for i, v in enumerate(values)]
+
+    assert growth_verdict(series([10, 11, 12, 13, 14, 15])) == mb
+    assert growth_verdict(series([10, 11, 12, 13, 14])) is None                   # too few samples
+    assert growth_verdict(series([10, 10.1, 10.2, 10.3, 10.4, 10.5])) is None     # 0.1 MB/step
+    assert growth_verdict(series([10, 14, 10, 14, 10, 16])) is None               # not steady
+    assert growth_verdict(series([500, 501, 502, 503, 504, 505])) is None         # < 5% overall
+    assert growth_verdict(series([500, 501, 502, 503, 504, 505]), min_relative=0.0) == mb
+
+    samples = series([1, 2, 3])
+    samples[0].containers = {7: (4, 4), 9: (10, 0)}
+    samples[1].containers = {7: (5, 5), 9: (10, 0)}
+    samples[2].containers = {7: (6, 6), 9: (12, 0)}
+    assert growing_containers(samples) == [(7, 4, 6, 6)]                          # 9 did not grow each time

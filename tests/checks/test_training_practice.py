@@ -1,0 +1,172 @@
+"""O110, O111, B104, M111, P116: decision functions and the cases the fixtures do not cover."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+import torch.nn as nn
+
+from nndoctor.checks.amp import scaler_collapse_verdict
+from nndoctor.checks.debug_modes import step_time_comparison
+from nndoctor.checks.finetuning import batchnorm_is_frozen, running_stats_drift
+from nndoctor.instrument.training_probe import trainable_parameter_count
+from tests.conftest import run_script
+
+
+def test_scaler_collapse_needs_a_long_run_of_skips_or_a_high_rate():
+    warmup = [True] * 6 + [False] * 200            # the scale settling at the start: healthy
+    assert scaler_collapse_verdict(warmup) is None
+    assert scaler_collapse_verdict([False] * 10 + [True] * 15) is None
+    assert "16 scaler steps" in scaler_collapse_verdict([False] * 10 + [True] * 16)
+    periodic = ([False] * 3 + [True]) * 25           # one step in four skipped
+    assert "25 of the last 100" in scaler_collapse_verdict(periodic)
+    assert scaler_collapse_verdict(([False] * 3 + [True]) * 10) is None  # too few steps to judge a rate
+
+
+def test_batchnorm_frozen_means_no_trained_affine_parameter():
+    bn = nn.BatchNorm1d(4)
+    assert not batchnorm_is_frozen(bn, {id(bn.weight): 1, id(bn.bias): 1})
+    assert batchnorm_is_frozen(bn, {})                          # in no optimizer
+    bn.requires_grad_(False)
+    assert batchnorm_is_frozen(bn, {id(bn.weight): 1, id(bn.bias): 1})
+    assert not batchnorm_is_frozen(nn.BatchNorm1d(4, affine=False), {})  # nothing to freeze
+
+
+def test_running_stats_drift_in_std_units():
+    mean0, var0 = torch.zeros(3), torch.full((3,), 4.0)
+    shift, change = running_stats_drift(mean0, var0, torch.tensor([0.0, 1.0, 0.0]), torch.tensor([4.0, 4.0, 5.0]))
+    assert shift == 0.5 and change == 0.25
+
+
+def test_trainable_parameters_are_found_through_methods_partials_and_closures():
+    import functools
+
+    block = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    assert trainable_parameter_count(block) == 4
+    assert trainable_parameter_count(block.forward) == 4
+    assert trainable_parameter_count(functools.partial(block)) == 4
+
+    def run(x):
+        return block(x)
+
+    assert trainable_parameter_count(run) == 4
+    block.requires_grad_(False)
+    assert trainable_parameter_count(block) == 0
+    assert trainable_parameter_count(torch.relu) == 0
+
+
+def test_step_time_comparison_compares_like_with_like():
+    on = [(True, 0.2), (False, 0.09), (False, 0.11)]
+    off = [(True, 0.05), (False, 0.03)]
+    assert step_time_comparison(on, off) == (0.1, 0.03)
+    assert step_time_comparison(on, []) is None
+
+
+def test_clip_after_unscale_and_clip_without_scaler_are_silent(tmp_path):
+    script = tmp_path / "clip_ok.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        disabled = torch.amp.GradScaler("cpu", enabled=False)
+        for step in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            disabled.scale(loss).backward()
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.5)
+            disabled.step(opt)
+            disabled.update()
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            torch.nn.utils.clip_grad_norm_((p for p in model.parameters()), 1.0)
+            opt.step()
+    """))
+    report = run_script(script, select=["O110", "O111"])
+    assert not report.findings and not report.internal_errors
+
+
+def test_clip_value_before_unscale_is_reported_with_the_effective_limit(tmp_path):
+    script = tmp_path / "clip_value.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        for step in range(2):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(8, 4)).pow(2).mean()).backward()
+            torch.nn.utils.clip_grad_value_(model.parameters(), clip_value=0.5)
+            scaler.step(opt)
+            scaler.update()
+    """))
+    report = run_script(script, select=["O110"])
+    [finding] = report.by_code("O110")
+    assert finding.evidence["scale"] == 1024.0
+    assert finding.evidence["effective_limit"] == 0.5 / 1024
+    assert finding.location.line == 10
+
+
+def test_clipping_a_generator_under_nndoctor_gives_the_same_gradients():
+    # The wrapper turns a generator of parameters into a list: the result must not change.
+    from nndoctor import watch
+
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 2), nn.Linear(4, 2)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(8, 4)
+    a(x).pow(2).sum().backward()
+    b(x).pow(2).sum().backward()
+    expected = torch.nn.utils.clip_grad_norm_(a.parameters(), 0.1)
+    with watch():
+        got = torch.nn.utils.clip_grad_norm_((p for p in b.parameters()), 0.1)
+    assert torch.equal(expected, got)
+    assert torch.equal(a.weight.grad, b.weight.grad) and torch.equal(a.bias.grad, b.bias.grad)
+
+
+def test_dead_filters_are_relative_to_the_layers_largest():
+    from nndoctor.checks.architecture import dead_filter_indices
+
+    weight = torch.ones(4, 2, 3, 3)
+    weight[1] = 1e-5
+    weight[3] = 0
+    dead, largest = dead_filter_indices(weight)
+    assert dead == [1, 3] and abs(largest - 3 * 2 ** 0.5) < 1e-5
+    assert dead_filter_indices(torch.zeros(3, 1, 1, 1)) == ([], 0.0)
+    assert dead_filter_indices(weight * 1e-6)[0] == [1, 3]            # scale-free
+
+
+def test_bias_false_conv_and_conv_relu_bn_are_not_reported(tmp_path):
+    script = tmp_path / "no_bias.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                              nn.Conv2d(4, 4, 3), nn.ReLU(), nn.BatchNorm2d(4),
+                              nn.Flatten(), nn.Linear(64, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(2):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)), torch.randint(0, 2, (4,))).backward()
+            opt.step()
+    """))
+    report = run_script(script, select=["M108"])
+    assert not report.findings and not report.internal_errors
+
+
+def test_step_time_outliers_use_a_robust_sigma_and_twice_the_median():
+    from nndoctor.checks.step_time import StepRecord, explain_step, outlier_steps
+
+    records = [StepRecord(step=i, seconds=0.010 + 0.0005 * (i % 3)) for i in range(40)]
+    records[10].seconds, records[10].checkpoint_s = 0.500, 0.480
+    records[20].seconds = 0.016                                  # jitter: above 3σ but < 2× median
+    slow, median, sigma = outlier_steps(records)
+    assert [r.step for r in slow] == [10] and median == 0.0105
+    what, where = explain_step(records[10], median)
+    assert what.startswith("torch.save 480 ms")
+    assert outlier_steps(records[:10])[0] == []                  # too few steps
+    quiet = StepRecord(step=3, seconds=0.5)
+    assert explain_step(quiet, 0.01)[0].startswith("nothing")
