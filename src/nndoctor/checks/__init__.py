@@ -6,9 +6,9 @@ from nndoctor.checks import (  # noqa: F401
     architecture,
     batchnorm,
     checkpoints,
-    distributed,
     data_workers,
     debug_modes,
+    distributed,
     environment,
     evaluation,
     finetuning,
@@ -24,6 +24,6 @@ from nndoctor.checks import (  # noqa: F401
     optimizer_params,
     schedulers,
     stall,
-    training_observed,
     step_time,
+    training_observed,
 )
