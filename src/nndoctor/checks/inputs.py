@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.conv import _ConvNd
 
+from nndoctor.checks._rgb_evidence import source_evidence, takes_rgb_images
 from nndoctor.events import (
     Backward,
     BatchFetched,
@@ -25,9 +26,11 @@ from nndoctor.events import (
     LossComputed,
     ModuleOutput,
     RunEnd,
+    StateDictLoad,
 )
 from nndoctor.findings import Severity
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
+from nndoctor.instrument.location import user_frame
 from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor
 from nndoctor.registry import Check, register
 
@@ -467,6 +470,17 @@ class ChannelOrderSwapped(Check):
         super().__init__(session)
         self._scores: list[float] = []
         self._reported = False
+        self._loaded_weights: list[str] = []
+
+    def on_state_dict_load(self, event: StateDictLoad) -> None:
+        module = event.module
+        if module is not None and not self._loaded_weights and takes_rgb_images(module):
+            self._loaded_weights.append(
+                f"weights were loaded into {type(module).__name__} with load_state_dict (pretrained or resumed)")
+
+    def rgb_evidence(self, event: Forward) -> list[str]:
+        frame = user_frame(event.frame)
+        return self._loaded_weights + source_evidence(frame.f_code.co_filename if frame else None)
 
     def on_forward(self, event: Forward) -> None:
         if self._reported:
@@ -488,8 +502,14 @@ class ChannelOrderSwapped(Check):
         if not channel_order_swapped(recent):
             return
         self._reported = True
+        evidence = self.rgb_evidence(event)
+        why = (f"RGB order is assumed here: {'; '.join(evidence)}. " if evidence else
+               "No sign that this pipeline assumes RGB (no weights loaded into the model, no ImageNet "
+               "constants, no OpenCV reads), so channel order may not matter here (synthetic data, a model "
+               "trained from scratch): reported as info. ")
         self.report(
-            f"over the last {len(recent)} image batches given to {_model_name(event)}, channel 2 is brighter "
+            why +
+            f"Over the last {len(recent)} image batches given to {_model_name(event)}, channel 2 is brighter "
             f"than channel 0: mean(ch0) − mean(ch2) averages {sum(recent) / len(recent):.3f} on the 0–1 scale "
             f"(per batch {min(recent):.3f} to {max(recent):.3f}; fires below {CHANNEL_ORDER_THRESHOLD} averaged over "
             f"≥{CHANNEL_ORDER_MIN_BATCHES} batches). Natural RGB photos are redder than blue on average, so these "
@@ -497,7 +517,8 @@ class ChannelOrderSwapped(Check):
             "(underwater, sky) or the model was trained on BGR from scratch.",
             location=event.location,
             evidence={"scores": [round(s, 4) for s in recent], "threshold": CHANNEL_ORDER_THRESHOLD,
-                      "batches": len(recent)},
+                      "batches": len(recent), "rgb_evidence": evidence},
+            severity=Severity.WARNING if evidence else Severity.INFO,
             step=event.step,
         )
 
