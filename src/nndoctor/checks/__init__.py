@@ -4,6 +4,7 @@ from nndoctor.checks import (  # noqa: F401
     batchnorm,
     checkpoints,
     environment,
+    eval_layers,
     gradient_flow,
     gradients,
     inputs,

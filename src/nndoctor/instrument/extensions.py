@@ -20,6 +20,7 @@ FEATURE_MODULES = (
     "nndoctor.perf.instrument",  # step-time breakdown (P checks)
     "nndoctor.instrument.warning_relay",  # torch's warnings shown at the user's line, not ours
     "nndoctor.instrument.manual_steps",  # steps of loops that update parameters without torch.optim
+    "nndoctor.instrument.dropout_probe",  # F.dropout without training=self.training (M110)
 )
 
 
