@@ -2,6 +2,7 @@
 
 from nndoctor.checks import (  # noqa: F401
     batchnorm,
+    chance,
     checkpoints,
     environment,
     eval_layers,

@@ -426,6 +426,29 @@ class ChannelOrderSwapped(Check):
     | astronaut, chelsea, coffee, each alone | 0.0% | 100.0% |
     | rocket alone (night sky: bluer than red) | 100.0% | 0.0% |
 
+    Synthetic inputs, where channel order means nothing (same benchmark, `--synthetic`,
+    250 decisions = 32,000 images each; the statistic in the order generated):
+
+    | synthetic input | statistic fires | reported as a warning |
+    |---|---|---|
+    | uniform noise, Gaussian noise, smooth random colour fields | 0.0% | 0% |
+    | random coloured shapes | 13.6% | 0% (info) without RGB evidence |
+    | outputs of an untrained DCGAN-style generator (tanh) | 100.0% | 0% (info) without RGB evidence |
+
+    Natural photographs at the same 250 decisions (32,000 crops): scikit-learn's two photos
+    0.0% false positives (74–78% detection); the same crops mirrored and jittered ±20% in
+    brightness, contrast and saturation 0.0% (73.2% detection).
+
+    Because the statistic cannot tell "BGR photographs" from "data whose channel order does
+    not matter" (the generator row), the finding is a **warning only with evidence that the
+    pipeline assumes RGB**: weights loaded into a model with a 3-channel convolution
+    (`load_state_dict`, which torchvision/timm/hub pretrained weights go through), ImageNet's
+    normalisation constants (0.485/0.406, `IMAGENET_DEFAULT_MEAN`), pretrained weights
+    requested (`weights="DEFAULT"`, `pretrained=True`, `from_pretrained`, `torch.hub.load`)
+    or images read with OpenCV (`cv2.imread`), found in the code (comments and docstrings
+    aside) of the file that calls the model and of the modules imported from its folder.
+    Without such evidence it is reported as info.
+
     A single batch alone would give 9.0% false positives on the scikit-learn crops: hence
     the 8-batch average. Known false positives, by construction: datasets whose images
     are bluer than red on average (night sky — scikit-image's `rocket` alone —, underwater,
@@ -437,8 +460,8 @@ class ChannelOrderSwapped(Check):
     ## Why is this bad?
     A network pretrained on RGB images (every torchvision and timm model) given BGR images
     sees skies as red and skin as blue: fine-tuning still "works" but starts from weaker
-    features and ends several points lower, silently. Seeds 000 and 004 note that datasets
-    loaded with OpenCV come as BGR and H,W,C and must be converted.
+    features and ends several points lower, silently. Images loaded with OpenCV come as
+    BGR (and H,W,C) and must be converted.
 
     ## Example
     ```python
@@ -454,7 +477,7 @@ class ChannelOrderSwapped(Check):
     wrong; ignore D103 there.
 
     ## References
-    - shared/seeds 000, 004 (OpenCV loads BGR, PyTorch expects RGB).
+    - OpenCV docs, `cv::imread` ("the image is stored in B G R order"): https://docs.opencv.org/4.x/d4/da8/group__imgcodecs.html
     - ImageNet channel means used by torchvision: https://pytorch.org/vision/stable/models.html
     - Measurement: benchmarks/d103_channel_order.py.
     """
