@@ -12,6 +12,11 @@ def optimizer_params(optimizer: Any) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+def has_any_grad(optimizer: Any) -> bool:
+    """Does any parameter of the optimizer hold a gradient? Reads no tensor data (no sync)."""
+    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
+
+
 def spread_sample(items: list[Any], k: int = 8) -> list[Any]:
     """Up to ``k`` items spread evenly over the list (first and last included)."""
     if len(items) <= k:

@@ -6,7 +6,7 @@ import weakref
 
 import torch
 
-from nndoctor.checks._params import grad_slice, optimizer_params, spread_sample
+from nndoctor.checks._params import grad_slice, has_any_grad, optimizer_params, spread_sample
 from nndoctor.events import Backward, LossComputed, StepEnd, StepStart, ZeroGrad
 from nndoctor.findings import Severity
 from nndoctor.registry import Check, register
@@ -267,11 +267,6 @@ class StepWithoutGradients(Check):
             evidence={"parameters": count, "backwards_since_last_step": backwards},
             step=event.step,
         )
-
-
-def has_any_grad(optimizer) -> bool:
-    """Does any parameter of the optimizer hold a gradient? Reads no tensor data (no sync)."""
-    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
 
 @register

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.conv import _ConvNd
 
+from nndoctor.checks._rgb_evidence import source_evidence, takes_rgb_images
 from nndoctor.events import (
     Backward,
     BatchFetched,
@@ -25,9 +26,11 @@ from nndoctor.events import (
     LossComputed,
     ModuleOutput,
     RunEnd,
+    StateDictLoad,
 )
 from nndoctor.findings import Severity
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
+from nndoctor.instrument.location import user_frame
 from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor
 from nndoctor.registry import Check, register
 
@@ -431,6 +434,29 @@ class ChannelOrderSwapped(Check):
     | astronaut, chelsea, coffee, each alone | 0.0% | 100.0% |
     | rocket alone (night sky: bluer than red) | 100.0% | 0.0% |
 
+    Synthetic inputs, where channel order means nothing (same benchmark, `--synthetic`,
+    250 decisions = 32,000 images each; the statistic in the order generated):
+
+    | synthetic input | statistic fires | reported as a warning |
+    |---|---|---|
+    | uniform noise, Gaussian noise, smooth random colour fields | 0.0% | 0% |
+    | random coloured shapes | 13.6% | 0% (info) without RGB evidence |
+    | outputs of an untrained DCGAN-style generator (tanh) | 100.0% | 0% (info) without RGB evidence |
+
+    Natural photographs at the same 250 decisions (32,000 crops): scikit-learn's two photos
+    0.0% false positives (74–78% detection); the same crops mirrored and jittered ±20% in
+    brightness, contrast and saturation 0.0% (73.2% detection).
+
+    Because the statistic cannot tell "BGR photographs" from "data whose channel order does
+    not matter" (the generator row), the finding is a **warning only with evidence that the
+    pipeline assumes RGB**: weights loaded into a model with a 3-channel convolution
+    (`load_state_dict`, which torchvision/timm/hub pretrained weights go through), ImageNet's
+    normalisation constants (0.485/0.406, `IMAGENET_DEFAULT_MEAN`), pretrained weights
+    requested (`weights="DEFAULT"`, `pretrained=True`, `from_pretrained`, `torch.hub.load`)
+    or images read with OpenCV (`cv2.imread`), found in the code (comments and docstrings
+    aside) of the file that calls the model and of the modules imported from its folder.
+    Without such evidence it is reported as info.
+
     A single batch alone would give 9.0% false positives on the scikit-learn crops: hence
     the 8-batch average. Known false positives, by construction: datasets whose images
     are bluer than red on average (night sky — scikit-image's `rocket` alone —, underwater,
@@ -442,8 +468,8 @@ class ChannelOrderSwapped(Check):
     ## Why is this bad?
     A network pretrained on RGB images (every torchvision and timm model) given BGR images
     sees skies as red and skin as blue: fine-tuning still "works" but starts from weaker
-    features and ends several points lower, silently. Seeds 000 and 004 note that datasets
-    loaded with OpenCV come as BGR and H,W,C and must be converted.
+    features and ends several points lower, silently. Images loaded with OpenCV come as
+    BGR (and H,W,C) and must be converted.
 
     ## Example
     ```python
@@ -459,7 +485,7 @@ class ChannelOrderSwapped(Check):
     wrong; ignore D103 there.
 
     ## References
-    - shared/seeds 000, 004 (OpenCV loads BGR, PyTorch expects RGB).
+    - OpenCV docs, `cv::imread` ("the image is stored in B G R order"): https://docs.opencv.org/4.x/d4/da8/group__imgcodecs.html
     - ImageNet channel means used by torchvision: https://pytorch.org/vision/stable/models.html
     - Measurement: benchmarks/d103_channel_order.py.
     """
@@ -475,6 +501,17 @@ class ChannelOrderSwapped(Check):
         super().__init__(session)
         self._scores: list[float] = []
         self._reported = False
+        self._loaded_weights: list[str] = []
+
+    def on_state_dict_load(self, event: StateDictLoad) -> None:
+        module = event.module
+        if module is not None and not self._loaded_weights and takes_rgb_images(module):
+            self._loaded_weights.append(
+                f"weights were loaded into {type(module).__name__} with load_state_dict (pretrained or resumed)")
+
+    def rgb_evidence(self, event: Forward) -> list[str]:
+        frame = user_frame(event.frame)
+        return self._loaded_weights + source_evidence(frame.f_code.co_filename if frame else None)
 
     def on_forward(self, event: Forward) -> None:
         if self._reported:
@@ -496,8 +533,14 @@ class ChannelOrderSwapped(Check):
         if not channel_order_swapped(recent):
             return
         self._reported = True
+        evidence = self.rgb_evidence(event)
+        why = (f"RGB order is assumed here: {'; '.join(evidence)}. " if evidence else
+               "No sign that this pipeline assumes RGB (no weights loaded into the model, no ImageNet "
+               "constants, no OpenCV reads), so channel order may not matter here (synthetic data, a model "
+               "trained from scratch): reported as info. ")
         self.report(
-            f"over the last {len(recent)} image batches given to {_model_name(event)}, channel 2 is brighter "
+            why +
+            f"Over the last {len(recent)} image batches given to {_model_name(event)}, channel 2 is brighter "
             f"than channel 0: mean(ch0) − mean(ch2) averages {sum(recent) / len(recent):.3f} on the 0–1 scale "
             f"(per batch {min(recent):.3f} to {max(recent):.3f}; fires below {CHANNEL_ORDER_THRESHOLD} averaged over "
             f"≥{CHANNEL_ORDER_MIN_BATCHES} batches). Natural RGB photos are redder than blue on average, so these "
@@ -505,7 +548,8 @@ class ChannelOrderSwapped(Check):
             "(underwater, sky) or the model was trained on BGR from scratch.",
             location=event.location,
             evidence={"scores": [round(s, 4) for s in recent], "threshold": CHANNEL_ORDER_THRESHOLD,
-                      "batches": len(recent)},
+                      "batches": len(recent), "rgb_evidence": evidence},
+            severity=Severity.WARNING if evidence else Severity.INFO,
             step=event.step,
         )
 

@@ -24,6 +24,7 @@ FEATURE_MODULES = (
     "nndoctor.distributed.children",  # mp.spawn / mp.Process trainers report back to the parent
     "nndoctor.watchdog",  # R104/X110: the stall watchdog thread
     "nndoctor.instrument.training_probe",  # clipping, GradScaler steps, checkpointing, anomaly mode
+    "nndoctor.instrument.dropout_probe",  # F.dropout without training=self.training (M110)
 )
 
 

@@ -32,17 +32,23 @@ class ManualStepDetector:
         self._installation = weakref.ref(installation)
         self._seen: weakref.WeakKeyDictionary[Any, tuple[int, int, Any]] = weakref.WeakKeyDictionary()
         self.confirmed = False
+        self.handle: Any = None
 
     def forward_pre(self, module: Any, args: tuple) -> None:
         installation = self._installation()
-        if installation is None or torch.compiler.is_compiling():
+        # Only a top-level call (our torch_hooks pre-hook already pushed it): nested module
+        # calls leave after one length test.
+        if installation is None or len(installation._stack) != 1 or torch.compiler.is_compiling():
             return None
         session = installation.session
         state = session.state
-        # Only a top-level call (our torch_hooks pre-hook already pushed it), with grad,
-        # in a run that has no torch optimizer.
-        if (not session.active or len(state.optimizers) or len(installation._stack) != 1
-                or installation._stack[0] is not module or not torch.is_grad_enabled()):
+        if len(state.optimizers):
+            # A torch optimizer counts the steps: this hook is not needed any more (torch
+            # iterates over a copy of the hooks, so removing it here is safe).
+            if self.handle is not None:
+                self.handle.remove()
+            return None
+        if not session.active or installation._stack[0] is not module or not torch.is_grad_enabled():
             return None
         try:
             stepped = self._observe(module, state)
@@ -90,5 +96,5 @@ def install(installation: Any) -> None:
     from torch.nn.modules import module as module_mod
 
     detector = ManualStepDetector(installation)
-    handle = module_mod.register_module_forward_pre_hook(detector.forward_pre)
-    installation.patcher.on_undo(handle.remove)
+    detector.handle = module_mod.register_module_forward_pre_hook(detector.forward_pre)
+    installation.patcher.on_undo(detector.handle.remove)

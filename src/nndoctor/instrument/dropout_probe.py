@@ -1,0 +1,94 @@
+"""Functional dropout left on in eval mode (M110): ``F.dropout(x, p)`` inside ``forward``.
+
+``F.dropout``'s ``training`` argument defaults to True and knows nothing of the module's
+mode, so a forward that calls it without ``training=self.training`` keeps dropping
+activations after ``model.eval()``. The wrapper installed here looks at each call from
+user code: ``training`` not given, ``p > 0``, and the module whose forward is running (the
+top of torch_hooks' module stack) in eval mode. An explicit ``training=True`` is left alone:
+Monte-Carlo dropout asks for exactly that. Records are plain data, taken by the check.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nndoctor.findings import Location
+from nndoctor.instrument.location import user_location
+
+_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+
+
+@dataclass(frozen=True)
+class EvalDropoutCall:
+    function: str
+    p: float
+    module_type: str
+    location: Location | None
+    step: int
+
+
+class DropoutRecords:
+    def __init__(self) -> None:
+        self.pending: list[EvalDropoutCall] = []
+        self.seen_locations: set[Location | None] = set()
+
+    def take(self) -> list[EvalDropoutCall]:
+        records, self.pending = self.pending, []
+        return records
+
+
+_RECORDS: weakref.WeakKeyDictionary[Any, DropoutRecords] = weakref.WeakKeyDictionary()
+
+
+def dropout_records(session: Any) -> DropoutRecords:
+    records = _RECORDS.get(session)
+    if records is None:
+        records = _RECORDS[session] = DropoutRecords()
+    return records
+
+
+def install(installation: Any) -> None:
+    session = installation.session
+    if not any(check.code == "M110" for check in session.checks):
+        return  # nobody reads the records: leave F.dropout untouched
+    records = dropout_records(session)
+    for name in _FUNCTIONS:
+        original = getattr(F, name, None)
+        if original is not None:
+            installation.patcher.patch(F, name, _wrap(installation, records, name, original))
+
+
+def _wrap(installation: Any, records: DropoutRecords, name: str, original: Any) -> Any:
+    session = installation.session
+
+    def record(p: Any, frame: Any) -> None:
+        stack = installation._stack
+        module = stack[-1] if stack else None
+        if module is None or module.training:
+            return
+        location = user_location(frame)
+        if location in records.seen_locations:
+            return
+        records.seen_locations.add(location)
+        records.pending.append(EvalDropoutCall(name, float(p), type(module).__name__, location, session.step))
+
+    @functools.wraps(original)
+    def dropout(input, p=0.5, *args, **kwargs):
+        # ``training`` is the first of ``args`` when given by position.
+        if (session.active and not args and "training" not in kwargs
+                and not torch.compiler.is_compiling()):
+            try:
+                if float(p) > 0:
+                    record(p, sys._getframe(1))
+            except Exception as error:  # noqa: BLE001 - observer rule
+                session.internal_error("dropout probe", error)
+        return original(input, p, *args, **kwargs)
+
+    return dropout

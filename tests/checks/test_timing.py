@@ -1,0 +1,90 @@
+"""Timing-based findings are warnings only when reproducible (clear margin in both halves)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nndoctor.checks._timing import share_in_halves, timing_severity
+from nndoctor.findings import Severity
+from tests.conftest import run_script
+
+
+def test_share_in_halves():
+    events = [(1.0, 0.5), (2.0, 0.5), (3.0, 0.1), (4.0, 0.1)]
+    assert share_in_halves(events, 0.0, 4.0) == pytest.approx((0.5, 0.1))
+    assert share_in_halves(events, 2.0, 2.0) is None
+
+
+@pytest.mark.parametrize("overall, halves, expected", [
+    (0.10, (0.1, 0.1), None),                  # below the threshold
+    (0.22, (0.21, 0.23), Severity.INFO),       # past it, without the 1.5× margin
+    (0.35, (0.05, 0.65), Severity.INFO),       # one half alone: a burst, not the run
+    (0.35, (0.33, 0.37), Severity.WARNING),    # clear in both halves
+    (0.50, None, Severity.INFO),               # no halves measured
+])
+def test_timing_severity(overall, halves, expected):
+    assert timing_severity(overall, halves, 0.20) == expected
+
+
+def test_a_clear_loader_bottleneck_stays_a_warning(tmp_path):
+    script = tmp_path / "slow_loader.py"
+    script.write_text(
+        "import time, torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Decoded(Dataset):\n"
+        "    def __len__(self): return 40\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(0.05)  # reading and decoding a large image\n"
+        "        return torch.ones(4), 0\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in DataLoader(Decoded(), batch_size=4):\n"
+        "    opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()\n"
+    )
+    found = run_script(script, select=["P102"]).by_code("P102")
+    assert found and found[0].severity == Severity.WARNING, [f.message for f in found]
+    assert min(found[0].evidence["halves"]) >= 0.20
+
+
+def _replay_loader(monkeypatch, waits: list[float], step_s: float):
+    """Drive P102 with a fake clock: each step waits ``waits[i]`` for its batch, then computes."""
+    from types import SimpleNamespace
+
+    from nndoctor.engine import Session
+    from nndoctor.perf import checks as perf_checks
+
+    clock = [0.0]
+    monkeypatch.setattr(perf_checks.time, "perf_counter", lambda: clock[0])
+    session = Session(checks=[perf_checks.LoaderConfig])
+    check = session.checks[0]
+    class Loader:  # weak-referenceable stand-in for a DataLoader
+        num_workers = 0
+
+    loader = Loader()
+    check.on_epoch_start(SimpleNamespace(loader=loader, location=None))
+    check.on_step_end(SimpleNamespace())
+    for wait in waits:
+        clock[0] += wait
+        check.on_batch(SimpleNamespace(loader=loader, wait_s=wait))
+        clock[0] += step_s
+        check.on_step_end(SimpleNamespace())
+    check.on_run_end(SimpleNamespace(step=len(waits)))
+    return session.report.by_code("P102")
+
+
+def test_borderline_loader_wait_is_info(monkeypatch):
+    # 25% overall: past the 20% threshold, not 1.5× clear of it.
+    found = _replay_loader(monkeypatch, [0.01] * 40, 0.03)
+    assert found and found[0].severity == Severity.INFO
+    assert "Reported as info" in found[0].message
+
+
+def test_a_burst_in_one_half_is_info(monkeypatch):
+    # 41% overall, but nearly all of it in the first half of the run (78% and 5%).
+    found = _replay_loader(monkeypatch, [0.08] * 12 + [0.001] * 60, 0.02)
+    assert found and found[0].severity == Severity.INFO
+
+
+def test_a_steady_bottleneck_is_a_warning(monkeypatch):
+    found = _replay_loader(monkeypatch, [0.02] * 40, 0.02)
+    assert found and found[0].severity == Severity.WARNING
