@@ -16,6 +16,7 @@ A framework that is not installed skips its programs (CI installs them all: the 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -27,13 +28,8 @@ from tests.conftest import expected_lines, run_script
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-# The packages a program needs, by the framework named in its file name.
-_FRAMEWORK_PACKAGES = {
-    "hf_trainer": ("transformers", "accelerate"),
-    "accelerate": ("accelerate",),
-    "lightning": ("lightning",),
-    "timm": ("timm",),
-}
+# Optional frameworks: a program importing one that is not installed is skipped.
+FRAMEWORKS = ("transformers", "accelerate", "lightning", "timm")
 
 _RUNTIME_BRANCH = "fixed on branch trust-runtime: "
 # Known false alarms and crashes another branch is fixing: the test keeps asserting the
@@ -58,12 +54,16 @@ KNOWN_FAILURES = {
     "correct_hogwild": "fixed on the distributed-training branch: processes started by mp.spawn are not "
                        "instrumented (the parent counts no optimizer step)",
 }
-# Minutes of CPU on 2 cores: inductor compiles C++ kernels, mp.spawn starts two interpreters.
+# Tens of seconds of CPU each: inductor compiles C++ kernels, mp.spawn starts two interpreters.
 SLOW = {"correct_torch_compile_static", "correct_torch_compile_dynamic", "correct_hogwild"}
 
 
-def _packages(path: Path) -> tuple[str, ...]:
-    return next((pkgs for name, pkgs in _FRAMEWORK_PACKAGES.items() if name in path.stem), ())
+def _packages(path: Path) -> list[str]:
+    source = path.read_text()
+    needed = [name for name in FRAMEWORKS if re.search(rf"^(from|import) {name}\b", source, re.MULTILINE)]
+    if "TrainingArguments" in source and "accelerate" not in needed:
+        needed.append("accelerate")  # transformers' Trainer runs on accelerate
+    return needed
 
 
 def _params(pattern: str) -> list:
