@@ -250,7 +250,7 @@ def _model_input(check: Check, event: Forward) -> TensorStats | None:
     if not event.sampled or event.is_loss:
         return None
     tensor = first_tensor(event.inputs)
-    if tensor is None:  # model(**batch): Hugging Face Trainer and accelerate loops call this way
+    if tensor is None:  # model(**batch), as Hugging Face Trainer calls it (when the hook passes kwargs)
         tensor = first_tensor(event.kwargs)
     return cached_stats(event, "input0", tensor)
 
