@@ -11,12 +11,16 @@ through the engine, on the CPU, one thread, in a temporary working directory:
   with every check enabled and with that check alone.
 
 A framework that is not installed skips its programs (CI installs them all: the ``dev`` extra).
+Known false alarms, misses and crashes that another branch fixes are listed in
+``KNOWN_FAILURES``: such a test reports xfail while those are its only problems.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,49 +31,67 @@ from tests.conftest import expected_lines, run_script
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-# The packages a program needs, by the framework named in its file name.
-_FRAMEWORK_PACKAGES = {
-    "hf_trainer": ("transformers", "accelerate"),
-    "accelerate": ("accelerate",),
-    "lightning": ("lightning",),
-    "timm": ("timm",),
-}
+# Optional frameworks: a program importing one that is not installed is skipped.
+FRAMEWORKS = ("transformers", "accelerate", "lightning", "timm")
 
-_RUNTIME_BRANCH = "fixed on branch trust-runtime: "
-# Known false alarms and crashes another branch is fixing: the test keeps asserting the
-# correct behaviour; the integrator removes the marker after merging that branch.
-_TRAINER_O107 = (_RUNTIME_BRANCH + "O107 false alarm: Trainer's LambdaLR steps after the optimizer "
-                 "step made through accelerate's AcceleratedOptimizer")
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A false alarm, miss or crash another branch is fixing: the test keeps asserting the
+    correct behaviour, and reports xfail only while every problem it sees is one of these
+    symptoms (anything else still fails). The integrator deletes the entry after the merge."""
+
+    reason: str
+    symptoms: frozenset[str]  # finding codes, "crashed", "no steps", "missed CODE"
+
+
+_RUNTIME = "fixed on branch trust-runtime: "
+_TRAINER_O107 = KnownFailure(
+    _RUNTIME + "O107 false alarm: Trainer's LambdaLR steps after the optimizer step made through "
+    "accelerate's AcceleratedOptimizer", frozenset({"O107"}))
+_COMPILE_CRASH = KnownFailure(
+    _RUNTIME + "torch.compile crashes under nndoctor's global forward hooks (dynamo traces them)",
+    frozenset({"crashed", "no steps"}))
 KNOWN_FAILURES = {
     "correct_hf_trainer_bert": _TRAINER_O107,
     "correct_hf_trainer_custom_model": _TRAINER_O107,
     "correct_hf_trainer_gpt2": _TRAINER_O107,
-    "correct_accelerate_scheduler_after_prepare": _RUNTIME_BRANCH + "O107 false alarm on a scheduler "
-                                                  "built on accelerate's AcceleratedOptimizer",
-    "correct_lbfgs": _RUNTIME_BRANCH + "O103 false alarm on LBFGS.step(closure) (backward runs inside step)",
-    "correct_torch_compile_static": _RUNTIME_BRANCH + "torch.compile crashes under nndoctor's global "
-                                    "forward hooks (dynamo traces them)",
-    "correct_torch_compile_dynamic": _RUNTIME_BRANCH + "torch.compile crashes under nndoctor's global "
-                                     "forward hooks (dynamo traces them)",
-    "correct_hogwild": "fixed on the distributed-training branch: processes started by mp.spawn are not "
-                       "instrumented (the parent counts no optimizer step)",
+    "correct_accelerate_scheduler_after_prepare": KnownFailure(
+        _RUNTIME + "O107 false alarm on a scheduler built on accelerate's AcceleratedOptimizer",
+        frozenset({"O107"})),
+    "correct_lbfgs": KnownFailure(
+        _RUNTIME + "O103 false alarm on LBFGS.step(closure) (backward runs inside step)",
+        frozenset({"O103", "M106"})),
+    "correct_torch_compile_static": _COMPILE_CRASH,
+    "correct_torch_compile_dynamic": _COMPILE_CRASH,
+    "correct_lightning_resume_from_checkpoint": KnownFailure(
+        _RUNTIME + "multiple optimizers in sequence: M105 false alarm, the resumed Trainer's "
+        "optimizer steps all fall after the first run's sampled window", frozenset({"M105"})),
+    "buggy_sweep_second_model_no_eval": KnownFailure(
+        _RUNTIME + "multiple optimizers in sequence: with every check on, "
+        "RunState.optimizer_param_ids() keeps a cache keyed on parameter counts, so a second "
+        "optimizer of the same size is never seen and its model is not 'trained' (M101 misses)",
+        frozenset({"missed M101"})),
+    "correct_hogwild": KnownFailure(
+        "fixed on the distributed-training branch: processes started by mp.spawn are not "
+        "instrumented (the parent counts no optimizer step)", frozenset({"no steps"})),
 }
-# Minutes of CPU on 2 cores: inductor compiles C++ kernels, mp.spawn starts two interpreters.
+# Tens of seconds of CPU each: inductor compiles C++ kernels, mp.spawn starts two interpreters.
 SLOW = {"correct_torch_compile_static", "correct_torch_compile_dynamic", "correct_hogwild"}
 
 
-def _packages(path: Path) -> tuple[str, ...]:
-    return next((pkgs for name, pkgs in _FRAMEWORK_PACKAGES.items() if name in path.stem), ())
+def _packages(path: Path) -> list[str]:
+    source = path.read_text()
+    needed = [name for name in FRAMEWORKS if re.search(rf"^(from|import) {name}\b", source, re.MULTILINE)]
+    if "TrainingArguments" in source and "accelerate" not in needed:
+        needed.append("accelerate")  # transformers' Trainer runs on accelerate
+    return needed
 
 
 def _params(pattern: str) -> list:
     params = []
     for path in sorted(PROGRAMS.glob(pattern)):
-        marks = []
-        if path.stem in KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[path.stem], strict=False))
-        if path.stem in SLOW:
-            marks.append(pytest.mark.slow)
+        marks = [pytest.mark.slow] if path.stem in SLOW else []
         params.append(pytest.param(path, id=path.stem, marks=marks))
     return params
 
@@ -111,16 +133,26 @@ def _describe(report) -> str:
     return "\n".join(lines) + (f"\n{report.traceback}" if report.traceback else "")
 
 
+def _judge(program: Path, problems: list[str], details: str) -> None:
+    """Pass when there is no problem; xfail when all are a known failure's symptoms; else fail."""
+    if not problems:
+        return
+    known = KNOWN_FAILURES.get(program.stem)
+    if known is not None and set(problems) <= known.symptoms:
+        pytest.xfail(known.reason)
+    pytest.fail(f"{program.name}: {', '.join(problems)}\n{details}")
+
+
 @pytest.mark.parametrize("program", _params("correct_*.py"))
 def test_correct_framework_program_is_silent(program, framework_run):
     for package in _packages(program):
         pytest.importorskip(package)
     report = framework_run(program)
-    assert report.status == "completed", _describe(report)
-    assert report.steps > 0, _describe(report)
-    assert not report.internal_errors, _describe(report)
-    loud = [f for f in report.findings if f.severity >= Severity.WARNING]
-    assert not loud, _describe(report)
+    problems = [] if report.status == "completed" else ["crashed"]
+    problems += [] if report.steps > 0 else ["no steps"]
+    problems += ["internal error"] * bool(report.internal_errors)
+    problems += sorted({f.code for f in report.findings if f.severity >= Severity.WARNING})
+    _judge(program, problems, _describe(report))
 
 
 @pytest.mark.parametrize("program", _params("buggy_*.py"))
@@ -129,12 +161,15 @@ def test_planted_bug_is_caught_at_its_line(program, framework_run):
         pytest.importorskip(package)
     expected = expected_lines(program)
     assert expected, f"{program.name} has no '# expect: CODE' line"
+    problems, details = [], []
     for select in ((), tuple(expected)):
         report = framework_run(program, select=select)
-        assert report.status == "completed", _describe(report)
-        assert not report.internal_errors, _describe(report)
+        details.append(f"-- checks: {', '.join(select) or 'all'}\n{_describe(report)}")
+        problems += [] if report.status == "completed" else ["crashed"]
+        problems += ["internal error"] * bool(report.internal_errors)
         for code, lines in expected.items():
             fired = {f.location.line for f in report.by_code(code)
                      if f.location and f.location.path.endswith(program.name)}
-            assert fired & lines, (f"{code} expected at line(s) {sorted(lines)} of {program.name} "
-                                   f"(checks: {select or 'all'}); got:\n{_describe(report)}")
+            if not fired & lines:
+                problems.append(f"missed {code}")
+    _judge(program, sorted(set(problems)), "\n".join(details))

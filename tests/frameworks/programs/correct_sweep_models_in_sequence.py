@@ -1,7 +1,9 @@
 """A small sweep: a fresh model and optimizer per (width, lr), trained one after the other.
 
 The pattern of notebooks and tuning scripts: the second model starts training after the
-first one's optimizer has already made its steps, so each optimizer has its own step count.
+first one's optimizer has already made its steps, so each optimizer has its own step count;
+the last model is still alive when the run ends (the script's helper function keeps its
+globals).
 """
 import torch
 import torch.nn as nn
@@ -13,6 +15,14 @@ g = torch.Generator().manual_seed(1)
 x = torch.randn(64, 16, generator=g)
 y = (x[:, :4].sum(1) > 0).long()
 loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+
+
+def accuracy(model):
+    model.eval()
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
 results = {}
 for width, lr in ((32, 3e-3), (64, 1e-2)):
     model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 2))
@@ -24,7 +34,5 @@ for width, lr in ((32, 3e-3), (64, 1e-2)):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    model.eval()
-    with torch.no_grad():
-        results[lr] = (model(x).argmax(1) == y).float().mean().item()
+    results[lr] = accuracy(model)
 print(results)
