@@ -336,11 +336,10 @@ def inert_load_pickle(file: Any, limits: ReadLimits) -> Any:
     return inert_unpickler_class(limits, None)(file).load()
 
 
-def inert_torch_load(path: str, limits: ReadLimits, *, mmap: bool = False) -> Any:
-    """``torch.load`` through the inert unpickler; tensor storages bounded by the file size."""
-    import os
-
+def inert_torch_load(source: Any, limits: ReadLimits, *, size: int, mmap: bool = False) -> Any:
+    """``torch.load`` (of a path, or of bytes in memory) through the inert unpickler; tensor
+    storages bounded by ``size``, the file's size."""
     import torch
 
-    module = InertPickleModule(limits, os.path.getsize(path))
-    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=module, mmap=mmap)
+    module = InertPickleModule(limits, size)
+    return torch.load(source, map_location="cpu", weights_only=False, pickle_module=module, mmap=mmap)
