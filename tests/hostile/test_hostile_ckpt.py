@@ -271,6 +271,9 @@ def _allocation_bomb(folder: Path, bomb: str) -> Path:
         data = h.dump(h.Call(h.Global("builtins", "bytearray"), (1_500_000_000,)), 2)
     elif bomb == "declared-length":
         data = b"\x80\x04\x8e" + (1_500_000_000).to_bytes(8, "little") + b"short."  # BINBYTES8
+    elif bomb == "numpy-itemsize":
+        data = h.dump(h.Call(h.Global("numpy._core.multiarray", "_reconstruct"),
+                             (h.Global("numpy", "ndarray"), 16, "V100000000")), 2)
     elif bomb == "tensor-constructor":
         data = h.dump(h.Call(h.Global("torch", "Tensor"), (400_000_000,)), 2)
     elif bomb == "numpy-shape":
@@ -318,8 +321,8 @@ def _hdf5_file(folder: Path, kind: str) -> Path:
     return path
 
 
-ALLOCATION_BOMBS = ["bytearray", "declared-length", "tensor-constructor", "numpy-shape", "storage-size",
-                    "hdf5-fill-bomb"]
+ALLOCATION_BOMBS = ["bytearray", "declared-length", "tensor-constructor", "numpy-shape", "numpy-itemsize",
+                    "storage-size", "hdf5-fill-bomb"]
 SPECIAL_FILES = ["fifo", "dev-zero", "dev-urandom"]
 
 
@@ -377,6 +380,13 @@ def test_allocation_bombs_in_safe_names_are_refused(limited, bomb):
     assert any(word in result.err for word in ("refusing", "declares", "truncated"))
     assert "MemoryError" not in result.err
     assert result.seconds < h.TIME_LIMIT_S
+
+
+def test_codec_names_chosen_by_the_file_are_refused(tmp_path, capsys):
+    path = tmp_path / "codec.pt"
+    path.write_bytes(h.dump(h.Call(h.Global("_codecs", "encode"), ("x", "idna")), 2))
+    code, _out, err, _ = run_cli(capsys, "ckpt", "inspect", path)
+    assert code == 2 and "codec" in err
 
 
 # -- 8. special files ----------------------------------------------------------------------
