@@ -14,6 +14,7 @@ import io
 import os
 import pickle
 import stat
+import tarfile
 import zipfile
 from typing import Any
 
@@ -56,8 +57,16 @@ def _regular_file(path: str) -> int:
     return info.st_size
 
 
-def _is_tar(head: bytes) -> bool:
-    return len(head) >= 262 and head[257:262] == b"ustar"
+def _is_tar(path: str, head: bytes) -> bool:
+    """A tar archive, including old V7 headers without the "ustar" magic: torch.load tries
+    tarfile.open on any legacy file, so a pickle/tar polyglot must be handled as a tar."""
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return True
+    try:
+        with tarfile.open(path, mode="r:"):
+            return True
+    except (tarfile.TarError, OSError, ValueError):
+        return False
 
 
 def sniff_format(path: str) -> str:
@@ -73,7 +82,7 @@ def sniff_format(path: str) -> str:
         return "hdf5"
     if head.startswith(NPY_MAGIC):
         return "npy"
-    if _is_tar(head):
+    if _is_tar(path, head):
         return "tar"
     # safetensors before pickle: its 8-byte header length may well start with 0x80.
     if len(head) >= 9 and head[8:9] == b"{" and head[6:8] == b"\x00\x00":
