@@ -28,6 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, metavar="N",
                         help="stop the script cleanly after N optimizer steps and report")
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
+    parser.add_argument("--preflight", action="store_true",
+                        help="at the first optimizer step, run active tests on copies of the model, then train on")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -63,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-steps must be at least 1")
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
+    preflight = getattr(args, "preflight_stop", False) or args.preflight
+    if preflight:
+        from nndoctor.preflight.probe import attach
+
+        attach(session, stop=getattr(args, "preflight_stop", False))
     report = run_target(target, session)
     if args.json:
         try:
@@ -71,5 +78,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"nndoctor: could not write {args.json}: {error}", file=sys.stderr)
     if not args.quiet:
         sys.stdout.flush()
+        if preflight:
+            from nndoctor.preflight.render import print_preflight
+
+            print_preflight(report, sys.stderr)
         print_report(report, sys.stderr, json_path=args.json if args.json not in (None, "-") else None)
     return exit_status(report, fail_threshold(args))

@@ -156,21 +156,13 @@ def unexplained_summary(crash: Crash) -> dict[str, object]:
 
 
 def render_unexplained(console, crashes: list[Crash]) -> None:
+    from nndoctor.report.unexplained import render_no_known_cause
+
     for crash in crashes:
-        summary = unexplained_summary(crash)
-        head = Text()
-        head.append("no known cause ", style="bold magenta")
         # Every piece comes from the pasted log: control characters are shown escaped.
         summary = {key: printable(value, keep_newlines=False) if isinstance(value, str) else value
-                   for key, value in summary.items()}
-        head.append(str(summary["type"]))
-        if summary["location"]:
-            head.append(f"  {summary['location']}", style="cyan")
-        console.print(head)
-        console.print(Text(f"    {summary['type']}: {summary['message']}"))
-        where = f"{summary['location']}" + (f": {summary['source']}" if summary["source"] else "")
-        console.print(Text("    nndoctor has no explanation for this error in its catalog; the traceback's "
-                           f"last line in your code is {where or 'not in the text'}.", style="dim"))
+                   for key, value in unexplained_summary(crash).items()}
+        render_no_known_cause(console, summary)
         console.print()
 
 
