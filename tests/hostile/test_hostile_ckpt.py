@@ -202,6 +202,18 @@ def test_payload_found_in_every_container(tmp_path, capsys, kind):
     h.assert_no_raw_controls(out + err)
 
 
+def test_text_attributes_that_start_like_a_pickle_are_not_flagged(tmp_path, capsys):
+    import h5py
+
+    path = tmp_path / "model.weights.h5"
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset("layers/dense/vars/0", data=np.ones((2, 2), "f4"))
+        handle["layers"].attrs["note"] = np.void(b"config\nvalue\nmore text")  # GLOBAL-shaped, not a pickle
+    code, _out, err, report = run_cli(capsys, "ckpt", "inspect", path, "--json", tmp_path / "r.json")
+    assert code == 0, err
+    assert not [f for f in report["findings"] if f["code"] == "C104"]
+
+
 # -- 3. hostile and broken is still hostile ---------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncated", "refused-while-loading"])
 def test_dangerous_and_unloadable_is_still_reported_dangerous(tmp_path, capsys, damage):
