@@ -83,6 +83,7 @@ def test_code_running_pickle_is_c104_error(tmp_path, capsys, technique, protocol
     finding = c104(report)
     assert finding["severity"] == "error"
     assert finding["evidence"]["unsafe_globals"], finding
+    assert finding["evidence"]["dangerous_globals"], finding  # named first in the message
     assert "NOT loaded" in finding["message"]
     h.assert_no_raw_controls(out + err)
 
