@@ -83,6 +83,7 @@ def test_code_running_pickle_is_c104_error(tmp_path, capsys, technique, protocol
     finding = c104(report)
     assert finding["severity"] == "error"
     assert finding["evidence"]["unsafe_globals"], finding
+    assert finding["evidence"]["dangerous_globals"], finding  # named first in the message
     assert "NOT loaded" in finding["message"]
     h.assert_no_raw_controls(out + err)
 
@@ -202,6 +203,18 @@ def test_payload_found_in_every_container(tmp_path, capsys, kind):
     h.assert_no_raw_controls(out + err)
 
 
+def test_text_attributes_that_start_like_a_pickle_are_not_flagged(tmp_path, capsys):
+    import h5py
+
+    path = tmp_path / "model.weights.h5"
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset("layers/dense/vars/0", data=np.ones((2, 2), "f4"))
+        handle["layers"].attrs["note"] = np.void(b"config\nvalue\nmore text")  # GLOBAL-shaped, not a pickle
+    code, _out, err, report = run_cli(capsys, "ckpt", "inspect", path, "--json", tmp_path / "r.json")
+    assert code == 0, err
+    assert not [f for f in report["findings"] if f["code"] == "C104"]
+
+
 # -- 3. hostile and broken is still hostile ---------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncated", "refused-while-loading"])
 def test_dangerous_and_unloadable_is_still_reported_dangerous(tmp_path, capsys, damage):
@@ -269,6 +282,11 @@ def _zip_bomb(folder: Path) -> Path:
 def _allocation_bomb(folder: Path, bomb: str) -> Path:
     if bomb == "bytearray":
         data = h.dump(h.Call(h.Global("builtins", "bytearray"), (1_500_000_000,)), 2)
+    elif bomb == "declared-length":
+        data = b"\x80\x04\x8e" + (1_500_000_000).to_bytes(8, "little") + b"short."  # BINBYTES8
+    elif bomb == "numpy-itemsize":
+        data = h.dump(h.Call(h.Global("numpy._core.multiarray", "_reconstruct"),
+                             (h.Global("numpy", "ndarray"), 16, "V100000000")), 2)
     elif bomb == "tensor-constructor":
         data = h.dump(h.Call(h.Global("torch", "Tensor"), (400_000_000,)), 2)
     elif bomb == "numpy-shape":
@@ -316,7 +334,8 @@ def _hdf5_file(folder: Path, kind: str) -> Path:
     return path
 
 
-ALLOCATION_BOMBS = ["bytearray", "tensor-constructor", "numpy-shape", "storage-size", "hdf5-fill-bomb"]
+ALLOCATION_BOMBS = ["bytearray", "declared-length", "tensor-constructor", "numpy-shape", "numpy-itemsize",
+                    "storage-size", "hdf5-fill-bomb"]
 SPECIAL_FILES = ["fifo", "dev-zero", "dev-urandom"]
 
 
@@ -371,9 +390,16 @@ def test_allocation_bombs_in_safe_names_are_refused(limited, bomb):
     result = limited[bomb]
     assert result.code == 2, result.err
     assert result.err.startswith("nndoctor: error: ") and result.err.count("\n") == 1
-    assert "refusing" in result.err or "declares" in result.err
+    assert any(word in result.err for word in ("refusing", "declares", "truncated"))
     assert "MemoryError" not in result.err
     assert result.seconds < h.TIME_LIMIT_S
+
+
+def test_codec_names_chosen_by_the_file_are_refused(tmp_path, capsys):
+    path = tmp_path / "codec.pt"
+    path.write_bytes(h.dump(h.Call(h.Global("_codecs", "encode"), ("x", "idna")), 2))
+    code, _out, err, _ = run_cli(capsys, "ckpt", "inspect", path)
+    assert code == 2 and "codec" in err
 
 
 # -- 8. special files ----------------------------------------------------------------------

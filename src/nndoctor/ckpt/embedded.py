@@ -114,7 +114,9 @@ def zip_pickles(path: str, archive: zipfile.ZipFile, limits: ReadLimits, *, skip
                 found.append(item)
         elif name.endswith((".pkl", ".pickle")) or (head[:1] == b"\x80" and looks_like_pickle(head)):
             item = scan_bytes(name, _read_member(archive, info, limits))
-            if item.error is None or item.globals or name.endswith((".pkl", ".pickle")):
+            # A member named as a pickle counts even when damaged; other bytes only when they
+            # parse as a complete pickle (anything that only starts like one is just data).
+            if item.error is None or name.endswith((".pkl", ".pickle")):
                 found.append(item)
     return found
 
@@ -162,7 +164,8 @@ def hdf5_pickles(handle: Any) -> list[EmbeddedPickle]:
                 value = value.tobytes()
             if isinstance(value, (bytes, np.bytes_)) and looks_like_pickle(bytes(value[:2])):
                 item = scan_bytes(f"{name or '/'}@{key}", bytes(value))
-                if item.globals or item.error is None:
+                # Only complete pickles: text such as b"config\nvalue\n" starts like one.
+                if item.error is None and item.globals:
                     found.append(item)
 
     visit_attrs("", handle)

@@ -17,6 +17,8 @@ _DANGEROUS_MODULES = {
     "os", "posix", "nt", "subprocess", "sys", "shutil", "socket", "pty", "runpy",
     "importlib", "ctypes", "marshal", "pickle", "_pickle", "dill", "code", "codeop",
     "webbrowser", "urllib", "requests", "http", "commands", "multiprocessing",
+    "timeit", "pdb", "bdb", "profile", "cProfile", "trace", "operator", "functools", "copyreg",
+    "types", "inspect", "threading", "asyncio", "tempfile", "glob", "io", "_io", "zipimport",
 }
 _DANGEROUS_BUILTINS = {
     "eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "__import__",
@@ -93,6 +95,8 @@ def is_dangerous(global_name: str) -> bool:
     top = module.split(".")[0]
     if module in ("builtins", "__builtin__"):
         return name in _DANGEROUS_BUILTINS
+    if module.startswith("numpy.testing") or module.startswith("numpy.distutils"):
+        return True  # string runners (numpy.testing._private.utils.runstring)
     return top in _DANGEROUS_MODULES
 
 

@@ -14,6 +14,7 @@ import io
 import os
 import pickle
 import stat
+import tarfile
 import zipfile
 from typing import Any
 
@@ -56,8 +57,16 @@ def _regular_file(path: str) -> int:
     return info.st_size
 
 
-def _is_tar(head: bytes) -> bool:
-    return len(head) >= 262 and head[257:262] == b"ustar"
+def _is_tar(path: str, head: bytes) -> bool:
+    """A tar archive, including old V7 headers without the "ustar" magic: torch.load tries
+    tarfile.open on any legacy file, so a pickle/tar polyglot must be handled as a tar."""
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return True
+    try:
+        with tarfile.open(path, mode="r:"):
+            return True
+    except (tarfile.TarError, OSError, ValueError):
+        return False
 
 
 def sniff_format(path: str) -> str:
@@ -73,7 +82,7 @@ def sniff_format(path: str) -> str:
         return "hdf5"
     if head.startswith(NPY_MAGIC):
         return "npy"
-    if _is_tar(head):
+    if _is_tar(path, head):
         return "tar"
     # safetensors before pickle: its 8-byte header length may well start with 0x80.
     if len(head) >= 9 and head[8:9] == b"{" and head[6:8] == b"\x00\x00":
@@ -87,8 +96,7 @@ def sniff_format(path: str) -> str:
             return "pickle"
         # Protocol 0/1 pickles are text: only a scan tells them from other text files.
         try:
-            with open(path, "rb") as handle:
-                scan_pickle(handle)
+            scan_pickle(_read_all(path))
             return "pickle"
         except PickleCorrupt as error:
             if error.found.names:
@@ -154,7 +162,7 @@ def _read_raw_pickle(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
     # torch's legacy format starts with its magic number pickled on its own (protocol 2).
     fmt = "pytorch-legacy" if data.startswith(pickle.dumps(_TORCH_LEGACY_MAGIC, protocol=2)) else "pickle"
     scanned = scan_bytes("(root)", data, max_pickles=5 if fmt == "pytorch-legacy" else 1)
-    return _load_pickled(path, fmt, [scanned], trust, limits)
+    return _load_pickled(path, fmt, [scanned], trust, limits, raw=data)
 
 
 def _unsafe(names: list[str]) -> list[str]:
@@ -165,8 +173,13 @@ def _all_globals(pickles: list[EmbeddedPickle]) -> list[str]:
     return list(dict.fromkeys(name for item in pickles for name in item.globals))
 
 
+def _read_all(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
 def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: bool,
-                  limits: ReadLimits) -> Checkpoint:
+                  limits: ReadLimits, raw: bytes | None = None) -> Checkpoint:
     globals_ = _all_globals(pickles)
     unsafe = _unsafe(globals_)
     ckpt = Checkpoint(path=path, format=fmt, globals=globals_, unsafe_globals=unsafe)
@@ -190,11 +203,15 @@ def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: boo
             ckpt.root = _trusted_load(path, fmt)
         else:
             ckpt.read_mode = "placeholders" if unsafe else "weights_only"
+            # Raw pickles are read from memory: a file object's read(n) would reserve the n
+            # bytes a length field declares before finding out the file is shorter.
             if fmt == "pickle":
-                with open(path, "rb") as handle:
-                    ckpt.root = inert_load_pickle(handle, limits)
+                ckpt.root = inert_load_pickle(io.BytesIO(raw if raw is not None else _read_all(path)), limits)
+            elif fmt == "pytorch-legacy":
+                data = raw if raw is not None else _read_all(path)
+                ckpt.root = inert_torch_load(io.BytesIO(data), limits, size=len(data))
             else:
-                ckpt.root = inert_torch_load(path, limits, mmap=fmt == "pytorch-zip")
+                ckpt.root = inert_torch_load(path, limits, size=os.path.getsize(path), mmap=True)
     except UsageError:
         raise
     except (Exception, RecursionError) as error:

@@ -104,6 +104,23 @@ def _element_count(shape: Any) -> int:
     return math.prod(shape)
 
 
+_PLAIN_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1", "ascii", "utf-8", "utf8"})
+
+
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element of a numpy dtype given as a dtype or its code (b"b", "<f8")."""
+    import numpy as np
+
+    if isinstance(dtype, bytes):
+        dtype = dtype.decode("latin1")
+    if not isinstance(dtype, (np.dtype, str)):
+        raise RefusedPickle(f"refusing a numpy dtype given as {type(dtype).__name__}")
+    try:
+        return max(1, np.dtype(dtype).itemsize)
+    except (TypeError, ValueError) as error:
+        raise RefusedPickle(f"refusing the numpy dtype {dtype!r}: {error}") from None
+
+
 def check_attribute_state(state: Any) -> None:
     """torch sets these as attributes on the rebuilt tensor: plain names only, no dunders.
 
@@ -132,6 +149,13 @@ class _Guards:
             func = allowlist.allowed_callable(name)
             if func is not None:
                 self.wrapped[id(func)] = self._reconstruct_with(func)
+        for name in ("numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar"):
+            func = allowlist.allowed_callable(name)
+            if func is not None:
+                self.wrapped[id(func)] = self._scalar_with(func)
+        encode = allowlist.allowed_callable("_codecs.encode")
+        if encode is not None:
+            self.wrapped[id(encode)] = self._encode_with(encode)
         rebuild = allowlist.allowed_callable("torch._tensor._rebuild_from_type_v2")
         if rebuild is not None:
             self.wrapped[id(rebuild)] = self._rebuild_from_type_with(rebuild)
@@ -158,10 +182,28 @@ class _Guards:
 
     def _reconstruct_with(self, func: Any) -> Any:
         def reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
-            self.check_bytes(_element_count(shape), "a numpy array")
+            self.check_bytes(_element_count(shape) * _itemsize(dtype), "a numpy array")
             return func(subtype, shape, dtype)
 
         return reconstruct
+
+    def _scalar_with(self, func: Any) -> Any:
+        def scalar(dtype: Any, *args: Any) -> Any:
+            self.check_bytes(_itemsize(dtype), "a numpy scalar")
+            return func(dtype, *args)
+
+        return scalar
+
+    @staticmethod
+    def _encode_with(func: Any) -> Any:
+        # torch and numpy pickle bytes as _codecs.encode(text, "latin1"); other codec names
+        # would look up codecs by a name the file chooses.
+        def encode(text: Any, encoding: str = "utf-8", errors: str = "strict") -> Any:
+            if str(encoding).lower().replace("_", "-") not in _PLAIN_CODECS:
+                raise RefusedPickle(f"refusing the codec {encoding!r}")
+            return func(text, encoding, errors)
+
+        return encode
 
     def _rebuild_from_type_with(self, func: Any) -> Any:
         # _rebuild_from_type_v2(func, new_type, args, state) calls func(*args): func must be allowed too.
@@ -196,9 +238,11 @@ class _Guards:
         if isinstance(inst, OpaqueObject) or isinstance(inst, self.tensor_types) or isinstance(inst, np.dtype):
             return
         if isinstance(inst, np.ndarray) and not isinstance(inst, type):
-            if isinstance(state, tuple) and len(state) >= 2:
-                shape = state[1] if isinstance(state[0], int) else state[0]
-                self.check_bytes(_element_count(shape) * max(1, inst.itemsize), "a numpy array")
+            # ndarray.__setstate__((version,) shape, dtype, is_fortran, data)
+            if not isinstance(state, tuple) or len(state) not in (4, 5):
+                raise RefusedPickle("refusing a numpy array state of an unknown form")
+            shape, dtype = state[-4], state[-3]
+            self.check_bytes(_element_count(shape) * _itemsize(dtype), "a numpy array")
             return
         raise RefusedPickle(f"refusing to set the state of {type(inst).__name__} objects")
 
@@ -336,11 +380,10 @@ def inert_load_pickle(file: Any, limits: ReadLimits) -> Any:
     return inert_unpickler_class(limits, None)(file).load()
 
 
-def inert_torch_load(path: str, limits: ReadLimits, *, mmap: bool = False) -> Any:
-    """``torch.load`` through the inert unpickler; tensor storages bounded by the file size."""
-    import os
-
+def inert_torch_load(source: Any, limits: ReadLimits, *, size: int, mmap: bool = False) -> Any:
+    """``torch.load`` (of a path, or of bytes in memory) through the inert unpickler; tensor
+    storages bounded by ``size``, the file's size."""
     import torch
 
-    module = InertPickleModule(limits, os.path.getsize(path))
-    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=module, mmap=mmap)
+    module = InertPickleModule(limits, size)
+    return torch.load(source, map_location="cpu", weights_only=False, pickle_module=module, mmap=mmap)

@@ -81,7 +81,8 @@ def probe_file(path: str) -> FileRecord:
     """Everything nndoctor wants to know about one file, in one read."""
     try:
         with open_regular(path) as handle:
-            data = handle.read(_READ_LIMIT)
+            # Not read(_READ_LIMIT): that reserves 1 GiB up front for every file.
+            data = handle.read(min(_READ_LIMIT, os.fstat(handle.fileno()).st_size + 1))
     except FileNotFoundError:
         return unreadable("file disappeared during the scan (or is a broken symlink)")
     except PermissionError:

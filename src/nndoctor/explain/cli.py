@@ -62,8 +62,17 @@ MAX_INPUT_CHARS = 1 << 30
 
 
 def _read_bounded(handle, label: str) -> str:
-    text = handle.read(MAX_INPUT_CHARS)
-    if handle.read(1):
+    # In chunks: read(MAX_INPUT_CHARS) would reserve the whole maximum up front.
+    chunks: list[str] = []
+    left = MAX_INPUT_CHARS
+    while left > 0:
+        chunk = handle.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    text = "".join(chunks)
+    if left <= 0 and handle.read(1):
         print(f"nndoctor: note: {printable(label, keep_newlines=False)} is longer than "
               f"{MAX_INPUT_CHARS:,} characters: only the beginning was read", file=sys.stderr)
     return text
