@@ -111,16 +111,18 @@ def _assert_sound(report: Report, status: str, exit_code: int, since: float, lim
 
 
 # -- 3. SIGTERM and os._exit still leave a report ------------------------------------------------
-def test_sigterm_writes_a_terminated_report_then_dies_of_sigterm(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_writes_a_terminated_report_then_dies_of_sigterm(signum, tmp_path):
     process, out = _spawn(tmp_path, "plain")
     before = _wait_for_line(process, "ready")
     assert "handler before: <Handlers.SIG_DFL: 0>" in before[0]  # the script sees python's default, not ours
     sent = time.monotonic()
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     _, err = _finish(process, sent, limit=30)
-    assert process.returncode == -signal.SIGTERM, err  # killed by SIGTERM, as without nndoctor (143 in a shell)
+    assert process.returncode == -signum, err  # killed by the signal, as without nndoctor (128+N in a shell)
     data = json.loads(out.read_text())
     assert data["status"] == "terminated" and data["steps"] >= 3
+    assert data["extra"]["signal"] == signal.Signals(signum).name
     assert "· terminated after" in err
 
 
