@@ -430,3 +430,8 @@ def test_internal_deadline_bounds_a_stuck_delivery(monkeypatch):
     guard._deliver("terminated", None)
     assert time.monotonic() - started < 5 and guard.ended
     release.set()
+
+
+def test_terminated_exit_status_is_what_a_shell_shows_for_the_signal():
+    assert exit_status(Report(status="terminated"), None) == 128 + signal.SIGTERM
+    assert exit_status(Report(status="terminated", extra={"signal": "SIGHUP"}), None) == 128 + signal.SIGHUP
