@@ -111,8 +111,9 @@ def _assert_sound(report: Report, status: str, exit_code: int, since: float, lim
 
 
 # -- 3. SIGTERM and os._exit still leave a report ------------------------------------------------
+@pytest.mark.e2e
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_writes_a_terminated_report_then_dies_of_sigterm(signum, tmp_path):
+def test_sigterm_and_sighup_write_a_terminated_report_then_die_of_the_signal(signum, tmp_path):
     process, out = _spawn(tmp_path, "plain")
     before = _wait_for_line(process, "ready")
     assert "handler before: <Handlers.SIG_DFL: 0>" in before[0]  # the script sees python's default, not ours
@@ -126,6 +127,7 @@ def test_sigterm_writes_a_terminated_report_then_dies_of_sigterm(signum, tmp_pat
     assert "· terminated after" in err
 
 
+@pytest.mark.e2e
 def test_scripts_own_sigterm_handler_is_called_and_the_run_ends_as_it_decides(tmp_path):
     process, out = _spawn(tmp_path, "graceful")
     _wait_for_line(process, "ready")
@@ -137,6 +139,7 @@ def test_scripts_own_sigterm_handler_is_called_and_the_run_ends_as_it_decides(tm
     assert data["status"] == "completed" and data["extra"]["signal"] == "SIGTERM"
 
 
+@pytest.mark.e2e
 def test_handler_restoring_the_default_still_gets_a_report(tmp_path):
     process, out = _spawn(tmp_path, "restore-default")
     _wait_for_line(process, "ready")
@@ -146,6 +149,7 @@ def test_handler_restoring_the_default_still_gets_a_report(tmp_path):
     assert json.loads(out.read_text())["status"] == "terminated" and "· terminated after" in err
 
 
+@pytest.mark.e2e
 def test_os_exit_writes_the_report_first_and_keeps_the_code(tmp_path):
     started = time.monotonic()
     process, out = _spawn(tmp_path, "exit")
@@ -157,6 +161,7 @@ def test_os_exit_writes_the_report_first_and_keeps_the_code(tmp_path):
     assert "nndoctor ·" in err
 
 
+@pytest.mark.e2e
 def test_a_raw_fork_that_runs_on_does_not_overwrite_the_report(tmp_path):
     script = tmp_path / "raw_fork.py"
     script.write_text(textwrap.dedent('''
@@ -326,6 +331,7 @@ def test_max_steps_in_a_training_thread_stops_cleanly(tmp_path, capfd):
 
 
 # -- 7. closed or replaced standard streams -----------------------------------------------------
+@pytest.mark.e2e
 def test_closed_stdout_and_none_stderr_do_not_crash_or_redirect_the_report(tmp_path):
     script = tmp_path / "streams.py"
     script.write_text(textwrap.dedent(f'''
