@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     report.extra["tracebacks"] = len(findings) + len(unexplained)
     if unexplained:
         report.extra["unexplained"] = [unexplained_summary(c) for c in unexplained]
-    if json_path:
+    if args.json:
         from nndoctor.report import write_json
 
         try:
