@@ -90,7 +90,7 @@ class InternalError:
         return {"where": self.where, "error": self.error, "traceback": self.traceback}
 
 
-STATUSES = ("completed", "stopped", "crashed", "interrupted")
+STATUSES = ("completed", "stopped", "crashed", "interrupted", "terminated")
 
 
 @dataclass

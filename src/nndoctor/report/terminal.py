@@ -12,7 +12,6 @@ from rich.markup import escape
 from rich.text import Text
 
 from nndoctor.findings import Finding, Report, Severity
-from nndoctor.report.sanitize import printable
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
 _EVIDENCE_SHOWN = 6
@@ -31,7 +30,7 @@ def _format_value(value: Any) -> str:
 
 
 def _headline(report: Report) -> Text:
-    command = printable(" ".join(report.command), keep_newlines=False) if report.command else "nndoctor"
+    command = " ".join(report.command) if report.command else "nndoctor"
     status = report.status
     if report.steps:
         status += f" after {report.steps} optimizer step{'s' if report.steps != 1 else ''}"
@@ -45,9 +44,9 @@ def _finding_block(console: Console, finding: Finding) -> None:
     head = Text()
     head.append(f"{finding.severity.label:<7} ", style=_STYLE[finding.severity])
     head.append(f"{finding.code} ", style="bold")
-    head.append(printable(finding.name, keep_newlines=False))
+    head.append(finding.name)
     if finding.location:
-        head.append(f"  {printable(finding.location, keep_newlines=False)}", style="cyan")
+        head.append(f"  {finding.location}", style="cyan")
     extras = []
     if finding.count > 1:
         extras.append(f"×{finding.count}")
@@ -56,27 +55,26 @@ def _finding_block(console: Console, finding: Finding) -> None:
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
-    # Messages, evidence and fixes quote module, file and key names and exception messages:
-    # user-controlled text, printed with control characters escaped (the JSON keeps it raw).
-    console.print(Text("    " + printable(finding.message)))
-    shown = [(k, v) for k, v in finding.evidence.items() if not str(k).startswith("_")]
+    console.print(Text("    " + finding.message))
+    shown = [(k, v) for k, v in finding.evidence.items() if not k.startswith("_")]
     if shown:
         parts = [f"{k}={_format_value(v)}" for k, v in shown[:_EVIDENCE_SHOWN]]
         if len(shown) > _EVIDENCE_SHOWN:
             parts.append(f"… (+{len(shown) - _EVIDENCE_SHOWN} in JSON)")
-        console.print(Text("    evidence: " + printable("; ".join(parts), keep_newlines=False), style="dim"))
-    console.print(Text("    fix: " + printable(finding.fix), style="green"))
+        console.print(Text("    evidence: " + "; ".join(parts), style="dim"))
+    console.print(Text("    fix: " + finding.fix, style="green"))
 
 
 def render_to(console: Console, report: Report, *, json_path: str | None = None) -> None:
+    from nndoctor.report.terminal_view import printable, terminal_view
+
+    report = terminal_view(report)  # user text escaped: no control characters reach the terminal
+    json_path = printable(json_path, keep_newlines=False) if json_path else json_path
     console.print(_headline(report), soft_wrap=True)
     findings = report.sorted_findings()
     if report.traceback and report.status == "crashed":
-        shown = report.traceback
-        if os.environ.get("NNDOCTOR_DEBUG") and report.extra.get("traceback_full"):
-            shown = report.extra["traceback_full"]  # with nndoctor's own frames
         console.print(Text("\nThe script raised:", style="bold"))
-        console.print(Text(printable(shown.rstrip()), style="dim"))
+        console.print(Text(report.traceback.rstrip(), style="dim"))
     console.print()
     if not findings:
         console.print(Text("No problems found.", style="bold green"))
@@ -93,10 +91,9 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     if report.internal_errors:
         tail += f" · {len(report.internal_errors)} internal error(s) in nndoctor (see JSON)"
         for err in report.internal_errors[:3]:
-            line = f"internal error in {err.where}: {_first_sentence(err.error)}"
-            console.print(Text(printable(line, keep_newlines=False), style="magenta"))
+            console.print(Text(f"internal error in {err.where}: {_first_sentence(err.error)}", style="magenta"))
     if json_path:
-        tail += f" · JSON: {printable(json_path, keep_newlines=False)}"
+        tail += f" · JSON: {json_path}"
     console.print(Text(tail, style="bold"))
     console.print(Text("Details: nndoctor checks CODE", style="dim"))
 
