@@ -441,3 +441,19 @@ def test_internal_deadline_bounds_a_stuck_delivery(monkeypatch):
 def test_terminated_exit_status_is_what_a_shell_shows_for_the_signal():
     assert exit_status(Report(status="terminated"), None) == 128 + signal.SIGTERM
     assert exit_status(Report(status="terminated", extra={"signal": "SIGHUP"}), None) == 128 + signal.SIGHUP
+
+
+def test_os_exit_delivers_for_the_script_but_not_for_nndoctors_own_code():
+    from nndoctor import signals
+
+    ended: list[tuple[str, int | None]] = []
+    exits: list[int] = []
+    guard = signals.AbruptEndGuard(Session(), lambda status, code: ended.append((status, code)))
+    guard._real_exit = exits.append  # never leave the test process
+    own = os.path.join(os.path.dirname(os.path.abspath(__import__("nndoctor").__file__)), "watchdog.py")
+    namespace: dict = {}
+    exec(compile("def stop(guard):\n    guard._os_exit(124)\n", own, "exec"), namespace)
+    namespace["stop"](guard)  # a watchdog of nndoctor's that already wrote its own report
+    assert ended == [] and exits == [124]
+    guard._os_exit(7)  # the script
+    assert ended == [("completed", 7)] and exits == [124, 7]

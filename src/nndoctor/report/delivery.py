@@ -33,7 +33,12 @@ class ReportDelivery:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReportDelivery:
-        return cls(getattr(args, "json", None), quiet=bool(getattr(args, "quiet", False)))
+        """From the command's options; ``args.json`` becomes absolute too, so every other writer
+        of the report (a watchdog, a per-rank merge) is immune to the script's ``os.chdir``."""
+        delivery = cls(getattr(args, "json", None), quiet=bool(getattr(args, "quiet", False)))
+        if delivery.json_path:
+            args.json = delivery.json_path
+        return delivery
 
     def deliver(self, report: Report, preamble: Iterable[str] = ()) -> None:
         """Write the JSON report and print the terminal report (never raises for I/O).
