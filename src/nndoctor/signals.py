@@ -86,7 +86,10 @@ class AbruptEndGuard:
         os._exit = self._os_exit  # type: ignore[assignment]
         if threading.current_thread() is threading.main_thread():
             for signum in ENDING_SIGNALS:
-                self._before[signum] = self._virtual[signum] = self._real_getsignal(signum)
+                current = self._real_getsignal(signum)
+                if current is signal.SIG_IGN:
+                    continue  # nohup: ignored it stays, for the script and the programs it starts
+                self._before[signum] = self._virtual[signum] = current
                 self._real_signal(signum, self._on_signal)
             signal.signal = self._signal  # type: ignore[assignment]
             signal.getsignal = self._getsignal  # type: ignore[assignment]
@@ -125,7 +128,9 @@ class AbruptEndGuard:
             return self._real_signal(signalnum, handler)
         if not (callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN)):
             raise TypeError("signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable object")
-        self._real_signal(signalnum, self._on_signal)  # raises ValueError off the main thread, as python does
+        # Raises ValueError off the main thread, as python does. SIG_IGN is set for real: an
+        # ignored signal stays ignored in the programs the script starts (exec keeps SIG_IGN).
+        self._real_signal(signalnum, signal.SIG_IGN if handler is signal.SIG_IGN else self._on_signal)
         previous, self._virtual[signalnum] = self._virtual[signalnum], handler
         return previous
 

@@ -215,6 +215,30 @@ def test_signal_api_is_virtualised_and_restored_in_process(tmp_path):
     assert report.extra["signal"] == "SIGTERM"
 
 
+def test_ignored_signals_stay_ignored_for_the_programs_the_script_starts(tmp_path):
+    """nohup ignores SIGHUP, and a script may ignore SIGTERM: exec'd children inherit SIG_IGN
+    under python, so they must under nndoctor (a handler of ours would be reset to SIG_DFL)."""
+    seen = tmp_path / "seen.json"
+    script = tmp_path / "spawns.py"
+    script.write_text(textwrap.dedent(f'''
+        import json, signal, subprocess, sys
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        probe = "import signal; print(int(signal.getsignal(signal.SIGHUP)), int(signal.getsignal(signal.SIGTERM)))"
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+        json.dump({{"here": repr(signal.getsignal(signal.SIGHUP)), "child": out.split()}}, open({str(seen)!r}, "w"))
+    '''))
+    hup_before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        started = time.monotonic()
+        report = run_target(Target(str(script), []), Session(), deliver=lambda report: None)
+        _assert_sound(report, "completed", 0, started)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, hup_before)
+    data = json.loads(seen.read_text())
+    assert data == {"here": "<Handlers.SIG_IGN: 1>", "child": ["1", "1"]}  # 1 = SIG_IGN
+
+
 def test_forked_children_get_pythons_own_sigterm_and_os_exit(tmp_path):
     """A DataLoader worker or multiprocessing child stopped with terminate() dies at once of
     SIGTERM, as without nndoctor, and writes no report of its own."""
