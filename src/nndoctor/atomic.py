@@ -165,7 +165,12 @@ def _open_through(target: Path, kind: str, mode: str, **kwargs) -> Iterator[IO]:
     flags = os.O_WRONLY | os.O_NOCTTY
     if kind == "stream":
         flags |= os.O_APPEND
-    fd = _open_fifo(target, flags) if kind == "fifo" else os.open(target, flags)
+    if kind == "fifo":
+        fd = _open_fifo(target, flags)
+    else:
+        # Non-blocking open: a device that waits on open (a serial line without carrier) must
+        # not hang the end of a run; writes block normally afterwards.
+        fd = _blocking(os.open(target, flags | os.O_NONBLOCK))
     with os.fdopen(fd, mode.replace("x", "w"), **kwargs) as handle:
         yield handle
         handle.flush()
@@ -186,6 +191,10 @@ def _open_fifo(target: Path, flags: int) -> int:
                 raise
             time.sleep(0.05)
     # Blocking writes from here on: a reader that is slow must not lose the end of the report.
+    return _blocking(fd)
+
+
+def _blocking(fd: int) -> int:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
 

@@ -104,7 +104,7 @@ class Suppressed:
         return {**self.finding.to_json(), "reason": self.reason}
 
 
-STATUSES = ("completed", "stopped", "crashed", "interrupted")
+STATUSES = ("completed", "stopped", "crashed", "interrupted", "terminated")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Exit status: 0 clean; 1 a finding reached ``--fail-on``; 2 nndoctor could not start the
 script (usage error, missing file, syntax error, unwritable ``--json`` path); 3 the script
-crashed; 130 interrupted; killed by SIGTERM (143 in a shell) after writing the report;
+crashed; 130 interrupted; killed by SIGTERM/SIGHUP (143/129 in a shell) after writing the report;
 otherwise the script's own non-zero ``sys.exit`` / ``os._exit`` code.
 """
 
@@ -24,6 +24,7 @@ EXIT_FINDINGS = 1
 EXIT_CRASHED = 3
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell shows for a job killed by SIGTERM
+EXIT_HANGUP = 129  # 128 + SIGHUP
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +57,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
 def exit_status(report, threshold) -> int:
     if report.status == "interrupted":
         return EXIT_INTERRUPTED
-    if report.status == "terminated":
-        return EXIT_TERMINATED
+    if report.status == "terminated":  # what a shell shows for the signal nndoctor died of
+        return EXIT_TERMINATED if report.extra.get("signal", "SIGTERM") == "SIGTERM" else EXIT_HANGUP
     if report.status == "crashed":
         return EXIT_CRASHED
     if report.exit_code:

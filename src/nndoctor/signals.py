@@ -1,34 +1,39 @@
-"""Abrupt endings still leave a report: SIGTERM and ``os._exit`` during ``nndoctor run``.
+"""Abrupt endings still leave a report: SIGTERM, SIGHUP and ``os._exit`` during ``nndoctor run``.
 
-``timeout``, Slurm and Kubernetes stop a job with SIGTERM, whose default action kills Python
-without unwinding, so no ``finally`` of ours would run; ``os._exit(n)`` skips them too. While
-a script runs under the CLI, this guard
+``timeout``, Slurm and Kubernetes stop a job with SIGTERM, and a closed terminal or SSH session
+sends SIGHUP; their default action kills Python without unwinding, so no ``finally`` of ours
+would run; ``os._exit(n)`` skips them too. While a script runs under the CLI, this guard
 
-- handles SIGTERM: it closes the run with status ``terminated``, delivers the report, then dies
-  of SIGTERM exactly as the default action would (the parent sees "killed by signal 15", a
-  shell reports 143);
-- stays out of the script's way: ``signal.signal`` / ``signal.getsignal`` for SIGTERM are
+- handles those signals: it closes the run with status ``terminated``, delivers the report,
+  then dies of the same signal exactly as the default action would (the parent sees "killed by
+  signal 15", a shell reports 143);
+- stays out of the script's way: ``signal.signal`` / ``signal.getsignal`` for those signals are
   virtualised, so a script that installs its own handler gets it called (and sees the
   handler that was there before nndoctor, not ours), one that restores ``SIG_DFL`` gets the
-  default ending (with a report), and ``SIG_IGN`` is honoured;
+  default ending (with a report), and ``SIG_IGN`` (``nohup``) is honoured;
 - wraps ``os._exit`` in the process that owns the run (not in forked DataLoader workers):
   the report is delivered first, then the process exits with the script's code.
 
-SIGKILL is the one ending without a report. Report delivery runs in a helper thread with a
-deadline, so a lock held by the interrupted code can delay the ending but never hang it.
+SIGKILL is the one ending without a report that a Python program can do anything about (a
+crash of the interpreter itself, SIGSEGV or ``os.abort()``, runs no Python code either). Report
+delivery runs in a helper thread with a deadline, so a lock held by the interrupted code can
+delay the ending but never hang it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from nndoctor.engine import Session
+from nndoctor.tracebacks import is_own_frame
 
-EXIT_TERMINATED = 128 + signal.SIGTERM
+# Signals whose default action ends the process and that jobs are routinely stopped with.
+ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 # Upper bound on closing the run and writing the report before the process ends anyway.
 DELIVERY_DEADLINE_S = float(os.environ.get("NNDOCTOR_ABRUPT_END_DEADLINE", "20"))
 
@@ -63,8 +68,8 @@ class AbruptEndGuard:
         self._real_signal = signal.signal
         self._real_getsignal = signal.getsignal
         self._real_exit = os._exit
-        self._before: Any = None
-        self._virtual: Any = None  # the SIGTERM handler the script believes is installed
+        self._before: dict[int, Any] = {}
+        self._virtual: dict[int, Any] = {}  # the handler the script believes is installed
 
     @property
     def ended(self) -> bool:
@@ -80,9 +85,12 @@ class AbruptEndGuard:
         _active = self
         os._exit = self._os_exit  # type: ignore[assignment]
         if threading.current_thread() is threading.main_thread():
-            self._before = self._real_getsignal(signal.SIGTERM)
-            self._virtual = self._before
-            self._real_signal(signal.SIGTERM, self._on_sigterm)
+            for signum in ENDING_SIGNALS:
+                current = self._real_getsignal(signum)
+                if current is signal.SIG_IGN:
+                    continue  # nohup: ignored it stays, for the script and the programs it starts
+                self._before[signum] = self._virtual[signum] = current
+                self._real_signal(signum, self._on_signal)
             signal.signal = self._signal  # type: ignore[assignment]
             signal.getsignal = self._getsignal  # type: ignore[assignment]
             self._installed = True
@@ -98,8 +106,9 @@ class AbruptEndGuard:
             return
         self._installed = False
         signal.signal, signal.getsignal = self._real_signal, self._real_getsignal  # type: ignore[assignment]
-        # nndoctor's own process gets back the handler it had before the script started.
-        self._real_signal(signal.SIGTERM, self._before if self._before is not None else signal.SIG_DFL)
+        # nndoctor's own process gets back the handlers it had before the script started.
+        for signum, handler in self._before.items():
+            self._real_signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def _leave_child(self) -> None:
         os._exit = self._real_exit  # type: ignore[assignment]
@@ -107,48 +116,54 @@ class AbruptEndGuard:
             return
         self._installed = False
         signal.signal, signal.getsignal = self._real_signal, self._real_getsignal  # type: ignore[assignment]
-        try:
-            self._real_signal(signal.SIGTERM, self._virtual if self._virtual is not None else signal.SIG_DFL)
-        except (ValueError, OSError):
-            pass  # forked from a thread that cannot set handlers; the pid check covers it
+        for signum, handler in self._virtual.items():
+            try:
+                self._real_signal(signum, handler if handler is not None else signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass  # forked from a thread that cannot set handlers; the pid check covers it
 
     # -- the virtualised signal API ----------------------------------------------------------
     def _signal(self, signalnum: int, handler: Any) -> Any:
-        if signalnum != signal.SIGTERM:
+        if signalnum not in self._virtual:
             return self._real_signal(signalnum, handler)
         if not (callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN)):
             raise TypeError("signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable object")
-        self._real_signal(signalnum, self._on_sigterm)  # raises ValueError off the main thread, as python does
-        previous, self._virtual = self._virtual, handler
+        # Raises ValueError off the main thread, as python does. SIG_IGN is set for real: an
+        # ignored signal stays ignored in the programs the script starts (exec keeps SIG_IGN).
+        self._real_signal(signalnum, signal.SIG_IGN if handler is signal.SIG_IGN else self._on_signal)
+        previous, self._virtual[signalnum] = self._virtual[signalnum], handler
         return previous
 
     def _getsignal(self, signalnum: int) -> Any:
-        if signalnum != signal.SIGTERM:
+        if signalnum not in self._virtual:
             return self._real_getsignal(signalnum)
-        return self._virtual
+        return self._virtual[signalnum]
 
     # -- endings -----------------------------------------------------------------------------
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        handler = self._virtual
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        handler = self._virtual.get(signum)
         if os.getpid() != self._pid and not callable(handler):
             # A forked child (a DataLoader worker stopped with Process.terminate()) inherited this
             # handler: it owns no report and must die exactly as it would without nndoctor.
-            self._real_signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
-            if handler is signal.SIG_IGN:
-                return
-            signal.raise_signal(signal.SIGTERM)
+            self._real_signal(signum, handler if handler is not None else signal.SIG_DFL)
+            if handler is not signal.SIG_IGN:
+                signal.raise_signal(signum)
             return
         if handler is signal.SIG_IGN:
             return
+        name = signal.Signals(signum).name
         if callable(handler):
-            self._session.report.extra["signal"] = "SIGTERM"
+            self._session.report.extra["signal"] = name
             handler(signum, frame)
             return
+        self._session.report.extra["signal"] = name
         self._deliver("terminated", None)
-        self._die_of_sigterm()
+        self._die_of(signum)
 
     def _os_exit(self, code: int) -> None:
-        if os.getpid() == self._pid and not self._ended.is_set():
+        # nndoctor's own code (a watchdog that already wrote its report) exits as it asked.
+        caller = sys._getframe(1).f_code.co_filename
+        if os.getpid() == self._pid and not self._ended.is_set() and not is_own_frame(caller):
             self._session.report.extra["ended_by"] = f"os._exit({code})"
             self._deliver("completed", int(code))
         self._real_exit(code)
@@ -176,8 +191,8 @@ class AbruptEndGuard:
         worker.start()
         worker.join(DELIVERY_DEADLINE_S)
 
-    def _die_of_sigterm(self) -> None:
-        self._real_signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.raise_signal(signal.SIGTERM)
-        # SIGTERM blocked by the script (pthread_sigmask): end with the status a shell would show.
-        self._real_exit(EXIT_TERMINATED)
+    def _die_of(self, signum: int) -> None:
+        self._real_signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+        # The signal blocked by the script (pthread_sigmask): end with the status a shell would show.
+        self._real_exit(128 + signum)

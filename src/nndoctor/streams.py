@@ -43,11 +43,11 @@ class OriginalStreams:
                     stream.flush()
 
     def restore(self) -> None:
-        """Give ``sys.stdout`` / ``sys.stderr`` back to nndoctor after the script (still usable ones)."""
+        """Give ``sys.stdout`` / ``sys.stderr`` back to nndoctor after the script: the saved
+        objects, or writers on the saved descriptors when the script closed them, so any code
+        that writes to ``sys.stdout`` afterwards (a JSON report on ``-``) reaches the right place."""
         for name in _NAMES:
-            saved = self._objects[name]
-            if saved is not None and not getattr(saved, "closed", False):
-                setattr(sys, name, saved)
+            setattr(sys, name, self._stream(name))
 
     def close(self) -> None:
         for wrapper in self._wrappers.values():

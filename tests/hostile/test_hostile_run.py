@@ -111,19 +111,23 @@ def _assert_sound(report: Report, status: str, exit_code: int, since: float, lim
 
 
 # -- 3. SIGTERM and os._exit still leave a report ------------------------------------------------
-def test_sigterm_writes_a_terminated_report_then_dies_of_sigterm(tmp_path):
+@pytest.mark.e2e
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_write_a_terminated_report_then_die_of_the_signal(signum, tmp_path):
     process, out = _spawn(tmp_path, "plain")
     before = _wait_for_line(process, "ready")
     assert "handler before: <Handlers.SIG_DFL: 0>" in before[0]  # the script sees python's default, not ours
     sent = time.monotonic()
-    process.send_signal(signal.SIGTERM)
-    _, err = _finish(process, sent, limit=30)
-    assert process.returncode == -signal.SIGTERM, err  # killed by SIGTERM, as without nndoctor (143 in a shell)
+    process.send_signal(signum)
+    _, err = _finish(process, sent, limit=60)
+    assert process.returncode == -signum, err  # killed by the signal, as without nndoctor (128+N in a shell)
     data = json.loads(out.read_text())
     assert data["status"] == "terminated" and data["steps"] >= 3
+    assert data["extra"]["signal"] == signal.Signals(signum).name
     assert "· terminated after" in err
 
 
+@pytest.mark.e2e
 def test_scripts_own_sigterm_handler_is_called_and_the_run_ends_as_it_decides(tmp_path):
     process, out = _spawn(tmp_path, "graceful")
     _wait_for_line(process, "ready")
@@ -135,6 +139,7 @@ def test_scripts_own_sigterm_handler_is_called_and_the_run_ends_as_it_decides(tm
     assert data["status"] == "completed" and data["extra"]["signal"] == "SIGTERM"
 
 
+@pytest.mark.e2e
 def test_handler_restoring_the_default_still_gets_a_report(tmp_path):
     process, out = _spawn(tmp_path, "restore-default")
     _wait_for_line(process, "ready")
@@ -144,6 +149,7 @@ def test_handler_restoring_the_default_still_gets_a_report(tmp_path):
     assert json.loads(out.read_text())["status"] == "terminated" and "· terminated after" in err
 
 
+@pytest.mark.e2e
 def test_os_exit_writes_the_report_first_and_keeps_the_code(tmp_path):
     started = time.monotonic()
     process, out = _spawn(tmp_path, "exit")
@@ -155,6 +161,7 @@ def test_os_exit_writes_the_report_first_and_keeps_the_code(tmp_path):
     assert "nndoctor ·" in err
 
 
+@pytest.mark.e2e
 def test_a_raw_fork_that_runs_on_does_not_overwrite_the_report(tmp_path):
     script = tmp_path / "raw_fork.py"
     script.write_text(textwrap.dedent('''
@@ -206,6 +213,30 @@ def test_signal_api_is_virtualised_and_restored_in_process(tmp_path):
                     "calls": [int(signal.SIGTERM)], "now": "<Handlers.SIG_IGN: 1>"}
     assert signal.getsignal(signal.SIGTERM) == handler_before
     assert report.extra["signal"] == "SIGTERM"
+
+
+def test_ignored_signals_stay_ignored_for_the_programs_the_script_starts(tmp_path):
+    """nohup ignores SIGHUP, and a script may ignore SIGTERM: exec'd children inherit SIG_IGN
+    under python, so they must under nndoctor (a handler of ours would be reset to SIG_DFL)."""
+    seen = tmp_path / "seen.json"
+    script = tmp_path / "spawns.py"
+    script.write_text(textwrap.dedent(f'''
+        import json, signal, subprocess, sys
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        probe = "import signal; print(int(signal.getsignal(signal.SIGHUP)), int(signal.getsignal(signal.SIGTERM)))"
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+        json.dump({{"here": repr(signal.getsignal(signal.SIGHUP)), "child": out.split()}}, open({str(seen)!r}, "w"))
+    '''))
+    hup_before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        started = time.monotonic()
+        report = run_target(Target(str(script), []), Session(), deliver=lambda report: None)
+        _assert_sound(report, "completed", 0, started)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, hup_before)
+    data = json.loads(seen.read_text())
+    assert data == {"here": "<Handlers.SIG_IGN: 1>", "child": ["1", "1"]}  # 1 = SIG_IGN
 
 
 def test_forked_children_get_pythons_own_sigterm_and_os_exit(tmp_path):
@@ -324,6 +355,7 @@ def test_max_steps_in_a_training_thread_stops_cleanly(tmp_path, capfd):
 
 
 # -- 7. closed or replaced standard streams -----------------------------------------------------
+@pytest.mark.e2e
 def test_closed_stdout_and_none_stderr_do_not_crash_or_redirect_the_report(tmp_path):
     script = tmp_path / "streams.py"
     script.write_text(textwrap.dedent(f'''
@@ -428,3 +460,24 @@ def test_internal_deadline_bounds_a_stuck_delivery(monkeypatch):
     guard._deliver("terminated", None)
     assert time.monotonic() - started < 5 and guard.ended
     release.set()
+
+
+def test_terminated_exit_status_is_what_a_shell_shows_for_the_signal():
+    assert exit_status(Report(status="terminated"), None) == 128 + signal.SIGTERM
+    assert exit_status(Report(status="terminated", extra={"signal": "SIGHUP"}), None) == 128 + signal.SIGHUP
+
+
+def test_os_exit_delivers_for_the_script_but_not_for_nndoctors_own_code():
+    from nndoctor import signals
+
+    ended: list[tuple[str, int | None]] = []
+    exits: list[int] = []
+    guard = signals.AbruptEndGuard(Session(), lambda status, code: ended.append((status, code)))
+    guard._real_exit = exits.append  # never leave the test process
+    own = os.path.join(os.path.dirname(os.path.abspath(__import__("nndoctor").__file__)), "watchdog.py")
+    namespace: dict = {}
+    exec(compile("def stop(guard):\n    guard._os_exit(124)\n", own, "exec"), namespace)
+    namespace["stop"](guard)  # a watchdog of nndoctor's that already wrote its own report
+    assert ended == [] and exits == [124]
+    guard._os_exit(7)  # the script
+    assert ended == [("completed", 7)] and exits == [124, 7]

@@ -43,8 +43,13 @@ class ReportDelivery:
     @classmethod
     def from_args(cls, args: argparse.Namespace, also_scan: Iterable[str] = (),
                   text_stream: str = "stderr") -> ReportDelivery:
-        return cls(getattr(args, "json", None), quiet=bool(getattr(args, "quiet", False)), args=args,
-                   also_scan=also_scan, text_stream=text_stream)
+        """From the command's options; ``args.json`` becomes absolute too, so every other writer
+        of the report (a watchdog, a per-rank merge) is immune to the script's ``os.chdir``."""
+        delivery = cls(getattr(args, "json", None), quiet=bool(getattr(args, "quiet", False)), args=args,
+                       also_scan=also_scan, text_stream=text_stream)
+        if delivery.json_path:
+            args.json = delivery.json_path
+        return delivery
 
     def deliver(self, report: Report, preamble: Iterable[str] = (),
                 render_text: Callable[[IO[str], str | None], None] | None = None) -> None:

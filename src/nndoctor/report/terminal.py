@@ -13,7 +13,6 @@ from rich.text import Text
 
 from nndoctor.findings import Finding, Report, Severity
 from nndoctor.report.capping import cap_items, cap_lists
-from nndoctor.report.sanitize import printable
 from nndoctor.report.unexplained import render_no_known_cause
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
@@ -31,7 +30,7 @@ def _format_value(value: Any) -> str:
 
 
 def _headline(report: Report) -> Text:
-    command = printable(" ".join(report.command), keep_newlines=False) if report.command else "nndoctor"
+    command = " ".join(report.command) if report.command else "nndoctor"
     status = report.status
     if report.steps:
         status += f" after {report.steps} optimizer step{'s' if report.steps != 1 else ''}"
@@ -45,9 +44,9 @@ def _finding_block(console: Console, finding: Finding) -> None:
     head = Text()
     head.append(f"{finding.severity.label:<7} ", style=_STYLE[finding.severity])
     head.append(f"{finding.code} ", style="bold")
-    head.append(printable(finding.name, keep_newlines=False))
+    head.append(finding.name)
     if finding.location:
-        head.append(f"  {printable(finding.location, keep_newlines=False)}", style="cyan")
+        head.append(f"  {finding.location}", style="cyan")
     extras = []
     if finding.count > 1:
         extras.append(f"×{finding.count}")
@@ -58,16 +57,16 @@ def _finding_block(console: Console, finding: Finding) -> None:
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
-    # Messages, evidence and fixes quote module, file and key names and exception messages:
-    # user-controlled text, printed with control characters escaped (the JSON keeps it raw).
-    _indented(console, Text(cap_lists(printable(finding.message))))
+    # Messages, evidence and fixes are already escaped (terminal_view): control characters
+    # from the user's run are shown, never sent to the terminal.
+    _indented(console, Text(cap_lists(finding.message)))
     shown = [(k, v) for k, v in finding.evidence.items() if not str(k).startswith("_")]
     if shown:
         parts = [f"{k}={_format_value(v)}" for k, v in shown[:_EVIDENCE_SHOWN]]
         if len(shown) > _EVIDENCE_SHOWN:
             parts.append(f"… (+{len(shown) - _EVIDENCE_SHOWN} in JSON)")
-        _indented(console, Text("evidence: " + printable("; ".join(parts), keep_newlines=False), style="dim"))
-    _indented(console, Text("fix: " + printable(finding.fix), style="green"))
+        _indented(console, Text("evidence: " + "; ".join(parts), style="dim"))
+    _indented(console, Text("fix: " + finding.fix, style="green"))
 
 
 def _indented(console: Console, text: Text) -> None:
@@ -79,14 +78,15 @@ def _indented(console: Console, text: Text) -> None:
 
 
 def render_to(console: Console, report: Report, *, json_path: str | None = None) -> None:
+    from nndoctor.report.terminal_view import printable, terminal_view
+
+    report = terminal_view(report)  # user text escaped: no control characters reach the terminal
+    json_path = printable(json_path, keep_newlines=False) if json_path else json_path
     console.print(_headline(report), soft_wrap=True)
     findings = report.sorted_findings()
     if report.traceback and report.status == "crashed":
-        shown = report.traceback
-        if os.environ.get("NNDOCTOR_DEBUG") and report.extra.get("traceback_full"):
-            shown = report.extra["traceback_full"]  # with nndoctor's own frames
         console.print(Text("\nThe script raised:", style="bold"))
-        console.print(Text(cap_lists(printable(shown.rstrip())), style="dim"))
+        console.print(Text(cap_lists(report.traceback.rstrip()), style="dim"))
     console.print()
     if report.status == "crashed" and not any(f.code.startswith("E") for f in findings):
         render_no_known_cause(console, report.extra.get("crash") or {})
@@ -108,10 +108,9 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     if report.internal_errors:
         tail += f" · {len(report.internal_errors)} internal error(s) in nndoctor (see JSON)"
         for err in report.internal_errors[:3]:
-            line = f"internal error in {err.where}: {_first_sentence(err.error)}"
-            console.print(Text(printable(line, keep_newlines=False), style="magenta"))
+            console.print(Text(f"internal error in {err.where}: {_first_sentence(err.error)}", style="magenta"))
     if json_path:
-        tail += f" · JSON: {printable(json_path, keep_newlines=False)}"
+        tail += f" · JSON: {json_path}"
     console.print(Text(tail, style="bold"))
     console.print(Text("Details: nndoctor checks CODE", style="dim"))
 
