@@ -70,3 +70,18 @@ def test_wrapping_the_launcher_is_refused_with_the_supported_form(tmp_path):
     assert result.returncode == 2
     assert "torchrun --nproc_per_node N -m nndoctor run" in result.stderr
     assert "No problems found" not in result.stderr
+
+
+def test_rank_conditional_collective_is_reported_with_each_ranks_line(tmp_path):
+    result, report = torchrun(tmp_path, "rank_conditional_collective.py", "--stall-seconds", "2",
+                              "--stall-action", "stop", script_args=[str(tmp_path)])
+    assert result.returncode != 0  # stopped
+    assert report is not None, result.stderr[-3000:]
+    mismatch = [f for f in report["findings"] if f["code"] == "X110"]
+    assert mismatch and mismatch[0]["location"]["line"] == 25
+    positions = mismatch[0]["evidence"]["positions"]
+    assert positions["0"].startswith("in all_reduce at") and positions["0"].endswith(":25")
+    assert positions["1"].endswith(":30 (not in a collective)")
+    assert "[rank 0] nndoctor: no batch, forward or optimizer step" in result.stderr
+    assert "[rank 1] nndoctor: no batch, forward or optimizer step" in result.stderr
+    assert "X110 collective-mismatch" in result.stderr  # the report is printed before stopping
