@@ -75,12 +75,9 @@ def cross_rank_findings(parts: list[dict[str, Any]], select: Iterable[str] = (),
 
 
 # -- X101 ----------------------------------------------------------------------------------
-def batch_fingerprint(tensor: Any) -> list[Any] | None:
+def batch_fingerprint(stats: Any) -> list[Any] | None:
     """Shape, mean, std, min and max of a batch's first tensor: equal on two ranks only when
     they read the same samples (the order inside a batch does not change it)."""
-    from nndoctor.instrument.stats import summarize
-
-    stats = summarize(tensor, channels=False)
     if stats is None:
         return None
     return [list(stats.shape), stats.mean, stats.std, stats.min, stats.max]
@@ -146,14 +143,15 @@ class MissingDistributedSampler(CrossRankCheck):
         batches = data.setdefault("batches", {})
         if len(batches) >= _MAX_RECORDED_BATCHES:
             return
-        from nndoctor.instrument.stats import first_tensor
+        from nndoctor.instrument.stats import cached_stats, first_tensor
 
         tensor = first_tensor(event.batch)
         if tensor is None:
             return
         location = event.location
         key = f"{location}|{event.epoch}|{event.index}"
-        fingerprint = batch_fingerprint(tensor)
+        # The same statistics the forward's input checks compute (shared per tensor and step).
+        fingerprint = batch_fingerprint(cached_stats(event, "batch0", tensor))
         if fingerprint is None:
             return
         batches[key] = fingerprint
