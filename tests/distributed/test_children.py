@@ -44,3 +44,23 @@ def test_hogwild_workers_report_back_to_the_parent(tmp_path):
     assert report.distributed["children"] and len(report.distributed["ranks"]) == 2
     assert report.steps == 4
     assert not report.internal_errors
+
+
+LAUNCHER = textwrap.dedent('''
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "print('training elsewhere')"], check=True)
+''')
+
+
+def test_a_launcher_that_trains_in_other_processes_is_not_reported_clean(tmp_path):
+    from nndoctor.report import render_text
+
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    report = run_script(script)
+    text = render_text(report)
+    assert "No problems found" not in text
+    assert "Nothing was observed" in text and "-m nndoctor run" in text
+    assert report.extra["not_observed"]
