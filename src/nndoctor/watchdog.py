@@ -194,10 +194,10 @@ def fire(session: Any, check: Any, idle: float, own_ident: int | None) -> None:
         step=session.step,
     )
     session.report.extra["stall_stacks"] = [{"thread": s["thread"], "stack": s["stack"]} for s in stacks]
-    _share_and_write(session, record)
+    snapshot = _share_and_write(session, record)
     if stall_action() == "stop":
         _wait_for_peers(session)
-        _stop(session)
+        _stop(session, snapshot)
 
 
 def _wait_for_peers(session: Any) -> None:
@@ -233,7 +233,7 @@ def _rank(session: Any) -> int | None:
     return rank
 
 
-def _share_and_write(session: Any, record: dict[str, Any]) -> None:
+def _share_and_write(session: Any, record: dict[str, Any]) -> Any:
     """Leave this rank's snapshot for the others; rank 0 (or a lone process) writes the JSON."""
     import dataclasses
 
@@ -248,7 +248,7 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> None:
     if child is not None:
         write_part(child[0], int(rank_data(session).get("rank", child[1])), rank_data(session).get("world_size"),
                    snapshot, rank_data(session), unique=True, stall=True)
-        return
+        return None
     if info is not None:
         from nndoctor.distributed.merge import attach_cross_rank
         from nndoctor.distributed.parts import wait_for_stalls
@@ -257,7 +257,7 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> None:
         folder = parts_dir(info)
         write_part(folder, info.rank, info.world_size, snapshot, rank_data(session), stall=True)
         if not info.is_leader:
-            return
+            return None
         # Give the other ranks' watchdogs a moment to leave their snapshots.
         stalls = wait_for_stalls(folder, info.world_size, timeout_s=min(10.0, stall_seconds()))
         stalls = [p for p in stalls if p.get("rank") != info.rank] + [
@@ -279,9 +279,10 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> None:
         from nndoctor.report import print_report
 
         print_report(snapshot, sys.stderr)
+    return snapshot
 
 
-def _stop(session: Any) -> None:
+def _stop(session: Any, snapshot: Any) -> None:
     """Interrupt the main thread; if it is stuck in native code, end the process."""
     import signal
 
@@ -301,6 +302,11 @@ def _stop(session: Any) -> None:
             time.sleep(2.0)  # let sibling ranks leave their snapshots before the parent reacts
         print("nndoctor: the run is stuck in native code; stopping it (--stall-action stop)",
               file=sys.stderr, flush=True)
+        output = session.__dict__.get("_watchdog_output") or {}
+        if snapshot is not None and not output.get("quiet", True):
+            from nndoctor.report import print_report
+
+            print_report(snapshot, sys.stderr, json_path=output.get("json") if output.get("json") != "-" else None)
         os._exit(EXIT_STALLED)
 
 

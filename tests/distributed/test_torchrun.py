@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +20,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "distributed"
 
 
-def torchrun(tmp_path, script, *options, nproc=2, script_args=()):
+def torchrun(tmp_path, script, *options, nproc=2, script_args=(), no_python=False):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("NNDOCTOR_STALL_SECONDS", None)
+    nndoctor = ["--no-python", shutil.which("nndoctor")] if no_python else ["-m", "nndoctor"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "nndoctor", "run", "--json", str(tmp_path / "report.json"), *options,
+               *nndoctor, "run", "--json", str(tmp_path / "report.json"), *options,
                str(FIXTURES / script), *script_args]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     report = json.loads((tmp_path / "report.json").read_text()) if (tmp_path / "report.json").exists() else None
@@ -56,8 +58,11 @@ def test_findings_name_their_ranks_and_do_not_fail_the_ranks(tmp_path):
     assert result.stderr.count("nndoctor · ") == 1
 
 
+@pytest.mark.skipif(shutil.which("nndoctor") is None, reason="the nndoctor command is not installed")
 def test_fail_on_is_decided_once_by_rank_zero(tmp_path):
-    result, report = torchrun(tmp_path, "ddp_buggy.py", "--fail-on", "error", script_args=[str(tmp_path)])
+    # Also the `--no-python nndoctor run` form of the launch.
+    result, report = torchrun(tmp_path, "ddp_buggy.py", "--fail-on", "error", script_args=[str(tmp_path)],
+                              no_python=True)
     assert result.returncode != 0
     assert report["ranks"] and all(r["status"] == "completed" for r in report["ranks"])
     assert any(f["code"] == "X101" for f in report["findings"])
@@ -70,3 +75,18 @@ def test_wrapping_the_launcher_is_refused_with_the_supported_form(tmp_path):
     assert result.returncode == 2
     assert "torchrun --nproc_per_node N -m nndoctor run" in result.stderr
     assert "No problems found" not in result.stderr
+
+
+def test_rank_conditional_collective_is_reported_with_each_ranks_line(tmp_path):
+    result, report = torchrun(tmp_path, "rank_conditional_collective.py", "--stall-seconds", "2",
+                              "--stall-action", "stop", script_args=[str(tmp_path)])
+    assert result.returncode != 0  # stopped
+    assert report is not None, result.stderr[-3000:]
+    mismatch = [f for f in report["findings"] if f["code"] == "X110"]
+    assert mismatch and mismatch[0]["location"]["line"] == 25
+    positions = mismatch[0]["evidence"]["positions"]
+    assert positions["0"].startswith("in all_reduce at") and positions["0"].endswith(":25")
+    assert positions["1"].endswith(":30 (not in a collective)")
+    assert "[rank 0] nndoctor: no batch, forward or optimizer step" in result.stderr
+    assert "[rank 1] nndoctor: no batch, forward or optimizer step" in result.stderr
+    assert "X110 collective-mismatch" in result.stderr  # the report is printed before stopping

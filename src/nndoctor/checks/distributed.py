@@ -75,12 +75,9 @@ def cross_rank_findings(parts: list[dict[str, Any]], select: Iterable[str] = (),
 
 
 # -- X101 ----------------------------------------------------------------------------------
-def batch_fingerprint(tensor: Any) -> list[Any] | None:
+def batch_fingerprint(stats: Any) -> list[Any] | None:
     """Shape, mean, std, min and max of a batch's first tensor: equal on two ranks only when
     they read the same samples (the order inside a batch does not change it)."""
-    from nndoctor.instrument.stats import summarize
-
-    stats = summarize(tensor, channels=False)
     if stats is None:
         return None
     return [list(stats.shape), stats.mean, stats.std, stats.min, stats.max]
@@ -146,14 +143,15 @@ class MissingDistributedSampler(CrossRankCheck):
         batches = data.setdefault("batches", {})
         if len(batches) >= _MAX_RECORDED_BATCHES:
             return
-        from nndoctor.instrument.stats import first_tensor
+        from nndoctor.instrument.stats import cached_stats, first_tensor
 
         tensor = first_tensor(event.batch)
         if tensor is None:
             return
         location = event.location
         key = f"{location}|{event.epoch}|{event.index}"
-        fingerprint = batch_fingerprint(tensor)
+        # The same statistics the forward's input checks compute (shared per tensor and step).
+        fingerprint = batch_fingerprint(cached_stats(event, "batch0", tensor))
         if fingerprint is None:
             return
         batches[key] = fingerprint
@@ -740,6 +738,175 @@ class AccumulationWithoutNoSync(Check):
                       "gradient_mb_per_allreduce": round(megabytes, 3),
                       "mean_backward_ms": round(mean_ms, 2) if mean_ms else None},
             step=event.step,
+        )
+
+
+# -- X111 ----------------------------------------------------------------------------------
+@register
+class UnreducedEvalMetric(Check):
+    """
+    ## What it does
+    In a process group of several ranks, notes each evaluation pass (model in eval mode or
+    gradients disabled) over a DataLoader whose `DistributedSampler` gives this rank only its
+    shard. If no `torch.distributed` collective (all_reduce, all_gather, reduce, ... — also
+    those called by torchmetrics or accelerate) runs from the start of that pass until training
+    resumes or the run ends, the evaluation result was never combined across ranks.
+
+    ## Why is this bad?
+    Each rank then reports the metric of its own 1/N of the validation set: rank 0's log shows
+    a number computed on a fraction of the data, noisier than it looks, and different from
+    what the other ranks computed.
+
+    ## Example
+    ```python
+    for x, y in val_loader:                     # DistributedSampler: this rank's shard
+        correct += (model(x).argmax(1) == y).sum()
+    if rank == 0:
+        print(correct / len(val_loader.dataset))
+    ```
+
+    ## Use instead
+    ```python
+    totals = torch.tensor([correct, seen], device=device)
+    dist.all_reduce(totals)
+    accuracy = totals[0] / totals[1]
+    ```
+
+    ## References
+    - PyTorch docs, torch.distributed.all_reduce: https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_reduce
+    - torchvision reference training script (reduces evaluation metrics across processes): https://github.com/pytorch/vision/blob/main/references/classification/utils.py
+    """
+
+    code = "X111"
+    name = "unreduced-eval-metric"
+    severity = Severity.WARNING
+    heuristic = True
+    summary = "per-rank evaluation metrics reported without a reduction"
+    fix = "all_reduce the evaluation sums and counts (or all_gather the predictions) before reporting"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._candidate: tuple[Location | None, int, int] | None = None  # a sharded pass just started
+        self._open: tuple[Location | None, int, int, int] | None = None  # an eval pass, not yet reduced
+
+    def _collectives(self) -> int:
+        from nndoctor.instrument.ddp_hooks import collective_state
+
+        return collective_state(self.session).count
+
+    def on_epoch_start(self, event: Any) -> None:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = getattr(event.loader, "sampler", None)
+        self._candidate = None
+        if isinstance(sampler, DistributedSampler) and sampler.num_replicas > 1 and _world_size() > 1:
+            self._candidate = (event.location, int(sampler.num_replicas), event.step)
+
+    def on_forward(self, event: Any) -> None:
+        if self._candidate is None or event.is_loss:
+            return
+        location, replicas, step = self._candidate
+        self._candidate = None
+        if not (event.training and event.grad_enabled) and self._open is None:
+            self._open = (location, replicas, step, self._collectives())
+
+    def on_step_end(self, event: Any) -> None:
+        self._close()
+
+    def on_run_end(self, event: Any) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._open is None:
+            return
+        location, replicas, step, before = self._open
+        self._open = None
+        if self._collectives() > before:
+            return
+        self.report(
+            f"An evaluation pass over this rank's shard (DistributedSampler, 1/{replicas} of the data) "
+            "was followed by no torch.distributed collective before training resumed or the run "
+            "ended: its metrics were never combined across ranks, so each rank reports a number "
+            f"computed on 1/{replicas} of the evaluation set.",
+            location=location,
+            evidence={"num_replicas": replicas, "collectives_after_eval": 0},
+            step=step,
+        )
+
+
+# -- X112 ----------------------------------------------------------------------------------
+def sampler_padding(sampler: Any) -> tuple[int, int, int] | None:
+    """(dataset length, replicas, duplicated samples) when a DistributedSampler pads, else None."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    if not isinstance(sampler, DistributedSampler) or getattr(sampler, "drop_last", False):
+        return None
+    try:
+        length = len(sampler.dataset)
+    except TypeError:
+        return None
+    padded = int(sampler.total_size) - length
+    return (length, int(sampler.num_replicas), padded) if padded > 0 else None
+
+
+@register
+class EvalSamplerPadding(Check):
+    """
+    ## What it does
+    Reports an evaluation pass (model in eval mode or gradients disabled) over a DataLoader whose
+    `DistributedSampler` pads the dataset: its length is not a multiple of the number of ranks,
+    so the sampler repeats samples to give every rank the same count.
+
+    ## Why is this bad?
+    The repeated samples are evaluated twice; a metric reduced across ranks then counts them
+    twice and is biased — slightly, but enough to make results irreproducible across world
+    sizes and to disagree with a single-GPU evaluation.
+
+    ## Example
+    ```python
+    val_sampler = DistributedSampler(val_set, shuffle=False)   # 10_001 samples on 4 ranks
+    ```
+
+    ## Use instead
+    Evaluate on one rank, or drop the padded duplicates before reducing (count only the first
+    `len(dataset)` indices), or split the indices without padding (`indices[rank::world_size]`)
+    and reduce sums and counts.
+
+    ## References
+    - PyTorch docs, DistributedSampler (`drop_last=False` adds extra indices so the data is
+      evenly divisible): https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
+    - torchvision reference training script (warns when the validation used more samples than
+      the dataset has): https://github.com/pytorch/vision/blob/main/references/classification/train.py
+    """
+
+    code = "X112"
+    name = "eval-sampler-padding"
+    severity = Severity.WARNING
+    summary = "DistributedSampler padding duplicates evaluation samples"
+    fix = "evaluate without padded duplicates: count only the dataset's own samples, or evaluate on one rank"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._pass: tuple[tuple[int, int, int], Location | None, int] | None = None
+
+    def on_epoch_start(self, event: Any) -> None:
+        padding = sampler_padding(getattr(event.loader, "sampler", None))
+        self._pass = (padding, event.location, event.step) if padding else None
+
+    def on_forward(self, event: Any) -> None:
+        if self._pass is None or event.is_loss:
+            return
+        (length, replicas, padded), location, step = self._pass
+        self._pass = None  # one decision per pass: the first forward says whether it evaluates
+        if event.training and event.grad_enabled:
+            return
+        self.report(
+            f"This evaluation pass iterates a DistributedSampler that pads: {length} samples on "
+            f"{replicas} ranks become {length + padded}, so {padded} sample(s) are evaluated twice "
+            "and a metric reduced across ranks counts them twice.",
+            location=location,
+            evidence={"dataset_length": length, "num_replicas": replicas, "duplicated_samples": padded},
+            step=step,
         )
 
 

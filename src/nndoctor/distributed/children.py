@@ -112,9 +112,13 @@ def install(installation: Any) -> None:
         return original_start(process)
 
     mp_process.BaseProcess.start = start
+    launched = _watch_subprocesses(installation, owner_pid)
 
     def collect() -> None:
-        if os.getpid() != owner_pid or state["folder"] is None:
+        if os.getpid() != owner_pid:
+            return
+        if state["folder"] is None:
+            _note_unobserved(session, launched)
             return
         from nndoctor.distributed.merge import attach_children
 
@@ -130,6 +134,40 @@ def install(installation: Any) -> None:
 
     installation.patcher.on_undo(forget)
     installation.patcher.on_undo(collect)
+
+
+def _watch_subprocesses(installation: Any, owner_pid: int) -> list[str]:
+    """Remember the Python programs the script starts with ``subprocess`` (a launcher's ranks):
+    they run outside the session, so a run that trained nothing itself must not look clean."""
+    import subprocess
+
+    launched: list[str] = []
+    original_init = installation.patcher.patch(subprocess.Popen, "__init__", None)
+
+    @functools.wraps(original_init)
+    def popen_init(popen, args, *rest, **kwargs):
+        try:
+            if os.getpid() == owner_pid and len(launched) < 8:
+                argv = [str(a) for a in ([args] if isinstance(args, (str, bytes, os.PathLike)) else list(args))]
+                program = os.path.basename(argv[0].split()[0]) if argv and argv[0] else ""
+                if program.startswith(("python", "torchrun", "accelerate", "deepspeed")):
+                    launched.append(" ".join(argv)[:200])
+        except Exception:  # noqa: BLE001 - observer rule: never break the user's subprocess
+            pass
+        return original_init(popen, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = popen_init
+    return launched
+
+
+def _note_unobserved(session: Any, launched: list[str]) -> None:
+    if not launched or session.step or list(session.state.roots):
+        return
+    session.report.extra["not_observed"] = (
+        f"Nothing was observed: the script trained nothing itself and started {len(launched)} Python "
+        f"process(es) that nndoctor did not instrument (e.g. `{launched[0]}`). Run nndoctor inside "
+        "them, e.g. torchrun --nproc_per_node N -m nndoctor run train.py."
+    )
 
 
 def _wrap_target(process: Any, config: Any, counter: Any) -> None:

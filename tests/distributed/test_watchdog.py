@@ -1,0 +1,59 @@
+"""The stall watchdog (R104) in a single process: report, stacks, and the run goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nndoctor.watchdog import format_stack
+
+PAUSING = textwrap.dedent('''
+    import time
+
+    import torch
+    from torch import nn
+
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step == 2:
+            time.sleep(4)
+''')
+
+
+def _here():
+    return sys._getframe()
+
+
+def test_stack_marks_the_users_frames():
+    text, user = format_stack(_here())
+    assert any(line.startswith("  >> ") and "test_watchdog.py" in line for line in text.splitlines())
+    assert user and user[-1].rsplit(":", 1)[0].endswith("test_watchdog.py")
+
+
+@pytest.mark.e2e
+def test_stall_is_reported_and_the_run_goes_on(tmp_path):
+    script = tmp_path / "pausing.py"
+    script.write_text(PAUSING)
+    env = dict(os.environ)
+    env.pop("NNDOCTOR_STALL_SECONDS", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "nndoctor", "run", "--stall-seconds", "1.5", "--select", "R104",
+         "--json", str(tmp_path / "r.json"), str(script)],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "completed" and report["steps"] == 6  # it kept waiting, then finished
+    (stall,) = report["findings"]
+    assert stall["code"] == "R104" and stall["location"]["line"] == 15 and stall["first_step"] == 3
+    assert "stalled after 3 optimizer steps" in result.stderr  # the snapshot report, printed at once
+    assert ">> pausing.py:15 in <module>" in result.stderr
+    assert result.returncode == 1  # R104 is an error (--fail-on error)
