@@ -146,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if hasattr(args, "isolated"):  # subcommands with the shared options read the config
+        # Subcommands with the shared options read the project's config; the bundled demo is
+        # not part of any project (its fail-on stays "never").
+        if hasattr(args, "isolated") and args.command != "demo":
             from nndoctor.config import apply
 
             apply(args, argv)

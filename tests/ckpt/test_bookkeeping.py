@@ -60,3 +60,34 @@ def test_real_lightning_checkpoint_is_short(tmp_path):
     assert len(lines) < 25, "\n".join(lines)
     assert any(line.startswith("  loops: Lightning loop progress") for line in lines)
     assert not any(line.startswith("  loops.fit_loop") for line in lines)
+
+
+def test_trainer_checkpoint_folder_shows_weights_and_one_line_per_file(tmp_path, capsys):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from nndoctor.cli import main
+
+    folder = tmp_path / "checkpoint-500"
+    folder.mkdir()
+    model = torch.nn.Linear(4, 2)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    optimizer = torch.optim.AdamW(model.parameters())
+    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    torch.save({"last_epoch": 500}, folder / "scheduler.pt")
+    (folder / "rng_state.pth").write_bytes(b"\x80\x04N.")
+    (folder / "trainer_state.json").write_text(json.dumps(
+        {"global_step": 500, "epoch": 1.5, "max_steps": 1000, "best_metric": None,
+         "log_history": [{"loss": 2.5, "step": 250}, {"loss": 1.25, "step": 500}]}))
+    assert main(["ckpt", "inspect", "--isolated", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "model.safetensors · safetensors" in out and "weight  [2, 4]  float32" in out
+    assert ("trainer_state.json: global_step=500, epoch=1.5, max_steps=1000, log_history: 2 entries, "
+            "last logged loss=1.25") in out
+    assert "  optimizer.pt: optimizer state, " in out and "  scheduler.pt: learning-rate scheduler state" in out
+    assert "rng_state.pth: random-number generator states" in out
+    assert main(["ckpt", "inspect", "--isolated", "--json", "-", str(folder)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["extra"]["checkpoint"]["trainer_folder"][0].startswith("trainer_state.json: global_step=500")

@@ -40,9 +40,9 @@ def _loader():
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
 
 
-def _fit(tmp_path, callback, **model_options):
+def _fit(tmp_path, callback, logger=False, **model_options):
     torch.manual_seed(0)
-    trainer = L.Trainer(max_steps=12, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    trainer = L.Trainer(max_steps=12, accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                         callbacks=[callback])
     trainer.fit(TinyClassifier(**model_options), _loader())
@@ -51,14 +51,22 @@ def _fit(tmp_path, callback, **model_options):
 
 def test_catches_softmax_before_cross_entropy(tmp_path, caplog):
     callback = DoctorCallback(quiet=True, json=str(tmp_path / "doctor.json"))
+    from lightning.pytorch.loggers import CSVLogger
+
+    csv = CSVLogger(tmp_path, name="logs")
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.nndoctor"):
-        report = _fit(tmp_path, callback, softmax_before_loss=True)
+        report = _fit(tmp_path, callback, logger=csv, softmax_before_loss=True)
     assert report is not None and report.status == "completed" and report.steps == 12
     assert "L101" in report.codes()
     finding = report.by_code("L101")[0]
     assert finding.location is not None and finding.location.path.endswith("test_lightning.py")
     assert any("L101 softmax-before-cross-entropy" in r.getMessage() for r in caplog.records)
     assert (tmp_path / "doctor.json").exists()
+    import csv as csv_module
+
+    rows = list(csv_module.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
+    errors = [float(r["nndoctor/errors"]) for r in rows if r.get("nndoctor/errors")]
+    assert errors and errors[-1] == sum(1 for f in report.findings if f.severity == Severity.ERROR) >= 1
 
 
 def test_silent_on_a_clean_fit(tmp_path):

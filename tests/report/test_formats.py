@@ -132,9 +132,14 @@ def test_run_with_config_comment_sarif_and_github(tmp_path):
 @pytest.mark.e2e
 def test_run_text_summary_counts_suppressed_and_unknown_option_shows_run_usage(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
-    result = nndoctor("run", "--isolated", "train.py", cwd=tmp_path, env={"NO_COLOR": "1"})
+    result = nndoctor("run", "--isolated", "--html", "out/report.html", "--tensorboard", "tb", "train.py",
+                      cwd=tmp_path, env={"NO_COLOR": "1"})
     assert "· 1 suppressed" in result.stderr
     assert "\x1b" not in result.stderr
+    page = (tmp_path / "out" / "report.html").read_text()
+    data = json.loads(page.split('id="nndoctor-data">', 1)[1].split("</script>", 1)[0])
+    assert data["history"]["loss"]["steps"] == [0, 1, 2, 3, 4]  # the history was recorded for --html
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     bogus = nndoctor("run", "--bogus", "train.py", cwd=tmp_path)
     assert bogus.returncode == 2
     assert bogus.stderr.startswith("usage: nndoctor run [OPTIONS]")

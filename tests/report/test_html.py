@@ -80,3 +80,15 @@ def test_report_renders_in_headless_chromium(observed_report, tmp_path):
     assert max(stat.stddev) > 20  # not a blank page
     colours = image.resize((300, 550)).getcolors(maxcolors=1 << 16)
     assert colours is None or len(colours) > 50  # text, pills and plots, not a flat fill
+
+
+def test_perf_breakdown_is_drawn_from_the_perf_report():
+    report = Report(command=["perf", "train.py"])
+    report.extra["perf"] = {"breakdown": {"steps": 10, "median_step_s": 0.05,
+                                          "phases_s": {"data_wait": 0.3, "forward": 0.1, "other": 0.1},
+                                          "fractions": {"data_wait": 0.6, "forward": 0.2, "other": 0.2}}}
+    page = render_html(report)
+    table = page.split('id="perf-breakdown">', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr>") == 3
+    assert "30.00 ms" in table and "60.0%" in table and 'style="width:60.0%"' in table
+    assert "median step 50.0 ms over 10 measured steps" in page

@@ -11,6 +11,7 @@ import sys
 from nndoctor.ckpt.analysis import inspect_findings
 from nndoctor.ckpt.reader import read_checkpoint
 from nndoctor.ckpt.render import print_inspect
+from nndoctor.errors import UsageError
 from nndoctor.findings import Report
 
 
@@ -24,10 +25,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def build_report(args: argparse.Namespace) -> Report:
-    ckpt = read_checkpoint(args.file, trust=args.trust)
+    from nndoctor.ckpt.hf_folder import describe, is_trainer_folder
+
     text_report = not getattr(args, "quiet", False) and getattr(args, "output_format", "text") == "text"
-    if getattr(args, "json", None) != "-" and text_report:
+    text_report = text_report and getattr(args, "json", None) != "-"
+    trainer_folder = describe(args.file) if is_trainer_folder(args.file) else None
+    if trainer_folder is not None:  # a 🤗 Trainer checkpoint-N/ folder: its weights + bookkeeping
+        if trainer_folder.weights is None:
+            raise UsageError(f"{args.file}: a Trainer checkpoint folder without a weights file")
+        ckpt = read_checkpoint(trainer_folder.weights, trust=args.trust)
+    else:
+        ckpt = read_checkpoint(args.file, trust=args.trust)
+    if text_report:
         print_inspect(ckpt, sys.stdout, max_depth=args.depth)
+        if trainer_folder is not None:
+            print(f"Trainer checkpoint folder {args.file}:")
+            for line in trainer_folder.lines:
+                print(f"  {line}")
+            print()
     report = Report(command=["ckpt", "inspect", args.file])
     for finding in inspect_findings(ckpt):
         report.add(finding)
@@ -46,6 +61,8 @@ def build_report(args: argparse.Namespace) -> Report:
         "other_entries": ckpt.other_entries,
         "metadata": ckpt.metadata,
     }
+    if trainer_folder is not None:
+        report.extra["checkpoint"]["trainer_folder"] = trainer_folder.lines
     return report
 
 

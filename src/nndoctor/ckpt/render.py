@@ -99,7 +99,7 @@ def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = No
         "tensors-only": "tensor file, no code involved",
         "not-loaded": "NOT loaded: scanned only, nothing executed",
     }[ckpt.read_mode]
-    console.print(f"[bold]{escape(ckpt.path)}[/bold] · {escape(ckpt.format)} · {mode}")
+    console.print(f"[bold]{escape(ckpt.path)}[/bold] · {escape(ckpt.format)} · {mode}", soft_wrap=True)
     if ckpt.metadata:
         console.print("[dim]metadata: " + escape(", ".join(f"{k}={v}" for k, v in ckpt.metadata.items())) + "[/dim]")
     if ckpt.keras_layers:

@@ -20,6 +20,7 @@ from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.session import run_perf
 from nndoctor.perf.trials import parse_tries
 from nndoctor.report.delivery import ReportDelivery
+from nndoctor.report.outputs import stdout_to_stderr
 from nndoctor.report.terminal import print_report
 from nndoctor.runner_cli import exit_status, target_from_args
 from nndoctor.selection import fail_threshold, filter_findings, selectors
@@ -61,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     output = ReportDelivery.from_args(args, also_scan=[] if target.is_module else [target.name])
     shows_text = not args.quiet and args.output_format == "text"
     announce = (lambda line: print(f"nndoctor perf: {line}", file=sys.stderr, flush=True)) if shows_text else None
-    report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce)
+    with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+        report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce)
     measured = diagnose(result)
     if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
         report.findings = [f for f in report.findings if f.code != "P102"]

@@ -89,6 +89,31 @@ def _summary(report: Report) -> str:
     return '<div class="summary">' + "".join(pills) + "</div>"
 
 
+def _perf_breakdown_html(report: Report) -> str:
+    """``nndoctor perf``'s step-time breakdown as a table of bars (no script needed)."""
+    perf = report.extra.get("perf") if isinstance(report.extra, dict) else None
+    breakdown = (perf or {}).get("breakdown") or {}
+    steps = breakdown.get("steps")
+    if not steps:
+        return ""
+    try:
+        from nndoctor.perf.timeline import PHASE_LABELS
+    except Exception:  # noqa: BLE001 - labels are a nicety
+        PHASE_LABELS = {}
+    rows = []
+    for name, seconds in (breakdown.get("phases_s") or {}).items():
+        fraction = float((breakdown.get("fractions") or {}).get(name) or 0.0)
+        label = html.escape(PHASE_LABELS.get(name, name))
+        rows.append(
+            f"<tr><td>{label}</td><td class=mono>{1000 * seconds / steps:.2f} ms</td>"
+            f"<td class=mono>{fraction:.1%}</td><td style=\"width:50%\"><div class=bar "
+            f"style=\"width:{100 * max(0.0, min(1.0, fraction)):.1f}%\"></div></td></tr>")
+    median = breakdown.get("median_step_s")
+    head = f"median step {1000 * median:.1f} ms over {steps} measured steps" if median else f"{steps} measured steps"
+    return (f'<h2>Where the step time goes</h2><p class="note">{html.escape(head)}</p>'
+            f'<table class="evidence perf" id="perf-breakdown">{"".join(rows)}</table>')
+
+
 def render_html(report: Report, *, title: str | None = None, display_location: Any = str,
                 fragment: bool = False) -> str:
     """The report as one HTML page (``fragment``: a block without <html>/<head>, for notebooks).
@@ -122,6 +147,9 @@ def render_html(report: Report, *, title: str | None = None, display_location: A
         body.append(f"<details><summary>{len(report.suppressed)} suppressed finding(s)</summary>{suppressed}</details>")
     if report.traceback and report.status == "crashed":
         body.append(f'<h2>The script raised</h2><pre class="tb">{esc(report.traceback)}</pre>')
+    perf_section = _perf_breakdown_html(report)
+    if perf_section:
+        body.append(perf_section)
     if history is not None:
         body.append("<h2>What the doctor saw, step by step</h2><div class=\"grid\">")
         for plot_id, heading, note in _PLOTS:

@@ -147,15 +147,19 @@ def stdout_to_stderr(active: bool) -> Iterator[None]:
         yield
         return
     sys.stdout.flush()
-    saved_fd = os.dup(1)
+    try:
+        saved_fd: int | None = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no usable descriptor 1: redirect Python's stdout only
+        saved_fd = None
     saved_stdout = sys.stdout
     try:
-        os.dup2(2, 1)
         sys.stdout = sys.stderr
         yield
     finally:
         with contextlib.suppress(Exception):
             sys.stderr.flush()
         sys.stdout = saved_stdout
-        os.dup2(saved_fd, 1)
-        os.close(saved_fd)
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
