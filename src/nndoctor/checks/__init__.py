@@ -6,6 +6,7 @@ from nndoctor.checks import (  # noqa: F401
     architecture,
     batchnorm,
     checkpoints,
+    compilation,
     data_workers,
     debug_modes,
     environment,
