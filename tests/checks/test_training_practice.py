@@ -200,3 +200,30 @@ def test_compile_counters_and_verdicts():
     function, location, reason = parse_limit_warning(message)
     assert function == "step_fn" and location.line == 6 and reason.startswith("tensor 'x' size mismatch")
     assert parse_limit_warning("") == (None, None, None)
+
+
+def test_tf32_decision_with_fake_device_capabilities():
+    from nndoctor.checks.tf32 import tf32_off_ops
+
+    a100 = ("cuda", (8, 0))
+    assert tf32_off_ops(*a100, "float32", False, True, False, True) == ["matmul"]
+    assert tf32_off_ops(*a100, "float32", False, True, False, False) == ["matmul", "convolution"]
+    assert tf32_off_ops(*a100, "float32", False, False, False, False) == ["matmul"]   # no conv in the model
+    assert tf32_off_ops(*a100, "float32", False, True, True, True) == []
+    assert tf32_off_ops(*a100, "float32", True, True, False, False) == []             # autocast
+    assert tf32_off_ops(*a100, "bfloat16", False, True, False, False) == []
+    assert tf32_off_ops("cuda", (7, 0), "float32", False, True, False, False) == []   # V100: no TF32
+    assert tf32_off_ops("cpu", None, "float32", False, True, False, False) == []
+
+
+def test_tf32_flags_follow_the_matmul_precision():
+    from nndoctor.checks.tf32 import tf32_flags
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert tf32_flags()[0] is False
+        torch.set_float32_matmul_precision("high")
+        assert tf32_flags()[0] is True
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -24,4 +24,5 @@ from nndoctor.checks import (  # noqa: F401
     optimizer_params,
     schedulers,
     step_time,
+    tf32,
 )

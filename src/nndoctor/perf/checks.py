@@ -608,6 +608,9 @@ def diagnose(result: Any) -> list[Finding]:
                                  facts.forward_location, {})
         findings += [found] if found else []
 
+    from nndoctor.checks.tf32 import tf32_findings  # P115, its own module
+
+    findings += tf32_findings(result)
     # A measured torch.compile gain has no catalog code: it appears in advice(), not here.
     return findings
 
