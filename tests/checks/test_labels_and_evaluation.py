@@ -124,3 +124,27 @@ def test_memory_growth_verdict_wants_a_steady_rise():
     samples[1].containers = {7: (5, 5), 9: (10, 0)}
     samples[2].containers = {7: (6, 6), 9: (12, 0)}
     assert growing_containers(samples) == [(7, 4, 6, 6)]                          # 9 did not grow each time
+
+
+def test_memory_growth_cuda_path_with_a_fake_allocator_counter(monkeypatch):
+    """The CUDA branch (allocator counter decides, two object scans name the holder), run on
+    CPU with the counter and the device faked; the real one is in test_gpu_training_practice."""
+    import torch
+
+    from nndoctor.checks import memory_growth
+    from tests.conftest import BUGGY
+
+    calls = {"n": 0}
+
+    def fake_allocated(device=None):
+        calls["n"] += 1
+        return (100 + calls["n"]) * 2**20
+
+    monkeypatch.setattr(memory_growth, "_parameter_device", lambda optimizer: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", fake_allocated)
+    monkeypatch.setattr(memory_growth, "available_bytes", lambda device: 10 * 2**30)
+    report = run_script(BUGGY / "P111_features_kept_with_graphs.py", select=["P111"])
+    [finding] = report.by_code("P111")
+    assert finding.evidence["device"] == "cuda" and finding.evidence["mb_per_step"] == 1.0
+    assert finding.evidence["holder"] == "all_features" and finding.location.line == 22
+    assert not report.internal_errors

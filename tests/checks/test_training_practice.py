@@ -170,3 +170,60 @@ def test_step_time_outliers_use_a_robust_sigma_and_twice_the_median():
     assert outlier_steps(records[:10])[0] == []                  # too few steps
     quiet = StepRecord(step=3, seconds=0.5)
     assert explain_step(quiet, 0.01)[0].startswith("nothing")
+
+
+def test_compile_counters_and_verdicts():
+    from nndoctor.checks.compilation import (
+        CompileCounters,
+        compile_verdict,
+        first_line,
+        parse_limit_warning,
+    )
+
+    before = CompileCounters.from_mapping({"stats": {"unique_graphs": 2}, "graph_break": {"print\nhint": 1}})
+    now = CompileCounters.from_mapping({
+        "stats": {"unique_graphs": 12},
+        "graph_break": {"print\nhint": 21, "Tensor.item\nhint": 3},
+        "unimplemented": {"Dynamo recompile limit exceeded\n  Explanation: …": 1},
+    })
+    delta = now.since(before)
+    assert delta.unique_graphs == 10 and delta.graph_breaks == {"print\nhint": 20, "Tensor.item\nhint": 3}
+    assert delta.limit_hits == 1 and compile_verdict(delta, steps=20) == "limit"
+    assert compile_verdict(CompileCounters(unique_graphs=10), steps=12) == "recompiling"
+    assert compile_verdict(CompileCounters(unique_graphs=10), steps=100) is None   # warm-up graphs only
+    assert compile_verdict(CompileCounters(graph_breaks={"print": 20}), steps=20) == "graph_breaks"
+    assert compile_verdict(CompileCounters(graph_breaks={"print": 2}), steps=20) is None
+    assert first_line("print\nhint") == "print"
+
+    message = ("torch._dynamo hit config.recompile_limit (8)\n   function: 'step_fn' (/tmp/train.py:6)\n"
+               "   last reason: 0/7: tensor 'x' size mismatch at index 0. expected 11, actual 12\n")
+    function, location, reason = parse_limit_warning(message)
+    assert function == "step_fn" and location.line == 6 and reason.startswith("tensor 'x' size mismatch")
+    assert parse_limit_warning("") == (None, None, None)
+
+
+def test_tf32_decision_with_fake_device_capabilities():
+    from nndoctor.checks.tf32 import tf32_off_ops
+
+    a100 = ("cuda", (8, 0))
+    assert tf32_off_ops(*a100, "float32", False, True, False, True) == ["matmul"]
+    assert tf32_off_ops(*a100, "float32", False, True, False, False) == ["matmul", "convolution"]
+    assert tf32_off_ops(*a100, "float32", False, False, False, False) == ["matmul"]   # no conv in the model
+    assert tf32_off_ops(*a100, "float32", False, True, True, True) == []
+    assert tf32_off_ops(*a100, "float32", True, True, False, False) == []             # autocast
+    assert tf32_off_ops(*a100, "bfloat16", False, True, False, False) == []
+    assert tf32_off_ops("cuda", (7, 0), "float32", False, True, False, False) == []   # V100: no TF32
+    assert tf32_off_ops("cpu", None, "float32", False, True, False, False) == []
+
+
+def test_tf32_flags_follow_the_matmul_precision():
+    from nndoctor.checks.tf32 import tf32_flags
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert tf32_flags()[0] is False
+        torch.set_float32_matmul_precision("high")
+        assert tf32_flags()[0] is True
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -72,7 +72,7 @@ def _result(trials=None, **fact_values):
 
 def test_diagnose_reports_each_problem_with_evidence():
     findings = {f.code: f for f in checks.diagnose(_result())}
-    assert set(findings) == {"P101", "P103", "P104", "P105", "P106", "P109", "P110"}
+    assert set(findings) == {"P101", "P103", "P104", "P105", "P106", "P109", "P110", "P115"}
     assert findings["P101"].evidence["data_wait_fraction"] == pytest.approx(0.5)
     assert findings["P101"].location == Location("train.py", 12)
     assert findings["P103"].location == Location("train.py", 25)

@@ -7,6 +7,7 @@ from nndoctor.checks import (  # noqa: F401
     batchnorm,
     chance,
     checkpoints,
+    compilation,
     data_workers,
     debug_modes,
     distributed,
@@ -27,5 +28,6 @@ from nndoctor.checks import (  # noqa: F401
     schedulers,
     stall,
     step_time,
+    tf32,
     training_observed,
 )

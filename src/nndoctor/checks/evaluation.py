@@ -204,7 +204,7 @@ class Overfitting(Check):
     trend.
 
     ## References
-    - Amazon SageMaker Debugger, ``Overfit`` rule (``ratio_threshold`` 0.1, ``patience`` 1): https://docs.aws.amazon.com/sagemaker/latest/dg/debugger-built-in-rules.html#overfit
+    - Amazon SageMaker Debugger, ``Overfit`` rule (``ratio_threshold`` 0.1, ``patience`` 1): https://docs.aws.amazon.com/sagemaker/latest/dg/overfit.html
     - Goodfellow, Bengio & Courville, *Deep Learning*, §7.8 "Early Stopping": https://www.deeplearningbook.org/contents/regularization.html
     - PyTorch Lightning docs, ``EarlyStopping`` callback: https://lightning.ai/docs/pytorch/stable/common/early_stopping.html
     """

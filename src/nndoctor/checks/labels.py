@@ -123,7 +123,7 @@ class LabelImbalance(Check):
     SageMaker default of 10.
 
     ## References
-    - Amazon SageMaker Debugger, ``ClassImbalance`` rule (``threshold_imbalance`` = 10): https://docs.aws.amazon.com/sagemaker/latest/dg/debugger-built-in-rules.html#class-imbalance
+    - Amazon SageMaker Debugger, ``ClassImbalance`` rule (``threshold_imbalance`` = 10): https://docs.aws.amazon.com/sagemaker/latest/dg/class-imbalance.html
     - PyTorch docs, ``CrossEntropyLoss`` (``weight``): https://pytorch.org/docs/stable/generated/torch.nn.CrossEntropyLoss.html
     - PyTorch docs, ``WeightedRandomSampler``: https://pytorch.org/docs/stable/data.html#torch.utils.data.WeightedRandomSampler
     """

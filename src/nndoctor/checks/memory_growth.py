@@ -187,7 +187,8 @@ class MemoryGrowth(Check):
     CPU, and when the bytes of the distinct storages of live tensors, counted on that
     sampled step and the next (one pass over the garbage collector's objects each), grow
     at that rate too — it reports the growth rate, the step at which the free memory would run out at that rate,
-    and — when visible — what holds the memory: a list or dict in the user's code whose
+    and — when visible (two passes over the live objects, on the step that decides and
+    the next sampled one) — what holds the memory: a list or dict in the user's code whose
     number of tensors grows every step (with or without autograd graphs), or a growing
     number of live tensors that carry autograd graphs.
 
@@ -241,14 +242,26 @@ class MemoryGrowth(Check):
         if self._device is None:
             self._device = _parameter_device(event.optimizer)
         if self._device.type == "cuda":
-            self._samples.append(MemorySample(step=event.step, bytes=torch.cuda.memory_allocated(self._device)))
-            del self._samples[:-self.MAX_SAMPLES]
-            slope = growth_verdict(self._samples)
-            if slope is not None:
-                self._reported = True
-                self._report(event, slope, self._samples)
+            self._on_cuda_step(event)
             return
         self._on_cpu_step(event)
+
+    def _on_cuda_step(self, event: StepEnd) -> None:
+        self._samples.append(MemorySample(step=event.step, bytes=torch.cuda.memory_allocated(self._device)))
+        del self._samples[:-self.MAX_SAMPLES]
+        slope = growth_verdict(self._samples)
+        if slope is None:
+            self._scans = []
+            return
+        # The allocator's counter decides; two scans of the live objects (this sampled step
+        # and the next) only look for the list/dict that holds the growing tensors.
+        scan = scan_live_tensors()
+        scan.step, scan.bytes = event.step, self._samples[-1].bytes
+        self._scans.append(scan)
+        if len(self._scans) < 2:
+            return
+        self._reported = True
+        self._report(event, slope, self._samples, containers_from=self._scans)
 
     def _on_cpu_step(self, event: StepEnd) -> None:
         if self._scans:  # confirming: count the live tensors a second time
@@ -274,7 +287,8 @@ class MemoryGrowth(Check):
             scan.step = event.step
             self._scans = [scan]
 
-    def _report(self, event: StepEnd, slope: float, samples: list[MemorySample]) -> None:
+    def _report(self, event: StepEnd, slope: float, samples: list[MemorySample],
+                containers_from: list[MemorySample] | None = None) -> None:
         first, last = samples[0], samples[-1]
         device = self._device or torch.device("cpu")
         free = available_bytes(device)
@@ -283,7 +297,7 @@ class MemoryGrowth(Check):
             steps_left = int(free / slope)
             projection = f"; at this rate the free {free / 2**30:.1f} GiB run out at about step {event.step + steps_left}"
             evidence_extra = {"free_bytes": free, "projected_full_step": event.step + steps_left}
-        location, cause, holder = self._cause(event, samples)
+        location, cause, holder = self._cause(event, containers_from or samples)
         measured = "allocated GPU memory" if device.type == "cuda" else "memory held by live tensors"
         self.report(
             f"The {measured} grows every step: {first.bytes / _MB:.1f} MB at step {first.step} → "
@@ -298,10 +312,7 @@ class MemoryGrowth(Check):
     def _cause(self, event: StepEnd, samples: list[MemorySample]) -> tuple[Location | None, str, str | None]:
         from nndoctor.instrument.location import display_path, user_frame
 
-        if samples[-1].containers or samples[0].containers:
-            grown = growing_containers(samples)
-        else:  # GPU: one scan now, compared with nothing — name only a large container of graphs
-            grown = []
+        grown = growing_containers(samples) if samples[-1].containers or samples[0].containers else []
         if grown:
             key, before, now, with_graph = grown[0]
             frame = user_frame(event.frame)

@@ -480,7 +480,14 @@ class DeadRelu(Check):
     ```
     or ``nn.LeakyReLU``/``nn.GELU``, Kaiming initialisation, BatchNorm before the ReLU.
 
+    Threshold: Amazon SageMaker Debugger's ``DeadRelu`` rule fires when more than 50% of a
+    layer's ReLUs are inactive (``threshold_layer`` 50). nndoctor waits for 90%: a layer
+    with half its units silent on a few batches can be healthy (sparse features, a class
+    that is absent from those batches), while 90% never active is far from any normal
+    training — a false alarm costs more trust than a late report.
+
     ## References
+    - Amazon SageMaker Debugger, ``DeadRelu`` rule (``threshold_layer`` 50%): https://docs.aws.amazon.com/sagemaker/latest/dg/debugger-built-in-rules.html#dead-relu
     - Lu et al., "Dying ReLU and Initialization: Theory and Numerical Examples" (2019): https://arxiv.org/abs/1903.06733
     - CS231n notes, "Neural Networks Part 1" (dead ReLUs, "as much as 40% of your network can be dead"): https://cs231n.github.io/neural-networks-1/
     """

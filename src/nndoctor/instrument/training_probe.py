@@ -14,6 +14,8 @@ Each patch calls the original with the user's own arguments and only observes:
   suspicious case (reentrant, gradients on, no input requiring grad), so the common call
   costs a few attribute reads.
 * ``torch.autograd.set_detect_anomaly`` / ``detect_anomaly`` -> ``debug_mode``.
+* a logging handler on ``torch._dynamo.convert_frame`` keeping its recompile-limit warnings
+  (``compile_log``); nothing is added to or removed from what the user sees.
 * ``gc.callbacks``: a clock of the time spent in garbage collection (``gc_clock``).
 * ``Conv*d`` / ``Linear`` constructors: the user's line, in the numerics probe's table of
   construction sites (``construction_site``).
@@ -37,6 +39,7 @@ def install(installation: Any) -> None:
     _patch_anomaly(installation)
     _patch_layer_constructors(installation)
     _install_gc_clock(installation)
+    _install_compile_log(installation)
 
 
 # -- gradient clipping ----------------------------------------------------------------------------
@@ -325,3 +328,48 @@ def _install_gc_clock(installation: Any) -> None:
             gc.callbacks.remove(clock.callback)
 
     installation.patcher.on_undo(remove)
+
+
+# -- torch.compile's warnings ---------------------------------------------------------------------
+class CompileLog:
+    """The recompile-limit warnings torch._dynamo logs (function, file:line, last guard that
+    failed), captured by a logging handler that does not change what the user sees."""
+
+    def __init__(self) -> None:
+        self.limit_hits: list[str] = []
+
+    def record(self, message: str) -> None:
+        if len(self.limit_hits) < 20:
+            self.limit_hits.append(message)
+
+
+_COMPILE_LOGS: Any = None
+
+
+def compile_log(session: Any) -> CompileLog | None:
+    return _COMPILE_LOGS.get(session) if _COMPILE_LOGS is not None else None
+
+
+def _install_compile_log(installation: Any) -> None:
+    import logging
+    import weakref
+
+    global _COMPILE_LOGS
+    if _COMPILE_LOGS is None:
+        _COMPILE_LOGS = weakref.WeakKeyDictionary()
+    log = CompileLog()
+    _COMPILE_LOGS[installation.session] = log
+
+    class _Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                message = record.getMessage()
+            except Exception:  # noqa: BLE001 - a malformed record is not ours to fix
+                return
+            if "recompile_limit" in message or "cache_size_limit" in message:
+                log.record(message)
+
+    handler = _Handler(level=logging.WARNING)
+    logger = logging.getLogger("torch._dynamo.convert_frame")
+    logger.addHandler(handler)
+    installation.patcher.on_undo(lambda: logger.removeHandler(handler))

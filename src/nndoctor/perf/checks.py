@@ -118,12 +118,16 @@ class InputPipelineBound(Check):
                         persistent_workers=True)
     ```
     `nndoctor perf --try loader` measures the settings on your dataset. The 20% threshold
-    is the catalog's: below it even a perfect loader gains at most 1.25×.
+    is the catalog's: below it even a perfect loader gains at most 1.25×. PyTorch's
+    TensorBoard profiler plugin recommends worker processes from 5% of the step time in the
+    DataLoader; nndoctor reports only what is worth a change on its own (≥ 1.25×) and
+    leaves smaller waits to `--try loader`, which measures them.
 
     ## References
     - shared/seeds 000 ("跑太慢了": multi thread (IO), multi process (CPU)).
     - PyTorch performance tuning guide, "Enable async data loading and augmentation": https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
     - Holistic Trace Analysis, temporal breakdown: https://hta.readthedocs.io/
+    - PyTorch Profiler TensorBoard plugin, its DataLoader recommendation (> 5% of the step): https://github.com/pytorch/kineto/blob/main/tb_plugin/torch_tb_profiler/profiler/run.py
     """
 
     code = "P101"
@@ -644,6 +648,9 @@ def diagnose(result: Any) -> list[Finding]:
                                  facts.forward_location, {})
         findings += [found] if found else []
 
+    from nndoctor.checks.tf32 import tf32_findings  # P115, its own module
+
+    findings += tf32_findings(result)
     # A measured torch.compile gain has no catalog code: it appears in advice(), not here.
     return findings
 
