@@ -14,10 +14,11 @@ LAUNCH_BOUND = 0.50  # below this, with no data wait, the host is the bottleneck
 # The changes that can help each class, in the order to try them.
 ADVICE_ORDER = {
     "input-bound": ("loader",),
-    "launch-bound": ("compile", "fused-optimizer", "fewer-syncs", "amp"),
-    "gpu-bound": ("amp", "compile", "channels_last", "tf32", "fused-optimizer", "cudnn-benchmark"),
-    "cpu": ("loader", "compile", "amp", "fused-optimizer", "channels_last"),
-    "mixed": ("loader", "amp", "compile", "channels_last", "fewer-syncs"),
+    "launch-bound": ("cuda-graphs", "batch-size", "compile", "fused-optimizer", "fewer-syncs", "amp"),
+    "gpu-bound": ("amp", "sdpa", "compile", "channels_last", "tf32", "fused-optimizer", "cudnn-benchmark",
+                  "batch-size"),
+    "cpu": ("loader", "compile", "sdpa", "amp", "fused-optimizer", "batch-size", "channels_last"),
+    "mixed": ("loader", "amp", "sdpa", "compile", "channels_last", "fewer-syncs", "cuda-graphs", "batch-size"),
 }
 
 
