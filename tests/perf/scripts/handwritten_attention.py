@@ -1,7 +1,8 @@
 """A tiny GPT with attention written out by hand (softmax(Q Kᵀ/√d + causal mask) V), fed by a
-DataLoader: what --try sdpa and --try batch-size act on."""
+DataLoader: what --try sdpa and --try batch-size act on. Argument: the device (default cpu)."""
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -9,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 torch.manual_seed(0)
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
 VOCAB, CONTEXT, WIDTH, HEADS = 61, 16, 32, 4
 
 
@@ -46,10 +48,11 @@ class TinyGPT(nn.Module):
 
 tokens = torch.randint(0, VOCAB, (4096, CONTEXT + 1))
 loader = DataLoader(TensorDataset(tokens), batch_size=8, shuffle=True, drop_last=True)
-model = TinyGPT()
+model = TinyGPT().to(DEVICE)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for _epoch in range(100):
     for (batch,) in loader:
+        batch = batch.to(DEVICE)
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
