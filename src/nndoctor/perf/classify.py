@@ -36,8 +36,8 @@ def classify_step(data_fraction: float, gpu_busy: float | None, cuda: bool) -> d
     if gpu_busy < LAUNCH_BOUND:
         return {"class": "launch-bound",
                 "reason": f"the GPU is busy only {gpu_busy:.0%} of the step while data arrives in time: the host "
-                          "cannot launch kernels fast enough (torch.compile mode='reduce-overhead' / CUDA graphs, "
-                          "fused optimizers, fewer syncs, larger batches)"}
+                          "cannot launch kernels fast enough (CUDA graphs: --try cuda-graphs; larger batches: --try "
+                          "batch-size; fused optimizers, fewer syncs)"}
     return {"class": "mixed", "reason": f"the GPU is busy {gpu_busy:.0%} of the step"}
 
 

@@ -360,7 +360,9 @@ class SdpaRewriter:
 
         fused, done, refused = rewrite(gm)
         for reason in dict.fromkeys(refused):
-            self.notes.append(f"attention in {self.where} left as written: {reason}")
+            note = f"attention in {self.where} left as written: {reason}"
+            if note not in self.notes:
+                self.notes.append(note)
         if not done:
             return gm.forward
         if any(_target_name(n) in _IN_PLACE for n in gm.graph.nodes):
@@ -375,8 +377,9 @@ class SdpaRewriter:
             self.notes.append(f"attention in {self.where} left as written: scaled_dot_product_attention's "
                               f"output differs by {worst:.2e} (relative) on the real inputs")
             return gm.forward
-        self.applied.append(f"sdpa in {self.where} ({'; '.join(dict.fromkeys(done))}; "
-                            f"outputs agree within {worst:.1e})")
+        entry = f"sdpa in {self.where} ({'; '.join(dict.fromkeys(done))}; outputs agree within {worst:.1e})"
+        if not any(a.startswith(f"sdpa in {self.where} ") for a in self.applied):  # once, not per recompile
+            self.applied.append(entry)
         return fused.forward
 
 
