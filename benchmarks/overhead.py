@@ -7,6 +7,14 @@ the median step time of each side and their ratio.
     python benchmarks/overhead.py                       # CPU: small CNN, batch 64
     python benchmarks/overhead.py --device cuda --model resnet50 --amp bf16 \
         --channels-last --batch 128                     # GPU (see benchmarks/README.md)
+    python benchmarks/overhead.py --model lm --batch 8 --seq 64 --width 64 --layers 6   # CPU, many small modules
+    python benchmarks/overhead.py --device cuda --model lm --amp bf16 --batch 16        # GPU: 6 layers, d=512, seq 512
+    python benchmarks/overhead.py --device cuda --model bert --amp bf16 --batch 32      # HF BertForSequenceClassification
+
+``lm`` is the decoder-only transformer of ``perf_patients.py`` (hand-written attention,
+tokens made on the device, logits reshaped before the loss); ``bert`` is
+``transformers.BertForSequenceClassification`` from a ``BertConfig`` (no download; its loss
+computed inside the model from ``labels``).
 
 The doctored side runs every registered runtime check (the default of `nndoctor run`).
 """
@@ -16,7 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+import types
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -39,7 +50,62 @@ def build_model(name: str) -> nn.Module:
     )
 
 
+def lm_module() -> types.ModuleType:
+    """The LM patient's script as a module (its GPT, Block, Attention classes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from perf_patients import LM_SCRIPT
+
+    module = types.ModuleType("lm_patient")
+    exec(compile(LM_SCRIPT, "lm_patient.py", "exec"), module.__dict__)  # noqa: S102 - our own source
+    return module
+
+
+def lm_args(args) -> argparse.Namespace:
+    return lm_module().parse(["--layers", str(args.layers), "--width", str(args.width), "--heads", str(args.heads),
+                              "--seq", str(args.seq), "--vocab", str(args.vocab), "--batch-size", str(args.batch)])
+
+
+def make_sequence_side(args, device):
+    """A transformer's step: the LM (loss after a reshape) or BERT (loss inside the model)."""
+    torch.manual_seed(0)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    if args.model == "lm":
+        patient = lm_module()
+        model = patient.GPT(lm_args(args)).to(device)
+    else:
+        from transformers import BertConfig, BertForSequenceClassification
+
+        config = BertConfig(vocab_size=args.vocab, hidden_size=args.width, num_hidden_layers=args.layers,
+                            num_attention_heads=args.heads, intermediate_size=4 * args.width,
+                            max_position_embeddings=max(512, args.seq), num_labels=2)
+        model = BertForSequenceClassification(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = []
+    for _ in range(4):
+        tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g).to(device)
+        labels = torch.randint(0, 2, (args.batch,), generator=g).to(device)
+        batches.append((tokens, labels))
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+
+    def step(i: int) -> None:
+        tokens, labels = batches[i % len(batches)]
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            if args.model == "lm":
+                logits = model(tokens[:, :-1])
+                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                   tokens[:, 1:].reshape(-1))
+            else:
+                loss = model(input_ids=tokens[:, :-1], labels=labels).loss
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
 def make_side(args, device):
+    if args.model in ("lm", "bert"):
+        return make_sequence_side(args, device)
     torch.manual_seed(0)
     model = build_model(args.model).to(device)
     if args.channels_last:
@@ -75,14 +141,18 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = time.perf_counter
+
+
 def timed_steps(step, start: int, count: int, device) -> float:
     """Seconds per step over ``count`` steps (one sync at each end, none in between)."""
     sync(device)
-    began = time.perf_counter()
+    began = clock()
     for i in range(start, start + count):
         step(i)
     sync(device)
-    return (time.perf_counter() - began) / count
+    return (clock() - began) / count
 
 
 def run_round(args, device, doctored: bool) -> float:
@@ -107,7 +177,12 @@ def run_round(args, device, doctored: bool) -> float:
 def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, batch and device options (shared with sampled_step_cost.py)."""
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--model", default="smallcnn", choices=["smallcnn", "resnet18", "resnet50"])
+    parser.add_argument("--model", default="smallcnn", choices=["smallcnn", "resnet18", "resnet50", "lm", "bert"])
+    parser.add_argument("--layers", type=int, default=6, help="lm / bert")
+    parser.add_argument("--width", type=int, default=512, help="lm / bert")
+    parser.add_argument("--heads", type=int, default=8, help="lm / bert")
+    parser.add_argument("--seq", type=int, default=512, help="lm / bert: tokens per sample")
+    parser.add_argument("--vocab", type=int, default=32000, help="lm / bert")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
@@ -137,7 +212,12 @@ def main() -> None:
                         help="timed steady-state steps per round (at least one sampling period, so "
                              "the sampled steps are in the average)")
     parser.add_argument("--json", help="write the numbers here too")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="cpu: this thread's CPU time (with --device cpu and --threads 1: time other processes "
+                             "take from a shared machine is not counted)")
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     device = setup_device(args)
 
     plain, doctored = [], []
@@ -155,6 +235,7 @@ def main() -> None:
     result = {
         "device": card, "model": args.model, "batch": args.batch, "amp": args.amp,
         "channels_last": args.channels_last, "rounds": args.rounds, "steps_per_round": args.steps,
+        "clock": args.clock,
         "plain_ms_median": statistics.median(plain) * 1e3,
         "nndoctor_ms_median": statistics.median(doctored) * 1e3,
         "ratio_of_medians": ratio, "per_round_ratios": ratios,

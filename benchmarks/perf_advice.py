@@ -22,6 +22,13 @@ Steps (run on the device H100; nothing is left behind — everything lives in a 
 
 Every images/s number in this file's output comes from the same in-script timing: the
 device is synchronised after the warm-up steps and after the measured steps.
+
+Two more patients, each one command (``perf_patients.py``: the scripts, the grids, the advice
+mapping): a decoder-only transformer LM and a launch-bound small MLP.
+
+    python benchmarks/perf_advice.py --patient lm  --out $OUT
+    python benchmarks/perf_advice.py --patient mlp --out $OUT
+    python benchmarks/perf_advice.py --patient lm --tiny --out /tmp/smoke    # CPU smoke test
 """
 
 from __future__ import annotations
@@ -384,7 +391,13 @@ def phase_overhead(work: Path, out: Path, args: argparse.Namespace) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=("main", "final", "verify", "overhead"), required=True)
+    parser.add_argument("--patient", choices=("resnet50", "lm", "mlp"), default="resnet50",
+                        help="lm / mlp: the whole benchmark of that patient in one run (perf_patients.py)")
+    parser.add_argument("--tiny", action="store_true", help="lm / mlp: CPU-sized smoke test")
+    parser.add_argument("--try-repeats", type=int, default=2, help="lm / mlp: nndoctor perf --try-repeats")
+    parser.add_argument("--perf-timeout", type=int, default=420, help="lm / mlp: seconds for the nndoctor perf run")
+    parser.add_argument("--phase", choices=("main", "final", "verify", "overhead"),
+                        help="resnet50: which part of its benchmark to run")
     parser.add_argument("--advised-flags", default="", help="final: the flags the main phase derived from the advice")
     parser.add_argument("--out", default=".")
     parser.add_argument("--also", default="", help="main: extra flag sets to measure after the advised one, ';'-separated")
@@ -396,6 +409,18 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="nndoctor_perf_bench_"))
+    if args.patient != "resnet50":
+        from perf_patients import run_patient
+
+        try:
+            results = run_patient(args, out, work)
+            (out / f"perf_advice_{args.patient}{'_tiny' if args.tiny else ''}.json").write_text(
+                json.dumps(results, indent=1, default=str))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
+    if args.phase is None:
+        parser.error("--phase is required for --patient resnet50")
     try:
         (work / "train.py").write_text(TRAIN_SCRIPT)
         seconds = make_dataset(work / "data", args.images)

@@ -60,3 +60,16 @@ def test_try_loader_on_cuda_confirms_pinned_and_unpinned_workers_end_to_end():
     assert all(c["batches_from_loader"] == c["steps"] > 0 for c in loader["confirmed"])
     # 24 ms of loading per batch in the main process: any worker count beats it.
     assert loader["best"]["num_workers"] > 0 and loader["speedup"] > 1.5
+
+
+def test_try_sdpa_cuda_graphs_and_batch_size_on_cuda():
+    config = PerfConfig(warmup=5, steps=10, tries=("sdpa", "cuda-graphs", "batch-size"))
+    _, result = run_perf(Target(str(SCRIPTS / "handwritten_attention.py"), ["cuda"]), config)
+    sdpa, graphs, batch = (result.trials[name] for name in ("sdpa", "cuda-graphs", "batch-size"))
+    assert sdpa["applied"][0].startswith("sdpa in attn (CausalSelfAttention)") and sdpa["loss_ok"], sdpa
+    assert graphs["applied"] == ["compile(mode='reduce-overhead') on TinyGPT"] and graphs["loss_ok"], graphs
+    sizes = {row["factor"]: row for row in batch["sizes"]}
+    assert sizes[1]["batch_size"] == 8 and sizes[8]["batch_size"] == 64, sizes
+    assert all(row["peak_memory_bytes"] > 0 and row["samples_per_s"] > 0 for row in sizes.values())
+    # A launch-bound toy: 8× the batch costs little more per step, so samples/s grows.
+    assert batch["best"]["factor"] > 1 and batch["pays_off"], batch

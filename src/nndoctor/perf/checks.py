@@ -685,8 +685,30 @@ def advice(result: Any) -> list[dict[str, Any]]:
     if b.steps and result.facts.sync_kinds and frequent_syncs(b.syncs_per_step):
         items.append({"change": "fewer-syncs", "syncs_per_step": b.syncs_per_step,
                       "locations": [str(k) for k in result.facts.sync_locations]})
-    for name in ("amp", "channels_last", "cudnn-benchmark", "compile", "tf32", "fused-optimizer"):
+    for name in ("amp", "channels_last", "cudnn-benchmark", "compile", "tf32", "fused-optimizer", "sdpa",
+                 "cuda-graphs"):
         outcome = trial_outcome(trials, name)
         if outcome and outcome.get("pays_off"):
             items.append({"change": name, "measured_speedup": outcome["speedup"], "noise": outcome["noise"]})
+    batch = trial_outcome(trials, "batch-size")
+    if batch and batch.get("pays_off"):
+        items.append(batch_size_advice(batch))
     return items
+
+
+def batch_size_advice(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The measured larger batch, with what it means for the learning rate: nndoctor times
+    throughput, it does not check that training converges as well at that batch."""
+    best, base = outcome["best"], outcome["sizes"][0]
+    factor = best["factor"]
+    return {
+        "change": "batch-size", "batch_size": best["batch_size"], "from": base["batch_size"], "factor": factor,
+        "measured_speedup": outcome["speedup"], "noise": outcome["noise"], "unit": "samples/s",
+        "samples_per_s": best["samples_per_s"], "peak_memory_bytes": best.get("peak_memory_bytes"),
+        "learning_rate": (
+            f"a {factor}× larger batch is a different optimisation, not only a faster one: with SGD scale the "
+            f"learning rate by {factor} and warm it up over the first epochs (linear scaling rule, Goyal et al. "
+            f"2017, https://arxiv.org/abs/1706.02677); with Adam/AdamW start from √{factor} (square-root rule, "
+            f"Malladi et al. 2022, https://arxiv.org/abs/2205.10287); keep the number of epochs, not of steps, "
+            "and compare validation curves — nndoctor measured speed, not convergence"),
+    }

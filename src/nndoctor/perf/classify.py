@@ -14,10 +14,11 @@ LAUNCH_BOUND = 0.50  # below this, with no data wait, the host is the bottleneck
 # The changes that can help each class, in the order to try them.
 ADVICE_ORDER = {
     "input-bound": ("loader",),
-    "launch-bound": ("compile", "fused-optimizer", "fewer-syncs", "amp"),
-    "gpu-bound": ("amp", "compile", "channels_last", "tf32", "fused-optimizer", "cudnn-benchmark"),
-    "cpu": ("loader", "compile", "amp", "fused-optimizer", "channels_last"),
-    "mixed": ("loader", "amp", "compile", "channels_last", "fewer-syncs"),
+    "launch-bound": ("cuda-graphs", "batch-size", "compile", "fused-optimizer", "fewer-syncs", "amp"),
+    "gpu-bound": ("amp", "sdpa", "compile", "channels_last", "tf32", "fused-optimizer", "cudnn-benchmark",
+                  "batch-size"),
+    "cpu": ("loader", "compile", "sdpa", "amp", "fused-optimizer", "batch-size", "channels_last"),
+    "mixed": ("loader", "amp", "sdpa", "compile", "channels_last", "fewer-syncs", "cuda-graphs", "batch-size"),
 }
 
 
@@ -35,8 +36,8 @@ def classify_step(data_fraction: float, gpu_busy: float | None, cuda: bool) -> d
     if gpu_busy < LAUNCH_BOUND:
         return {"class": "launch-bound",
                 "reason": f"the GPU is busy only {gpu_busy:.0%} of the step while data arrives in time: the host "
-                          "cannot launch kernels fast enough (torch.compile mode='reduce-overhead' / CUDA graphs, "
-                          "fused optimizers, fewer syncs, larger batches)"}
+                          "cannot launch kernels fast enough (CUDA graphs: --try cuda-graphs; larger batches: --try "
+                          "batch-size; fused optimizers, fewer syncs)"}
     return {"class": "mixed", "reason": f"the GPU is busy {gpu_busy:.0%} of the step"}
 
 

@@ -34,8 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="optimizer steps run before measuring (default 5)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="CHANGES",
                         help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, tf32, "
-                             "fused-optimizer, all (comma-separated or repeated); step changes re-run your "
-                             "script with the change injected")
+                             "fused-optimizer, sdpa, cuda-graphs, batch-size, all (comma-separated or "
+                             "repeated); step changes re-run your script with the change injected")
     parser.add_argument("--try-seconds", type=float, default=2.0, metavar="S",
                         help="seconds timed per --try loader setting and per end-to-end timing of its "
                              "best candidates; a whole epoch is timed instead when it fits in 4×S "

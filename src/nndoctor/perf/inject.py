@@ -2,8 +2,12 @@
 
 Each change is applied where the user's code meets torch, the first time it is seen: a
 model's first training forward (autocast around its forward, channels_last for it and its
-4-D inputs, ``module.compile()`` in place), the first ``optimizer.step()`` (fused kernels,
-before any optimizer state exists), or process-wide flags at start (TF32, cuDNN autotuning).
+4-D inputs, ``module.compile()`` in place, ``mode="reduce-overhead"`` for CUDA graphs, the
+modules whose hand-written attention that forward ran compiled with the SDPA rewrite of
+``sdpa.py``), the first ``optimizer.step()`` (fused kernels, before any optimizer state
+exists), the construction of batch samplers (``batch-size=K``: every ``BatchSampler``, the
+one a ``DataLoader(batch_size=…)`` builds included, draws K times as many samples), or
+process-wide flags at start (TF32, cuDNN autotuning).
 Nothing about the step's shape is assumed — dict or tuple batches, reshapes and casts
 between model and loss, losses computed inside the model, several models and optimizers —
 because the user's loop runs as written.
@@ -18,7 +22,8 @@ from nndoctor.findings import Severity
 from nndoctor.registry import Check
 
 # Changes that act on the step (as opposed to ``loader``), in the order they are tried.
-STEP_CHANGES = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer")
+STEP_CHANGES = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
+                "cuda-graphs", "batch-size")
 FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
 
 
@@ -64,6 +69,9 @@ class ChangeInjector(Check):
         self._models: set[int] = set()
         self._optimizers: set[int] = set()
         self.applied: list[str] = []
+        self.notes: list[str] = []  # why a requested change was not applied somewhere
+        self._undo: list[Any] = []
+        self._tracer: Any = None
         import torch
 
         if "tf32" in self.changes:
@@ -73,12 +81,22 @@ class ChangeInjector(Check):
         if "cudnn-benchmark" in self.changes:
             torch.backends.cudnn.benchmark = True
             self.applied.append("cudnn-benchmark")
+        factor = batch_factor(self.changes)
+        if factor:
+            self._scale_batch_samplers(factor)
+        if "sdpa" in self.changes:
+            from nndoctor.perf.sdpa import AttentionTracer
+
+            self._tracer = AttentionTracer()
+            self._arm_tracer()
 
     def on_forward(self, event: Any) -> None:
         module = event.module
         if event.is_loss or not event.grad_enabled or not event.training or id(module) in self._models:
             return
         self._models.add(id(module))
+        if self._tracer is not None and self._tracer.started and not self._tracer.stopped:
+            self._apply_sdpa(module)
         if "channels_last" in self.changes:
             import torch
 
@@ -93,6 +111,10 @@ class ChangeInjector(Check):
             # In place: the user's variable keeps pointing at this module.
             module.compile()
             self.applied.append(f"compile on {type(module).__name__}")
+        if "cuda-graphs" in self.changes:
+            # torch.compile's CUDA graphs: one graph replay instead of a launch per kernel.
+            module.compile(mode="reduce-overhead")
+            self.applied.append(f"compile(mode='reduce-overhead') on {type(module).__name__}")
 
     def on_step_start(self, event: Any) -> None:
         optimizer = event.optimizer
@@ -108,9 +130,68 @@ class ChangeInjector(Check):
             group["foreach"] = False
         self.applied.append(f"fused=True on {type(optimizer).__name__}")
 
+    def on_run_end(self, event: Any) -> None:
+        if self._tracer is not None:
+            self._tracer.stop()
+        while self._undo:
+            self._undo.pop()()
+
     @staticmethod
     def _wrap_forward(module: Any, wrap: Any) -> None:
         module.forward = wrap(module.forward)
+
+    # -- sdpa ------------------------------------------------------------------------------
+    def _arm_tracer(self) -> None:
+        """Record the torch calls of the first training forward from its start: a global
+        pre-hook starts the tracer at the first top-level module call with grad enabled."""
+        import torch
+        from torch.nn.modules import module as module_mod
+
+        def first_call(module: Any, args: Any) -> None:
+            if self._tracer.started or not (module.training and torch.is_grad_enabled()):
+                return
+            handle.remove()
+            self._tracer.start(module)
+
+        handle = module_mod.register_module_forward_pre_hook(first_call)
+        self._undo.append(handle.remove)
+
+    def _apply_sdpa(self, root: Any) -> None:
+        from nndoctor.perf.sdpa import SdpaRewriter
+
+        self._tracer.stop()
+        names = {id(m): n for n, m in root.named_modules()}
+        found = [m for m in self._tracer.modules if id(m) in names]
+        if not found:
+            self.notes.append("no hand-written attention (softmax(Q Kᵀ) V) in the training forward")
+            return
+        for module in found:
+            where = f"{names[id(module)] or 'the model'} ({type(module).__name__})"
+            module.compile(backend=SdpaRewriter(where, self.applied, self.notes))
+
+    # -- batch-size ------------------------------------------------------------------------
+    def _scale_batch_samplers(self, factor: int) -> None:
+        from torch.utils.data import BatchSampler
+
+        original = BatchSampler.__init__
+        applied = self.applied
+
+        @functools.wraps(original)
+        def scaled_init(sampler_self: Any, sampler: Any, batch_size: int, drop_last: bool, *args: Any,
+                        **kwargs: Any) -> None:
+            applied.append(f"batch_size {batch_size} → {batch_size * factor}")
+            original(sampler_self, sampler, batch_size * factor, drop_last, *args, **kwargs)
+
+        BatchSampler.__init__ = scaled_init
+        self._undo.append(lambda: setattr(BatchSampler, "__init__", original))
+
+
+def batch_factor(changes: Any) -> int | None:
+    """K of a ``batch-size=K`` change (the re-run's name for "K times the batch")."""
+    for change in changes:
+        if change.startswith("batch-size="):
+            return int(change.split("=", 1)[1])
+    return None
 
 
 def _autocast(forward: Any, device_type: str) -> Any:

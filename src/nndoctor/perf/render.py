@@ -79,9 +79,13 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         lines.append(f"--try step changes: your script re-run {baseline['repeats']}× per change, interleaved with "
                      f"the baseline, each change injected ({baseline['warmup']} warm-up + {baseline['steps']} "
                      "measured steps a run):")
-    for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer"):
+    for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
+                 "cuda-graphs", "batch-size"):
         result = trials.get(name)
         if not isinstance(result, dict):
+            continue
+        if name == "batch-size" and result.get("sizes"):
+            lines += batch_size_lines(result)
             continue
         if "speedup" not in result:
             lines.append(f"--try {name}: {result.get('skipped') or result.get('error')}")
@@ -90,4 +94,26 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         lines.append(f"--try {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → "
                      f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}, "
                      f"loss change {result['loss_change']:.2%}): {verdict}")
+    return lines
+
+
+def batch_size_lines(result: dict[str, Any]) -> list[str]:
+    """One line per batch size tried: throughput (the measure that counts) and peak memory."""
+    if "speedup" in result:
+        verdict = "pays off" if result["pays_off"] else "no gain"
+        head = (f"--try batch-size      {result['speedup']:.2f}× samples/s at batch {result['best']['batch_size']} "
+                f"(noise {result['noise']:.1%}): {verdict}; the learning rate must follow (see advice)")
+    else:
+        head = f"--try batch-size: {result.get('skipped') or result.get('error')}"
+    lines = [head]
+    for row in result["sizes"]:
+        size = row.get("batch_size") or "?"
+        if row.get("error"):
+            lines.append(f"  batch {size:<6} ×{row['factor']:<2} {row['error']}")
+            continue
+        rate = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
+        memory = (f", peak GPU memory {row['peak_memory_bytes'] / 2**30:.2f} GiB"
+                  if row.get("peak_memory_bytes") else "")
+        step = f"{1000 * row['seconds_per_step']:.1f} ms/step" if row.get("seconds_per_step") else "-"
+        lines.append(f"  batch {size:<6} ×{row['factor']:<2} {rate:>10} samples/s  {step}{memory}")
     return lines

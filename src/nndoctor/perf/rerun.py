@@ -22,8 +22,17 @@ from nndoctor.perf.timeline import speedup_verdict
 # Relative change of the final loss allowed for each change beyond the baseline's own
 # run-to-run spread: bf16 keeps 8 mantissa bits (a few % after a deep net and a few steps);
 # TF32 has 10; layout, compilation, autotuning and fused kernels only reorder float32 sums.
+# SDPA draws its attention dropout from other random numbers than the hand-written code: 2%.
 LOSS_TOLERANCE = {"amp": 0.05, "tf32": 0.02, "channels_last": 0.01, "compile": 0.01,
-                  "cudnn-benchmark": 0.01, "fused-optimizer": 0.01}
+                  "cudnn-benchmark": 0.01, "fused-optimizer": 0.01, "sdpa": 0.02, "cuda-graphs": 0.01}
+CUDA_ONLY = {"cudnn-benchmark": "cuDNN autotuning acts on CUDA devices only",
+             "tf32": "TF32 acts on CUDA devices only",
+             "cuda-graphs": "CUDA graphs (torch.compile mode='reduce-overhead') need a CUDA device"}
+# Changes compiled on their first calls: the window starts after at least this many steps.
+COMPILED = ("compile", "cuda-graphs", "sdpa")
+MIN_COMPILED_WARMUP = 3
+# --try batch-size: K times the batch, larger K only while the smaller fit.
+BATCH_FACTORS = {"cuda": (2, 4, 8), "cpu": (2, 4)}
 CHILD_TIMEOUT_S = float(os.environ.get("NNDOCTOR_TRY_TIMEOUT", "900"))
 _STDERR_TAIL = 4000
 
@@ -76,17 +85,24 @@ def try_changes(target: Any, changes: tuple[str, ...], *, warmup: int, steps: in
     results: dict[str, Any] = {}
     wanted = list(changes)
     if device != "cuda":
-        for name in ("cudnn-benchmark", "tf32"):
+        for name, why in CUDA_ONLY.items():
             if name in wanted:
-                results[name] = {"skipped": f"{name} acts on CUDA devices only; this run trained on {device}"}
+                results[name] = {"skipped": f"{why}; this run trained on {device}"}
                 wanted.remove(name)
     if not wanted:
         return results
-    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], **{name: [] for name in wanted}}
+    if any(name in COMPILED for name in wanted):
+        warmup = max(warmup, MIN_COMPILED_WARMUP)  # compilation stays out of every window
+    variants = [name for name in wanted if name != "batch-size"]
+    factors = BATCH_FACTORS["cuda" if device == "cuda" else "cpu"] if "batch-size" in wanted else ()
+    variants += [f"batch-size={k}" for k in factors]
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], **{name: [] for name in variants}}
     for _ in range(repeats):
         for name in runs:
             if name != "baseline" and runs[name] and "error" in runs[name][-1]:
                 continue  # a change that failed once fails again: do not pay for it twice
+            if name.startswith("batch-size=") and _smaller_batch_failed(runs, name):
+                continue  # K times the batch did not fit: 2K will not either
             runs[name].append(run_child(target, [] if name == "baseline" else [name], warmup, steps, cwd))
         if "error" in runs["baseline"][-1]:
             error = runs["baseline"][-1]["error"]
@@ -95,14 +111,17 @@ def try_changes(target: Any, changes: tuple[str, ...], *, warmup: int, steps: in
             return results
     base_times = [r["seconds_per_step"] for r in runs["baseline"]]
     base_final = [r.get("final_loss") for r in runs["baseline"]]
-    for name in wanted:
+    if factors:
+        results["batch-size"] = summarize_batch_sizes(runs, factors)
+    for name in (n for n in wanted if n != "batch-size"):
         failed = [r for r in runs[name] if "error" in r]
         if failed:
             results[name] = {"error": f"{failed[0]['error']} (the script with --try {name} injected)",
                              "applied": failed[0].get("applied", [])}
             continue
         if not any(r.get("applied") for r in runs[name]):
-            results[name] = {"skipped": _not_applicable(name)}
+            notes = [n for r in runs[name] for n in r.get("notes", [])]
+            results[name] = {"skipped": "; ".join(dict.fromkeys(notes)) or _not_applicable(name)}
             continue
         verdict = speedup_verdict(base_times, [r["seconds_per_step"] for r in runs[name]])
         final = [r.get("final_loss") for r in runs[name]]
@@ -116,6 +135,7 @@ def try_changes(target: Any, changes: tuple[str, ...], *, warmup: int, steps: in
             "loss_ok": change is not None and change <= allowed,
             "times_s": [r["seconds_per_step"] for r in runs[name]],
             "applied": runs[name][0].get("applied", []),
+            "notes": runs[name][0].get("notes", []),
             "measure": "re-run",
         })
         verdict["pays_off"] = bool(verdict["pays_off"] and verdict["loss_ok"])
@@ -125,7 +145,66 @@ def try_changes(target: Any, changes: tuple[str, ...], *, warmup: int, steps: in
     return results
 
 
+def _smaller_batch_failed(runs: dict[str, list[dict[str, Any]]], name: str) -> bool:
+    factor = int(name.split("=")[1])
+    return any(int(other.split("=")[1]) < factor and any("error" in r for r in done)
+               for other, done in runs.items() if other.startswith("batch-size="))
+
+
+def _batch_size(applied: list[str]) -> tuple[int, int] | None:
+    """(before, after) from the injector's "batch_size 64 → 128"."""
+    for entry in applied:
+        if entry.startswith("batch_size "):
+            before, after = entry.removeprefix("batch_size ").split(" → ")
+            return int(before), int(after)
+    return None
+
+
+def _row(runs: list[dict[str, Any]], factor: int, batch_size: int | None) -> dict[str, Any]:
+    rates = [r["samples_per_step"] / r["seconds_per_step"] for r in runs
+             if r.get("samples_per_step") and r.get("seconds_per_step")]
+    memory = [r["peak_memory_bytes"] for r in runs if r.get("peak_memory_bytes")]
+    return {"factor": factor, "batch_size": batch_size,
+            "samples_per_s": statistics.median(rates) if rates else None,
+            "seconds_per_step": _median([r.get("seconds_per_step") for r in runs]),
+            "peak_memory_bytes": max(memory) if memory else None,
+            "seconds_per_sample": [1 / rate for rate in rates]}
+
+
+def summarize_batch_sizes(runs: dict[str, list[dict[str, Any]]], factors: tuple[int, ...]) -> dict[str, Any]:
+    """Samples/s and peak memory per batch size (the baseline is factor 1); the best that fits.
+
+    Throughput, not step time: a larger batch makes each step slower and the epoch shorter.
+    The loss is not compared — a larger batch is a different optimisation (see the advice's
+    learning-rate note), so "pays off" speaks of speed only."""
+    sizes = {k: _batch_size(next((r["applied"] for r in runs[f"batch-size={k}"] if r.get("applied")), []))
+             for k in factors}
+    base_size = next((pair[0] for pair in sizes.values() if pair), None)
+    rows = [_row(runs["baseline"], 1, base_size)]
+    for k in factors:
+        done = runs[f"batch-size={k}"]
+        if not done:
+            rows.append({"factor": k, "batch_size": base_size * k if base_size else None,
+                         "error": "not tried: a smaller batch already did not fit or failed"})
+        elif any("error" in r for r in done):
+            rows.append({"factor": k, "batch_size": sizes[k][1] if sizes[k] else None,
+                         "error": next(r["error"] for r in done if "error" in r)})
+        elif sizes[k] is not None:
+            rows.append(_row(done, k, sizes[k][1]))
+    if base_size is None or not rows[0]["samples_per_s"]:
+        return {"skipped": "the batches do not come from a torch DataLoader/BatchSampler whose batch_size could "
+                           "be changed (e.g. tensors made in the loop)", "sizes": rows}
+    measured = [r for r in rows if r.get("samples_per_s")]
+    best = max(measured, key=lambda r: r["samples_per_s"])
+    verdict = speedup_verdict(rows[0]["seconds_per_sample"], best["seconds_per_sample"])
+    verdict.update({"sizes": rows, "best": best, "measure": "re-run", "unit": "samples/s",
+                    "pays_off": bool(verdict["pays_off"] and best["factor"] > 1)})
+    return verdict
+
+
 def _not_applicable(name: str) -> str:
     if name == "fused-optimizer":
         return "no Adam, AdamW, SGD or Adagrad optimizer to switch to fused kernels"
+    if name == "sdpa":
+        return "no hand-written attention (softmax(Q Kᵀ) V) in the training forward"
     return f"nothing in the training loop that {name} applies to"

@@ -2,8 +2,9 @@
 unchanged, with the given changes injected, for a warm-up plus a measured window.
 
 Prints nothing of its own; writes one JSON object to ``--out``: seconds per step over the
-window (the device drained at both ends), the first loss and the loss after the window, the
-changes actually applied, or the error that stopped the script.
+window (the device drained at both ends), the samples the DataLoader delivered in it and the
+peak GPU memory, the first loss and the loss after the window, the changes actually applied
+(and why not, where not), or the error that stopped the script.
 """
 
 from __future__ import annotations
@@ -30,6 +31,27 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _cuda_in_use() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _reset_peak_memory() -> None:
+    if _cuda_in_use():
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_memory() -> int | None:
+    if not _cuda_in_use():
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated())
+
+
 class StepClock(Check):
     """Times the window between the end of step ``warmup`` and the end of step ``warmup + steps``
     of the first optimizer to step (a GAN's second optimizer steps in the same iteration)."""
@@ -50,7 +72,8 @@ class StepClock(Check):
         self.seconds_per_step: float | None = None
         self.first_loss: float | None = None
         self.final_loss: float | None = None
-        self._backwards = 0
+        self.samples = 0  # DataLoader samples fetched inside the window
+        self.peak_memory_bytes: int | None = None
 
     def on_backward(self, event: Any) -> None:
         tensor = event.tensor
@@ -62,6 +85,14 @@ class StepClock(Check):
         elif self.seconds_per_step is not None and self.final_loss is None:
             self.final_loss = float(tensor.detach().float())
 
+    def on_batch(self, event: Any) -> None:
+        from nndoctor.perf.recorder import _first_tensor
+
+        if self.started is None or self.seconds_per_step is not None:
+            return
+        tensor = _first_tensor(event.batch)
+        self.samples += int(tensor.shape[0]) if tensor is not None and tensor.dim() else 0
+
     def on_step_end(self, event: Any) -> None:
         if self.lead is None:
             self.lead = id(event.optimizer)
@@ -70,10 +101,12 @@ class StepClock(Check):
         self.count += 1
         if self.count == self.warmup:
             _sync()
+            _reset_peak_memory()
             self.started = time.perf_counter()
         elif self.count == self.warmup + self.steps and self.started is not None:
             _sync()
             self.seconds_per_step = (time.perf_counter() - self.started) / self.steps
+            self.peak_memory_bytes = _peak_memory()
 
     def on_step_start(self, event: Any) -> None:
         if self.final_loss is not None and (self.lead is None or id(event.optimizer) == self.lead):
@@ -106,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         "first_loss": clock.first_loss,
         "final_loss": clock.final_loss,
         "steps_seen": clock.count,
+        "samples_per_step": clock.samples / args.steps if clock.samples else None,
+        "peak_memory_bytes": clock.peak_memory_bytes,
         "applied": injector.applied if injector else [],
+        "notes": injector.notes if injector else [],
         "internal_errors": [e.error for e in report.internal_errors],
     }
     if report.status == "crashed" and report.traceback:

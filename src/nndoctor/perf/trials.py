@@ -5,8 +5,9 @@ with other worker/pinning/prefetch settings and times each for a few seconds; th
 of that grid are then timed end to end (loading, the copy to the device and the user's
 training step on a copy of the model), which decides the advice: pinned memory and the
 CPU cores the main process needs only show there. The step changes (``amp``,
-``channels_last``, ``compile``, ``cudnn-benchmark``, ``tf32``, ``fused-optimizer``) are
-measured on the user's own loop, re-run with the change injected: see ``rerun.py``.
+``channels_last``, ``compile``, ``cudnn-benchmark``, ``tf32``, ``fused-optimizer``, ``sdpa``,
+``cuda-graphs``, ``batch-size``) are measured on the user's own loop, re-run with the change
+injected: see ``rerun.py`` and ``inject.py``.
 
 Trials run after the measured window, on copies: the user's model, optimizer and RNG
 streams are left as they were (``torch.random.fork_rng``).
@@ -21,7 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer")
+STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
+               "cuda-graphs", "batch-size")
 ALL_TRIALS = ("loader", *STEP_TRIALS)
 
 
@@ -35,8 +37,8 @@ def parse_tries(values: list[str] | None) -> tuple[str, ...]:
             if part == "all":
                 names.extend(ALL_TRIALS)
                 continue
-            if part == "channels-last":
-                part = "channels_last"
+            part = {"channels-last": "channels_last", "cudagraphs": "cuda-graphs", "batch": "batch-size",
+                    "fused": "fused-optimizer"}.get(part, part)
             if part not in ALL_TRIALS:
                 raise ValueError(f"unknown --try {part!r} (choose from {', '.join(ALL_TRIALS)}, all)")
             names.append(part)

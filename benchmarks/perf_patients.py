@@ -1,0 +1,455 @@
+"""Two more patients for ``benchmarks/perf_advice.py``: a decoder-only transformer LM and a
+launch-bound small MLP. For each, in one command:
+
+1. write the naive training script (``LM_SCRIPT`` / ``MLP_SCRIPT``) into a temp dir;
+2. run ``nndoctor perf --try <the changes that concern it>`` on it and turn the JSON ``advice``
+   into the script's flags mechanically (``advice_to_flags``);
+3. time, in one process, each with a fresh model: naive, advised, every point of the grid
+   (``LM_GRID`` / ``MLP_GRID``), then naive and advised again (interleaved ends: drift hits
+   both); samples/s from the script's own timing (device synchronised at both ends);
+4. report advised/naive, best/naive and advised/best.
+
+    python benchmarks/perf_advice.py --patient lm  --out $OUT     # H100: ~7 min
+    python benchmarks/perf_advice.py --patient mlp --out $OUT     # H100: ~6 min
+    python benchmarks/perf_advice.py --patient lm  --tiny --out /tmp/smoke   # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+LM_SCRIPT = r'''
+"""Naive decoder-only LM training (a patient of benchmarks/perf_advice.py): fp32, attention
+written out by hand, tokens made on the device, logits reshaped before the loss, AdamW
+(foreach), loss.item() every step."""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr-scale", type=float, default=1.0)
+    p.add_argument("--amp", action="store_true")
+    p.add_argument("--sdpa", action="store_true", help="F.scaled_dot_product_attention instead of the hand-written one")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile-mode", default=None)
+    p.add_argument("--fused", action="store_true", help="AdamW(fused=True)")
+    p.add_argument("--tf32", action="store_true")
+    p.add_argument("--sync-every", type=int, default=1, help="read the loss with .item() every N steps")
+    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    return p.parse_args(argv)
+
+
+class Attention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.heads, self.sdpa = args.heads, args.sdpa
+        self.qkv = nn.Linear(args.width, 3 * args.width)
+        self.proj = nn.Linear(args.width, args.width)
+        self.register_buffer("mask", torch.tril(torch.ones(args.seq, args.seq)).view(1, 1, args.seq, args.seq))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(args.width), nn.LayerNorm(args.width)
+        self.attn = Attention(args)
+        self.mlp = nn.Sequential(nn.Linear(args.width, 4 * args.width), nn.GELU(), nn.Linear(4 * args.width, args.width))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.tokens = nn.Embedding(args.vocab, args.width)
+        self.positions = nn.Parameter(torch.zeros(1, args.seq, args.width))
+        self.blocks = nn.Sequential(*(Block(args) for _ in range(args.layers)))
+        self.norm = nn.LayerNorm(args.width)
+        self.head = nn.Linear(args.width, args.vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.tokens(idx) + self.positions[:, : idx.shape[1]]
+        return self.head(self.norm(self.blocks(x)))
+
+
+def build(args):
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.manual_seed(0)
+    model = GPT(args).to(args.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr * args.lr_scale, fused=True if args.fused else None)
+    step_model = model
+    if args.compile or args.compile_mode:
+        step_model = torch.compile(model, mode=args.compile_mode)
+    return model, step_model, optimizer
+
+
+def sync(args):
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def train(args, model, step_model, optimizer):
+    """Samples/s over the measured steps (device synchronised at both ends)."""
+    running, started = 0.0, None
+    for step in range(args.warmup_steps + args.steps):
+        if step == args.warmup_steps:
+            sync(args)
+            started = time.perf_counter()
+        batch = torch.randint(0, args.vocab, (args.batch_size, args.seq + 1), device=args.device)
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.amp):
+            logits = step_model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if args.sync_every and (step + 1) % args.sync_every == 0:
+            running += loss.item()
+    sync(args)
+    return args.batch_size * args.steps / (time.perf_counter() - started)
+
+
+def main():
+    args = parse()
+    rate = train(args, *build(args))
+    print(f"SAMPLES_PER_S {rate:.2f}", flush=True)
+    print(f"TOKENS_PER_S {rate * args.seq:.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+MLP_SCRIPT = r'''
+"""Naive small-MLP training (a patient of benchmarks/perf_advice.py): the data on the device,
+batches of 32 indexed through a DataLoader over a BatchSampler, Adam (foreach), loss.item()
+every step — every step is a few dozen tiny kernels: the host's launches bound it."""
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--features", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--samples", type=int, default=65536)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-scale", type=float, default=1.0)
+    p.add_argument("--amp", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile-mode", default=None, help="reduce-overhead: CUDA graphs")
+    p.add_argument("--fused", action="store_true", help="Adam(fused=True)")
+    p.add_argument("--sync-every", type=int, default=1, help="read the loss with .item() every N steps")
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=300)
+    return p.parse_args(argv)
+
+
+def build_loader(args):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.samples, args.features, generator=g).to(args.device)
+    y = torch.randint(0, args.classes, (args.samples,), generator=g).to(args.device)
+    dataset = TensorDataset(x, y)
+    # Whole batches indexed at once (dataset[list_of_indices]), no per-sample collation.
+    sampler = BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(1)),
+                           batch_size=args.batch_size, drop_last=True)
+    return DataLoader(dataset, sampler=sampler, batch_size=None)
+
+
+def build(args):
+    torch.manual_seed(0)
+    layers, width = [], args.features
+    for _ in range(args.depth):
+        layers += [nn.Linear(width, args.hidden), nn.ReLU()]
+        width = args.hidden
+    model = nn.Sequential(*layers, nn.Linear(width, args.classes)).to(args.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr * args.lr_scale, fused=True if args.fused else None)
+    step_model = model
+    if args.compile or args.compile_mode:
+        step_model = torch.compile(model, mode=args.compile_mode)
+    return model, step_model, optimizer
+
+
+def batches(loader):
+    while True:
+        yield from loader
+
+
+def sync(args):
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def train(args, loader, model, step_model, optimizer):
+    """Samples/s over the measured steps (device synchronised at both ends)."""
+    stream = batches(loader)
+    running, started, seen = 0.0, None, 0
+    for step in range(args.warmup_steps + args.steps):
+        if step == args.warmup_steps:
+            sync(args)
+            started, seen = time.perf_counter(), 0
+        x, y = next(stream)
+        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.amp):
+            loss = F.cross_entropy(step_model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        seen += x.shape[0]
+        if args.sync_every and (step + 1) % args.sync_every == 0:
+            running += loss.item()
+    sync(args)
+    return seen / (time.perf_counter() - started)
+
+
+def main():
+    args = parse()
+    rate = train(args, build_loader(args), *build(args))
+    print(f"SAMPLES_PER_S {rate:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+TINY = {  # CPU smoke-test sizes
+    "lm": ["--device", "cpu", "--layers", "2", "--width", "32", "--heads", "4", "--seq", "32", "--vocab", "128",
+           "--batch-size", "4", "--warmup-steps", "2", "--steps", "4"],
+    "mlp": ["--device", "cpu", "--samples", "4096", "--hidden", "64", "--warmup-steps", "5", "--steps", "40"],
+}
+FULL = {
+    "lm": ["--warmup-steps", "5", "--steps", "20"],
+    "mlp": ["--warmup-steps", "20", "--steps", "300"],
+}
+# What `nndoctor perf --try` measures on each patient, and its window.
+TRIES = {
+    "lm": ("amp,sdpa,compile,fused-optimizer", ["--warmup", "5", "--steps", "10"]),
+    "mlp": ("cuda-graphs,fused-optimizer,batch-size", ["--warmup", "10", "--steps", "200"]),
+}
+TINY_TRIES = {
+    "lm": ("amp,sdpa,fused-optimizer", ["--warmup", "2", "--steps", "3"]),
+    "mlp": ("batch-size,fused-optimizer,cuda-graphs", ["--warmup", "3", "--steps", "20"]),
+}
+
+
+def lm_grid(tiny: bool) -> list[list[str]]:
+    """amp × sdpa × fused eagerly (sync every 100 steps: the .item() advice is not in question
+    here), plus torch.compile on the corner with all three (compiling costs ~1 min a point)."""
+    grid = []
+    for amp, sdpa, fused in itertools.product((False, True), repeat=3):
+        grid.append(["--sync-every", "100"] + ["--amp"] * amp + ["--sdpa"] * sdpa + ["--fused"] * fused)
+    if not tiny:
+        grid.append(["--sync-every", "100", "--amp", "--sdpa", "--fused", "--compile"])
+    return grid
+
+
+def mlp_grid(tiny: bool, batch: int) -> list[list[str]]:
+    """CUDA graphs (compile mode reduce-overhead) × fused Adam × batch ×1, ×4, ×8 × .item() every
+    1 or 100 steps."""
+    grid = []
+    modes = ("none",) if tiny else ("none", "reduce-overhead")
+    for mode, fused, factor, sync in itertools.product(modes, (False, True), (1, 4, 8), (1, 100)):
+        flags = ["--batch-size", str(batch * factor), "--lr-scale", f"{math.sqrt(factor):g}",
+                 "--sync-every", str(sync)] + ["--fused"] * fused
+        grid.append(flags + (["--compile-mode", mode] if mode != "none" else []))
+    return grid
+
+
+def advice_to_flags(advice: list[dict]) -> list[str]:
+    """The perf JSON's advice as the patient's flags — no judgment involved. A larger batch
+    comes with the learning rate the advice names for Adam/AdamW (√K)."""
+    flags: list[str] = []
+    changes = {item["change"]: item for item in advice}
+    for change, item in changes.items():
+        if change == "amp":
+            flags.append("--amp")
+        elif change == "sdpa":
+            flags.append("--sdpa")
+        elif change == "fused-optimizer":
+            flags.append("--fused")
+        elif change == "tf32":
+            flags.append("--tf32")
+        elif change == "fewer-syncs":
+            flags += ["--sync-every", "100"]
+        elif change == "cuda-graphs":
+            flags += ["--compile-mode", "reduce-overhead"]
+        elif change == "compile" and "cuda-graphs" not in changes:
+            flags.append("--compile")
+        elif change == "batch-size":
+            flags += ["--batch-size", str(item["batch_size"]), "--lr-scale", f"{math.sqrt(item['factor']):g}"]
+    return flags
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_in_process(script: Path, patient: str, base: list[str], flags: list[str]) -> float:
+    """Samples/s of one configuration, fresh model and optimizer, in this process."""
+    import torch
+
+    module = _load(script, f"patient_{patient}")
+    args = module.parse(base + flags)
+    torch._dynamo.reset()  # every compiled point compiles its own graphs, none inherits guards
+    if patient == "lm":
+        model, step_model, optimizer = module.build(args)
+        rate = module.train(args, model, step_model, optimizer)
+    else:
+        loader = module.build_loader(args)
+        model, step_model, optimizer = module.build(args)
+        rate = module.train(args, loader, model, step_model, optimizer)
+    del model, step_model, optimizer
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rate
+
+
+def run_perf(work: Path, script: Path, base: list[str], tries: str, window: list[str], repeats: int,
+             timeout: int) -> tuple[dict, str, float]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    report = work / "perf.json"
+    command = [sys.executable, "-m", "nndoctor", "perf", *window, "--try", tries, "--try-repeats", str(repeats),
+               "--json", str(report), str(script), *base, "--steps", "100000"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=work)
+    seconds = time.perf_counter() - started
+    if not report.exists():
+        raise SystemExit(f"nndoctor perf wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(report.read_text()), done.stderr, seconds
+
+
+def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
+    patient = args.patient
+    script = work / f"{patient}.py"
+    script.write_text(LM_SCRIPT if patient == "lm" else MLP_SCRIPT)
+    base = (TINY if args.tiny else FULL)[patient]
+    tries, window = (TINY_TRIES if args.tiny else TRIES)[patient]
+    results: dict = {"patient": patient, "tiny": args.tiny, "base_flags": base, "tries": tries}
+    try:
+        import torch
+
+        results["card"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        results["torch"] = torch.__version__
+    except ImportError:
+        raise SystemExit("torch is not installed") from None
+    if not args.tiny and results["card"] == "cpu":
+        raise SystemExit("--patient lm/mlp needs a CUDA GPU; pass --tiny for the CPU smoke test")
+
+    report, terminal, seconds = run_perf(work, script, base, tries, window, args.try_repeats,
+                                         timeout=args.perf_timeout)
+    (out / f"perf_{patient}_report.json").write_text(json.dumps(report, indent=1))
+    (out / f"perf_{patient}_terminal.txt").write_text(terminal)
+    perf = report["extra"]["perf"]
+    advised = advice_to_flags(perf["advice"])
+    results.update({
+        "perf_seconds": seconds, "step_class": perf.get("step_class"), "advice": perf["advice"],
+        "advised_flags": advised,
+        "findings": [f"{f['code']} {f['severity']}: {f['message']}" for f in report["findings"]],
+        "trials": {name: {k: v for k, v in trial.items() if k not in ("times_s",)}
+                   for name, trial in perf["trials"].items() if isinstance(trial, dict)},
+    })
+    print(f"nndoctor perf ({seconds:.0f} s): class {perf.get('step_class', {}).get('class')}; "
+          f"advised flags {advised}", flush=True)
+
+    batch = int(base[base.index("--batch-size") + 1]) if "--batch-size" in base else (16 if patient == "lm" else 32)
+    grid = lm_grid(args.tiny) if patient == "lm" else mlp_grid(args.tiny, batch)
+    rows: list[dict] = []
+
+    def one(label: str, flags: list[str]) -> None:
+        try:
+            rate = measure_in_process(script, patient, base, flags)
+        except Exception as error:  # noqa: BLE001 - an OOM grid point is a row, not the end
+            rate, error_text = None, f"{type(error).__name__}: {str(error)[:300]}"
+        else:
+            error_text = None
+        rows.append({"label": label, "flags": flags, "samples_per_s": rate, **({"error": error_text} if error_text else {})})
+        print(json.dumps(rows[-1]), flush=True)
+
+    one("naive", [])
+    one("advised", advised)
+    for flags in grid:
+        one("grid", flags)
+    one("advised", advised)
+    one("naive", [])
+    results["rows"] = rows
+    results["summary"] = summarize(rows)
+    print(json.dumps(results["summary"], indent=1), flush=True)
+    return results
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Each configuration's mean samples/s (naive and advised were timed twice); the best
+    configuration of the grid and advice; the ratios the benchmark asks about."""
+    by_flags: dict[tuple[str, ...], list[float]] = {}
+    for row in rows:
+        if row["samples_per_s"]:
+            by_flags.setdefault(tuple(row["flags"]), []).append(row["samples_per_s"])
+    means = {flags: statistics.mean(values) for flags, values in by_flags.items()}
+    naive = means[()]
+    advised = means[tuple(next(r["flags"] for r in rows if r["label"] == "advised"))]
+    best_flags = max((f for f in means if f), key=means.get, default=())
+    best = max(means[best_flags] if best_flags else advised, advised)
+    summary = {
+        "naive_samples_per_s": naive, "advised_samples_per_s": advised,
+        "best_samples_per_s": best, "best_flags": list(best_flags),
+        "advised_over_naive": advised / naive, "best_over_naive": best / naive,
+        "advised_over_best": advised / best,
+    }
+    summary["advised_within_90pct_of_best"] = summary["advised_over_best"] >= 0.9
+    summary["advised_at_least_2x_where_best_is"] = (summary["advised_over_naive"] >= 2.0
+                                                    if summary["best_over_naive"] >= 2.0 else None)
+    return summary

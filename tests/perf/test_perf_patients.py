@@ -1,0 +1,49 @@
+"""benchmarks/perf_patients.py: the advice becomes the patient's flags mechanically, and the
+summary compares configurations by their mean rate (fast: nothing is trained)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "perf_patients.py"
+
+
+@pytest.fixture(scope="module")
+def patients():
+    spec = importlib.util.spec_from_file_location("perf_patients", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_advice_becomes_flags(patients):
+    advice = [{"change": "amp"}, {"change": "sdpa"}, {"change": "compile"}, {"change": "cuda-graphs"},
+              {"change": "fused-optimizer"}, {"change": "fewer-syncs"},
+              {"change": "batch-size", "batch_size": 128, "factor": 4}]
+    assert patients.advice_to_flags(advice) == [
+        "--amp", "--sdpa", "--compile-mode", "reduce-overhead", "--fused", "--sync-every", "100",
+        "--batch-size", "128", "--lr-scale", "2"]  # cuda-graphs replaces plain compile; √4 for Adam
+
+
+def test_summary_uses_each_configuration_mean(patients):
+    rows = [{"label": "naive", "flags": [], "samples_per_s": 100.0},
+            {"label": "advised", "flags": ["--amp"], "samples_per_s": 290.0},
+            {"label": "grid", "flags": ["--amp", "--fused"], "samples_per_s": 300.0},
+            {"label": "grid", "flags": ["--fused"], "samples_per_s": None, "error": "OOM"},
+            {"label": "advised", "flags": ["--amp"], "samples_per_s": 270.0},
+            {"label": "naive", "flags": [], "samples_per_s": 120.0}]
+    summary = patients.summarize(rows)
+    assert summary["naive_samples_per_s"] == 110.0 and summary["advised_samples_per_s"] == 280.0
+    assert summary["best_flags"] == ["--amp", "--fused"]
+    assert summary["advised_over_best"] == pytest.approx(280 / 300)
+    assert summary["advised_within_90pct_of_best"] and summary["advised_at_least_2x_where_best_is"]
+
+
+def test_the_grids_hold_the_options_the_issue_names(patients):
+    lm = patients.lm_grid(tiny=False)
+    assert ["--sync-every", "100", "--amp", "--sdpa", "--fused", "--compile"] in lm and len(lm) == 9
+    mlp = patients.mlp_grid(tiny=False, batch=32)
+    assert any("reduce-overhead" in flags and "256" in flags and "--fused" in flags for flags in mlp)
