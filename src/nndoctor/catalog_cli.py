@@ -53,13 +53,14 @@ def check_json(cls) -> dict:
 def _write_json(data, path: str) -> None:
     import json
 
-    from nndoctor.atomic import atomic_write_text
+    from nndoctor.atomic import atomic_write_text, prepare_output_path
 
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     if path == "-":
         sys.stdout.write(text)
     else:
-        atomic_write_text(path, text)
+        # A directory, a path below a file or an unwritable folder: one line, exit 2.
+        atomic_write_text(prepare_output_path(path), text)
 
 
 def plain_table(checks) -> str:

@@ -292,11 +292,14 @@ def test_prepare_output_path_makes_paths_absolute_and_keeps_dash(tmp_path, monke
     assert not (tmp_path / "out").exists()  # checking creates nothing
 
 
-def test_checks_has_no_output_path_and_rejects_one(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["checks", "--json", "x.json"])
-    assert exit_.value.code == 2
-    assert "Traceback" not in capsys.readouterr().err
+def test_checks_json_path_is_checked_like_every_output_path(tmp_path, capsys):
+    # `checks --json PATH` exists (issue 17): a directory is a one-line usage error, exit 2.
+    assert main(["checks", "--json", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nndoctor: error: ") and "Traceback" not in err
+    out = tmp_path / "catalog.json"
+    assert main(["checks", "--json", str(out), "--quiet"]) == 0
+    assert any(entry["code"] == "M101" for entry in json.loads(out.read_text()))
 
 
 def test_bad_output_path_with_control_characters_is_printed_escaped(tmp_path, capsys):

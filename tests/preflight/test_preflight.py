@@ -19,6 +19,9 @@ from nndoctor.runner import Target, run_target
 from tests.conftest import CORRECT, FIXTURES, correct_programs, expected_lines
 
 PREFLIGHT = FIXTURES / "preflight"
+# Correct programs preflight cannot test, and says why: the training runs in child processes
+# (mp.spawn), or the model is called as model(**batch), which the forward hook does not see.
+TRAINED_ELSEWHERE = {"ddp_spawn_gloo", "keyword_batch_call"}
 CODES = ("M107", "H101", "H102")
 
 
@@ -73,18 +76,21 @@ def test_correct_program_passes_every_active_test(program):
     report = run_preflight(program)
     seconds = time.perf_counter() - started
     preflight = report.extra["preflight"]
-    assert preflight["ran"], preflight
+    if program.stem in TRAINED_ELSEWHERE:
+        assert not preflight["ran"] and preflight["reason"], preflight
+    else:
+        assert preflight["ran"], preflight
     bad = [f for f in report.findings if f.code in CODES and f.severity >= Severity.WARNING]
     assert not bad, "\n".join(f"{f.code} {f.location}: {f.message}" for f in bad)
     failed = [t for t in preflight["tests"] if t["status"] == "failed"]
     assert not failed, failed
     assert not report.internal_errors, report.internal_errors
-    print(f"{program.stem}: preflight {preflight['seconds']:.2f} s, whole run {seconds:.2f} s, "
+    print(f"{program.stem}: preflight {preflight.get('seconds', 0):.2f} s, whole run {seconds:.2f} s, "
           + ", ".join(f"{t['name'].split(' (')[0]}={t['status']}" for t in preflight["tests"]))
 
 
 def test_correct_rnn_with_custom_function_is_checked_not_skipped():
-    report = run_preflight(CORRECT / "rnn_time_first_transpose.py")
+    report = run_preflight(CORRECT / "rnn_time_first_transpose.py", budget_s=30.0)
     statuses = {t["name"]: t["status"] for t in report.extra["preflight"]["tests"]}
     assert statuses["batch independence (M107)"] == "passed"
     assert statuses["gradcheck of custom autograd Functions (H102)"] == "passed"

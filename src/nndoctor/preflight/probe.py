@@ -11,6 +11,7 @@ import math
 import os
 import random
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -22,6 +23,7 @@ from nndoctor.registry import Check, get_check
 
 OVERFIT_BUDGET_S = float(os.environ.get("NNDOCTOR_PREFLIGHT_BUDGET", "20"))
 _MAX_CAPTURES = 4
+_MAX_STEP_ATTEMPTS = 3
 
 
 class _Capture:
@@ -33,6 +35,8 @@ class _Capture:
         self.model_ref = weakref.ref(event.module)
         self.inputs = active.clone_batch(tuple(event.inputs))
         self.kwargs = active.clone_batch(dict(event.kwargs or {}))
+        # model(**batch) when the forward hook does not see keyword arguments: nothing to replay.
+        self.replayable = bool(self.inputs or self.kwargs)
         self.location = event.location
         output = event.output
         self.output_ref = weakref.ref(output) if isinstance(output, torch.Tensor) else None
@@ -63,6 +67,7 @@ class PreflightProbe(Check):
         self.budget_s = getattr(session, "preflight_budget_s", OVERFIT_BUDGET_S)
         self.captures: list[_Capture] = []
         self.done = False
+        self._attempts = 0
 
     # -- capture ---------------------------------------------------------------------------
     def on_forward(self, event: Any) -> None:
@@ -107,6 +112,10 @@ class PreflightProbe(Check):
     def on_step_start(self, event: Any) -> None:
         if self.done:
             return
+        self._attempts += 1
+        if self._capture_for(event.optimizer) is None and self._attempts < _MAX_STEP_ATTEMPTS:
+            # A closure optimizer (L-BFGS) calls the model inside step(): the forward comes later.
+            return
         self.done = True
         session = self.session
         active_before, session.active = session.active, False
@@ -132,6 +141,10 @@ class PreflightProbe(Check):
             return {"ran": False, "reason": "no training forward of a model updated by this optimizer was seen",
                     "tests": []}
         model = capture.model_ref()
+        if not capture.replayable:
+            return {"ran": False, "tests": [],
+                    "reason": f"{type(model).__name__} was called with keyword arguments only, which nndoctor's "
+                              "forward hook does not see: the batch cannot be replayed on a copy"}
         recipe = active.StepRecipe(model=model, optimizer=optimizer, inputs=capture.inputs, kwargs=capture.kwargs,
                                    loss_of_output=capture.loss_of_output, loss_description=capture.loss_description,
                                    target=capture.target, location=capture.loss_location or capture.location,
@@ -180,8 +193,13 @@ class PreflightProbe(Check):
         try:
             return test()
         except Exception as error:  # noqa: BLE001 - a test that breaks is reported, never raised
-            self.session.internal_error(f"preflight {name}", error)
-            result = active.TestResult(name, "skipped", detail=f"the test failed: {type(error).__name__}: {error}")
+            if _raised_by_nndoctor(error):
+                self.session.internal_error(f"preflight {name}", error)
+            # Otherwise the model or torch refused the test (reentrant checkpointing and
+            # autograd.grad, a forward that needs state the copy lacks): skipped, with why.
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            result = active.TestResult(name, "skipped",
+                                       detail=f"the test could not run on this model: {type(error).__name__}: {first_line}")
             return (result, None) if pair else result
 
     def _report(self, tests: list[active.TestResult], recipe: active.StepRecipe, capture: _Capture,
@@ -231,6 +249,14 @@ class PreflightProbe(Check):
                 f"The first loss on the real batch is {initial:.3g} for {classes} classes, while an untrained model "
                 f"should give about ln({classes}) = {ln_c:.3g} (threshold {ln_c + limit:.3g}).",
                 location=recipe.location, evidence={"initial_loss": initial, "classes": classes}))
+
+
+def _raised_by_nndoctor(error: BaseException) -> bool:
+    """Did the exception start in nndoctor's own code (a bug to report) rather than in the
+    user's model or in torch?"""
+    frames = traceback.extract_tb(error.__traceback__)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(package)
 
 
 def _classes(recipe: active.StepRecipe) -> int | None:
