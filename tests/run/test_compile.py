@@ -8,6 +8,7 @@ outside.
 from __future__ import annotations
 
 import runpy
+import shutil
 import sys
 import warnings
 
@@ -63,7 +64,7 @@ def test_compiled_model_is_observed_from_outside():
     assert not report.internal_errors, report.internal_errors
 
 
-@pytest.mark.skipif(not torch._inductor.cpu_vec_isa.valid_vec_isa_list(), reason="no CPU compiler for inductor")
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor on CPU needs a C++ compiler")
 def test_default_inductor_backend_runs_under_nndoctor(tmp_path):
     torch._dynamo.reset()
     report = run_script(SCRIPT, [str(tmp_path / "w.pt"), "inductor", "static"])
