@@ -193,7 +193,7 @@ class Session:
         counts = self.state.step_counts
         counts[optimizer] = own = counts.get(optimizer, 0) + 1
         self._count_round(id(optimizer))
-        # Steps a new optimizer (the next phase) are fully observed, like the run's first.
+        # The first steps of a new optimizer (the next phase) are fully observed, like the run's.
         self._phase_sampled = own < self.full_window
 
     def count_manual_step(self) -> None:

@@ -137,11 +137,10 @@ class Installation:
         if output is None and sys.exc_info()[1] is not None:
             return None
         try:
-            if _without_values(output):
-                return None
             if not stack:  # a top-level call from user code
-                self._root_forward(module, args, output, is_loss)
-            elif session.wants("module_output") and session.sampled:
+                if not _without_values(output):
+                    self._root_forward(module, args, output, is_loss)
+            elif session.wants("module_output") and session.sampled and not _without_values(output):
                 root = stack[0]
                 session.emit(ev.ModuleOutput(
                     step=session.step, sampled=True, module=module,
