@@ -6,6 +6,11 @@ and the ``Report``/``Finding`` types it returns. Importing nndoctor does not imp
 
 from __future__ import annotations
 
+# isort: off
+# First, before any other import: `python -m nndoctor` must not import the user's files.
+from nndoctor import _startup  # noqa: F401
+# isort: on
+
 from typing import TYPE_CHECKING, Any
 
 from nndoctor._version import __version__

@@ -24,6 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "data": ("nndoctor.data.cli", "check an image dataset or TFRecord files before training"),
     "ckpt": ("nndoctor.ckpt.cli", "inspect, diff, repair and convert checkpoints"),
     "perf": ("nndoctor.perf.cli", "where the step time goes and what to change"),
+    "preflight": ("nndoctor.preflight.cli", "run active tests on copies of the model at the first step, then stop"),
+    "env": ("nndoctor.env.cli", "check the installation: frameworks, CUDA builds, driver, GPUs, packages"),
 }
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
@@ -66,7 +68,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 # Subcommands that run a user's script: everything from the script (or ``-m MODULE``) on
 # belongs to the script, even options like ``--lr``.
-SCRIPT_RUNNERS = ("run", "perf")
+SCRIPT_RUNNERS = ("run", "perf", "preflight")
 
 
 def _split_script_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

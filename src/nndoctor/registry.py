@@ -32,7 +32,11 @@ CHECK_MODULES = (
     "nndoctor.data.checks",
     "nndoctor.ckpt.checks",
     "nndoctor.perf.checks",
+    "nndoctor.env.checks",
 )
+
+# Frameworks a family may need; without them the family is left out instead of failing.
+OPTIONAL_FRAMEWORKS = ("torch", "torchvision", "tensorflow", "keras")
 
 _REGISTRY: dict[str, type[Check]] = {}
 _CODE_RE = re.compile(r"^[A-Z][0-9]{3}$")
@@ -147,8 +151,10 @@ def load_all() -> None:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as error:
-            # A family whose package is not there yet is simply absent from the catalog.
-            if error.name is None or not module.startswith(error.name):
+            # A family whose package is not there yet, or whose framework is not installed
+            # (the PyTorch run checks without torch), is simply absent from the catalog.
+            missing = (error.name or "").split(".")[0]
+            if error.name is None or not (module.startswith(error.name) or missing in OPTIONAL_FRAMEWORKS):
                 raise
 
 

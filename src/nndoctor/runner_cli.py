@@ -30,6 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, metavar="N",
                         help="stop the script cleanly after N optimizer steps and report")
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
+    parser.add_argument("--preflight", action="store_true",
+                        help="at the first optimizer step, run active tests on copies of the model, then train on")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -68,6 +70,13 @@ def run(args: argparse.Namespace) -> int:
     select, ignore = selectors(args)
     output = ReportDelivery.from_args(args)
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps)
+    preflight = getattr(args, "preflight_stop", False) or args.preflight
+    if preflight:
+        from nndoctor.preflight.probe import attach
+        from nndoctor.preflight.render import print_preflight
+
+        attach(session, stop=getattr(args, "preflight_stop", False))
+        output.sections.append(print_preflight)
     try:
         report = run_target(target, session, deliver=output.deliver)
         output.deliver(report)

@@ -22,12 +22,12 @@ def pairs():
     return keras_pairs
 
 
-def _independent_max_diff(pairs, name, out_path):
+def _independent_max_diff(pairs, name, out_path, torch_name=None):
     """Re-check the written file without nndoctor: load it, run both models, compare."""
     from safetensors.torch import load_file
 
     keras_model = getattr(pairs, f"keras_{name}")()
-    torch_model = getattr(pairs, f"torch_{name}")()
+    torch_model = getattr(pairs, f"torch_{torch_name or name}")()
     torch_model.load_state_dict(load_file(out_path), strict=True)
     torch_model.eval()
     shape = [2] + [d or 5 for d in keras_model.inputs[0].shape[1:]]
@@ -125,3 +125,30 @@ def test_convert_refuses_pytorch_files(tmp_path, net, run_cli):
     torch.save(net.state_dict(), src)
     result = run_cli("ckpt", "convert", src, "-o", tmp_path / "b.pt", "--model", f"{SPEC}:torch_dense")
     assert result.code == 2 and "Keras files" in result.err
+
+
+def test_weights_only_file_says_keras_epsilon_is_unknown(tmp_path, pairs, run_json):
+    # Keras BatchNormalization at its default epsilon (1e-3); PyTorch BatchNorm1d at its own (1e-5).
+    src = tmp_path / "bn.weights.h5"
+    pairs.keras_bn_dense().save_weights(src)
+    out = tmp_path / "bn.safetensors"
+    code, report, _ = run_json("ckpt", "convert", src, "-o", out, "--model", f"{SPEC}:torch_bn_dense")
+    assert codes(report) == ["C208"] and code == 0
+    (c208,) = report["findings"]
+    assert "Keras' BatchNormalization defaults to epsilon=0.001" in c208["message"]
+    assert "PyTorch `1` uses eps=1e-05" in c208["message"]
+    unknown = c208["evidence"]["epsilon_unknown"]["1"]
+    assert unknown["torch_eps"] == pytest.approx(1e-5) and unknown["keras_default_epsilon"] == pytest.approx(1e-3)
+    # From the stored moving variance v: max |sqrt((v + 1e-3) / (v + 1e-5)) - 1| (about 5e-4 at v = 1).
+    variance = next(w for w in pairs.keras_bn_dense().weights if "moving_variance" in w.path)
+    v = np.asarray(variance.numpy(), dtype=np.float64)
+    assert unknown["relative_effect"] == pytest.approx(np.max(np.sqrt((v + 1e-3) / (v + 1e-5)) - 1), rel=1e-6)
+    assert f"off by up to {unknown['relative_effect']:.1e} relatively" in c208["message"]
+    assert "build `1` with eps=0.001" in c208["fix"]
+    # What the note warns about is real: the outputs drift; built as the fix says, they do not.
+    assert _independent_max_diff(pairs, "bn_dense", out) > 1e-4
+    out_fixed = tmp_path / "bn_fixed.safetensors"
+    code, report, _ = run_json("ckpt", "convert", src, "-o", out_fixed, "--model", f"{SPEC}:torch_bn_dense_keras_eps")
+    (c208,) = report["findings"]
+    assert "epsilon" not in c208["message"] and "epsilon_unknown" not in (c208["evidence"] or {})
+    assert _independent_max_diff(pairs, "bn_dense", out_fixed, torch_name="bn_dense_keras_eps") < 1e-5

@@ -256,3 +256,18 @@ def test_other_layouts(build, run_data, layout):
         result = run_data(build.root / "a_train", build.root / "b_holdout")
         assert result.report["extra"]["splits"] == ["a_train", "b_holdout"]
         assert result.files("F110") == {"leak.jpg"}
+
+
+def test_f112_image_tiny_for_its_dataset(build, run_data):
+    root = build.imagefolder(size=(128, 128))
+    build.image("train/dog/icon.jpg", width=12, height=12)  # above the absolute 10 px, 10x below the rest
+    build.image("train/owl/half.jpg", width=64, height=64)  # smaller, but within 4x: a normal photo
+    finding = run_data(root).one("F112")
+    assert [os.path.basename(p) for p in finding["evidence"]["files"]] == ["icon.jpg"]
+    assert "12x12 px, shorter side 12 px against a median of 128 px" in finding["message"]
+
+
+def test_f112_relative_size_needs_enough_images(build, run_data):
+    root = build.imagefolder(splits=("train",), classes=("cat", "dog"), per_class=2, size=(128, 128))
+    build.image("train/dog/icon.jpg", width=12, height=12)
+    assert run_data(root).files("F112") == set()  # 5 images: no median to judge against

@@ -9,7 +9,7 @@ import numpy as np
 from conftest import photo
 from PIL import Image
 
-from nndoctor.data.filechecks import degenerate_reason
+from nndoctor.data.filechecks import degenerate_reason, relatively_tiny_reason
 from nndoctor.data.formats import sniff, structure_problem
 from nndoctor.data.imagestats import hamming, phash
 from nndoctor.data.probe import FileRecord, probe_file
@@ -116,6 +116,11 @@ def test_phash_survives_resize_and_separates_distinct_images():
     assert hamming(hash_of(original), hash_of(resized)) <= 6
     distances = [hamming(hash_of(photo(s, 160, 120)), hash_of(photo(s + 1, 160, 120))) for s in range(10, 30)]
     assert min(distances) > 6
+
+
+def test_relatively_tiny_threshold():
+    assert relatively_tiny_reason(12, 12, 128).startswith("tiny for this dataset")
+    assert relatively_tiny_reason(32, 40, 128) is None and relatively_tiny_reason(31, 40, 128) is not None
 
 
 def test_degenerate_thresholds():

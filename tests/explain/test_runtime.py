@@ -46,7 +46,7 @@ def test_unknown_error_gets_no_guessed_explanation(tmp_path):
     assert report.status == "crashed" and "KeyError: 'lr'" in report.traceback
     assert not report.findings
     assert report.extra["crash"] == {"type": "KeyError", "message": "'lr'", "location": f"{script}:3",
-                                     "explained_by": None}
+                                     "source": "lr = config['lr']", "explained_by": None}
 
 
 class _Noisy(torch.utils.data.Dataset):

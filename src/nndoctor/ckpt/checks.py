@@ -267,7 +267,12 @@ class ConversionNotVerified(CkptCheck):
 
     ## Why is this bad?
     Shapes can match while the computation differs (Flatten order, padding, activations);
-    only an output comparison shows that the conversion is right.
+    only an output comparison shows that the conversion is right. A weights-only file also
+    does not record a normalization layer's epsilon: Keras' `BatchNormalization` and
+    `LayerNormalization` default to `epsilon=1e-3`, PyTorch's `BatchNorm2d`/`LayerNorm` to
+    `eps=1e-5`, so a PyTorch model built with its defaults gives outputs off by about 5e-4
+    (relative, for unit variance) with nothing in the file to say so. The message names
+    those layers and the size of the effect computed from their stored moving variance.
 
     ## Example
     ```console
@@ -281,6 +286,8 @@ class ConversionNotVerified(CkptCheck):
 
     ## References
     - https://keras.io/getting_started/#configuring-your-backend
+    - https://keras.io/api/layers/normalization_layers/batch_normalization/ (epsilon defaults to 1e-3)
+    - https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm2d.html (eps defaults to 1e-5)
     """
 
     code = "C208"

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nndoctor.ckpt import checks
-from nndoctor.ckpt.keras_convert import plan_conversion
+from nndoctor.ckpt.keras_convert import UnknownEpsilon, plan_conversion
 from nndoctor.ckpt.reader import read_checkpoint
 from nndoctor.ckpt.writer import check_output_path, write_state_dict
 from nndoctor.errors import UsageError
@@ -29,6 +29,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-layout", choices=["auto", "channels_first", "channels_last"], default="auto",
                         help="layout the PyTorch model expects for the Keras (channels-last) input")
     parser.add_argument("--no-verify", action="store_true", help="skip running the two models")
+
+
+def unknown_epsilon_note(unknown: list[UnknownEpsilon]) -> tuple[str, dict, str]:
+    """(sentence, evidence, fix) for normalization layers whose Keras epsilon the weights file
+    does not record while the PyTorch modules use another eps than Keras' default."""
+    from nndoctor.report.capping import cap_items
+
+    names = [f"`{u.torch_name}`" for u in unknown]
+    kinds = sorted({"BatchNormalization" if u.kind == "batch_normalization" else "LayerNormalization"
+                    for u in unknown})
+    torch_eps = sorted({u.torch_eps for u in unknown})
+    default = unknown[0].keras_default
+    verb = "defaults" if len(kinds) == 1 else "default"
+    note = (f"The weights file does not record normalization epsilon: Keras' {' and '.join(kinds)} {verb} to "
+            f"epsilon={default:g} (keras.io layer docs), while PyTorch {', '.join(cap_items(names, 4))} "
+            f"use{'s' if len(names) == 1 else ''} eps={'/'.join(f'{e:g}' for e in torch_eps)} (PyTorch's default)")
+    effects = [(u.relative_effect, u.torch_name) for u in unknown if u.relative_effect is not None]
+    if effects:
+        effect, where = max(effects)
+        note += (f"; if the Keras model kept its default, the normalized output of `{where}` is off by up "
+                 f"to {effect:.1e} relatively (from its stored moving variance)")
+    evidence = {"epsilon_unknown": {u.torch_name: {"keras_layer": u.keras_name, "torch_eps": u.torch_eps,
+                                                    "keras_default_epsilon": u.keras_default,
+                                                    "relative_effect": u.relative_effect} for u in unknown}}
+    fix = (f"if the Keras model used the default, build {', '.join(cap_items(names, 4))} with eps={default:g}; "
+           f"give --keras-model MODULE:CALLABLE so epsilon is read from the model and outputs are compared")
+    return note + ".", evidence, fix
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,9 +116,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             why = ("--no-verify given" if args.no_verify else
                    "a weights-only file and no --keras-model")
-            report.add(checks.ConversionNotVerified.finding(
-                f"outputs were not compared ({why}); shapes fit, but Flatten order, padding or "
-                f"activations may still differ", location=location))
+            message = (f"outputs were not compared ({why}); shapes fit, but Flatten order, padding or "
+                       f"activations may still differ")
+            evidence, fix = {}, None
+            if plan.epsilon_unknown:
+                note, evidence, fix = unknown_epsilon_note(plan.epsilon_unknown)
+                message += ". " + note
+            report.add(checks.ConversionNotVerified.finding(message, location=location,
+                                                           evidence=evidence or None, fix=fix))
     written = not any(f.code in ("C206", "C207") for f in report.findings)
     if written:
         write_state_dict(args.output, converted, metadata={"source": args.source,

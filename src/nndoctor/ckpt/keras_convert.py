@@ -56,6 +56,35 @@ class ConversionPlan:
     unfilled_torch: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     epsilon_mismatches: list[tuple[str, str, float, float]] = field(default_factory=list)
+    # Normalization layers whose Keras epsilon the file does not record (weights-only files)
+    # while the PyTorch module's eps differs from Keras' default.
+    epsilon_unknown: list[UnknownEpsilon] = field(default_factory=list)
+
+
+# Keras' defaults (keras.io: BatchNormalization and LayerNormalization, "epsilon ... Defaults
+# to 1e-3"); PyTorch's BatchNorm*/LayerNorm default to eps=1e-5.
+KERAS_DEFAULT_EPSILON = {"batch_normalization": 1e-3, "layer_normalization": 1e-3}
+
+
+@dataclass(frozen=True)
+class UnknownEpsilon:
+    """A normalization layer converted without knowing the epsilon Keras used."""
+
+    keras_name: str
+    kind: str
+    torch_name: str
+    torch_eps: float
+    keras_default: float
+    # Largest relative change of the normalized output if Keras kept its default, from the
+    # stored moving variance (BatchNorm only; LayerNorm's variance depends on the input).
+    relative_effect: float | None = None
+
+
+def epsilon_effect(moving_variance: np.ndarray, eps_used: float, eps_meant: float) -> float:
+    """max over channels of |sqrt((v + meant) / (v + used)) - 1|: how much larger (or smaller)
+    BatchNorm's output (x - mean) / sqrt(v + eps) is with ``eps_used`` instead of ``eps_meant``."""
+    v = np.asarray(moving_variance, dtype=np.float64)
+    return float(np.max(np.abs(np.sqrt((v + eps_meant) / (v + eps_used)) - 1.0))) if v.size else 0.0
 
 
 def _t(array: np.ndarray) -> Any:
@@ -239,9 +268,16 @@ def plan_conversion(layers: list[KerasLayerWeights], model: Any) -> ConversionPl
             plan.errors.append(str(error))
             continue
         eps = layer.config.get("epsilon")
-        if layer.kind in ("batch_normalization", "layer_normalization") and eps is not None:
+        if layer.kind in KERAS_DEFAULT_EPSILON and eps is not None:
             if abs(float(eps) - float(module.eps)) > 1e-12:
                 plan.epsilon_mismatches.append((layer.name, name, float(eps), float(module.eps)))
+        elif layer.kind in KERAS_DEFAULT_EPSILON:
+            default = KERAS_DEFAULT_EPSILON[layer.kind]
+            if abs(default - float(module.eps)) > 1e-12:
+                variance = layer.weights.get("moving_variance")
+                effect = epsilon_effect(variance, float(module.eps), default) if variance is not None else None
+                plan.epsilon_unknown.append(UnknownEpsilon(layer.name, layer.kind, name, float(module.eps),
+                                                           default, effect))
     for kind, remaining in queues.items():
         plan.unused_keras += [f"{layer.name} ({kind})" for layer in remaining]
     return plan

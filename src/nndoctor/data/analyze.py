@@ -9,7 +9,7 @@ from itertools import groupby
 
 import numpy as np
 
-from nndoctor.data import checks
+from nndoctor.data import checks, filechecks
 from nndoctor.data.layout import TRAIN_NAMES, Split, display
 from nndoctor.data.messages import listing, plural
 from nndoctor.data.scan import ScanResult
@@ -49,7 +49,7 @@ def image_findings(result: ScanResult, options: AnalysisOptions) -> list[Finding
     out += _per_file(result, checks.FormatExtensionMismatch, "F104", "content does not match the extension")
     out += _per_file(result, checks.NonImageFile, "F105", "non-image files in image folders")
     out += _per_file(result, checks.ExifRotation, "F111", "EXIF orientation that loaders ignore")
-    out += _per_file(result, checks.DegenerateImage, "F112", "degenerate images (tiny, extreme aspect ratio or blank)")
+    out += _degenerate(result)
     out += _mixed_modes(result)
     out += _sizes(result, options.crop)
     out += _phantom_classes(result)
@@ -81,6 +81,32 @@ def _unreadable(result: ScanResult) -> list[Finding]:
 def _per_file(result: ScanResult, check: type[checks.DataCheck], code: str, what: str) -> list[Finding]:
     rows = [(path, detail) for _, path, detail in result.index.issues(code)]
     return [files_finding(check, rows, what)] if rows else []
+
+
+def _degenerate(result: ScanResult) -> list[Finding]:
+    """F112: the per-file verdicts, plus images tiny next to the dataset's median size."""
+    rows = [(path, detail) for _, path, detail in result.index.issues("F112")]
+    rows += _relatively_tiny(result.index, {path for path, _ in rows})
+    if not rows:
+        return []
+    rows.sort()
+    return [files_finding(checks.DegenerateImage, rows, "degenerate images (tiny, extreme aspect ratio or blank)")]
+
+
+def _relatively_tiny(index, already: set[str]) -> list[tuple[str, str]]:
+    (count,) = next(index.query("SELECT COUNT(*) FROM images"))
+    if count < filechecks.RELATIVE_MIN_IMAGES:
+        return []
+    median = _percentiles(index, "MIN(width, height)", count)[1]
+    limit = filechecks.RELATIVE_TINY * median
+    rows = []
+    for path, width, height in index.query(
+        "SELECT path, width, height FROM images WHERE MIN(width, height) < ? ORDER BY path", (limit,)
+    ):
+        reason = filechecks.relatively_tiny_reason(width, height, median)
+        if reason and path not in already:
+            rows.append((path, reason))
+    return rows
 
 
 # -- cross-file checks ---------------------------------------------------------------------

@@ -374,14 +374,17 @@ class ExifRotation(DataCheck):
 class DegenerateImage(DataCheck):
     """
     ## What it does
-    Lists images that carry almost nothing to learn from: tiny (shorter side under 10 px),
-    extreme aspect ratio (over 10:1), or blank — a single flat colour (grayscale standard
-    deviation under 1 on the 0–255 scale, measured on a reduction of the image).
+    Lists images that carry almost nothing to learn from: tiny (shorter side under 10 px, or
+    under a quarter of the dataset's median shorter side once it has 8 images or more — a
+    12×12 icon among 128-px photos), extreme aspect ratio (over 10:1), or blank — a single
+    flat colour (grayscale standard deviation under 1 on the 0–255 scale, measured on a
+    reduction of the image).
 
     ## Why is this bad?
     These are usually failed exports, placeholder images, tracking pixels or black video
     frames. Blank images are exactly what a failed read becomes (OpenCV's `None` turned into
-    zeros), and resizing a 400×20 strip to 224×224 gives noise.
+    zeros), and resizing a 400×20 strip to 224×224 gives noise. An image four times smaller
+    than its neighbours is blown up by the same `Resize` into a blur of a few pixels.
 
     ## Example
     `train/cat/000873.jpg`: 640×480, all black.
@@ -391,6 +394,9 @@ class DegenerateImage(DataCheck):
 
     ## References
     - Thresholds: 10 px is below any usable recognition resolution (MNIST is 28, CIFAR 32);
+      a quarter of the median means 4× more upsampling (16× fewer pixels) than the rest of
+      the data gets, and recognition degrades quickly below 32×32 (Torralba, Fergus, Freeman,
+      "80 million tiny images", IEEE TPAMI 2008);
       10:1 is beyond photo (3:2, 16:9) and panorama crops used in practice; std < 1 of 255
       means less than one grey level of variation — a flat colour after JPEG noise.
     """

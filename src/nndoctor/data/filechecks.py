@@ -14,6 +14,11 @@ from nndoctor.data.probe import FileRecord
 TINY_SIDE = 10  # px: below this an image carries almost no information (icons, pixels)
 EXTREME_ASPECT = 10.0  # longer / shorter side: strips, banners, panoramas
 BLANK_GRAY_STD = 1.0  # grayscale std on 0–255: one flat colour (failed loads, black frames)
+# Tiny for its dataset: a shorter side under a quarter of the dataset's median shorter side
+# (a 12x12 icon among 128-px photos is upsampled 10x by the same Resize as the rest), judged
+# once enough images give a meaningful median.
+RELATIVE_TINY = 0.25
+RELATIVE_MIN_IMAGES = 8
 
 _ORIENTATIONS = {
     2: "mirrored horizontally",
@@ -65,3 +70,13 @@ def degenerate_reason(record: FileRecord) -> str | None:
     if record.gray_std is not None and record.gray_std < BLANK_GRAY_STD:
         return f"blank: one flat colour (grayscale std {record.gray_std:.2f} of 255)"
     return None
+
+
+def relatively_tiny_reason(width: int, height: int, median_shorter: float) -> str | None:
+    """Why an image is tiny next to the others (pure): its shorter side is under
+    ``RELATIVE_TINY`` of the dataset's median shorter side."""
+    shorter = min(width, height)
+    if median_shorter <= 0 or shorter >= RELATIVE_TINY * median_shorter:
+        return None
+    return (f"tiny for this dataset: {width}x{height} px, shorter side {shorter} px against a median "
+            f"of {median_shorter:g} px ({median_shorter / max(1, shorter):.0f}x smaller)")

@@ -56,7 +56,9 @@ class CrashExplanation(Check):
 def explanations(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[type[CrashExplanation]]:
     """The enabled explanation classes, in the order they are tried."""
     select, ignore = list(select), list(ignore)
-    found = [c for c in all_checks("explain") if issubclass(c, CrashExplanation) and is_enabled(c, select, ignore)]
+    # Any scope: the install checks of ``nndoctor env`` also explain the crashes they cause.
+    found = [c for c in all_checks() if issubclass(c, CrashExplanation) and c.patterns
+             and is_enabled(c, select, ignore)]
     return sorted(found, key=lambda c: (c.order, c.code))
 
 

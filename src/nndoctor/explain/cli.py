@@ -85,18 +85,10 @@ def unexplained_summary(crash: Crash) -> dict[str, object]:
 
 
 def render_unexplained(console, crashes: list[Crash]) -> None:
+    from nndoctor.report.unexplained import render_no_known_cause
+
     for crash in crashes:
-        summary = unexplained_summary(crash)
-        head = Text()
-        head.append("no known cause ", style="bold magenta")
-        head.append(str(summary["type"]))
-        if summary["location"]:
-            head.append(f"  {summary['location']}", style="cyan")
-        console.print(head)
-        console.print(Text(f"    {summary['type']}: {summary['message']}"))
-        where = f"{summary['location']}" + (f": {summary['source']}" if summary["source"] else "")
-        console.print(Text("    nndoctor has no explanation for this error in its catalog; the traceback's "
-                           f"last line in your code is {where or 'not in the text'}.", style="dim"))
+        render_no_known_cause(console, unexplained_summary(crash))
         console.print()
 
 

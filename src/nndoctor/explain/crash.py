@@ -43,7 +43,8 @@ def is_user_path(path: str) -> bool:
         return False
     if any(marker in path for marker in _LIBRARY_MARKERS):
         return False
-    if re.search(r"[\\/]lib[\\/]python\d+(\.\d+)?[\\/]", path) and not re.search(r"site-packages|dist-packages", path):
+    # ".../lib/python3.10/…", or the same trimmed in a pasted log ("python3.8/threading.py").
+    if re.search(r"(?:[\\/]lib[\\/]|^)python\d+(\.\d+)?[\\/]", path) and not re.search(r"site-packages|dist-packages", path):
         return False
     real = os.path.realpath(path) if os.path.isabs(path) else path
     if real.startswith(_STDLIB + os.sep):

@@ -72,6 +72,7 @@ def explain_crash(error: BaseException, session: Any) -> list[Finding]:
             "type": first.exc_type,
             "message": first.message.splitlines()[0] if first.message else "",
             "location": str(first.location) if first.location else None,
+            "source": first.user_frame.source if first.user_frame else "",
             "explained_by": finding.code if finding else None,
         }
     return [finding] if finding is not None else []

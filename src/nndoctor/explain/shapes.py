@@ -468,14 +468,17 @@ class TargetOutOfBounds(CrashExplanation):
     name = "target-out-of-bounds"
     summary = "a class target outside [0, C) reached the loss"
     fix = "class targets must be 0..C-1: shift 1-based labels (y - 1) or give the model more outputs"
-    patterns = (r"Target (?P<target>-?\d+) is out of bounds",)
+    # The second is PyTorch <= 1.0's CPU wording of the same check (THNN ClassNLLCriterion).
+    patterns = (r"Target (?P<target>-?\d+) is out of bounds",
+                r"Assertion `cur_target >= 0 && cur_target < n_classes' failed")
     order = 30
 
     @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
-        target_value = int(facts["target"])
-        evidence: dict[str, Any] = {"target": target_value}
-        message = f"The loss received class target {target_value}, outside the range of the model's outputs."
+        target_value = int(facts["target"]) if "target" in facts else None
+        evidence: dict[str, Any] = {"target": target_value} if target_value is not None else {}
+        named = f"class target {target_value}" if target_value is not None else "a class target"
+        message = f"The loss received {named}, outside the range of the model's outputs."
         fix = cls.fix
         found = _loss_tensors(crash)
         if found is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 
 from nndoctor.explain.crash import Crash, Frame
+from nndoctor.explain.pasted import clean, cpp_terminate, find_error_line
+from nndoctor.explain.wordings import KNOWN_MESSAGE_START, current_wording
 
 _TRACEBACK_START = re.compile(r"^(?P<indent>[ \t]*)Traceback \(most recent call last\):[ \t]*$", re.M)
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?\s*$')
@@ -23,8 +25,12 @@ _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception:",
 )
 _PREAMBLE_LINES = 40
-# torchrun prefixes every line of a rank's output ("[rank1]: Traceback ...").
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:[ ]?", re.M)
+# Python 3.11+ marks the failing expression under a frame's source line.
+_CARETS = re.compile(r"^\s*[~^]+\s*$")
+# How far above a bare error line frames of a traceback whose header was lost are looked for.
+_HEADERLESS_FRAME_LINES = 400
+# pytest's summary of where a test failed, printed under its "E   " lines: "pkg/mod.py:178: RuntimeError".
+_PYTEST_LOCATION = re.compile(r"^(?P<path>\S+\.py):(?P<line>\d+): (?P<type>[\w.]+)\s*$")
 
 
 def parse_frames(lines: list[str]) -> tuple[list[Frame], int]:
@@ -80,12 +86,16 @@ def _parse_block(block: str, preamble: str) -> Crash | None:
 
 
 def parse_crashes(text: str) -> list[list[Crash]]:
-    """Every crash in ``text``: a list of chains, each chain's tracebacks in order (last = raised)."""
-    text = _RANK_PREFIX.sub("", text.replace("\r\n", "\n"))
+    """Every crash in ``text``: a list of chains, each chain's tracebacks in order (last = raised).
+
+    The text is first cleaned of what pasting adds (``pasted.clean``). When no traceback can
+    be read to its end (none in the text, or each one cut off), the text's error line is used.
+    """
+    text = clean(text)
     starts = [m.start() for m in _TRACEBACK_START.finditer(text)]
     if not starts:
         single = bare_error(text)
-        return [[single]] if single else []
+        return _with_current_wording([[single]] if single else [])
     chains: list[list[Crash]] = []
     previous_end = 0
     for index, start in enumerate(starts):
@@ -105,16 +115,101 @@ def parse_crashes(text: str) -> list[list[Crash]]:
             chains[-1].append(crash)
         else:
             chains.append([crash])
+    if not chains:  # every traceback was cut off before its exception line
+        single = bare_error(text)
+        chains = [[single]] if single else []
+    return _with_current_wording(chains)
+
+
+def _with_current_wording(chains: list[list[Crash]]) -> list[list[Crash]]:
+    for chain in chains:
+        for crash in chain:
+            _add_current_wording(crash)
     return chains
 
 
+def _add_current_wording(crash: Crash) -> None:
+    """Put today's wording of an old-style message right under the message's first line, where
+    the explanations read it (their facts: devices, dtypes); the first line, which reports show,
+    stays what the log said."""
+    modern = current_wording(crash.message)
+    if modern:
+        first, _, rest = crash.message.partition("\n")
+        crash.message = "\n".join([first, *modern, *([rest] if rest else [])])
+
+
 def bare_error(text: str) -> Crash | None:
-    """A lone error line without a traceback ("RuntimeError: CUDA out of memory ...")."""
+    """The error of a text without a complete traceback: an exception named in a line
+    ("RuntimeError: CUDA out of memory ...", also after other text on that line), libtorch's
+    C++ ``terminate``/``what()`` lines, or else a known PyTorch message pasted without its
+    exception's name. Frames printed right above the error line (a traceback whose header was
+    not copied) are kept."""
     lines = text.splitlines()
+    typed = next(((i, m) for i, line in enumerate(lines) if (m := find_error_line(line))), None)
+    native = cpp_terminate(lines[:typed[0]] if typed else lines)
+    if native is not None:
+        i, exc_type, what = native
+        message = "\n".join([what] + [line for line in lines[i + 1:] if not line.lstrip().startswith("what():")])
+        return Crash(exc_type=exc_type, message=message.rstrip(), preamble=_preamble(lines, i))
+    if typed is not None:
+        i, match = typed
+        message = "\n".join([match.group("msg")] + lines[i + 1:]).rstrip()
+        frames = _frames_above(lines, i) if not lines[i][:match.start()].strip() else []
+        frames = frames or _pytest_location(lines, i, match.group("type"))
+        crash = Crash(exc_type=match.group("type"), message=message, frames=frames, preamble=_preamble(lines, i))
+        crash.worker_frames = worker_traceback_frames(message)
+        return crash
     for i, line in enumerate(lines):
-        match = _EXCEPTION_LINE.match(line.strip())
-        if match and match.group("msg") is not None:
-            message = "\n".join([match.group("msg")] + lines[i + 1:]).rstrip()
-            return Crash(exc_type=match.group("type"), message=message,
-                         preamble="\n".join(lines[max(0, i - _PREAMBLE_LINES):i]))
+        if KNOWN_MESSAGE_START.match(line):
+            message = "\n".join([line.strip()] + lines[i + 1:]).rstrip()
+            # The exception's name was not pasted; "Error" stands for it in the report.
+            return Crash(exc_type="Error", message=message, frames=_frames_below(lines, i),
+                         preamble=_preamble(lines, i))
     return None
+
+
+def _preamble(lines: list[str], index: int) -> str:
+    return "\n".join(lines[max(0, index - _PREAMBLE_LINES):index])
+
+
+def _frames_above(lines: list[str], index: int) -> list[Frame]:
+    """Frames printed just above ``lines[index]`` (a traceback pasted without its header, its
+    lines possibly flush-left): each ``File "…", line N`` with the source line under it."""
+    top = index
+    while top > 0 and index - top < _HEADERLESS_FRAME_LINES:
+        above = lines[top - 1]
+        if _FRAME.match(above) or _CARETS.match(above) or (top >= 2 and _FRAME.match(lines[top - 2])):
+            top -= 1
+        else:
+            break
+    return _loose_frames(lines[top:index])
+
+
+def _pytest_location(lines: list[str], index: int, exc_type: str) -> list[Frame]:
+    """The frame pytest names under a failure's ``E`` lines ("bliss/catalog.py:178: RuntimeError")."""
+    short = exc_type.rsplit(".", 1)[-1]
+    for line in lines[index + 1:index + 40]:
+        found = _PYTEST_LOCATION.match(line)
+        if found and found.group("type").rsplit(".", 1)[-1] == short:
+            return [Frame(found.group("path"), int(found.group("line")))]
+    return []
+
+
+def _frames_below(lines: list[str], index: int) -> list[Frame]:
+    """Frames of a traceback printed below a message line (its last line may be cut off)."""
+    below = lines[index + 1:index + 1 + _HEADERLESS_FRAME_LINES]
+    start = next((j for j, line in enumerate(below) if _TRACEBACK_START.match(line)), None)
+    return _loose_frames(below[start + 1:]) if start is not None else []
+
+
+def _loose_frames(block: list[str]) -> list[Frame]:
+    frames = []
+    for j, line in enumerate(block):
+        match = _FRAME.match(line)
+        if not match:
+            continue
+        source = ""
+        if j + 1 < len(block) and not _FRAME.match(block[j + 1]) and not _CARETS.match(block[j + 1]):
+            source = block[j + 1].strip()
+        frames.append(Frame(match.group("path"), int(match.group("line")), (match.group("func") or "").strip(), source))
+    return frames

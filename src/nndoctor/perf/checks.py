@@ -503,6 +503,13 @@ def _measured_advice(cls: type[Check], trials: dict[str, Any], name: str, claim:
     """Advice that --try can confirm: measured gain -> warning, no gain -> nothing, not tried -> info."""
     outcome = trial_outcome(trials, name)
     if outcome is None:
+        tried = trials.get(name)
+        if isinstance(tried, dict) and (tried.get("error") or tried.get("skipped")):
+            # --try was given and could not measure: say why, never "pass --try".
+            why = tried.get("error") or tried.get("skipped")
+            return cls.finding(f"{claim}; --try {name.replace('_', '-')} could not measure it: {why}",
+                               location=location, evidence={**evidence, "measured": False, "why": why},
+                               severity=Severity.INFO)
         flag = name.replace("_", "-")
         return cls.finding(f"{claim}; not measured here — run nndoctor perf --try {flag} to time it",
                            location=location, evidence={**evidence, "measured": False}, severity=Severity.INFO)
@@ -510,13 +517,19 @@ def _measured_advice(cls: type[Check], trials: dict[str, Any], name: str, claim:
         return None
     return cls.finding(
         f"{claim}; measured: {outcome['speedup']:.2f}× faster steps ({1000 * outcome['base_s']:.1f} → "
-        f"{1000 * outcome['variant_s']:.1f} ms, timing noise {outcome['noise']:.1%}), loss on the same "
-        f"batch changed {outcome['loss_change']:.2%}",
+        f"{1000 * outcome['variant_s']:.1f} ms, timing noise {outcome['noise']:.1%}), "
+        f"{_loss_words(outcome)} changed {outcome['loss_change']:.2%}",
         location=location, evidence={**evidence, "measured": True, "speedup": round(outcome["speedup"], 3),
                                      "noise": round(outcome["noise"], 4),
                                      "loss_change": outcome["loss_change"]},
         severity=Severity.WARNING,
     )
+
+
+def _loss_words(outcome: dict[str, Any]) -> str:
+    if outcome.get("measure") == "re-run":
+        return "the loss after the measured window"
+    return "loss on the same batch"
 
 
 def diagnose(result: Any) -> list[Finding]:
@@ -642,7 +655,7 @@ def advice(result: Any) -> list[dict[str, Any]]:
     if b.steps and result.facts.sync_kinds and frequent_syncs(b.syncs_per_step):
         items.append({"change": "fewer-syncs", "syncs_per_step": b.syncs_per_step,
                       "locations": [str(k) for k in result.facts.sync_locations]})
-    for name in ("amp", "channels_last", "cudnn-benchmark", "compile"):
+    for name in ("amp", "channels_last", "cudnn-benchmark", "compile", "tf32", "fused-optimizer"):
         outcome = trial_outcome(trials, name)
         if outcome and outcome.get("pays_off"):
             items.append({"change": name, "measured_speedup": outcome["speedup"], "noise": outcome["noise"]})

@@ -13,6 +13,7 @@ import argparse
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
 from nndoctor.perf.checks import advice, diagnose
+from nndoctor.perf.classify import classify_step, order_advice
 from nndoctor.perf.recorder import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.session import run_perf
@@ -29,12 +30,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5, metavar="N",
                         help="optimizer steps run before measuring (default 5)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="CHANGES",
-                        help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, all "
-                             "(comma-separated or repeated)")
+                        help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, tf32, "
+                             "fused-optimizer, all (comma-separated or repeated); step changes re-run your "
+                             "script with the change injected")
     parser.add_argument("--try-seconds", type=float, default=2.0, metavar="S",
                         help="seconds timed per --try loader setting and per end-to-end timing of its "
                              "best candidates; a whole epoch is timed instead when it fits in 4×S "
                              "(default 2)")
+    parser.add_argument("--try-repeats", type=int, default=3, metavar="N",
+                        help="re-runs of the script per step change and for the baseline, interleaved (default 3)")
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
@@ -44,12 +48,15 @@ def run(args: argparse.Namespace) -> int:
     target = target_from_args(args)
     if args.steps < 1 or args.warmup < 0:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
+    if args.try_repeats < 2:
+        raise UsageError("--try-repeats must be at least 2 (the noise comes from the repeats)")
     try:
         tries = parse_tries(args.tries)
     except ValueError as error:
         raise UsageError(str(error)) from None
     select, ignore = selectors(args)
-    config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds)
+    config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds,
+                        try_repeats=args.try_repeats)
     output = ReportDelivery.from_args(args)  # a bad --json path fails now, not after the run
     report, result = run_perf(target, config, select=select, ignore=ignore)
     measured = diagnose(result)
@@ -58,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     for finding in measured:
         report.add(finding)
     filter_findings(report, select, ignore)
-    report.extra["perf"] = {**result.to_json(), "advice": advice(result)}
+    step_class = classify_step(result.breakdown.fraction("data"), result.breakdown.gpu_busy_fraction,
+                               result.device.cuda)
+    report.extra["perf"] = {**result.to_json(), "step_class": step_class,
+                            "advice": order_advice(advice(result), step_class["class"])}
     perf = report.extra["perf"]
     output.deliver(report, preamble=["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""])
     output.close()

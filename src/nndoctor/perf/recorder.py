@@ -28,6 +28,7 @@ class PerfConfig:
     # Tests use {"cpu"} as a stand-in for CUDA on machines without a GPU.
     sync_device_types: frozenset[str] = frozenset({"cuda"})
     try_seconds: float = 2.0  # time box of one --try loader configuration
+    try_repeats: int = 3  # interleaved re-runs of the script per step change (and of the baseline)
 
     @property
     def last_step(self) -> int:

@@ -29,6 +29,8 @@ def breakdown_lines(perf: dict[str, Any]) -> list[str]:
         per_step = 1000 * seconds / b["steps"]
         lines.append(f"  {PHASE_LABELS.get(name, name):<30} {per_step:9.2f} ms  {fraction:6.1%}  {_bar(fraction)}")
     device = perf["device"]
+    if perf.get("step_class"):
+        lines.append(f"step class: {perf['step_class']['class']} — {perf['step_class']['reason']}")
     busy = b.get("gpu_busy_fraction")
     if busy is not None:
         lines.append(f"GPU ({device['name']}): busy at most {busy:.0%} of the step (CUDA events)")
@@ -72,7 +74,12 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
                     lines.append(f"  {loader[key]}")
         else:
             lines.append(f"--try loader: {loader.get('skipped') or loader.get('error')}")
-    for name in ("amp", "channels_last", "compile", "cudnn-benchmark"):
+    baseline = trials.get("baseline") or {}
+    if baseline.get("measure") == "re-run":
+        lines.append(f"--try step changes: your script re-run {baseline['repeats']}× per change, interleaved with "
+                     f"the baseline, each change injected ({baseline['warmup']} warm-up + {baseline['steps']} "
+                     "measured steps a run):")
+    for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer"):
         result = trials.get(name)
         if not isinstance(result, dict):
             continue

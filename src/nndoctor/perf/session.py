@@ -61,8 +61,11 @@ class PerfResult:
 class PerfSession(Session):
     """A Session whose only subscribers are the perf recorder and the run-scope P checks."""
 
-    def __init__(self, config: PerfConfig, *, select=(), ignore=(), command=None) -> None:
+    def __init__(self, config: PerfConfig, *, select=(), ignore=(), command=None,
+                 target: Target | None = None) -> None:
         self.perf_config = config
+        # What --try re-runs, from the folder the run started in (the script may chdir).
+        self.target, self.cwd = target, os.getcwd()
         checks = [PerfRecorder] + [c for c in enabled_checks(select, ignore) if c.code.startswith("P")]
         # Every step of the window is a sampled step (CUDA events, sync locations).
         super().__init__(command=command, max_steps=config.last_step, checks=checks,
@@ -77,17 +80,17 @@ class PerfSession(Session):
         # The trials call optimizer.step() and the loss functions: keep every hook quiet.
         active, self.active = self.active, False
         try:
-            self.trials = run_trials(recorder, self.perf_config)
+            self.trials = run_trials(recorder, self.perf_config, self.target, self.cwd)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.internal_error("perf --try", error)
         finally:
             self.active = active
 
 
-def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
+def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: str) -> dict[str, Any]:
     import torch
 
-    from nndoctor.perf import trials
+    from nndoctor.perf import rerun, trials
 
     results: dict[str, Any] = {}
     facts = recorder.facts
@@ -104,15 +107,11 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig) -> dict[str, Any]:
                                                     recorder.captured_target, device)
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
     if step_tries:
-        if missing:
-            for name in step_tries:
-                results[name] = {"skipped": f"could not rebuild the step (no {', '.join(missing)} seen "
-                                            "in the last measured step)"}
-        else:
-            with torch.enable_grad():
-                results.update(trials.try_steps(step_tries, model, optimizer, loss_fn,
-                                                recorder.captured_inputs, recorder.captured_target,
-                                                device=device))
+        # The user's own loop, re-run with each change injected: any step shape works.
+        if cuda:
+            torch.cuda.empty_cache()  # the re-runs need the memory this process no longer uses
+        results.update(rerun.try_changes(target, step_tries, warmup=config.warmup, steps=config.steps,
+                                         repeats=config.try_repeats, cwd=cwd, device=device))
     if "loader" in config.tries:
         # The loader is confirmed against the step as it will be once the step changes that
         # paid off are applied (a faster step needs more loading): hence after the step trials.
@@ -180,7 +179,7 @@ def other_gpu_processes(processes: list[dict[str, Any]], own_pid: int) -> list[d
 
 def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=()) -> tuple[Report, PerfResult]:
     """Run ``target`` under a perf session; the report carries the run-scope P findings."""
-    session = PerfSession(config, select=select, ignore=ignore, command=target.command)
+    session = PerfSession(config, select=select, ignore=ignore, command=target.command, target=target)
     report = run_target(target, session)
     recorder = session.perf_recorder
     breakdown = summarize(recorder.records)

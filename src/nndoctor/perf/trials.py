@@ -4,12 +4,9 @@
 with other worker/pinning/prefetch settings and times each for a few seconds; the best few
 of that grid are then timed end to end (loading, the copy to the device and the user's
 training step on a copy of the model), which decides the advice: pinned memory and the
-CPU cores the main process needs only show there. ``amp``,
-``channels_last``, ``compile`` and ``cudnn-benchmark`` time the user's training step
-(forward, loss, backward, optimizer step) on a copy of the model and optimizer, on a copy
-of the last measured batch, with several interleaved repeats so that drifting clocks hit
-every variant alike; each variant's loss on that batch is compared with the baseline's
-so that a change that alters the result beyond its precision is reported, not advised.
+CPU cores the main process needs only show there. The step changes (``amp``,
+``channels_last``, ``compile``, ``cudnn-benchmark``, ``tf32``, ``fused-optimizer``) are
+measured on the user's own loop, re-run with the change injected: see ``rerun.py``.
 
 Trials run after the measured window, on copies: the user's model, optimizer and RNG
 streams are left as they were (``torch.random.fork_rng``).
@@ -24,14 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nndoctor.perf.timeline import speedup_verdict
-
-STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark")
+STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer")
 ALL_TRIALS = ("loader", *STEP_TRIALS)
-# Relative change of the loss on the same batch allowed for each variant: bf16 autocast
-# keeps 8 mantissa bits (2^-8 = 0.4% per rounding, a few % after a deep net); layout,
-# compilation and algorithm choice only reorder float32 sums (TF32 convs: ~1e-3).
-LOSS_TOLERANCE = {"amp": 0.05, "channels_last": 0.01, "compile": 0.01, "cudnn-benchmark": 0.01}
 
 
 def parse_tries(values: list[str] | None) -> tuple[str, ...]:
@@ -570,70 +561,6 @@ def _sync(device: str) -> None:
 
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def time_steps(runner: StepRunner, steps: int) -> float:
-    """Seconds per step over ``steps`` steps (the device drained before and after)."""
-    _sync(runner.device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        runner.step()
-    _sync(runner.device)
-    return (time.perf_counter() - started) / steps
-
-
-def try_steps(tries: tuple[str, ...], model: Any, optimizer: Any, loss_fn: Callable, inputs: tuple,
-              target: Any, *, device: str, repeats: int = 5, steps: int = 5,
-              warmup: int = 3) -> dict[str, Any]:
-    """Interleaved repeats of baseline and each variant; speed-up, noise and loss check."""
-    import torch
-
-    results: dict[str, Any] = {}
-    variants = [t for t in tries if t in STEP_TRIALS]
-    if device != "cuda":
-        for name in [v for v in variants if v == "cudnn-benchmark"]:
-            results[name] = {"skipped": "cuDNN is used on CUDA devices only"}
-        variants = [v for v in variants if v != "cudnn-benchmark"]
-    if not variants:
-        return results
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device == "cuda" else []):
-        runners = {"baseline": StepRunner("baseline", model, optimizer, loss_fn, inputs, target, device)}
-        for name in variants:
-            try:
-                runners[name] = StepRunner(name, model, optimizer, loss_fn, inputs, target, device)
-            except Exception as error:  # noqa: BLE001 - report which variant could not be built
-                results[name] = {"error": f"{type(error).__name__}: {error}"}
-        losses: dict[str, float] = {}
-        for name, runner in list(runners.items()):
-            try:
-                torch.manual_seed(0)
-                with torch.no_grad():
-                    losses[name] = float(runner.loss().float())
-                for _ in range(warmup):
-                    runner.step()
-            except Exception as error:  # noqa: BLE001
-                if name == "baseline":
-                    return {"error": f"baseline step failed: {type(error).__name__}: {error}"}
-                results[name] = {"error": f"{type(error).__name__}: {error}"}
-                del runners[name]
-        times: dict[str, list[float]] = {name: [] for name in runners}
-        for _ in range(repeats):
-            for name, runner in runners.items():
-                times[name].append(time_steps(runner, steps))
-    base_loss = losses.get("baseline")
-    for name in runners:
-        if name == "baseline":
-            continue
-        verdict = speedup_verdict(times["baseline"], times[name])
-        change = abs(losses[name] - base_loss) / max(abs(base_loss), 1e-12) if base_loss is not None else None
-        verdict["loss_baseline"], verdict["loss_variant"] = base_loss, losses[name]
-        verdict["loss_change"] = change
-        verdict["loss_ok"] = change is not None and change <= LOSS_TOLERANCE[name]
-        verdict["pays_off"] = bool(verdict["pays_off"] and verdict["loss_ok"])
-        verdict["times_s"] = times[name]
-        results[name] = verdict
-    results["baseline"] = {"times_s": times["baseline"], "loss": base_loss}
-    return results
 
 
 def loss_callable(recorder: Any) -> Callable | None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import IO
 
 from nndoctor.atomic import describe_write_error, prepare_output_path
 from nndoctor.findings import Report
@@ -28,6 +29,8 @@ class ReportDelivery:
         self.quiet = quiet
         self.streams = OriginalStreams()
         self.json_failed = False
+        # Renderers printed before the report, ``section(report, stream)`` (preflight results).
+        self.sections: list[Callable[[Report, IO[str]], None]] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -78,6 +81,8 @@ class ReportDelivery:
         try:
             if preamble:
                 stream.write(printable("\n".join(preamble)) + "\n")
+            for section in self.sections:
+                section(report, stream)
             shown = self.json_shown if self.json_shown not in (None, "-") and not self.json_failed else None
             print_report(report, stream, json_path=shown)
             stream.flush()

@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from nndoctor.findings import Finding, Report, Severity
+from nndoctor.report.capping import cap_items, cap_lists
+from nndoctor.report.unexplained import render_no_known_cause
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
 _EVIDENCE_SHOWN = 6
@@ -21,9 +23,7 @@ def _format_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):
-        shown = ", ".join(_format_value(v) for v in list(value)[:6])
-        more = f", … (+{len(value) - 6})" if len(value) > 6 else ""
-        return f"[{shown}{more}]"
+        return "[" + ", ".join(cap_items([_format_value(v) for v in value], 6)) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {_format_value(v)}" for k, v in list(value.items())[:6]) + "}"
     return str(value)
@@ -55,7 +55,7 @@ def _finding_block(console: Console, finding: Finding) -> None:
     if extras:
         head.append(f"  ({', '.join(extras)})", style="dim")
     console.print(head, soft_wrap=True)  # a path:line must stay on one line to be clickable
-    console.print(Text("    " + finding.message))
+    console.print(Text("    " + cap_lists(finding.message)))
     shown = [(k, v) for k, v in finding.evidence.items() if not k.startswith("_")]
     if shown:
         parts = [f"{k}={_format_value(v)}" for k, v in shown[:_EVIDENCE_SHOWN]]
@@ -74,9 +74,12 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     findings = report.sorted_findings()
     if report.traceback and report.status == "crashed":
         console.print(Text("\nThe script raised:", style="bold"))
-        console.print(Text(report.traceback.rstrip(), style="dim"))
+        console.print(Text(cap_lists(report.traceback.rstrip()), style="dim"))
     console.print()
-    if not findings:
+    if report.status == "crashed" and not any(f.code.startswith("E") for f in findings):
+        render_no_known_cause(console, report.extra.get("crash") or {})
+        console.print()
+    elif not findings:
         console.print(Text("No problems found.", style="bold green"))
     for finding in findings:
         _finding_block(console, finding)

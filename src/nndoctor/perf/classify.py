@@ -1,0 +1,47 @@
+"""Which resource bounds the step — input, host (kernel launches) or the GPU — from the
+breakdown: the idle-time reading of Meta's Holistic Trace Analysis ("idle time breakdown":
+waiting for data, host overhead between kernels, kernels running), reduced to the fractions
+nndoctor measures. The class decides which advice leads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+INPUT_BOUND = 0.20  # data wait share of the step (P101's threshold)
+GPU_BOUND = 0.80  # GPU busy share above which the host keeps the GPU fed
+LAUNCH_BOUND = 0.50  # below this, with no data wait, the host is the bottleneck
+
+# The changes that can help each class, in the order to try them.
+ADVICE_ORDER = {
+    "input-bound": ("loader",),
+    "launch-bound": ("compile", "fused-optimizer", "fewer-syncs", "amp"),
+    "gpu-bound": ("amp", "compile", "channels_last", "tf32", "fused-optimizer", "cudnn-benchmark"),
+    "cpu": ("loader", "compile", "amp", "fused-optimizer", "channels_last"),
+    "mixed": ("loader", "amp", "compile", "channels_last", "fewer-syncs"),
+}
+
+
+def classify_step(data_fraction: float, gpu_busy: float | None, cuda: bool) -> dict[str, Any]:
+    """``{"class": ..., "reason": ...}`` for one measured window."""
+    if data_fraction >= INPUT_BOUND:
+        return {"class": "input-bound",
+                "reason": f"the loop waits for data {data_fraction:.0%} of the step: loader settings first"}
+    if not cuda or gpu_busy is None:
+        return {"class": "cpu", "reason": "no CUDA timing: the step runs on the CPU"}
+    if gpu_busy >= GPU_BOUND:
+        return {"class": "gpu-bound",
+                "reason": f"the GPU is busy {gpu_busy:.0%} of the step: make the kernels cheaper "
+                          "(mixed precision, compilation, memory format, TF32, fused optimizers)"}
+    if gpu_busy < LAUNCH_BOUND:
+        return {"class": "launch-bound",
+                "reason": f"the GPU is busy only {gpu_busy:.0%} of the step while data arrives in time: the host "
+                          "cannot launch kernels fast enough (torch.compile mode='reduce-overhead' / CUDA graphs, "
+                          "fused optimizers, fewer syncs, larger batches)"}
+    return {"class": "mixed", "reason": f"the GPU is busy {gpu_busy:.0%} of the step"}
+
+
+def order_advice(items: list[dict[str, Any]], step_class: str) -> list[dict[str, Any]]:
+    """Advice items with the ones that fit the step's class first (stable otherwise)."""
+    order = ADVICE_ORDER.get(step_class, ())
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(items, key=lambda item: rank.get(item.get("change"), len(order)))

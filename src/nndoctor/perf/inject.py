@@ -1,0 +1,134 @@
+"""Changes ``--try`` injects into the user's own training loop, unchanged script and all.
+
+Each change is applied where the user's code meets torch, the first time it is seen: a
+model's first training forward (autocast around its forward, channels_last for it and its
+4-D inputs, ``module.compile()`` in place), the first ``optimizer.step()`` (fused kernels,
+before any optimizer state exists), or process-wide flags at start (TF32, cuDNN autotuning).
+Nothing about the step's shape is assumed — dict or tuple batches, reshapes and casts
+between model and loss, losses computed inside the model, several models and optimizers —
+because the user's loop runs as written.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from nndoctor.findings import Severity
+from nndoctor.registry import Check
+
+# Changes that act on the step (as opposed to ``loader``), in the order they are tried.
+STEP_CHANGES = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer")
+FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def autocast_dtype(device_type: str) -> Any:
+    import torch
+
+    if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def _to_channels_last(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+        return value.contiguous(memory_format=torch.channels_last)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_channels_last(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_channels_last(v) for k, v in value.items()}
+    return value
+
+
+def _device_type(module: Any) -> str:
+    for parameter in module.parameters():
+        return parameter.device.type
+    return "cpu"
+
+
+class ChangeInjector(Check):
+    """Internal subscriber of a ``--try`` re-run (never registered, so not in the catalog)."""
+
+    code = "P001"
+    name = "perf-change-injector"
+    severity = Severity.INFO
+    summary = "applies a --try change to the user's own training loop"
+    fix = ""
+    scope = "perf-internal"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self.changes = frozenset(getattr(session, "perf_changes", ()))
+        self._models: set[int] = set()
+        self._optimizers: set[int] = set()
+        self.applied: list[str] = []
+        import torch
+
+        if "tf32" in self.changes:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            self.applied.append("tf32")
+        if "cudnn-benchmark" in self.changes:
+            torch.backends.cudnn.benchmark = True
+            self.applied.append("cudnn-benchmark")
+
+    def on_forward(self, event: Any) -> None:
+        module = event.module
+        if event.is_loss or not event.grad_enabled or not event.training or id(module) in self._models:
+            return
+        self._models.add(id(module))
+        if "channels_last" in self.changes:
+            import torch
+
+            module.to(memory_format=torch.channels_last)
+            self._wrap_forward(module, lambda forward: _channels_last_inputs(forward))
+            self.applied.append(f"channels_last on {type(module).__name__}")
+        if "amp" in self.changes:
+            device_type = _device_type(module)
+            self._wrap_forward(module, lambda forward: _autocast(forward, device_type))
+            self.applied.append(f"autocast({autocast_dtype(device_type)}) on {type(module).__name__}")
+        if "compile" in self.changes:
+            # In place: the user's variable keeps pointing at this module.
+            module.compile()
+            self.applied.append(f"compile on {type(module).__name__}")
+
+    def on_step_start(self, event: Any) -> None:
+        optimizer = event.optimizer
+        while hasattr(optimizer, "optimizer") and not hasattr(optimizer, "param_groups"):
+            optimizer = optimizer.optimizer
+        if "fused-optimizer" not in self.changes or id(optimizer) in self._optimizers:
+            return
+        self._optimizers.add(id(optimizer))
+        if type(optimizer).__name__ not in FUSED_OPTIMIZERS or optimizer.state:
+            return
+        for group in optimizer.param_groups:
+            group["fused"] = True
+            group["foreach"] = False
+        self.applied.append(f"fused=True on {type(optimizer).__name__}")
+
+    @staticmethod
+    def _wrap_forward(module: Any, wrap: Any) -> None:
+        module.forward = wrap(module.forward)
+
+
+def _autocast(forward: Any, device_type: str) -> Any:
+    import torch
+
+    dtype = autocast_dtype(device_type)
+
+    @functools.wraps(forward)
+    def forward_in_autocast(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    return forward_in_autocast
+
+
+def _channels_last_inputs(forward: Any) -> Any:
+    @functools.wraps(forward)
+    def forward_channels_last(*args: Any, **kwargs: Any) -> Any:
+        return forward(*_to_channels_last(args), **_to_channels_last(kwargs))
+
+    return forward_channels_last

@@ -1,0 +1,122 @@
+"""``python -m nndoctor.perf.rerun_child``: one ``--try`` timing — the user's script run again,
+unchanged, with the given changes injected, for a warm-up plus a measured window.
+
+Prints nothing of its own; writes one JSON object to ``--out``: seconds per step over the
+window (the device drained at both ends), the first loss and the loss after the window, the
+changes actually applied, or the error that stopped the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from nndoctor.atomic import atomic_write_text
+from nndoctor.engine import Session, StopRun
+from nndoctor.findings import Severity
+from nndoctor.perf.inject import ChangeInjector
+from nndoctor.registry import Check
+from nndoctor.runner import Target, run_target
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class StepClock(Check):
+    """Times the window between the end of step ``warmup`` and the end of step ``warmup + steps``
+    of the first optimizer to step (a GAN's second optimizer steps in the same iteration)."""
+
+    code = "P002"
+    name = "perf-step-clock"
+    severity = Severity.INFO
+    summary = "times a --try re-run"
+    fix = ""
+    scope = "perf-internal"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self.warmup, self.steps = session.clock_window
+        self.lead: int | None = None
+        self.count = 0
+        self.started: float | None = None
+        self.seconds_per_step: float | None = None
+        self.first_loss: float | None = None
+        self.final_loss: float | None = None
+        self._backwards = 0
+
+    def on_backward(self, event: Any) -> None:
+        tensor = event.tensor
+        if tensor is None or getattr(tensor, "numel", lambda: 0)() != 1:
+            return
+        # Read only outside the timed window: a read is a host-device sync.
+        if self.first_loss is None:
+            self.first_loss = float(tensor.detach().float())
+        elif self.seconds_per_step is not None and self.final_loss is None:
+            self.final_loss = float(tensor.detach().float())
+
+    def on_step_end(self, event: Any) -> None:
+        if self.lead is None:
+            self.lead = id(event.optimizer)
+        if id(event.optimizer) != self.lead:
+            return
+        self.count += 1
+        if self.count == self.warmup:
+            _sync()
+            self.started = time.perf_counter()
+        elif self.count == self.warmup + self.steps and self.started is not None:
+            _sync()
+            self.seconds_per_step = (time.perf_counter() - self.started) / self.steps
+
+    def on_step_start(self, event: Any) -> None:
+        if self.final_loss is not None and (self.lead is None or id(event.optimizer) == self.lead):
+            raise StopRun("--try window measured")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nndoctor.perf.rerun_child")
+    parser.add_argument("--changes", default="")
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("-m", dest="module")
+    parser.add_argument("target", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    rest = args.target[1:] if args.target[:1] == ["--"] else args.target
+    target = Target(args.module, rest, is_module=True) if args.module else Target(rest[0], rest[1:])
+    session = Session(checks=[])
+    session.perf_changes = [c for c in args.changes.split(",") if c]
+    session.clock_window = (max(1, args.warmup), args.steps)
+    session._add_check(ChangeInjector)
+    session._add_check(StepClock)
+    out_path = os.path.abspath(args.out)
+    report = run_target(target, session)
+    clock = next(c for c in session.checks if isinstance(c, StepClock))
+    injector = next((c for c in session.checks if isinstance(c, ChangeInjector)), None)
+    result: dict[str, Any] = {
+        "status": report.status,
+        "seconds_per_step": clock.seconds_per_step,
+        "first_loss": clock.first_loss,
+        "final_loss": clock.final_loss,
+        "steps_seen": clock.count,
+        "applied": injector.applied if injector else [],
+        "internal_errors": [e.error for e in report.internal_errors],
+    }
+    if report.status == "crashed" and report.traceback:
+        result["error"] = report.traceback.strip().splitlines()[-1][:500]
+    elif clock.seconds_per_step is None:
+        result["error"] = (f"the script ended after {clock.count} optimizer steps, before the "
+                           f"{args.warmup} + {args.steps} steps of the window")
+    atomic_write_text(out_path, json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
