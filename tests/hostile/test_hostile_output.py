@@ -265,13 +265,13 @@ def _training_marker_script(tmp_path: Path) -> tuple[Path, Path]:
     return script, marker
 
 
-@pytest.mark.parametrize("command", ["run", "perf", "demo", "explain"])
+@pytest.mark.parametrize("command", ["run", "perf", "demo", "explain", "env"])
 def test_bad_output_path_is_a_one_line_usage_error_before_any_work(command, tmp_path, capsys):
     script, marker = _training_marker_script(tmp_path)
     log = tmp_path / "log.txt"
     log.write_text("Traceback (most recent call last):\nValueError: x\n")
     for expected, bad in _bad_paths(tmp_path).items():
-        tail = {"run": [str(script)], "perf": [str(script)], "demo": [], "explain": [str(log)]}[command]
+        tail = {"run": [str(script)], "perf": [str(script)], "demo": [], "explain": [str(log)], "env": []}[command]
         started = time.monotonic()
         status = main([command, "--json", bad, *tail])
         err = capsys.readouterr().err

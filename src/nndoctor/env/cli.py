@@ -8,6 +8,7 @@ import sys
 
 from rich.console import Console
 
+from nndoctor.atomic import describe_write_error, prepare_output_path
 from nndoctor.cli import add_common_options
 from nndoctor.env.checks import ENV_CHECKS, diagnose
 from nndoctor.env.collect import collect, shadowing_files, system_summary
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     fail_on = fail_threshold(args)
     if not os.path.isdir(args.dir):
         raise UsageError(f"--dir {args.dir!r} is not a folder")
+    json_path = prepare_output_path(args.json) if args.json else None  # fail before any work
     to_stdout = args.json == "-"
     out = sys.stderr if to_stdout else sys.stdout
     console = Console(file=out, highlight=False)
@@ -84,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     report.extra = {"environment": facts_json(facts, system, shadowing)}
     print_facts(console, facts, system, shadowing)
     print_report(report, file=out, json_path=None if to_stdout else args.json)
-    if args.json:
-        write_json(report, args.json)
+    if json_path:
+        try:
+            write_json(report, json_path)
+        except OSError as error:
+            print(describe_write_error(args.json, error), file=sys.stderr)
+            return 2
     return 1 if report.reaches(fail_on) else 0
