@@ -227,3 +227,32 @@ def test_tf32_flags_follow_the_matmul_precision():
         assert tf32_flags()[0] is True
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_a_profiler_recording_every_step_is_reported_at_its_line(tmp_path, monkeypatch):
+    from nndoctor.checks.debug_modes import DebugModeLeftOn
+
+    monkeypatch.setattr(DebugModeLeftOn, "PROFILER_MIN_STEPS", 6)   # the real threshold is 50 steps
+    script = tmp_path / "profiled.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for step in range(8):
+                opt.zero_grad()
+                model(torch.randn(8, 4)).pow(2).mean().backward()
+                opt.step()
+        schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule) as prof:
+            for step in range(12):
+                opt.zero_grad()
+                model(torch.randn(8, 4)).pow(2).mean().backward()
+                opt.step()
+                prof.step()
+    """))
+    report = run_script(script, select=["P116"])
+    [finding] = report.by_code("P116")
+    assert finding.location.line == 6 and finding.evidence["profiled_consecutive_steps"] == 8
+    assert not report.internal_errors

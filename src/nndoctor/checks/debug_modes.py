@@ -1,4 +1,4 @@
-"""Debugging left on during training: P116 anomaly detection."""
+"""Debugging left on during training: P116 anomaly detection, a profiler recording every step."""
 
 from __future__ import annotations
 
@@ -30,17 +30,21 @@ class DebugModeLeftOn(Check):
     Reads ``torch.is_anomaly_enabled()`` (a flag, no computation) after every optimizer step
     and remembers where user code switched anomaly detection on
     (``torch.autograd.set_detect_anomaly(True)`` or ``with torch.autograd.detect_anomaly():``).
-    When it stayed on for at least **5 optimizer steps**, the run's end reports it, with the
-    measured cost when some steps ran without it: the median step time with and without the
-    mode, over steps of the same kind (nndoctor's fully instrumented steps are compared only
-    with each other).
+    It also reads, after every step, whether the autograd profiler is recording
+    (``torch.profiler.profile`` without a schedule, or in an active window) and reports a
+    profiler that recorded **50 consecutive optimizer steps** — at the ``profile`` call.
+    When anomaly detection stayed on for at least **5 optimizer steps**, the run's end
+    reports it, with the measured cost when some steps ran without it: the median step
+    time with and without the mode, over steps of the same kind (nndoctor's fully
+    instrumented steps are compared only with each other).
 
     ## Why is this bad?
     Anomaly detection records the Python stack of every operation in the forward pass and
     checks every backward function's output for NaN, with a synchronisation per check on
     GPUs. PyTorch documents it as a debugging tool that slows execution; left on after a
     debugging session it commonly makes training several times slower, and nothing in the
-    training output shows why.
+    training output shows why. A profiler without a schedule times every operator of every
+    step and keeps all its events in memory until the end: slower steps and growing memory.
 
     ## Example
     ```python
@@ -51,20 +55,24 @@ class DebugModeLeftOn(Check):
 
     ## Use instead
     Remove the call, guard it behind a debug flag, or scope it to the step being debugged
-    (``with torch.autograd.detect_anomaly(): loss.backward()``). The threshold (5 steps)
-    lets a short, deliberate debugging window pass silently.
+    (``with torch.autograd.detect_anomaly(): loss.backward()``). Profile a few steps with
+    ``torch.profiler.schedule(wait=1, warmup=1, active=3)`` and ``prof.step()``. The thresholds
+    (5 steps with anomaly detection, 50 consecutive profiled steps — a schedule's active
+    windows are far shorter) let deliberate debugging pass silently.
 
     ## References
     - PyTorch docs, "Anomaly detection" (``detect_anomaly``: "should be enabled only for debugging as the different tests will slow down your program execution"): https://pytorch.org/docs/stable/autograd.html#anomaly-detection
     - PyTorch Performance Tuning Guide, "Disable debugging APIs": https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
+    - PyTorch docs, ``torch.profiler.schedule`` (profile long jobs in windows): https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule
     """
 
     code = "P116"
     name = "debug-mode-left-on"
     severity = Severity.WARNING
-    summary = "anomaly detection left on during training"
+    summary = "anomaly detection or a profiler left on during training"
     fix = "remove torch.autograd.set_detect_anomaly(True) (or scope detect_anomaly() to the step being debugged)"
     MIN_STEPS = 5
+    PROFILER_MIN_STEPS = 50
     MAX_TIMES = 2000
 
     def __init__(self, session) -> None:
@@ -75,10 +83,15 @@ class DebugModeLeftOn(Check):
         self._off: list[tuple[bool, float]] = []
         self._first_step: int | None = None
         self._steps_on = 0
+        self._profiler_where: Location | None = None
+        self._profiled_run = 0  # consecutive optimizer steps with the profiler recording
+        self._profiled_longest: tuple[int, int] = (0, 0)  # (steps, first step)
 
     def on_debug_mode(self, event: DebugModeSet) -> None:
         if event.enabled and event.mode == "anomaly" and self._where is None:
             self._where = event.location
+        elif event.enabled and event.mode == "profiler" and self._profiler_where is None:
+            self._profiler_where = event.location
 
     def on_step_end(self, event: StepEnd) -> None:
         now = time.perf_counter()
@@ -88,11 +101,32 @@ class DebugModeLeftOn(Check):
             if len(times) < self.MAX_TIMES:
                 times.append((event.sampled, now - self._last_end))
         self._steps_on += enabled
+        self._count_profiled(event.step)
         if enabled and self._first_step is None:
             self._first_step = event.step - 1  # step_end counts the step that just ran
         self._last_end = now
 
+    def _count_profiled(self, step: int) -> None:
+        probe = getattr(torch._C._autograd, "_profiler_enabled", None)
+        if probe is not None and probe():
+            self._profiled_run += 1
+            if self._profiled_run > self._profiled_longest[0]:
+                self._profiled_longest = (self._profiled_run, step - self._profiled_run)
+        else:
+            self._profiled_run = 0
+
     def on_run_end(self, event: RunEnd) -> None:
+        steps, first = self._profiled_longest
+        if steps >= self.PROFILER_MIN_STEPS:
+            self.report(
+                f"A profiler recorded {steps} consecutive optimizer steps (from step {first}) without a "
+                "schedule: every operation is timed and its events are kept in memory for the whole run.",
+                location=self._profiler_where or event.location,
+                evidence={"profiled_consecutive_steps": steps, "from_step": first},
+                fix="profile a few steps with torch.profiler.schedule(wait=…, warmup=…, active=…) and prof.step(), "
+                    "or remove the profiler",
+                step=first,
+            )
         if self._steps_on < self.MIN_STEPS or self._first_step is None:
             return
         compared = step_time_comparison(self._on, self._off)

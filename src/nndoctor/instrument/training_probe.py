@@ -13,7 +13,8 @@ Each patch calls the original with the user's own arguments and only observes:
 * ``torch.utils.checkpoint.checkpoint`` -> ``activation_checkpoint``, emitted only in the
   suspicious case (reentrant, gradients on, no input requiring grad), so the common call
   costs a few attribute reads.
-* ``torch.autograd.set_detect_anomaly`` / ``detect_anomaly`` -> ``debug_mode``.
+* ``torch.autograd.set_detect_anomaly`` / ``detect_anomaly`` / ``torch.profiler.profile.start``
+  -> ``debug_mode``.
 * a logging handler on ``torch._dynamo.convert_frame`` keeping its recompile-limit warnings
   (``compile_log``); nothing is added to or removed from what the user sees.
 * ``gc.callbacks``: a clock of the time spent in garbage collection (``gc_clock``).
@@ -254,6 +255,23 @@ def _patch_anomaly(installation: Any) -> None:
         return result
 
     context_class.__enter__ = enter
+
+    try:
+        from torch.profiler import profile as profiler_class
+    except ImportError:  # pragma: no cover - torch without kineto
+        return
+    original_start = installation.patcher.patch(profiler_class, "start", None)
+
+    @functools.wraps(original_start)
+    def start(self, *args, **kwargs):
+        result = original_start(self, *args, **kwargs)
+        if session.active and session.wants("debug_mode"):
+            frame = sys._getframe(1)
+            installation._safe(lambda: session.emit(ev.DebugModeSet(
+                step=session.step, sampled=session.sampled, frame=frame, mode="profiler", enabled=True)))
+        return result
+
+    profiler_class.start = start
 
 
 # -- construction sites of convolutions and linear layers -----------------------------------------
