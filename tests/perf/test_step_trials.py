@@ -116,7 +116,7 @@ def _run(samples_per_step, seconds, applied=(), error=None):
     if error:
         return {"error": error}
     return {"samples_per_step": samples_per_step, "seconds_per_step": seconds, "applied": list(applied),
-            "peak_memory_bytes": int(2**30 * samples_per_step / 64)}
+            "peak_memory_bytes": int(2**30 * samples_per_step / 64), "memory_total_bytes": 80 * 2**30}
 
 
 def test_batch_size_summary_reports_throughput_memory_and_what_did_not_fit():
@@ -137,7 +137,8 @@ def test_batch_size_summary_reports_throughput_memory_and_what_did_not_fit():
     assert item["batch_size"] == 128 and item["from"] == 64
     assert "Goyal et al. 2017" in item["learning_rate"] and "√2" in item["learning_rate"]
     text = "\n".join(trial_lines({"batch-size": result}))
-    assert "batch 128" in text and "samples/s" in text and "GiB" in text and "out of memory" in text
+    assert "batch 128" in text and "samples/s" in text and "peak GPU memory 2.00 GiB of 80" in text
+    assert "does not fit in GPU memory" in text
 
 
 def test_batch_size_without_a_dataloader_is_skipped_with_the_reason():
