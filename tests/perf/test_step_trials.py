@@ -14,7 +14,7 @@ from torch import nn
 from nndoctor.perf.checks import batch_size_advice
 from nndoctor.perf.render import trial_lines
 from nndoctor.perf.rerun import summarize_batch_sizes, try_changes
-from nndoctor.perf.sdpa import AttentionTracer, outputs_agree, rewrite
+from nndoctor.perf.sdpa import AttentionTracer, _microbenchmark, outputs_agree, rewrite
 from nndoctor.perf.trials import parse_tries
 from nndoctor.runner import Target
 
@@ -84,6 +84,13 @@ def test_dropout_of_the_weights_becomes_sdpa_dropout():
 def test_attention_whose_weights_are_used_elsewhere_is_left_alone():
     fused, done, refused = rewrite(torch.fx.symbolic_trace(WeightsReturned()))
     assert done == [] and refused == ["the attention weights are used elsewhere"]
+
+
+def test_attention_left_as_written_is_timed_on_its_own_shapes():
+    traced = torch.fx.symbolic_trace(WeightsReturned())
+    text = _microbenchmark(traced, _qkv(), repeats=1)
+    assert text.startswith("measured on its shapes instead (q (2, 3, 8, 16), torch.float32")
+    assert "scaled_dot_product_attention" in text and "hand-written" in text
 
 
 def test_outputs_agree_rejects_a_different_result():
