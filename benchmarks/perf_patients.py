@@ -9,8 +9,8 @@ launch-bound small MLP. For each, in one command:
    both); samples/s from the script's own timing (device synchronised at both ends);
 4. report advised/naive, best/naive and advised/best.
 
-    python benchmarks/perf_advice.py --patient lm  --out $OUT     # H100: ~7 min
-    python benchmarks/perf_advice.py --patient mlp --out $OUT     # H100: ~6 min
+    python benchmarks/perf_advice.py --patient lm  --out $OUT     # H100: ~6 min (estimated, not run)
+    python benchmarks/perf_advice.py --patient mlp --out $OUT     # H100: ~6 min (estimated, not run)
     python benchmarks/perf_advice.py --patient lm  --tiny --out /tmp/smoke   # CPU smoke test
 """
 
@@ -365,7 +365,10 @@ def run_perf(work: Path, script: Path, base: list[str], tries: str, window: list
     command = [sys.executable, "-m", "nndoctor", "perf", *window, "--try", tries, "--try-repeats", str(repeats),
                "--json", str(report), str(script), *base, "--steps", "100000"]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=work)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=work)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"nndoctor perf did not finish within {timeout} s (--perf-timeout)") from None
     seconds = time.perf_counter() - started
     if not report.exists():
         raise SystemExit(f"nndoctor perf wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}")

@@ -14,7 +14,7 @@ from torch import nn
 from nndoctor.perf.checks import batch_size_advice
 from nndoctor.perf.render import trial_lines
 from nndoctor.perf.rerun import summarize_batch_sizes, try_changes
-from nndoctor.perf.sdpa import AttentionTracer, outputs_agree, rewrite
+from nndoctor.perf.sdpa import AttentionTracer, _microbenchmark, outputs_agree, rewrite
 from nndoctor.perf.trials import parse_tries
 from nndoctor.runner import Target
 
@@ -86,6 +86,13 @@ def test_attention_whose_weights_are_used_elsewhere_is_left_alone():
     assert done == [] and refused == ["the attention weights are used elsewhere"]
 
 
+def test_attention_left_as_written_is_timed_on_its_own_shapes():
+    traced = torch.fx.symbolic_trace(WeightsReturned())
+    text = _microbenchmark(traced, _qkv(), repeats=1)
+    assert text.startswith("measured on its shapes instead (q (2, 3, 8, 16), torch.float32")
+    assert "scaled_dot_product_attention" in text and "hand-written" in text
+
+
 def test_outputs_agree_rejects_a_different_result():
     a = torch.ones(4)
     assert not outputs_agree(a, a * 1.01)[0] and outputs_agree(a, a + 1e-6)[0]
@@ -116,7 +123,7 @@ def _run(samples_per_step, seconds, applied=(), error=None):
     if error:
         return {"error": error}
     return {"samples_per_step": samples_per_step, "seconds_per_step": seconds, "applied": list(applied),
-            "peak_memory_bytes": int(2**30 * samples_per_step / 64)}
+            "peak_memory_bytes": int(2**30 * samples_per_step / 64), "memory_total_bytes": 80 * 2**30}
 
 
 def test_batch_size_summary_reports_throughput_memory_and_what_did_not_fit():
@@ -137,7 +144,8 @@ def test_batch_size_summary_reports_throughput_memory_and_what_did_not_fit():
     assert item["batch_size"] == 128 and item["from"] == 64
     assert "Goyal et al. 2017" in item["learning_rate"] and "√2" in item["learning_rate"]
     text = "\n".join(trial_lines({"batch-size": result}))
-    assert "batch 128" in text and "samples/s" in text and "GiB" in text and "out of memory" in text
+    assert "batch 128" in text and "samples/s" in text and "peak GPU memory 2.00 GiB of 80" in text
+    assert "does not fit in GPU memory" in text
 
 
 def test_batch_size_without_a_dataloader_is_skipped_with_the_reason():

@@ -179,7 +179,9 @@ class ChangeInjector(Check):
         @functools.wraps(original)
         def scaled_init(sampler_self: Any, sampler: Any, batch_size: int, drop_last: bool, *args: Any,
                         **kwargs: Any) -> None:
-            applied.append(f"batch_size {batch_size} → {batch_size * factor}")
+            entry = f"batch_size {batch_size} → {batch_size * factor}"
+            if entry not in applied:  # a loader rebuilt every epoch builds a sampler every epoch
+                applied.append(entry)
             original(sampler_self, sampler, batch_size * factor, drop_last, *args, **kwargs)
 
         BatchSampler.__init__ = scaled_init

@@ -109,11 +109,16 @@ def batch_size_lines(result: dict[str, Any]) -> list[str]:
     for row in result["sizes"]:
         size = row.get("batch_size") or "?"
         if row.get("error"):
-            lines.append(f"  batch {size:<6} ×{row['factor']:<2} {row['error']}")
+            error = row["error"]
+            if "out of memory" in error.lower():
+                error = "does not fit in GPU memory (CUDA out of memory)"
+            lines.append(f"  batch {size:<6} ×{row['factor']:<2} {error}")
             continue
         rate = f"{row['samples_per_s']:.1f}" if row.get("samples_per_s") else "-"
-        memory = (f", peak GPU memory {row['peak_memory_bytes'] / 2**30:.2f} GiB"
-                  if row.get("peak_memory_bytes") else "")
+        memory = (f", peak GPU memory {row['peak_memory_bytes'] / 2**30:.2f} GiB" if row.get("peak_memory_bytes")
+                  else "")
+        if memory and row.get("memory_total_bytes"):
+            memory += f" of {row['memory_total_bytes'] / 2**30:.0f}"
         step = f"{1000 * row['seconds_per_step']:.1f} ms/step" if row.get("seconds_per_step") else "-"
         lines.append(f"  batch {size:<6} ×{row['factor']:<2} {rate:>10} samples/s  {step}{memory}")
     return lines

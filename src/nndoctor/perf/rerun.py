@@ -164,10 +164,11 @@ def _row(runs: list[dict[str, Any]], factor: int, batch_size: int | None) -> dic
     rates = [r["samples_per_step"] / r["seconds_per_step"] for r in runs
              if r.get("samples_per_step") and r.get("seconds_per_step")]
     memory = [r["peak_memory_bytes"] for r in runs if r.get("peak_memory_bytes")]
+    total = next((r["memory_total_bytes"] for r in runs if r.get("memory_total_bytes")), None)
     return {"factor": factor, "batch_size": batch_size,
             "samples_per_s": statistics.median(rates) if rates else None,
             "seconds_per_step": _median([r.get("seconds_per_step") for r in runs]),
-            "peak_memory_bytes": max(memory) if memory else None,
+            "peak_memory_bytes": max(memory) if memory else None, "memory_total_bytes": total,
             "seconds_per_sample": [1 / rate for rate in rates]}
 
 

@@ -44,6 +44,14 @@ def _reset_peak_memory() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def _total_memory() -> int | None:
+    if not _cuda_in_use():
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
 def _peak_memory() -> int | None:
     if not _cuda_in_use():
         return None
@@ -141,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps_seen": clock.count,
         "samples_per_step": clock.samples / args.steps if clock.samples else None,
         "peak_memory_bytes": clock.peak_memory_bytes,
+        "memory_total_bytes": _total_memory(),
         "applied": injector.applied if injector else [],
         "notes": injector.notes if injector else [],
         "internal_errors": [e.error for e in report.internal_errors],
