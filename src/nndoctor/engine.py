@@ -48,14 +48,16 @@ class RunState:
         self.batches_at_last_backward = 0
         self.scaler: weakref.ref | None = None
         self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
-        self._param_owner_cache: tuple[int, dict[int, Any]] | None = None
+        self._param_owner_cache: tuple[tuple, dict[int, Any]] | None = None
 
     # -- optimizers and the parameters they own -----------------------------------------
     def optimizer_param_ids(self) -> dict[int, Any]:
         """id(param) -> a weak reference to the optimizer that updates it."""
-        key = sum(
-            sum(len(g["params"]) for g in opt.param_groups) for opt in list(self.optimizers)
-        ) + len(self.optimizers)
+        # Keyed on which optimizers are alive and how many parameters each holds: a second
+        # optimizer of the same size replacing a finished one must not get the old map.
+        key = tuple(sorted(
+            (id(opt), sum(len(g["params"]) for g in opt.param_groups)) for opt in list(self.optimizers)
+        ))
         if self._param_owner_cache is None or self._param_owner_cache[0] != key:
             owners: dict[int, Any] = {}
             for opt in list(self.optimizers):

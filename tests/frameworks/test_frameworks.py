@@ -45,37 +45,9 @@ class KnownFailure:
     symptoms: frozenset[str]  # finding codes, "crashed", "no steps", "missed CODE"
 
 
-_RUNTIME = "fixed on branch trust-runtime: "
-_TRAINER_O107 = KnownFailure(
-    _RUNTIME + "O107 false alarm: Trainer's LambdaLR steps after the optimizer step made through "
-    "accelerate's AcceleratedOptimizer", frozenset({"O107"}))
-_COMPILE_CRASH = KnownFailure(
-    _RUNTIME + "torch.compile crashes under nndoctor's global forward hooks (dynamo traces them)",
-    frozenset({"crashed", "no steps"}))
-KNOWN_FAILURES = {
-    "correct_hf_trainer_bert": _TRAINER_O107,
-    "correct_hf_trainer_custom_model": _TRAINER_O107,
-    "correct_hf_trainer_gpt2": _TRAINER_O107,
-    "correct_accelerate_scheduler_after_prepare": KnownFailure(
-        _RUNTIME + "O107 false alarm on a scheduler built on accelerate's AcceleratedOptimizer",
-        frozenset({"O107"})),
-    "correct_lbfgs": KnownFailure(
-        _RUNTIME + "O103 false alarm on LBFGS.step(closure) (backward runs inside step)",
-        frozenset({"O103", "M106"})),
-    "correct_torch_compile_static": _COMPILE_CRASH,
-    "correct_torch_compile_dynamic": _COMPILE_CRASH,
-    "correct_lightning_resume_from_checkpoint": KnownFailure(
-        _RUNTIME + "multiple optimizers in sequence: M105 false alarm, the resumed Trainer's "
-        "optimizer steps all fall after the first run's sampled window", frozenset({"M105"})),
-    "buggy_sweep_second_model_no_eval": KnownFailure(
-        _RUNTIME + "multiple optimizers in sequence: with every check on, "
-        "RunState.optimizer_param_ids() keeps a cache keyed on parameter counts, so a second "
-        "optimizer of the same size is never seen and its model is not 'trained' (M101 misses)",
-        frozenset({"missed M101"})),
-    "correct_hogwild": KnownFailure(
-        "fixed on the distributed-training branch: processes started by mp.spawn are not "
-        "instrumented (the parent counts no optimizer step)", frozenset({"no steps"})),
-}
+# Every program passes since the trust-runtime and distributed work was merged: a new known
+# failure goes here with its symptoms until it is fixed.
+KNOWN_FAILURES: dict[str, KnownFailure] = {}
 # Tens of seconds of CPU each: inductor compiles C++ kernels, mp.spawn starts two interpreters.
 SLOW = {"correct_torch_compile_static", "correct_torch_compile_dynamic", "correct_hogwild"}
 
