@@ -18,7 +18,8 @@ FEATURE_MODULES = (
     "nndoctor.instrument.numerics_probe",  # gradients, activations, seeds (O/N/B/R checks)
     "nndoctor.explain.instrument",  # crash context: failing batch indices (E checks)
     "nndoctor.perf.instrument",  # step-time breakdown (P checks)
-    "nndoctor.instrument.warning_relay",  # torch's warnings shown at the user's line, not ours
+    "nndoctor.instrument.warning_relay",
+    "nndoctor.keras.instrument",  # Keras 3 fit/evaluate (K checks); patches only if keras is imported  # torch's warnings shown at the user's line, not ours
 )
 
 
