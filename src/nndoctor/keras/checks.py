@@ -93,7 +93,8 @@ class SoftmaxWithFromLogits(KerasCheck):
         message = (f"{loss.name}(from_logits=True) receives probabilities: {what}{ranges}{sums}. "
                    f"Keras applies softmax/sigmoid again inside the loss, which flattens the gradients"
                    f"{_where(batch.output_location) if structural else ''}.")
-        self._report_once("loss", message, location=batch.compile_location or batch.call_location, evidence={
+        where = batch.compile_location or batch.call_location
+        self._report_once(("loss", where), message, location=where, evidence={
             "loss": loss.name, "from_logits": True, "output_activation": batch.output_activation,
             "pred_min": pred.min, "pred_max": pred.max})
 
@@ -150,7 +151,8 @@ class LogitsWithoutFromLogits(KerasCheck):
         message = (f"{loss.name} expects probabilities (from_logits=False) but {head} and the "
                    f"predictions span [{pred.min:.3g}, {pred.max:.3g}]; Keras clips them into (0, 1), "
                    f"so clipped values get no gradient.")
-        self._report_once("loss", message, location=batch.compile_location or batch.call_location, evidence={
+        where = batch.compile_location or batch.call_location
+        self._report_once(("loss", where), message, location=where, evidence={
             "loss": loss.name, "from_logits": False, "output_activation": batch.output_activation,
             "pred_min": pred.min, "pred_max": pred.max})
 

@@ -39,6 +39,7 @@ class ArraySummary:
     integer_valued: bool
     binary_valued: bool  # every value is 0 or 1
     row_sum_deviation: float  # max |sum over the last axis - 1|
+    dtype: str = ""
     # False for Keras's symbolic passes (torch "meta" tensors): the shape is real, the numbers are not.
     has_values: bool = True
 
@@ -73,6 +74,8 @@ class BatchFacts:
     y: ArraySummary | None
     y_pred: ArraySummary | None
     first_conv: ConvFacts | None
+    # Class names of the layers up to the first learned one (Conv/Dense), InputLayer left out.
+    leading_layers: tuple[str, ...] = ()
     batch_norms: list[BatchNormFacts] = field(default_factory=list)
 
 
@@ -146,6 +149,7 @@ def summarize(value: Any) -> ArraySummary | None:
         integer_valued=bool(np.all(data == np.round(data))),
         binary_valued=bool(np.all((data == 0) | (data == 1))),
         row_sum_deviation=deviation,
+        dtype=str(array.dtype),
     )
 
 

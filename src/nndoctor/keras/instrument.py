@@ -29,6 +29,7 @@ from typing import Any
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
 from nndoctor.keras import facts as kf
+from nndoctor.keras import shared_codes
 from nndoctor.registry import all_checks, is_enabled
 
 
@@ -65,6 +66,7 @@ class KerasObserver:
 
         session = self.session
         self.checks = [cls(session) for cls in all_checks("keras") if is_enabled(cls, session.select, session.ignore)]
+        self.shared = shared_codes.SharedCodes.for_session(session)
         patcher = self.installation.patcher
         model_cls = keras.Model
         self._patch_recording_init(keras.layers.BatchNormalization)
@@ -196,6 +198,7 @@ class KerasObserver:
             y=y,
             y_pred=y_pred,
             first_conv=self._first_conv(layers),
+            leading_layers=_leading_layers(layers),
             batch_norms=[
                 kf.BatchNormFacts(layer.name, float(layer.momentum), self.layer_location(layer))
                 for layer in layers if type(layer).__name__ == "BatchNormalization"
@@ -207,6 +210,8 @@ class KerasObserver:
             except Exception as error:  # noqa: BLE001 - a broken check must not break the run
                 self.session.internal_error(f"{check.code} {check.name} on keras batch", error)
                 self.checks.remove(check)
+        if self.shared is not None:
+            self.shared.inspect(batch)
         return y_pred is None or y_pred.has_values
 
     def _first_conv(self, layers: list[Any]) -> kf.ConvFacts | None:
@@ -251,6 +256,20 @@ def _layers(model: Any) -> list[Any]:
     if flatten is not None:
         return list(flatten(include_self=False, recursive=True))
     return list(getattr(model, "layers", []))
+
+
+def _leading_layers(layers: list[Any]) -> tuple[str, ...]:
+    from keras.src.layers.convolutional.base_conv import BaseConv
+
+    names = []
+    for layer in layers:
+        name = type(layer).__name__
+        if name == "InputLayer":
+            continue
+        names.append(name)
+        if isinstance(layer, BaseConv) or name == "Dense" or len(names) >= 16:
+            break
+    return tuple(names)
 
 
 def _output_layer(model: Any) -> Any:
