@@ -16,6 +16,8 @@ from nndoctor.registry import get_check, is_enabled
 # Normalization, a Lambda…) may scale the input, so the check stays silent.
 _SCALE_PRESERVING = {"Reshape", "Permute", "Flatten", "Cropping2D", "ZeroPadding2D", "RandomFlip",
                      "RandomRotation", "RandomTranslation", "RandomZoom", "RandomCrop"}
+_KERAS_FIX = ("scale pixels to 0–1 (keras.layers.Rescaling(1/255) as the first layer, or x / 255) and "
+              "normalize with the mean/std of your data or of the pretrained weights")
 _LEARNED = {"Conv1D", "Conv2D", "Conv3D", "SeparableConv2D", "DepthwiseConv2D", "Dense"}
 
 
@@ -57,8 +59,8 @@ class SharedCodes:
         self._seen.add(batch.phase)
         message = (f"the images given to {batch.phase} are {problem}: {x.dtype}{list(x.shape)} in "
                    f"[{x.min:.4g}, {x.max:.4g}] reach the first layer ({leading[-1]}) unscaled "
-                   "(normalised images stay within about ±3). Add keras.layers.Rescaling(1/255) or divide by 255.")
-        finding = self.unnormalized.finding(message, location=batch.call_location, evidence={
+                   "(normalised images stay within about ±3).")
+        finding = self.unnormalized.finding(message, location=batch.call_location, fix=_KERAS_FIX, evidence={
             "input_shape": list(x.shape), "dtype": x.dtype, "min": x.min, "max": x.max,
             "first_layer": leading[-1]})
         finding.first_step = self.session.step
