@@ -16,6 +16,8 @@ from nndoctor.registry import Check, register
 _PROBABILITY_ACTIVATIONS = ("softmax", "sigmoid")
 # A channel axis is this small; spatial axes are larger.
 _CHANNEL_SIZES = (1, 2, 3, 4)
+# ...and the axes that are not channels are at least this large (images, not tiny feature maps).
+_MIN_SPATIAL = 8
 
 
 class KerasCheck(Check):
@@ -279,8 +281,9 @@ class DataFormatMismatch(KerasCheck):
     Compares the first convolution's ``data_format`` with the shape of the data given to
     ``fit``/``evaluate``. It fires when the convolution reads its channels from the axis
     that is large (a spatial axis, as its kernel shows) while the other end holds a small
-    axis of 1–4 (the real channels): e.g. images of shape (N, 3, 32, 32) into a
-    ``Conv2D`` with the default ``channels_last``.
+    axis of 1–4 (the real channels) and every other axis is at least 8 long: e.g. images
+    of shape (N, 3, 32, 32) into a ``Conv2D`` with the default ``channels_last``. Small
+    feature maps (a 4×4 board with 16 planes) are left alone.
 
     ## Why is this bad?
     The model still builds and trains: it treats 32 columns as channels and the 3 colour
@@ -316,14 +319,15 @@ class DataFormatMismatch(KerasCheck):
         if conv is None or x is None or len(x.shape) < 4:
             return
         first, last = x.shape[1], x.shape[-1]
+        large = _MIN_SPATIAL
         if conv.data_format == "channels_last" and conv.in_channels == last and first in _CHANNEL_SIZES \
-                and last > max(_CHANNEL_SIZES):
+                and min(x.shape[2:]) >= large:
             data, real = "channels_first", first
         elif conv.data_format == "channels_first" and conv.in_channels == first and last in _CHANNEL_SIZES \
-                and first > max(_CHANNEL_SIZES):
+                and min(x.shape[1:-1]) >= large:
             data, real = "channels_last", last
         else:
-            return
+            return  # small feature maps (a 4x4 board with 16 planes) are left alone
         message = (f"the data given to {batch.phase} has shape {x.shape} (looks {data}: {real} channels) but "
                    f"'{conv.layer_name}' uses data_format='{conv.data_format}' and reads {conv.in_channels} "
                    f"channels{_where(conv.location)}; the model treats a spatial axis as channels.")

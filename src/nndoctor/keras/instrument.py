@@ -62,6 +62,8 @@ class KerasObserver:
         if self.patched:
             return
         self.patched = True
+        if keras.config.backend() != "torch":
+            return  # only the torch backend is covered so far (TensorFlow/JAX trace fit into graphs)
         from keras.src.layers.convolutional.base_conv import BaseConv
 
         session = self.session
@@ -337,7 +339,8 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        module.__spec__.loader = self._loader  # later reloads use Keras's own loader
+        # Later reloads use Keras's own loader.
+        module.__spec__.loader = module.__loader__ = self._loader
         try:
             self.observer.patch(module)
         except Exception as error:  # noqa: BLE001 - observer rule: keras is imported either way
