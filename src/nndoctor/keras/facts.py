@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Location
+
+if TYPE_CHECKING:  # NumPy is imported when a batch is read: the catalog must load without it
+    import numpy as np
 
 # Bounded work: at most this many samples of a batch are read.
 MAX_ROWS = 256
@@ -115,6 +116,8 @@ def loss_config(loss: Any) -> LossConfig | None:
 
 def to_numpy(value: Any) -> np.ndarray | None:
     """A bounded NumPy copy of a batch tensor (read only; no grad, no device sync beyond the copy)."""
+    import numpy as np
+
     if value is None or isinstance(value, (list, tuple, dict)):
         return None
     if not hasattr(value, "shape") or not hasattr(value, "__getitem__"):
@@ -135,6 +138,8 @@ def summarize(value: Any) -> ArraySummary | None:
     array = to_numpy(value)
     if array is None:
         return None
+    import numpy as np
+
     data = array.astype(np.float64, copy=False)
     if not np.isfinite(data).all():
         data = data[np.isfinite(data)] if np.isfinite(data).any() else np.zeros(1)
