@@ -53,6 +53,7 @@ class KerasObserver:
         self.compile_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
         self.layer_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
         self.checks: list[Any] = []
+        self.shared: shared_codes.SharedCodes | None = None
         self.enabled = True
         self._keras_depth = 0
         self._saved_active = False
@@ -356,7 +357,10 @@ def install(installation: Any) -> None:
     observer = KerasObserver(installation)
     keras = sys.modules.get("keras")
     if keras is not None and hasattr(keras, "Model"):
-        observer.patch(keras)
+        try:
+            observer.patch(keras)
+        except Exception as error:  # noqa: BLE001 - observer rule: the run goes on unobserved
+            installation.session.internal_error("keras instrumentation", error)
         return
     hook = _PatchAfterImport(observer)
     sys.meta_path.insert(0, hook)
