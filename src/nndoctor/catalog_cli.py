@@ -24,7 +24,8 @@ def markdown_catalog() -> str:
         "",
     ]
     titles = {"run": "nndoctor run", "explain": "nndoctor run / explain (crashes)", "data": "nndoctor data",
-              "ckpt": "nndoctor ckpt", "perf": "nndoctor perf", "env": "nndoctor env (and crash messages it explains)"}
+              "ckpt": "nndoctor ckpt", "perf": "nndoctor perf", "env": "nndoctor env (and crash messages it explains)",
+              "keras": "nndoctor run (Keras 3 fit/evaluate)"}
     for scope, title in titles.items():
         checks = all_checks(scope)
         if not checks:
@@ -37,7 +38,7 @@ def markdown_catalog() -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("code", nargs="?", help="a check code (M101) or name (eval-in-train-mode)")
-    parser.add_argument("--scope", choices=["run", "explain", "data", "ckpt", "perf", "env"],
+    parser.add_argument("--scope", choices=["run", "explain", "data", "ckpt", "perf", "env", "keras"],
                         help="only checks of this subcommand")
     parser.add_argument("--markdown", action="store_true", help="print raw Markdown")
     parser.add_argument("--json", metavar="PATH", help="write the catalog (or the check) as JSON to PATH ('-' for stdout)")

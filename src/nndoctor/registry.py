@@ -33,6 +33,7 @@ CHECK_MODULES = (
     "nndoctor.ckpt.checks",
     "nndoctor.perf.checks",
     "nndoctor.env.checks",
+    "nndoctor.keras.checks",
 )
 
 # Frameworks a family may need; without them the family is left out instead of failing.

@@ -25,6 +25,8 @@ FEATURE_MODULES = (
     "nndoctor.watchdog",  # R104/X110: the stall watchdog thread
     "nndoctor.instrument.training_probe",  # clipping, GradScaler steps, checkpointing, anomaly mode
     "nndoctor.instrument.dropout_probe",  # F.dropout without training=self.training (M110)
+    "nndoctor.instrument.warning_relay",
+    "nndoctor.keras.instrument",  # Keras 3 fit/evaluate (K checks); patches only if keras is imported  # torch's warnings shown at the user's line, not ours
 )
 
 

@@ -1,0 +1,181 @@
+"""What one observed Keras batch tells the K checks, as plain numbers and names.
+
+Built from the model, the batch (x, y) and the predictions inside ``compute_loss``; it
+holds no tensor and no layer (locations and small summaries only), so the checks can keep
+it without keeping the user's objects alive.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nndoctor.findings import Location
+
+if TYPE_CHECKING:  # NumPy is imported when a batch is read: the catalog must load without it
+    import numpy as np
+
+# Bounded work: at most this many samples of a batch are read.
+MAX_ROWS = 256
+PROBABILITY_TOLERANCE = 1e-3
+_LOSS_KINDS = (("sparsecategorical", "sparse"), ("categorical", "categorical"), ("binary", "binary"))
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The compiled loss of a single-output model: its name, family and ``from_logits``."""
+
+    name: str
+    kind: str | None  # "sparse", "categorical", "binary" or None (not a cross-entropy)
+    from_logits: bool
+
+
+@dataclass(frozen=True)
+class ArraySummary:
+    shape: tuple[int, ...]
+    min: float
+    max: float
+    integer_valued: bool
+    binary_valued: bool  # every value is 0 or 1
+    row_sum_deviation: float  # max |sum over the last axis - 1|
+    dtype: str = ""
+    # False for Keras's symbolic passes (torch "meta" tensors): the shape is real, the numbers are not.
+    has_values: bool = True
+
+
+@dataclass(frozen=True)
+class ConvFacts:
+    layer_name: str
+    data_format: str
+    in_channels: int
+    location: Location | None
+
+
+@dataclass(frozen=True)
+class BatchNormFacts:
+    layer_name: str
+    momentum: float
+    location: Location | None
+
+
+@dataclass
+class BatchFacts:
+    """One observed batch of ``fit`` (phase "fit") or ``evaluate`` (phase "evaluate")."""
+
+    phase: str
+    call_location: Location | None
+    compile_location: Location | None
+    loss: LossConfig | None
+    output_layer: str | None
+    output_activation: str | None
+    output_location: Location | None
+    x: ArraySummary | None
+    y: ArraySummary | None
+    y_pred: ArraySummary | None
+    first_conv: ConvFacts | None
+    # Class names of the layers up to the first learned one (Conv/Dense), InputLayer left out.
+    leading_layers: tuple[str, ...] = ()
+    batch_norms: list[BatchNormFacts] = field(default_factory=list)
+
+
+# -- pure helpers ------------------------------------------------------------------------
+
+def loss_kind(name: str) -> str | None:
+    """"sparse_categorical_crossentropy" -> "sparse"; only cross-entropies have a kind."""
+    key = name.lower().replace("_", "")
+    if "crossentropy" not in key:
+        return None
+    for marker, kind in _LOSS_KINDS:
+        if marker in key:
+            return kind
+    return None
+
+
+def loss_config(loss: Any) -> LossConfig | None:
+    """The compiled loss as Keras stores it (a string, a Loss object or a function)."""
+    if loss is None or isinstance(loss, (list, tuple, dict)):
+        return None  # several outputs: not covered yet
+    if isinstance(loss, str):
+        # String losses are the functions with their defaults: from_logits=False.
+        return LossConfig(loss, loss_kind(loss), False)
+    keywords: dict[str, Any] = {}
+    if isinstance(loss, functools.partial):
+        keywords, loss = dict(loss.keywords or {}), loss.func
+    if inspect.isfunction(loss) or inspect.isbuiltin(loss):
+        name = loss.__name__
+        from_logits = keywords.get("from_logits", False)
+    else:  # a keras.losses.Loss object (LossFunctionWrapper keeps the keywords in _fn_kwargs)
+        name = type(loss).__name__
+        from_logits = getattr(loss, "from_logits", None)
+        if from_logits is None:
+            from_logits = (getattr(loss, "_fn_kwargs", None) or {}).get("from_logits", False)
+    return LossConfig(name, loss_kind(name), bool(from_logits))
+
+
+def to_numpy(value: Any) -> np.ndarray | None:
+    """A bounded NumPy copy of a batch tensor (read only; no grad, no device sync beyond the copy)."""
+    import numpy as np
+
+    if value is None or isinstance(value, (list, tuple, dict)):
+        return None
+    if not hasattr(value, "shape") or not hasattr(value, "__getitem__"):
+        return None  # a dataset, generator or PyDataset: read per batch instead
+    if hasattr(value, "detach"):  # torch backend
+        value = value[:MAX_ROWS].detach().cpu().numpy()
+    else:
+        value = np.asarray(value)[:MAX_ROWS]
+    if value.dtype == object or value.size == 0:
+        return None
+    return value
+
+
+def summarize(value: Any) -> ArraySummary | None:
+    if getattr(value, "is_meta", False):
+        nan = float("nan")
+        return ArraySummary(tuple(int(s) for s in value.shape), nan, nan, False, False, nan, has_values=False)
+    array = to_numpy(value)
+    if array is None:
+        return None
+    import numpy as np
+
+    data = array.astype(np.float64, copy=False)
+    if not np.isfinite(data).all():
+        data = data[np.isfinite(data)] if np.isfinite(data).any() else np.zeros(1)
+        rows = None
+    else:
+        rows = data
+    deviation = float(np.abs(rows.sum(axis=-1) - 1).max()) if rows is not None and rows.ndim >= 1 else float("inf")
+    return ArraySummary(
+        shape=tuple(int(s) for s in array.shape),
+        min=float(data.min()),
+        max=float(data.max()),
+        integer_valued=bool(np.all(data == np.round(data))),
+        binary_valued=bool(np.all((data == 0) | (data == 1))),
+        row_sum_deviation=deviation,
+        dtype=str(array.dtype),
+    )
+
+
+def looks_like_probabilities(summary: ArraySummary) -> bool:
+    """Every value in [0, 1] and rows summing to 1 over ≥ 2 classes (a softmax output)."""
+    return (
+        summary.has_values and len(summary.shape) >= 2 and summary.shape[-1] >= 2
+        and summary.min >= -PROBABILITY_TOLERANCE and summary.max <= 1 + PROBABILITY_TOLERANCE
+        and summary.row_sum_deviation <= PROBABILITY_TOLERANCE
+    )
+
+
+def activation_name(layer: Any) -> str | None:
+    """"softmax", "sigmoid", "linear"… of a layer (Dense(activation=…), Activation, Softmax)."""
+    if layer is None:
+        return None
+    if type(layer).__name__ == "Softmax":
+        return "softmax"
+    activation = getattr(layer, "activation", None)
+    if activation is None:
+        return None
+    if isinstance(activation, str):
+        return activation
+    return getattr(activation, "__name__", None)

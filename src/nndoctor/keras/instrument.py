@@ -1,0 +1,367 @@
+"""Zero-code-change instrumentation of Keras 3 ``Model.fit`` / ``Model.evaluate``.
+
+Importing Keras costs seconds, so nothing here imports it: when the user's script has
+already imported Keras at install time it is patched at once, otherwise a
+``sys.meta_path`` finder patches it right after the script's own ``import keras``.
+Every patch is recorded on the installation's patcher and undone at the end of the run.
+
+What is patched, and why:
+
+* ``Model.compile`` and the constructors of ``BatchNormalization`` and the convolution
+  base class record the user's line (weakly, per object) so findings point there;
+* ``Model.fit`` / ``Model.evaluate`` mark the call (and its line) and ``fit`` gets one
+  extra callback that counts optimizer steps (``--max-steps`` stops the run there);
+* ``Model._compute_loss`` sees x, y and the predictions of the first batch of each call,
+  *before* the loss runs (a label mismatch may crash the loss itself). Reading them copies
+  at most a few hundred rows to NumPy; nothing the model computes changes.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import inspect
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from nndoctor.findings import Location
+from nndoctor.instrument.location import user_location
+from nndoctor.keras import facts as kf
+from nndoctor.keras import shared_codes
+from nndoctor.registry import all_checks, is_enabled
+
+
+@dataclass
+class _Call:
+    phase: str  # "fit" or "evaluate"
+    location: Location | None
+    x: kf.ArraySummary | None = None  # the arrays given to the call, when they are arrays
+    y: kf.ArraySummary | None = None
+    observed: bool = False  # a batch with real values was seen
+
+
+class KerasObserver:
+    """The Keras side of one installation: recorded lines, the active call, the K checks."""
+
+    def __init__(self, installation: Any) -> None:
+        self.installation = installation
+        self.session = installation.session
+        self.patched = False
+        self.calls: list[_Call] = []
+        self.compile_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
+        self.layer_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
+        self.checks: list[Any] = []
+        self.shared: shared_codes.SharedCodes | None = None
+        self.enabled = True
+        self._keras_depth = 0
+        self._saved_active = False
+
+    # -- patching ----------------------------------------------------------------------
+    def patch(self, keras: Any) -> None:
+        if self.patched:
+            return
+        self.patched = True
+        if keras.config.backend() != "torch":
+            return  # only the torch backend is covered so far (TensorFlow/JAX trace fit into graphs)
+        from keras.src.layers.convolutional.base_conv import BaseConv
+
+        session = self.session
+        self.checks = [cls(session) for cls in all_checks("keras") if is_enabled(cls, session.select, session.ignore)]
+        self.shared = shared_codes.SharedCodes.for_session(session)
+        patcher = self.installation.patcher
+        model_cls = keras.Model
+        self._patch_recording_init(keras.layers.BatchNormalization)
+        self._patch_recording_init(BaseConv)
+
+        original_compile = patcher.patch(model_cls, "compile", None)
+
+        def compile(model, *args, **kwargs):
+            self._guard(lambda: self._remember(self.compile_locations, model))
+            return original_compile(model, *args, **kwargs)
+
+        patcher.patch(model_cls, "compile", compile)
+        self._patch_call(model_cls, "fit")
+        self._patch_call(model_cls, "evaluate")
+
+        loss_name = "_compute_loss" if hasattr(model_cls, "_compute_loss") else "compute_loss"
+        original_loss = patcher.patch(model_cls, loss_name, None)
+
+        def compute_loss(model, *args, **kwargs):
+            call = self.calls[-1] if self.calls else None
+            if call is not None and not call.observed and self.enabled and os.getpid() == self.session.pid:
+                try:
+                    call.observed = self._observe(model, original_loss, call, args, kwargs)
+                except Exception as error:  # noqa: BLE001 - observer rule
+                    call.observed = True  # do not retry every batch
+                    self.session.internal_error("keras instrumentation", error)
+            return original_loss(model, *args, **kwargs)
+
+        patcher.patch(model_cls, loss_name, compute_loss)
+        self._callback_cls = _make_callback_class(keras, self)
+        self._patch_keras_owned(keras.layers.Layer, "__call__")
+        self._patch_keras_owned(model_cls, "predict")
+        patcher.on_undo(self._disable)
+
+    def _disable(self) -> None:
+        self.enabled = False
+
+    # While Keras computes, the PyTorch instrumentation looks away: on the torch backend Keras
+    # layers are torch modules, but the PyTorch checks are not written for Keras's internals
+    # (symbolic "meta" passes, its own losses and optimizers); the K checks cover fit/evaluate.
+    def _enter_keras(self) -> None:
+        if self._keras_depth == 0:
+            self._saved_active = self.session.active
+            self.session.active = False
+        self._keras_depth += 1
+
+    def _leave_keras(self) -> None:
+        self._keras_depth -= 1
+        if self._keras_depth == 0:
+            self.session.active = self._saved_active and self.enabled
+
+    def _patch_keras_owned(self, owner: Any, name: str) -> None:
+        original = self.installation.patcher.patch(owner, name, None)
+
+        def keras_owned(obj, *args, **kwargs):
+            self._enter_keras()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                self._leave_keras()
+
+        keras_owned.__wrapped__ = original
+        self.installation.patcher.patch(owner, name, keras_owned)
+
+    def _patch_recording_init(self, cls: Any) -> None:
+        original = self.installation.patcher.patch(cls, "__init__", None)
+
+        def __init__(layer, *args, **kwargs):
+            original(layer, *args, **kwargs)
+            # Only the outermost constructor records (Conv2D -> BaseConv both pass here).
+            self._guard(lambda: self._remember(self.layer_locations, layer, keep=True))
+
+        self.installation.patcher.patch(cls, "__init__", __init__)
+
+    def _patch_call(self, model_cls: Any, phase: str) -> None:
+        original = self.installation.patcher.patch(model_cls, phase, None)
+        signature = inspect.signature(original)
+
+        def call(model, *args, **kwargs):
+            record = _Call(phase, None)
+            try:
+                record.location = user_location(sys._getframe(1))
+                given = signature.bind(model, *args, **kwargs).arguments
+                record.x, record.y = kf.summarize(given.get("x")), kf.summarize(given.get("y"))
+                if phase == "fit":
+                    args, kwargs = self._with_callback(signature, model, args, kwargs)
+            except Exception as error:  # noqa: BLE001 - observer rule: run the user's call as written
+                self.session.internal_error(f"keras {phase}", error)
+            self.calls.append(record)
+            self._enter_keras()
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                self._leave_keras()
+                self.calls.pop()
+
+        call.__wrapped__ = original  # keeps inspect.signature(model.fit) as Keras wrote it
+        self.installation.patcher.patch(model_cls, phase, call)
+
+    def _with_callback(self, signature: inspect.Signature, model: Any, args: tuple, kwargs: dict) -> tuple:
+        bound = signature.bind(model, *args, **kwargs)
+        callbacks = bound.arguments.get("callbacks")
+        if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+            return args, kwargs  # a CallbackList the user built: leave it alone
+        bound.arguments["callbacks"] = [*(callbacks or ()), self._callback_cls()]
+        return bound.args[1:], bound.kwargs
+
+    # -- observing ---------------------------------------------------------------------
+    def _observe(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> bool:
+        """Run the K checks on one batch; True once the predictions had real values."""
+        values = inspect.signature(original_loss).bind(model, *args, **kwargs).arguments
+        x, y, y_pred = (kf.summarize(values.get(k)) for k in ("x", "y", "y_pred"))
+        # In Keras's symbolic build pass only shapes are real: take the values from the call.
+        if x is None or not x.has_values:
+            x = call.x or x
+        if y is None or not y.has_values:
+            y = call.y or y
+        output_layer = _output_layer(model)
+        layers = _layers(model)
+        batch = kf.BatchFacts(
+            phase=call.phase,
+            call_location=call.location,
+            compile_location=self.compile_locations.get(model),
+            loss=kf.loss_config(getattr(model, "loss", None)),
+            output_layer=getattr(output_layer, "name", None),
+            output_activation=kf.activation_name(output_layer),
+            output_location=self.layer_location(output_layer),
+            x=x,
+            y=y,
+            y_pred=y_pred,
+            first_conv=self._first_conv(layers),
+            leading_layers=_leading_layers(layers),
+            batch_norms=[
+                kf.BatchNormFacts(layer.name, float(layer.momentum), self.layer_location(layer))
+                for layer in layers if type(layer).__name__ == "BatchNormalization"
+            ],
+        )
+        for check in list(self.checks):
+            try:
+                check.inspect(batch)
+            except Exception as error:  # noqa: BLE001 - a broken check must not break the run
+                self.session.internal_error(f"{check.code} {check.name} on keras batch", error)
+                self.checks.remove(check)
+        if self.shared is not None:
+            self.shared.inspect(batch)
+        return y_pred is None or y_pred.has_values
+
+    def _first_conv(self, layers: list[Any]) -> kf.ConvFacts | None:
+        from keras.src.layers.convolutional.base_conv import BaseConv
+
+        for layer in layers:
+            if isinstance(layer, BaseConv) and getattr(layer, "kernel", None) is not None:
+                in_channels = int(layer.kernel.shape[-2]) * int(getattr(layer, "groups", 1) or 1)
+                return kf.ConvFacts(layer.name, str(layer.data_format), in_channels, self.layer_location(layer))
+        return None
+
+    def layer_location(self, layer: Any) -> Location | None:
+        if layer is None:
+            return None
+        try:
+            return self.layer_locations.get(layer)
+        except TypeError:
+            return None
+
+    def count_step(self, model: Any) -> None:
+        self.session.count_step(getattr(model, "optimizer", None) or model)
+
+    # -- helpers -----------------------------------------------------------------------
+    @staticmethod
+    def _remember(table: weakref.WeakKeyDictionary, obj: Any, *, keep: bool = False) -> None:
+        """Record the user's line for ``obj`` (``keep``: the first record wins)."""
+        if keep and obj in table:
+            return
+        location = user_location(sys._getframe(1))
+        if location is not None:
+            table[obj] = location
+
+    def _guard(self, action: Any) -> None:
+        try:
+            action()
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("keras instrumentation", error)
+
+
+def _layers(model: Any) -> list[Any]:
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=False, recursive=True))
+    return list(getattr(model, "layers", []))
+
+
+def _leading_layers(layers: list[Any]) -> tuple[str, ...]:
+    from keras.src.layers.convolutional.base_conv import BaseConv
+
+    names = []
+    for layer in layers:
+        name = type(layer).__name__
+        if name == "InputLayer":
+            continue
+        names.append(name)
+        if isinstance(layer, BaseConv) or name == "Dense" or len(names) >= 16:
+            break
+    return tuple(names)
+
+
+def _output_layer(model: Any) -> Any:
+    """The layer producing a single-output Sequential or functional model's output."""
+    import keras
+
+    if isinstance(model, keras.Sequential):
+        layers = model.layers
+        return layers[-1] if layers else None
+    outputs = getattr(model, "_outputs", None)
+    if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
+        history = getattr(outputs[0], "_keras_history", None)
+        if history is not None:
+            return history[0]
+    return None  # a subclassed model: the output layer is not known, values still are
+
+
+def _make_callback_class(keras: Any, observer: KerasObserver) -> type:
+    from nndoctor.engine import StopRun  # noqa: F401 - raised below
+
+    class NndoctorCallback(keras.callbacks.Callback):
+        """Counts optimizer steps; stops the run at ``--max-steps``."""
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            session = observer.session
+            if not observer.enabled or os.getpid() != session.pid:
+                return
+            try:
+                observer.count_step(self.model)
+            except Exception as error:  # noqa: BLE001 - observer rule
+                session.internal_error("keras callback", error)
+                return
+            if session.should_stop():
+                from nndoctor.engine import StopRun
+
+                raise StopRun()
+
+    return NndoctorCallback
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Lets ``import keras`` run as usual, then patches the imported package."""
+
+    def __init__(self, observer: KerasObserver) -> None:
+        self.observer = observer
+        self._loader: Any = None
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "keras" or self.observer.patched:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                self._loader = spec.loader
+                spec.loader = self
+                return spec
+            if spec is not None:
+                return None
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        # Later reloads use Keras's own loader.
+        module.__spec__.loader = module.__loader__ = self._loader
+        try:
+            self.observer.patch(module)
+        except Exception as error:  # noqa: BLE001 - observer rule: keras is imported either way
+            self.observer.session.internal_error("keras instrumentation", error)
+        self.remove()
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def install(installation: Any) -> None:
+    observer = KerasObserver(installation)
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "Model"):
+        try:
+            observer.patch(keras)
+        except Exception as error:  # noqa: BLE001 - observer rule: the run goes on unobserved
+            installation.session.internal_error("keras instrumentation", error)
+        return
+    hook = _PatchAfterImport(observer)
+    sys.meta_path.insert(0, hook)
+    installation.patcher.on_undo(hook.remove)
