@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,11 @@ def run_script(path, args=(), *, select=(), ignore=(), max_steps=None, **session
     from nndoctor.engine import Session
     from nndoctor.runner import Target, run_target
 
+    # Each script runs as in a fresh process: no torch.compile caches or recompile counts
+    # left by an earlier test in this worker (dynamo's limits are process-wide).
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
     session = Session(select=select, ignore=ignore, max_steps=max_steps, **session_kwargs)
     cwd = os.getcwd()
     try:

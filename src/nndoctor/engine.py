@@ -48,25 +48,28 @@ class RunState:
         self.batches_at_last_backward = 0
         self.scaler: weakref.ref | None = None
         self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
-        self._param_owner_cache: tuple[tuple, dict[int, Any]] | None = None
+        self._param_owner_cache: tuple[tuple, tuple, dict[int, Any]] | None = None
 
     # -- optimizers and the parameters they own -----------------------------------------
     def optimizer_param_ids(self) -> dict[int, Any]:
         """id(param) -> a weak reference to the optimizer that updates it."""
-        # Keyed on which optimizers are alive and how many parameters each holds: a second
-        # optimizer of the same size replacing a finished one must not get the old map.
-        key = tuple(sorted(
-            (id(opt), sum(len(g["params"]) for g in opt.param_groups)) for opt in list(self.optimizers)
-        ))
-        if self._param_owner_cache is None or self._param_owner_cache[0] != key:
+        live = sorted(self.optimizers, key=id)
+        counts = tuple(sum(len(g["params"]) for g in opt.param_groups) for opt in live)
+        cached = self._param_owner_cache
+        # Valid only for the very same optimizer objects (weak references, so an id reused by a
+        # new optimizer of the same size after the old one died is not mistaken for it).
+        if (cached is None or cached[1] != counts or len(cached[0]) != len(live)
+                or any(ref() is not opt for ref, opt in zip(cached[0], live, strict=True))):
             owners: dict[int, Any] = {}
-            for opt in list(self.optimizers):
+            refs = []
+            for opt in live:
                 ref = weakref.ref(opt)
+                refs.append(ref)
                 for group in opt.param_groups:
                     for p in group["params"]:
                         owners[id(p)] = ref
-            self._param_owner_cache = (key, owners)
-        return self._param_owner_cache[1]
+            self._param_owner_cache = (tuple(refs), counts, owners)
+        return self._param_owner_cache[2]
 
     def is_trained(self, module: Any) -> bool:
         """True when some optimizer updates at least one of the module's parameters."""

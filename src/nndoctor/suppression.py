@@ -14,6 +14,7 @@ import fnmatch
 import io
 import os
 import re
+import stat
 import tokenize
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,6 +73,22 @@ def directives_in_source(source: str, path: str) -> dict[int, Directive]:
     return found
 
 
+# A Python file larger than this is not read for comments (a generated or hostile file).
+_MAX_SOURCE_BYTES = 16 * 2**20
+
+
+def _python_source(path: str) -> str:
+    """The text of a regular ``.py`` file, or "" — never opens a FIFO or device (a finding's
+    location can name any path: a data file, a path from a pasted log)."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_SOURCE_BYTES:
+            return ""
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except (OSError, ValueError):
+        return ""
+
+
 class DirectiveIndex:
     """Directives per file, read once per file."""
 
@@ -81,11 +98,7 @@ class DirectiveIndex:
     def for_file(self, path: str) -> dict[int, Directive]:
         key = os.path.abspath(path)
         if key not in self._files:
-            try:
-                source = Path(key).read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                source = ""
-            self._files[key] = directives_in_source(source, path) if key.endswith(".py") else {}
+            self._files[key] = directives_in_source(_python_source(key), path) if key.endswith(".py") else {}
         return self._files[key]
 
     def all(self) -> list[Directive]:

@@ -60,10 +60,14 @@ def test_catches_softmax_before_cross_entropy(tmp_path):
     callback = DoctorCallback(quiet=True, sarif=str(tmp_path / "doctor.sarif"))
     logger, records = logging.getLogger("transformers.nndoctor"), _Records()
     logger.addHandler(records)  # transformers' loggers do not propagate to the root logger
+    # Other programs in this process may have lowered transformers' verbosity (set_verbosity_error):
+    # the callback's own logger level decides here.
+    level, logger.level = logger.level, logging.INFO
     try:
         report = _train(tmp_path, callback, SoftmaxLossTrainer)
     finally:
         logger.removeHandler(records)
+        logger.setLevel(level)
     assert report is not None and report.status == "completed" and report.steps == 10
     assert "L101" in report.codes()
     assert report.by_code("L101")[0].location.path.endswith("test_transformers.py")

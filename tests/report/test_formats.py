@@ -100,6 +100,7 @@ for step in range(5):
     optimizer.zero_grad()
     optimizer.step()  # nndoctor: ignore[O102]
 value = 1  # nndoctor: ignore[M101]
+torch.save(model, "model.pt")
 '''
 
 
@@ -107,7 +108,7 @@ value = 1  # nndoctor: ignore[M101]
 def test_run_with_config_comment_sarif_and_github(tmp_path):
     (tmp_path / "pyproject.toml").write_text(
         '[tool.nndoctor]\nfail-on = "warning"\nsarif = "out/nndoctor.sarif"\nreport-unused-ignores = true\n'
-        '[tool.nndoctor.per-file-ignores]\n"train.py" = ["M105"]\n')
+        '[tool.nndoctor.per-file-ignores]\n"train.py" = ["C103"]\n')
     (tmp_path / "train.py").write_text(SCRIPT)
     result = nndoctor("run", "--output-format", "github", "--json", "-", "train.py", cwd=tmp_path,
                       env={"GITHUB_WORKSPACE": str(tmp_path)})
@@ -119,7 +120,7 @@ def test_run_with_config_comment_sarif_and_github(tmp_path):
     assert [f["code"] for f in data["findings"]] == ["M106"]
     assert {s["code"]: s["reason"] for s in data["suppressed"]} == {
         "O102": "comment at train.py:13",
-        "M105": f"per-file-ignores 'train.py' in {tmp_path / 'pyproject.toml'}"}
+        "C103": f"per-file-ignores 'train.py' in {tmp_path / 'pyproject.toml'}"}
     assert data["extra"]["unused_suppressions"] == [{"path": "train.py", "line": 14, "codes": ["M101"]}]
     lines = github.splitlines()
     assert lines[0].startswith("::error file=train.py,line=13,title=M106 model-not-updating::")

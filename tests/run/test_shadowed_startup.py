@@ -30,4 +30,4 @@ def test_start_from_a_folder_with_inspect_py(tmp_path):
     assert "was imported" not in output
     # What `python sub/train.py` gives the script: its own folder first, not the working directory.
     assert f"path0 {sub}" in result.stdout and "cwd on path False" in result.stdout
-    assert "R102 module-shadowing" in result.stderr and f"{sub}/inspect.py" in result.stderr.replace("\n", "")
+    assert "R102 module-shadowing" in result.stderr and f"{sub.name}/inspect.py" in result.stderr.replace("\n", "")

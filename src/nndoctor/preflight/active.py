@@ -22,8 +22,11 @@ from nndoctor.findings import Location
 
 MIXING_RELATIVE = 1e-6  # gradient to other samples, relative to the sample's own
 OVERFIT_STEPS = 60
-OVERFIT_TARGET = 0.3  # the loss must reach this fraction of its start …
-OVERFIT_ABSOLUTE = 0.02  # … or this absolute value
+OVERFIT_TARGET = 0.5  # the loss must reach this fraction of its start …
+OVERFIT_ABSOLUTE = 0.05  # … or this absolute value
+# Failure: no attempt moved the loss by more than this fraction of its start. In between the
+# test is inconclusive (a frozen backbone's head, a small learning rate), never a finding.
+NOT_MOVED = 0.10
 OVERFIT_LR_SCALES = (1.0, 10.0)
 STUCK_STEPS = 20
 GRADCHECK_TOLERANCE = 1e-4
@@ -302,6 +305,12 @@ def _overfitted(losses: list[float]) -> bool:
     return best <= OVERFIT_ABSOLUTE or (start > 0 and best <= OVERFIT_TARGET * start)
 
 
+def _moved(losses: list[float]) -> bool:
+    """Did the loss fall by more than NOT_MOVED of its start at some point?"""
+    start = losses[0]
+    return start > 0 and min(losses) < (1 - NOT_MOVED) * start
+
+
 def _stuck(losses: list[float]) -> bool:
     """Twenty steps that moved the loss by under 1% of its start: more steps will not help."""
     return len(losses) >= STUCK_STEPS and losses[0] - min(losses) < 0.01 * abs(losses[0])
@@ -338,7 +347,7 @@ def overfit_one_batch(recipe: StepRecipe, budget_s: float) -> tuple[TestResult, 
             if time.perf_counter() > deadline:
                 break
         else:
-            result.status = "failed"
+            result.status = "failed" if not any(_moved(losses) for losses in curves.values()) else "inconclusive"
         if result.status == "skipped":  # stopped by the time budget before a verdict
             result.status = "inconclusive"
         if result.status != "passed":

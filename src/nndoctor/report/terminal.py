@@ -91,10 +91,12 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
     if report.status == "crashed" and not any(f.code.startswith("E") for f in findings):
         render_no_known_cause(console, report.extra.get("crash") or {})
         console.print()
-    elif not findings:
-        not_observed = report.extra.get("not_observed")  # a launcher ran the training elsewhere
-        console.print(Text(not_observed, style="bold yellow") if not_observed
-                      else Text("No problems found.", style="bold green"))
+    not_observed = report.extra.get("not_observed")  # a launcher ran the training elsewhere
+    if not_observed and report.status != "crashed":
+        console.print(Text(not_observed, style="bold yellow"))
+        console.print()
+    elif not findings and report.status != "crashed":
+        console.print(Text("No problems found.", style="bold green"))
     for finding in findings:
         _finding_block(console, finding)
         console.print()
