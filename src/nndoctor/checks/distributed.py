@@ -58,7 +58,8 @@ class CrossRankCheck(Check):
 
     @classmethod
     def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:  # pragma: no cover - abstract
-        raise NotImplementedError
+        # Every registered cross-rank check overrides this; reaching it is a programming error.
+        raise TypeError(f"{cls.__name__} must define compare()")
 
 
 def cross_rank_findings(parts: list[dict[str, Any]], select: Iterable[str] = (),

@@ -24,7 +24,8 @@ class KerasCheck(Check):
     scope: ClassVar[str] = "keras"
 
     def inspect(self, batch: BatchFacts) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
+        # Every registered Keras check overrides this; reaching it is a programming error.
+        raise TypeError(f"{type(self).__name__} must define inspect()")
 
     def _report_once(self, key: object, message: str, *, location: Location | None, evidence: dict) -> None:
         seen = self.__dict__.setdefault("_seen", set())
