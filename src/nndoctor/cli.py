@@ -32,7 +32,7 @@ FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """Options every subcommand shares (DESIGN.md: --json, --select, --ignore, --fail-on)."""
+    """Options every subcommand shares: --json, --select, --ignore, --fail-on."""
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH ('-' for stdout)")
     parser.add_argument("--select", metavar="CODES", action="append", default=[],
                         help="only these checks (codes, prefixes like O1, or names; comma-separated)")
