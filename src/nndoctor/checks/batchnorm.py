@@ -47,7 +47,7 @@ class BatchNormMomentumConvention(Check):
     flags ``momentum ≥ 0.5`` (an error from 0.9, the TF/Keras decay values 0.9/0.99/0.999).
 
     ## Why is this bad?
-    The two frameworks define the number the other way round (seed 000):
+    The two frameworks define the number the other way round:
 
     - TensorFlow/Keras: ``moving = moving * decay + batch * (1 - decay)``, default
       ``decay``/``momentum`` 0.99 (tf.layers, Keras) or 0.999 (tf.contrib, slim).
@@ -57,7 +57,7 @@ class BatchNormMomentumConvention(Check):
     A TF decay of 0.99 copied as PyTorch ``momentum=0.99`` keeps only 1% of the running
     statistics at each step: they become the statistics of the last batch. Training looks
     fine (batch statistics are used); validation and test, which use the running
-    statistics, are noisy and much worse ("loss jumps at val/test", seed 000).
+    statistics, are noisy and much worse ("loss jumps at val/test").
 
     ## Example
     ```python
@@ -72,7 +72,6 @@ class BatchNormMomentumConvention(Check):
     ## References
     - PyTorch docs, ``BatchNorm2d`` (the momentum note): https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm2d.html
     - Keras docs, ``BatchNormalization``: https://keras.io/api/layers/normalization_layers/batch_normalization/
-    - shared/seeds 000 (BN momentum/decay, "pytorch 的 momentum 倒過來").
     """
 
     code = "B101"
@@ -123,7 +122,7 @@ class BatchNormTinyBatch(Check):
     statistics used at evaluation do not match what the layers saw. Wu & He measured the
     ImageNet error of ResNet-50 rising quickly below 8 images per GPU (batch 2: +10 points),
     where GroupNorm stays flat. Under DataParallel/DDP the batch that matters is the
-    per-device one (seed 000).
+    per-device one.
 
     ## Example
     ```python
@@ -139,7 +138,6 @@ class BatchNormTinyBatch(Check):
 
     ## References
     - Wu & He, "Group Normalization" (2018), figure 1: https://arxiv.org/abs/1803.08494
-    - shared/seeds 000.
     """
 
     code = "B102"
@@ -219,8 +217,8 @@ class BatchNormStatsFrozen(Check):
     Training uses batch statistics, evaluation uses the running ones. If those never
     change, evaluation normalises with their initial values (mean 0, variance 1) or with
     whatever was loaded, not with the statistics of the data the model now sees: training
-    accuracy is fine and evaluation is wrong — the PyTorch form of the TensorFlow bug in
-    seed 000 where ``moving_mean`` is never updated because ``UPDATE_OPS`` are not run.
+    accuracy is fine and evaluation is wrong — the PyTorch form of the TensorFlow 1 bug
+    where ``moving_mean`` is never updated because ``UPDATE_OPS`` are not run.
 
     ## Example
     ```python
@@ -234,7 +232,6 @@ class BatchNormStatsFrozen(Check):
 
     ## References
     - PyTorch docs, ``BatchNorm1d`` (momentum, track_running_stats): https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm1d.html
-    - shared/seeds 000 (TensorFlow: "可能沒有更新 moving_mean").
     """
 
     code = "B103"

@@ -54,7 +54,7 @@ class WrapperPrefixInCheckpoint(Check):
     ## Why is this bad?
     The checkpoint only loads into the same wrapper. Loading it into the plain model fails
     with "Missing key(s) … Unexpected key(s) in state_dict: module.conv1.weight" — or,
-    with ``strict=False``, silently loads nothing (seeds 000 and 002).
+    with ``strict=False``, silently loads nothing.
 
     ## Example
     ```python
@@ -72,7 +72,6 @@ class WrapperPrefixInCheckpoint(Check):
 
     ## References
     - PyTorch tutorial, "Saving and loading models" (DataParallel): https://pytorch.org/tutorials/beginner/saving_loading_models.html
-    - shared/seeds 000, 002.
     """
 
     code = "C101"
@@ -107,7 +106,7 @@ class NonStrictLoadDroppedKeys(Check):
     ## Why is this bad?
     ``strict=False`` is often added to silence a key mismatch — and then loads nothing: a
     ``module.`` prefix, a renamed scope or another architecture leaves the model at its
-    random initialisation while training "resumes" (seed 002). Loading a backbone into a
+    random initialisation while training "resumes". Loading a backbone into a
     model with a new head is the legitimate use; it is reported as info only, listing the
     skipped keys so you can confirm them.
 
@@ -125,7 +124,6 @@ class NonStrictLoadDroppedKeys(Check):
 
     ## References
     - PyTorch docs, ``Module.load_state_dict``: https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.load_state_dict
-    - shared/seeds 002.
     """
 
     code = "C102"
@@ -165,7 +163,7 @@ class WholeModelPickle(Check):
     ## Why is this bad?
     The file is a pickle of your classes: it only loads where the same code sits at the
     same import path, breaks when you rename or move a class, and loading it needs
-    ``weights_only=False`` — which executes arbitrary code from the file (seed 001).
+    ``weights_only=False`` — which executes arbitrary code from the file.
     Since PyTorch 2.6 ``torch.load`` refuses it by default.
 
     ## Example

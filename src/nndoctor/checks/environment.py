@@ -36,8 +36,7 @@ class UnseededRandomness(Check):
     ## Why is this bad?
     Without a seed, weight initialisation, dropout masks, augmentation and shuffling differ
     on every run: two runs of the same code give different numbers, a regression cannot be
-    told from noise, and a NaN at step 3000 cannot be replayed to find its cause (seeds 001
-    and 002 both set seeds for this reason). It is information: production training often
+    told from noise, and a NaN at step 3000 cannot be replayed to find its cause . It is information: production training often
     runs unseeded on purpose.
 
     ## Example
@@ -56,7 +55,6 @@ class UnseededRandomness(Check):
 
     ## References
     - PyTorch docs, "Reproducibility": https://pytorch.org/docs/stable/notes/randomness.html
-    - shared/seeds 001 (随机: set seeds), 002 (Random Seed snippet).
     """
 
     code = "R101"
@@ -185,8 +183,7 @@ class ModuleShadowing(Check):
     ## Why is this bad?
     Python imports the local file instead of the real module: ``import pdb`` gets your
     ``pdb.py`` and fails with "module 'pdb' has no attribute 'set_trace'" or "No module
-    named …" deep inside a library (seed 002: "怀疑一下是不是自己命名的时候文件名和内置库的名字
-    冲突了(比如pdb.py)"). Under ``nndoctor run`` the real module may already be loaded, so
+    named …" deep inside a library. Under ``nndoctor run`` the real module may already be loaded, so
     the problem can stay hidden until you run ``python train.py`` again.
 
     ## Example
@@ -206,7 +203,6 @@ class ModuleShadowing(Check):
 
     ## References
     - Python docs, "The Module Search Path": https://docs.python.org/3/tutorial/modules.html#the-module-search-path
-    - shared/seeds 002.
     """
 
     code = "R102"
@@ -281,7 +277,7 @@ class UnsafeCheckpointLoad(Check):
 
     ## Why is this bad?
     A checkpoint is a pickle: with ``weights_only=False`` loading it can execute arbitrary
-    code embedded in the file (seed 001 notes that model files must be treated as code).
+    code embedded in the file: model files must be treated as code.
     A checkpoint downloaded from a hub, a colleague or a shared disk can run anything with
     your permissions. ``weights_only=True`` (the default since PyTorch 2.6) only rebuilds
     tensors and plain containers.
@@ -301,7 +297,6 @@ class UnsafeCheckpointLoad(Check):
     ## References
     - PyTorch docs, ``torch.load`` (weights_only): https://pytorch.org/docs/stable/generated/torch.load.html
     - Python docs, ``pickle`` security warning: https://docs.python.org/3/library/pickle.html
-    - shared/seeds 001.
     """
 
     code = "C104"
@@ -356,8 +351,7 @@ class CheckpointIoOverhead(Check):
     half of the training time; a share past 10% without that margin is reported as info.
 
     ## Why is this bad?
-    Time spent writing checkpoints is time the accelerator idles (seed 000: "太常存 model —
-    存的間距拉大點", saving too often slows training; widen the interval). 10% is the point
+    Time spent writing checkpoints is time the accelerator idles: saving too often slows training; widen the interval. 10% is the point
     where halving the save frequency gives back more than a typical data-loader tweak.
 
     ## Example
@@ -376,7 +370,6 @@ class CheckpointIoOverhead(Check):
 
     ## References
     - PyTorch tutorial, "Saving and loading a general checkpoint": https://pytorch.org/tutorials/recipes/recipes/saving_and_loading_a_general_checkpoint_for_inference_and_or_resuming_training_in_pytorch.html
-    - shared/seeds 000.
     """
 
     code = "C105"

@@ -25,8 +25,7 @@ class MissingZeroGrad(Check):
     ## Why is this bad?
     ``backward()`` accumulates into ``.grad``. Without ``optimizer.zero_grad()`` (or
     ``model.zero_grad()``) every step applies the sum of all gradients so far: the
-    effective learning rate grows with the step count and training diverges or stalls
-    (seeds 002 and 004).
+    effective learning rate grows with the step count and training diverges or stalls.
 
     ## Example
     ```python
@@ -49,7 +48,6 @@ class MissingZeroGrad(Check):
 
     ## References
     - PyTorch docs, ``Optimizer.zero_grad``: https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html
-    - shared/seeds 002, 004.
     """
 
     code = "O101"
@@ -141,7 +139,7 @@ class ZeroGradBeforeStep(Check):
     ## Why is this bad?
     The order ``backward(); zero_grad(); step()`` throws away every gradient just before
     it is used: the weights only change through weight decay or momentum and the loss
-    does not go down (seed 004 explains why ``zero_grad`` must come *before* backward).
+    does not go down (``zero_grad`` must come *before* backward).
 
     ## Example
     ```python
@@ -159,7 +157,6 @@ class ZeroGradBeforeStep(Check):
 
     ## References
     - PyTorch docs, "Taking an optimization step": https://pytorch.org/docs/stable/optim.html
-    - shared/seeds 004.
     """
 
     code = "O102"
@@ -281,7 +278,7 @@ class UnscaledGradientAccumulation(Check):
     ## Why is this bad?
     With ``k`` undivided mean losses the accumulated gradient is ``k`` times the gradient
     of the large batch you meant to simulate: the effective learning rate is ``k×`` too
-    high (seed 002). It does not crash; it trains worse, or diverges when ``k`` grows.
+    high. It does not crash; it trains worse, or diverges when ``k`` grows.
 
     ## Example
     ```python
@@ -303,7 +300,6 @@ class UnscaledGradientAccumulation(Check):
 
     ## References
     - Hugging Face Accelerate, "Gradient accumulation": https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation
-    - shared/seeds 002.
     """
 
     code = "O108"

@@ -59,8 +59,8 @@ class ExplodingGradients(Check):
     not fire.
 
     ## Why is this bad?
-    Exploding gradients turn each step into a jump: the loss spikes, then becomes Inf/NaN
-    (seed 003: "gradients explode… parameters blow up" whatever the learning rate). Growth
+    Exploding gradients turn each step into a jump: the loss spikes, then becomes Inf/NaN,
+    whatever the learning rate. Growth
     by three orders of magnitude is far beyond the usual drift of gradient norms during
     training (typically within 10–100× of their initial value); a norm of 1e5 is 10^5 times
     the ``max_norm=1.0`` that gradient clipping commonly enforces (Pascanu et al. 2013).
@@ -81,7 +81,6 @@ class ExplodingGradients(Check):
     ## References
     - Pascanu, Mikolov, Bengio, "On the difficulty of training recurrent neural networks" (2013): https://arxiv.org/abs/1211.5063
     - PyTorch docs, ``clip_grad_norm_``: https://pytorch.org/docs/stable/generated/torch.nn.utils.clip_grad_norm_.html
-    - shared/seeds 003.
     """
 
     code = "O104"

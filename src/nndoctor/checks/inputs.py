@@ -297,7 +297,6 @@ class UnnormalizedInput(Check):
     ```
 
     ## References
-    - shared/seeds 004 (normalisation: `img = (img/255 - mean) / std`).
     - torchvision `ToTensor` / `Normalize`: https://pytorch.org/vision/stable/transforms.html
     """
 
@@ -374,7 +373,7 @@ class NormalizationScaleMismatch(Check):
     ```
 
     ## References
-    - shared/seeds 004 (mmdetection mean/std for PyTorch and Caffe base models).
+    - torchvision `Normalize` (expects tensors in [0, 1] after `ToTensor`): https://pytorch.org/vision/stable/generated/torchvision.transforms.Normalize.html
     """
 
     code = "D102"
@@ -583,7 +582,8 @@ class ChannelsLastInput(Check):
     ```
 
     ## References
-    - shared/seeds 000 ("channel last/first … img.transpose((2, 0, 1))"), 001, 004.
+    - PyTorch docs, `Conv2d` (input is N, C, H, W): https://pytorch.org/docs/stable/generated/torch.nn.Conv2d.html
+    - PyTorch docs, `Tensor.permute`: https://pytorch.org/docs/stable/generated/torch.Tensor.permute.html
     """
 
     code = "D104"
@@ -653,7 +653,8 @@ class UnshuffledTrainingData(Check):
     ```
 
     ## References
-    - shared/seeds 000 (BN moving mean skewed by class-sorted batches).
+    - PyTorch docs, `DataLoader` (`shuffle=True` reshuffles every epoch): https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader
+    - Bengio, "Practical recommendations for gradient-based training of deep architectures" (2012), on shuffling: https://arxiv.org/abs/1206.5533
     """
 
     code = "D105"
@@ -742,7 +743,8 @@ class NonfiniteInput(Check):
     ```
 
     ## References
-    - shared/seeds 003 (NaN weights traced to the input pipeline).
+    - PyTorch docs, `torch.isfinite`: https://pytorch.org/docs/stable/generated/torch.isfinite.html
+    - PyTorch docs, autograd anomaly detection: https://pytorch.org/docs/stable/autograd.html#anomaly-detection
     """
 
     code = "D106"
@@ -807,7 +809,6 @@ class LabelOutOfRange(Check):
 
     ## References
     - PyTorch docs, `CrossEntropyLoss` (target in [0, C) or ignore_index): https://pytorch.org/docs/stable/generated/torch.nn.CrossEntropyLoss.html
-    - shared/seeds 004 (labels and the cross-entropy formula).
     """
 
     code = "D107"
@@ -862,8 +863,7 @@ class ConstantInput(Check):
     A constant sample carries no information: most often an image that failed to load and
     was replaced by zeros (a `try/except` returning `torch.zeros`), a black frame, or a
     crop that fell entirely into padding. The model trains on it with its label anyway
-    (seed 003: an empty batch behind NaN weights; seed 003 also loses hours to `cv2.imread`
-    silently returning None).
+    (`cv2.imread` silently returns None for a missing file).
 
     ## Example
     ```python
@@ -882,7 +882,8 @@ class ConstantInput(Check):
     `nndoctor data` lists unreadable and blank files (F101, F112) before training.
 
     ## References
-    - shared/seeds 003 (empty batches, images that did not load).
+    - OpenCV docs, `cv::imread` returns an empty matrix (None in Python) for a file it cannot read: https://docs.opencv.org/4.x/d4/da8/group__imgcodecs.html
+    - PyTorch docs, writing a `Dataset`: https://pytorch.org/tutorials/beginner/data_loading_tutorial.html
     """
 
     code = "D108"

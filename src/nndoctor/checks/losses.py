@@ -246,7 +246,6 @@ class SoftmaxBeforeCrossEntropy(Check):
 
     ## References
     - PyTorch docs, `CrossEntropyLoss` ("input is expected to contain unnormalized logits"): https://pytorch.org/docs/stable/generated/torch.nn.CrossEntropyLoss.html
-    - shared/seeds 004.
     """
 
     code = "L101"
@@ -433,7 +432,6 @@ class BroadcastInLoss(Check):
 
     ## References
     - PyTorch broadcasting semantics: https://pytorch.org/docs/stable/notes/broadcasting.html
-    - shared/seeds 002 (broadcast rules).
     """
 
     code = "L104"
@@ -612,7 +610,6 @@ class LossNotDecreasing(Check):
 
     ## References
     - H. B. Mann, "Nonparametric tests against trend", Econometrica 1945; M. G. Kendall, Rank Correlation Methods, 1975.
-    - shared/seeds 003.
     """
 
     code = "L106"

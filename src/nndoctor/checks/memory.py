@@ -97,7 +97,7 @@ class RetainedLossGraph(Check):
     alive for the whole run. ``running_loss += loss`` keeps every step's graph nodes in one
     ever-growing chain (and, for a loss that is never backpropagated, such as a validation
     loss computed with gradients on, all of its activations). Memory grows every step until
-    an out-of-memory error that seems to come from nowhere (seed 002; PyTorch FAQ,
+    an out-of-memory error that seems to come from nowhere (PyTorch FAQ,
     "accumulating history across your training loop").
 
     ## Example
@@ -121,7 +121,6 @@ class RetainedLossGraph(Check):
 
     ## References
     - PyTorch FAQ, "My model reports cuda runtime error(2): out of memory" (accumulating history): https://pytorch.org/docs/stable/notes/faq.html
-    - shared/seeds 002.
     """
 
     code = "P108"

@@ -24,9 +24,9 @@ class EvalInTrainMode(Check):
     In training mode Dropout zeroes random activations and BatchNorm normalises with the
     statistics of the current batch *and updates its running statistics*. Evaluating this
     way gives noisy, batch-size-dependent accuracy, and every validation batch silently
-    shifts the BatchNorm running mean/variance toward the validation data. Seed 000
-    ("training normal, val/testing broken: check dropout, batchnorm") and seed 002 record
-    days lost to a missing `model.eval()`.
+    shifts the BatchNorm running mean/variance toward the validation data. "Training normal,
+    validation broken: check dropout and BatchNorm" is the classic symptom of a missing
+    `model.eval()`.
 
     ## Example
     ```python
@@ -53,7 +53,6 @@ class EvalInTrainMode(Check):
 
     ## References
     - PyTorch docs, `nn.Module.eval`: https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.eval
-    - shared/seeds 000 and 002.
     """
 
     code = "M101"
@@ -102,7 +101,7 @@ class TrainInEvalMode(Check):
     After the first validation, every later epoch trains without Dropout and with frozen
     BatchNorm statistics. Training "works", but regularisation is gone and BatchNorm
     normalises with stale running statistics: the model converges to something else than
-    the first epoch promised (seed 002).
+    the first epoch promised.
 
     ## Example
     ```python
@@ -129,7 +128,6 @@ class TrainInEvalMode(Check):
 
     ## References
     - PyTorch docs, `nn.Module.train`: https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.train
-    - shared/seeds 002.
     """
 
     code = "M102"

@@ -128,8 +128,7 @@ class NonfiniteLoss(Check):
 
     ## Why is this bad?
     Once the loss is NaN, every gradient and then every weight becomes NaN; training is
-    over while the loop keeps running (seeds 001 and 003: "loss becomes NaN", "NaN in
-    summary histogram"). The traceback-free symptom gives no hint of the cause; the first
+    over while the loop keeps running . The traceback-free symptom gives no hint of the cause; the first
     module that produced the NaN does: a ``log``/``sqrt`` of a value that reached its domain
     edge, an overflow in float16, a division by a zero norm, or NaN already in the data.
 
@@ -152,7 +151,6 @@ class NonfiniteLoss(Check):
 
     ## References
     - PyTorch docs, ``torch.autograd.detect_anomaly`` (the exact but slow alternative): https://pytorch.org/docs/stable/autograd.html#anomaly-detection
-    - shared/seeds 001, 003 (NaN losses and histograms).
     """
 
     code = "N101"
@@ -353,7 +351,7 @@ class NonfiniteGradients(Check):
 
     ## Why is this bad?
     The step writes NaN into the weights; from the next forward on the loss is NaN and
-    training is over (seed 001). When the loss itself is finite, the cause is in the
+    training is over. When the loss itself is finite, the cause is in the
     backward pass: ``sqrt``/``norm`` of an exact zero, ``pow`` with a fractional exponent
     at 0, a custom ``autograd.Function``, or float16 overflow without loss scaling.
 
@@ -372,7 +370,6 @@ class NonfiniteGradients(Check):
 
     ## References
     - PyTorch docs, "Automatic Mixed Precision examples" (GradScaler skips Inf/NaN steps): https://pytorch.org/docs/stable/notes/amp_examples.html
-    - shared/seeds 001.
     """
 
     code = "N102"

@@ -31,7 +31,7 @@ class ParamsMissingFromOptimizer(Check):
     Those parameters never change. The usual causes: a layer added or replaced *after*
     the optimizer was built (`model.fc = nn.Linear(512, 10)` after
     `optimizer = SGD(model.parameters())`), or an optimizer built from another copy of the
-    model (seed 002). Training looks normal; the new head stays at its random init.
+    model. Training looks normal; the new head stays at its random init.
 
     ## Example
     ```python
@@ -51,7 +51,6 @@ class ParamsMissingFromOptimizer(Check):
 
     ## References
     - PyTorch docs, "Constructing an optimizer": https://pytorch.org/docs/stable/optim.html
-    - shared/seeds 002.
     """
 
     code = "M103"
@@ -101,7 +100,7 @@ class StaleOptimizerParams(Check):
     ## Why is this bad?
     A parameter replaced by assignment (`model.fc.weight = nn.Parameter(...)`,
     `model.head = new_head`) leaves the optimizer updating the old tensor, which nothing
-    uses, while the new one is never updated (seed 002). Optimizer state such as Adam
+    uses, while the new one is never updated. Optimizer state such as Adam
     moments also keeps the stale tensors alive.
 
     ## Example
@@ -119,7 +118,6 @@ class StaleOptimizerParams(Check):
 
     ## References
     - PyTorch forums, "Optimizer does not update replaced parameters".
-    - shared/seeds 002.
     """
 
     code = "M104"

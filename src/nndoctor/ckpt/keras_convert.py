@@ -1,7 +1,6 @@
 """Keras layer weights -> PyTorch parameters, layer type by layer type.
 
-Layout differences (seed 001: TensorFlow kernels are [h, w, in, out], PyTorch's
-[out, in, h, w]):
+Layout differences (TensorFlow kernels are [h, w, in, out], PyTorch's [out, in, h, w]):
 
 | Keras layer | Keras variables | PyTorch parameters |
 |---|---|---|

@@ -25,7 +25,7 @@ class BackwardTwice(CrashExplanation):
     the same graph fails: a loss backpropagated twice, a tensor computed once outside the
     loop (a fixed embedding, an RNN's hidden state carried across batches) reused every
     iteration, or a GAN's generator output used for the discriminator and the generator.
-    ``retain_graph=True`` hides the symptom and leaks memory (seed 002).
+    ``retain_graph=True`` hides the symptom and leaks memory.
 
     ## Example
     ```python
@@ -42,7 +42,6 @@ class BackwardTwice(CrashExplanation):
     GANs: ``D(fake.detach())`` for the discriminator step.
 
     ## References
-    - shared/seeds 002 ("retain graph = True才能反复backward").
     - PyTorch autograd notes, "Saved tensors".
     """
 
@@ -98,7 +97,6 @@ class InplaceModified(CrashExplanation):
 
     ## References
     - PyTorch autograd notes, "In-place operations with autograd".
-    - shared/seeds 002 (in-place modification vs assignment).
     """
 
     code = "E111"
@@ -172,7 +170,6 @@ class NoGradFn(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 002 (autograd and requires_grad).
     - PyTorch docs, "Locally disabling gradient computation".
     """
 

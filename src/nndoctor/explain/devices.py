@@ -39,11 +39,11 @@ class DeviceMismatch(CrashExplanation):
     ``x.to(device)`` statement near the failing line when there is one.
 
     ## Why is this bad?
-    One operation received tensors on two devices. The classic cause (seed 002) is
+    One operation received tensors on two devices. The classic cause is
     ``x.to(device)`` written as a statement: ``Module.to`` moves a model in place, but
     ``Tensor.to`` returns a *new* tensor and leaves ``x`` where it was. Others: a tensor
     created inside ``forward`` with ``torch.zeros(...)`` (on the CPU by default), a custom
-    function building data on another GPU (seed 000).
+    function building data on another GPU.
 
     ## Example
     ```python
@@ -59,7 +59,6 @@ class DeviceMismatch(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 000 ("tensors are on different GPUs"), 002 (tensor ``.to`` is not in place).
     - PyTorch docs, ``torch.Tensor.to`` (returns a copy) vs ``torch.nn.Module.to`` (in place).
     - Recorded GPU message: tests/fixtures/crash/recorded/E101_device_mismatch.txt.
     """
@@ -168,8 +167,8 @@ class DtypeMismatch(CrashExplanation):
 
     ## Why is this bad?
     Model weights are float32; images from numpy are float64 or uint8, and class labels must
-    be int64 for ``CrossEntropyLoss``/``NLLLoss`` (seed 004: "img = img.float(); label =
-    label.long() at the start of every batch").
+    be int64 for ``CrossEntropyLoss``/``NLLLoss`` (the usual cure: ``img = img.float(); label = label.long()``
+    at the start of every batch).
 
     ## Example
     ```python
@@ -184,7 +183,6 @@ class DtypeMismatch(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 004 (float()/long() for img/label).
     - PyTorch docs, ``CrossEntropyLoss`` (class-index targets are int64).
     """
 
@@ -241,7 +239,6 @@ class LongFloatCast(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 002 ("num_batches_tracked is int64").
     - PyTorch docs, type promotion for in-place operations.
     """
 
@@ -272,7 +269,7 @@ class LongFloatCast(CrashExplanation):
                     evidence["tensor"] = f"{name}: {describe_tensor(value)}"
                     break
         if "num_batches_tracked" in crash.message or "state_dict" in text or "sd[" in text:
-            message += " BatchNorm's num_batches_tracked buffer is int64 (seed 002)."
+            message += " BatchNorm's num_batches_tracked buffer is int64."
         fix = (f"make `{target}` floating point first, or skip integer tensors "
                f"(`if t.is_floating_point(): ...`)") if target else cls.fix
         return cls.make(crash, message, fix=fix, evidence=evidence)
@@ -434,8 +431,7 @@ class OutOfMemory(CrashExplanation):
     ## Why is this bad?
     The usual causes are a batch too large for the card, an evaluation loop without
     ``torch.no_grad()`` (activations kept for a backward that never comes), loss tensors kept
-    with their graphs (``losses.append(loss)``, seed 002), or another process on the same GPU
-    (seeds 000, 001).
+    with their graphs (``losses.append(loss)``), or another process on the same GPU.
 
     ## Example
     ```python
@@ -453,7 +449,6 @@ class OutOfMemory(CrashExplanation):
     Or a smaller batch, mixed precision (``torch.autocast``), gradient checkpointing.
 
     ## References
-    - shared/seeds 001, 002 ("losses.append(loss.item())").
     - PyTorch notes, "CUDA memory management" (PYTORCH_CUDA_ALLOC_CONF).
     - Recorded message: tests/fixtures/crash/recorded/E108_out_of_memory.txt.
     """
@@ -520,7 +515,7 @@ class DeviceSideAssert(CrashExplanation):
     ## Why is this bad?
     CUDA kernels report asynchronously: the Python error surfaces at a later call
     (``loss.item()``), and the CUDA context is unusable afterwards. The most frequent cause is
-    a label out of range for the classifier (labels 1..C, seed 004); next, an embedding index
+    a label out of range for the classifier (labels 1..C); next, an embedding index
     out of range, or probabilities outside [0, 1] for ``BCELoss``.
 
     ## Example
@@ -577,7 +572,7 @@ class InvalidDeviceOrdinal(CrashExplanation):
     ## Why is this bad?
     ``CUDA_VISIBLE_DEVICES=2`` renumbers the visible GPU as ``cuda:0``; scripts written for a
     multi-GPU box (``cuda:1``, ``device_ids=[0, 1, 2, 3]``) or a checkpoint loaded with its
-    saved ``cuda:3`` location fail on a smaller one (seed 001).
+    saved ``cuda:3`` location fail on a smaller one.
 
     ## Example
     ```python
@@ -591,7 +586,6 @@ class InvalidDeviceOrdinal(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 001 (CUDA_ERROR_INVALID_DEVICE), 002 (cuda vs cuda:2).
     - Recorded message: tests/fixtures/crash/recorded/E120_invalid_device_ordinal.txt.
     """
 
@@ -638,8 +632,7 @@ class CudnnFailure(CrashExplanation):
 
     ## Why is this bad?
     These messages rarely mean a cuDNN bug. Most often the GPU is (almost) out of memory
-    when cuDNN allocates its workspace, or another process holds the card (seed 001: "似乎是
-    显存分配之类的问题" — it looks like a memory-allocation problem); next, a CUDA/cuDNN/driver
+    when cuDNN allocates its workspace, or another process holds the card ; next, a CUDA/cuDNN/driver
     mismatch, or an input cuDNN does not support (non-contiguous, huge).
 
     ## Example
@@ -653,7 +646,6 @@ class CudnnFailure(CrashExplanation):
     input/memory is the cause); check that torch's CUDA build matches the driver.
 
     ## References
-    - shared/seeds 001 (CUDNN_STATUS_INTERNAL_ERROR, "Failed to get convolution algorithm").
     - pytorch/pytorch#45769 (quoted message; not reproduced, see tests/fixtures/crash/recorded/README.md).
     """
 

@@ -64,7 +64,7 @@ class ModuleNotFoundShadowing(CrashExplanation):
     ## Why is this bad?
     The script's folder comes first on ``sys.path``. A helper named ``pdb.py``, ``random.py``,
     ``datasets.py`` or ``torch.py`` is imported instead of the real module, and the error
-    blames the import, not the file name (seed 002: "No Module Named <name> … 文件名和内置库的名字冲突了(比如pdb.py)").
+    blames the import, not the file name.
 
     ## Example
     ```text
@@ -77,7 +77,6 @@ class ModuleNotFoundShadowing(CrashExplanation):
     Rename the local file (``my_datasets.py``) and delete its ``__pycache__`` entry.
 
     ## References
-    - shared/seeds 002 (pdb.py shadowing).
     - Python docs, "The module search path" (sys.path[0] is the script's folder).
     """
 
@@ -153,7 +152,7 @@ class NotebookArgv(CrashExplanation):
 
     ## Why is this bad?
     Training code copied from a script into a notebook cannot start; the ``SystemExit`` looks
-    like the program chose to exit (seed 002).
+    like the program chose to exit.
 
     ## Example
     ```python
@@ -168,7 +167,7 @@ class NotebookArgv(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 002 ("jupyter notebook和argparse不匹配 … parse_args(args = [])").
+    - Python docs, `argparse.ArgumentParser.parse_known_args`: https://docs.python.org/3/library/argparse.html#partial-parsing
     """
 
     code = "E127"
@@ -211,7 +210,7 @@ class RelativePathCwd(CrashExplanation):
     ## Why is this bad?
     Relative paths are resolved against the current working directory, not the script's
     location. ``python train.py`` works from the project folder and fails from anywhere else
-    (a scheduler, an IDE, ``python project/train.py``) — seed 004: "经常会产生路径找不到的情况".
+    (a scheduler, an IDE, ``python project/train.py``).
 
     ## Example
     ```python
@@ -226,7 +225,7 @@ class RelativePathCwd(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 004 (use absolute dataset roots).
+    - Python docs, `pathlib.Path(__file__).parent` to build paths relative to the script: https://docs.python.org/3/library/pathlib.html
     """
 
     code = "E128"

@@ -62,7 +62,6 @@ class CropLargerThanImage(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 002 ("ValueError: empty range for randrange() (0,-23, -23)").
     - torchvision docs, ``RandomCrop(pad_if_needed=...)``, ``RandomResizedCrop``.
     """
 

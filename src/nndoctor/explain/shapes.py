@@ -57,8 +57,8 @@ class BatchCollateSizeMismatch(CrashExplanation):
     and, when the batch indices are in the message, the two samples.
 
     ## Why is this bad?
-    One image of another size (seed 002: a 375×500 image among 32×32 ones) or another color
-    mode (seed 001: a grayscale ``[224, 224, 1]`` among RGB ``[224, 224, 3]``) breaks every
+    One image of another size or another color
+    mode breaks every
     batch it lands in, at a random step, and the traceback only shows torch's collate code.
 
     ## Example
@@ -74,8 +74,6 @@ class BatchCollateSizeMismatch(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 001 ("Cannot batch tensors with different shapes … [224,224,1]"), 002
-      ("Sizes of tensors must match … Got 375 and 500").
     - PyTorch docs, ``torch.utils.data.default_collate``.
     """
 
@@ -189,8 +187,7 @@ class ConvChannelMismatch(CrashExplanation):
     convolution (``model.conv1``) and gives the fix (permute, ``convert("RGB")``, ToTensor).
 
     ## Why is this bad?
-    Images loaded with PIL/OpenCV/numpy are H,W,C; PyTorch convolutions want C,H,W (seeds
-    000, 004). Folders of "RGB" photos often hide grayscale or RGBA files (seed 001). The
+    Images loaded with PIL/OpenCV/numpy are H,W,C; PyTorch convolutions want C,H,W. Folders of "RGB" photos often hide grayscale or RGBA files. The
     error names the channel count but not which of these happened.
 
     ## Example
@@ -206,7 +203,8 @@ class ConvChannelMismatch(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 000 ("img.transpose((2, 0, 1))"), 001 (grayscale among RGB), 004 (h,w,c data).
+    - PyTorch docs, `Conv2d` (input is N, C_in, H, W): https://pytorch.org/docs/stable/generated/torch.nn.Conv2d.html
+    - torchvision `ToTensor` (H, W, C → C, H, W): https://pytorch.org/vision/stable/generated/torchvision.transforms.ToTensor.html
     """
 
     code = "E104"
@@ -460,7 +458,6 @@ class TargetOutOfBounds(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 004 (labels and CrossEntropyLoss).
     - PyTorch docs, ``CrossEntropyLoss`` (targets in [0, C), ``ignore_index``).
     """
 
@@ -572,8 +569,7 @@ class MultiTarget(CrashExplanation):
     one-hot (or ``[N, 1]``) where class indices ``[N]`` are expected.
 
     ## Why is this bad?
-    ``CrossEntropyLoss`` takes class indices; no one-hot encoding is needed (seed 004: "不需要
-    手动把label转换成独热编码"). Keras-style one-hot labels crash here, or — as float
+    ``CrossEntropyLoss`` takes class indices; no one-hot encoding is needed. Keras-style one-hot labels crash here, or — as float
     probabilities — silently change the loss's meaning.
 
     ## Example
@@ -589,7 +585,6 @@ class MultiTarget(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 004 (CrossEntropyLoss needs no one-hot labels).
     - PyTorch docs, ``CrossEntropyLoss`` (class indices or float probabilities).
     """
 

@@ -76,7 +76,7 @@ class StateDictKeyMismatch(CrashExplanation):
 
     ## Why is this bad?
     A checkpoint saved from ``nn.DataParallel(model)`` has every key prefixed with
-    ``module.`` and does not load into the plain model (seeds 000, 002); one saved by a
+    ``module.`` and does not load into the plain model; one saved by a
     compiled model has ``_orig_mod.``. A classifier fine-tuned for another number of classes
     has a differently sized head.
 
@@ -96,8 +96,6 @@ class StateDictKeyMismatch(CrashExplanation):
     and save ``model.module.state_dict()`` in the first place (C101).
 
     ## References
-    - shared/seeds 000 ("load DataParallel model weight": k[7:]), 002 ("Unexpected key(s) in
-      state_dict: module.conv1.weight").
     - PyTorch docs, ``consume_prefix_in_state_dict_if_present``.
     """
 
@@ -167,7 +165,7 @@ class WrapperAttributeError(CrashExplanation):
 
     ## Why is this bad?
     ``nn.DataParallel``/``DistributedDataParallel`` wrap the model; its own attributes and
-    methods are one level down (seed 002: "需要通过DataParallel.module调用原来的网络").
+    methods are one level down.
 
     ## Example
     ```python
@@ -182,7 +180,8 @@ class WrapperAttributeError(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 002 ("AttributeError: 'DataParallel' object has no attribute 'xxxx'").
+    - PyTorch docs, `DataParallel` (the wrapped model is `.module`): https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html
+    - PyTorch docs, `DistributedDataParallel`: https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
     """
 
     code = "E107"
@@ -249,7 +248,6 @@ class WeightsOnlyLoadRefused(CrashExplanation):
     ```
 
     ## References
-    - shared/seeds 001 (checkpoints and their formats).
     - PyTorch docs, ``torch.load`` and ``torch.serialization.add_safe_globals``.
     """
 

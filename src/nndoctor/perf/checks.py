@@ -16,7 +16,7 @@ from nndoctor.checks._timing import share_in_halves, timing_severity
 from nndoctor.findings import Finding, Location, Severity
 from nndoctor.registry import Check, register
 
-DATA_BOUND_FRACTION = 0.20  # P101/P102: catalog threshold (seed 000: "feed input too slow")
+DATA_BOUND_FRACTION = 0.20  # P101/P102: catalog threshold
 MIN_MEAN_WAIT_S = 0.002  # P102 under `run`: below 2 ms a batch, worker processes cost more than they save
 MIN_STEPS = 5
 SYNCS_PER_STEP = 1.0  # P103
@@ -102,7 +102,7 @@ class InputPipelineBound(Check):
 
     ## Why is this bad?
     While the loop waits for data the GPU has nothing to do: "算力沒用滿 — feed input 的速度
-    不夠快" (seed 000: compute not used up, input not fed fast enough). No model-side change
+    不夠快". No model-side change
     helps until the input pipeline keeps up.
 
     ## Example
@@ -124,7 +124,6 @@ class InputPipelineBound(Check):
     leaves smaller waits to `--try loader`, which measures them.
 
     ## References
-    - shared/seeds 000 ("跑太慢了": multi thread (IO), multi process (CPU)).
     - PyTorch performance tuning guide, "Enable async data loading and augmentation": https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
     - Holistic Trace Analysis, temporal breakdown: https://hta.readthedocs.io/
     - PyTorch Profiler TensorBoard plugin, its DataLoader recommendation (> 5% of the step): https://github.com/pytorch/kineto/blob/main/tb_plugin/torch_tb_profiler/profiler/run.py
@@ -155,7 +154,7 @@ class LoaderConfig(Check):
 
     ## Why is this bad?
     With `num_workers=0` every batch is read, decoded and collated in the training process,
-    between two steps, while the GPU waits (seed 000). The 2 ms floor keeps tiny in-memory
+    between two steps, while the GPU waits. The 2 ms floor keeps tiny in-memory
     datasets quiet: there, worker processes cost more than they save.
 
     ## Example
@@ -170,7 +169,6 @@ class LoaderConfig(Check):
     ```
 
     ## References
-    - shared/seeds 000.
     - PyTorch `torch.utils.data` docs, "Single- and Multi-process Data Loading", "Memory Pinning": https://pytorch.org/docs/stable/data.html
     - PyTorch performance tuning guide: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
     """
@@ -257,7 +255,7 @@ class DataParallelInUse(Check):
     DataParallel runs one Python process that scatters the batch, replicates the model onto
     every GPU on every forward, and gathers the outputs on the first GPU: the GIL and the
     copies make it slower than `DistributedDataParallel`, and for small models slower than a
-    single GPU (seed 004: "并行式GPU训练并不一定比单GPU快"). It also prefixes the state_dict
+    single GPU. It also prefixes the state_dict
     keys with `module.` (C101). Severity: warning over several GPUs, info over one or none.
 
     ## Example
@@ -273,7 +271,6 @@ class DataParallelInUse(Check):
     ```
 
     ## References
-    - shared/seeds 004.
     - PyTorch docs, DataParallel ("It is recommended to use DistributedDataParallel, instead of DataParallel"): https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html
     """
 
@@ -348,8 +345,7 @@ class GpuShared(Check):
     Lists, through NVML (nvidia-ml-py), the other compute processes on the GPU the run uses.
 
     ## Why is this bad?
-    "GPU 上有多個 process — 要跟別人分算力，所以慢" (seed 000: several processes on the GPU
-    share its compute, so everything is slower); their memory also leaves less for yours.
+    Several processes on the GPU share its compute, so everything is slower; their memory also leaves less for yours.
     No threshold: any other process is reported with its memory.
 
     ## Example
@@ -361,7 +357,6 @@ class GpuShared(Check):
     Stop the other process, or pick a free GPU with `CUDA_VISIBLE_DEVICES`.
 
     ## References
-    - shared/seeds 000, 001.
     - NVML `nvmlDeviceGetComputeRunningProcesses`: https://docs.nvidia.com/deploy/nvml-api/
     """
 
@@ -423,7 +418,7 @@ class MemoryFormat(Check):
     ## Why is this bad?
     cuDNN's tensor-core convolution kernels work in NHWC; given NCHW they transpose inputs
     and outputs around every convolution. The seed's advice ("data_format 改用 channel_first
-    (cuDNN)", seed 000) was for TensorFlow's NHWC default on pre-tensor-core cards; on
+    (cuDNN)") was for TensorFlow's NHWC default on pre-tensor-core cards; on
     current cards with mixed precision it is the other way round — which is why this check
     asks for a measurement before it advises.
 
@@ -440,7 +435,6 @@ class MemoryFormat(Check):
     ```
 
     ## References
-    - shared/seeds 000.
     - PyTorch channels-last tutorial: https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html
     """
 
@@ -463,7 +457,7 @@ class LowGpuUtilization(Check):
 
     ## Why is this bad?
     The GPU idles for the rest of the step — waiting for data, for the host to launch work,
-    for syncs or I/O (seed 001: small models leave the GPU mostly idle). The bound on the
+    for syncs or I/O. The bound on the
     gain is `1 / busy fraction` if the idle time disappeared.
 
     ## Example
@@ -477,7 +471,6 @@ class LowGpuUtilization(Check):
     for launch-bound small models, larger batches, `torch.compile` or CUDA graphs.
 
     ## References
-    - shared/seeds 001.
     - Holistic Trace Analysis, idle time breakdown: https://hta.readthedocs.io/
     """
 

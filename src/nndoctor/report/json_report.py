@@ -1,4 +1,4 @@
-"""The JSON reporter: the stable, versioned schema of DESIGN.md."""
+"""The JSON reporter: the stable, versioned schema 1 (extended, never broken)."""
 
 from __future__ import annotations
 
