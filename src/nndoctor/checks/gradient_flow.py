@@ -62,11 +62,16 @@ class MissingZeroGrad(Check):
         # location of a backward() that ran on top of those gradients.
         self._snapshots: dict[int, list[tuple[weakref.ref, torch.Tensor, int]]] = {}
         self._stale_at: dict[int, tuple[object, int]] = {}
+        self._owners: dict[int, weakref.ref] = {}
 
     def on_step_start(self, event: StepStart) -> None:
         key = id(event.optimizer)
         stale = self._stale_at.pop(key, None)
         snaps = self._snapshots.pop(key, None)
+        owner = self._owners.pop(key, None)
+        if owner is None or owner() is not event.optimizer:
+            # A new optimizer reusing a finished one's id (layer-wise phases): not its gradients.
+            stale, snaps = None, None
         if stale is not None and snaps and self._still_same_tensors(snaps):
             location, step = stale
             self.report(
@@ -88,6 +93,7 @@ class MissingZeroGrad(Check):
                 fresh.append((weakref.ref(p), g, id(p.grad)))
         if fresh:
             self._snapshots[key] = fresh
+            self._owners[key] = weakref.ref(event.optimizer)
 
     @staticmethod
     def _unchanged(snaps) -> bool:

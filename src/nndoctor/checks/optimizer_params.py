@@ -294,9 +294,23 @@ class ModelNotUpdating(Check):
         self._unchanged: dict[int, int] = {}
         self._untouched: dict[int, int] = {}
         self._reported: set[int] = set()
+        self._owners: dict[int, weakref.ref] = {}
+
+    def _key(self, optimizer) -> int:
+        """id(optimizer), with every record forgotten when a new optimizer reuses a finished
+        one's id (layer-wise phases): its parameters are not the old one's."""
+        key = id(optimizer)
+        owner = self._owners.get(key)
+        if owner is None or owner() is not optimizer:
+            for table in (self._before, self._versions_before, self._watched, self._unchanged, self._untouched):
+                table.pop(key, None)
+            for seen in (self._writes_bump_versions, self._ever_changed, self._reported):
+                seen.discard(key)
+            self._owners[key] = weakref.ref(optimizer)
+        return key
 
     def on_step_start(self, event: StepStart) -> None:
-        key = id(event.optimizer)
+        key = self._key(event.optimizer)
         if key in self._reported:
             return
         if not event.has_closure:
@@ -307,7 +321,7 @@ class ModelNotUpdating(Check):
         self._before[key] = [(weakref.ref(p), value_slice(p)) for p in spread_sample(params)]
 
     def on_step_end(self, event: StepEnd) -> None:
-        key = id(event.optimizer)
+        key = self._key(event.optimizer)
         if key in self._reported:
             return
         if key in self._versions_before:
