@@ -68,11 +68,15 @@ class PerfSession(Session):
         # What --try re-runs, from the folder the run started in (the script may chdir).
         self.target, self.cwd = target, os.getcwd()
         self.announce = announce or (lambda message: None)
-        checks = [PerfRecorder] + [c for c in enabled_checks(select, ignore) if c.code.startswith("P")]
         # Every step of the window is a sampled step (CUDA events, sync locations).
-        super().__init__(command=command, max_steps=config.last_step, checks=checks,
+        super().__init__(command=command, max_steps=config.last_step, checks=[],
                          full_window=config.last_step + 1)
-        self.perf_recorder: PerfRecorder = next(c for c in self.checks if isinstance(c, PerfRecorder))
+        # The recorder first: the P checks read what it recorded of the same event.
+        self.perf_recorder = PerfRecorder(self)
+        self.subscribe(self.perf_recorder)
+        for check in enabled_checks(select, ignore):
+            if check.code.startswith("P"):
+                self._add_check(check)
         self.perf_recorder.on_window_end = self._window_end
         self.trials: dict[str, Any] = {}
 

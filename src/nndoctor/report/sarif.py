@@ -23,9 +23,9 @@ _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "
 
 
 def _rule(finding: Finding) -> dict[str, Any]:
-    from nndoctor.registry import get_check
+    from nndoctor.catalog_table import find_rule
 
-    cls = get_check(finding.code)
+    cls = find_rule(finding.code)
     rule: dict[str, Any] = {"id": finding.code, "name": finding.name}
     if cls is not None:
         doc = cls.documentation()
