@@ -53,6 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def check_json(cls: Rule) -> dict:
     return {"code": cls.code, "name": cls.name, "severity": cls.severity.label, "command": cls.scope,
             "summary": cls.summary, "fix": cls.fix, "heuristic": bool(cls.heuristic),
+            "false_positives": cls.false_positives,
             "documentation": cls.documentation(), "source": cls.where()}
 
 
@@ -88,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
         if quiet:
             return 0
         header = f"# {cls.code} {cls.name} ({cls.severity.label}, nndoctor {cls.scope})\n\n{cls.summary}\n\n"
-        footer = f"\n\n## Fix\n{cls.fix}\n\n## Source\n`{cls.where()}`\n"
+        note = cls.heuristic_note()
+        footer = f"\n\n## Fix\n{cls.fix}\n" + (f"\n## Heuristic\n{note}\n" if note else "")
+        footer += f"\n## Source\n`{cls.where()}`\n"
         text = header + cls.documentation() + footer
         if args.markdown or not sys.stdout.isatty():
             sys.stdout.write(text)

@@ -15,6 +15,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.batchnorm',
         'class_name': 'BatchNormMomentumConvention',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'B102',
@@ -26,6 +27,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.batchnorm',
         'class_name': 'BatchNormTinyBatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'B103',
@@ -37,6 +39,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.batchnorm',
         'class_name': 'BatchNormStatsFrozen',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'B104',
@@ -48,6 +51,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.finetuning',
         'class_name': 'FrozenBatchNormDrifting',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C101',
@@ -59,6 +63,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.checkpoints',
         'class_name': 'WrapperPrefixInCheckpoint',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C102',
@@ -70,6 +75,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.checkpoints',
         'class_name': 'NonStrictLoadDroppedKeys',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C103',
@@ -81,6 +87,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.checkpoints',
         'class_name': 'WholeModelPickle',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C104',
@@ -92,6 +99,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.environment',
         'class_name': 'UnsafeCheckpointLoad',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C105',
@@ -103,6 +111,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.environment',
         'class_name': 'CheckpointIoOverhead',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C201',
@@ -114,6 +123,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'StateDictKeyMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C202',
@@ -125,6 +135,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'StateDictShapeMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C203',
@@ -136,6 +147,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'ClassifierHeadChanged',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C204',
@@ -147,6 +159,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'StateDictDtypeMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C205',
@@ -158,6 +171,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'NormalizationEpsilonMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C206',
@@ -169,6 +183,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'ConversionOutputMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C207',
@@ -180,6 +195,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'UnconvertedWeights',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C208',
@@ -191,6 +207,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'ConversionNotVerified',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C209',
@@ -202,6 +219,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'NonfiniteWeights',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'C210',
@@ -213,6 +231,7 @@ ENTRIES = (
         'module': 'nndoctor.ckpt.checks',
         'class_name': 'MissingBatchNormCounter',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D101',
@@ -224,6 +243,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'UnnormalizedInput',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D102',
@@ -235,6 +255,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'NormalizationScaleMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D103',
@@ -246,6 +267,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'ChannelOrderSwapped',
         'heuristic': True,
+        'false_positives': "0.0% of 2,000 decisions (8 batches of 16 crops each) on scikit-learn's two sample photographs, 74.1% detection when the same crops are swapped to BGR; the statistic fires on synthetic images (13.6% on random coloured shapes, 100% on an untrained generator's outputs), reported as info unless the pipeline shows it expects RGB (benchmarks/d103_channel_order.py).",
     },
     {
         'code': 'D104',
@@ -257,6 +279,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'ChannelsLastInput',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D105',
@@ -268,6 +291,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'UnshuffledTrainingData',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'D106',
@@ -279,6 +303,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'NonfiniteInput',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D107',
@@ -290,6 +315,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'LabelOutOfRange',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D108',
@@ -301,6 +327,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'ConstantInput',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D109',
@@ -312,6 +339,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.inputs',
         'class_name': 'TrainEvalOverlap',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D110',
@@ -323,6 +351,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.data_workers',
         'class_name': 'IterableDatasetWorkerDuplicates',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'D111',
@@ -334,6 +363,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.labels',
         'class_name': 'LabelImbalance',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E101',
@@ -345,6 +375,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.devices',
         'class_name': 'DeviceMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E102',
@@ -356,6 +387,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.devices',
         'class_name': 'DtypeMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E103',
@@ -367,6 +399,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.shapes',
         'class_name': 'BatchCollateSizeMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E104',
@@ -378,6 +411,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.shapes',
         'class_name': 'ConvChannelMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E105',
@@ -389,6 +423,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.shapes',
         'class_name': 'LinearShapeMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E106',
@@ -400,6 +435,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.state',
         'class_name': 'StateDictKeyMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E107',
@@ -411,6 +447,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.state',
         'class_name': 'WrapperAttributeError',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E108',
@@ -422,6 +459,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.devices',
         'class_name': 'OutOfMemory',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E109',
@@ -433,6 +471,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.devices',
         'class_name': 'DeviceSideAssert',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E110',
@@ -444,6 +483,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.autograd',
         'class_name': 'BackwardTwice',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E111',
@@ -455,6 +495,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.autograd',
         'class_name': 'InplaceModified',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E112',
@@ -466,6 +507,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.autograd',
         'class_name': 'NoGradFn',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E113',
@@ -477,6 +519,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.shapes',
         'class_name': 'BatchnormSingleSample',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E114',
@@ -488,6 +531,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.loading',
         'class_name': 'CropLargerThanImage',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E115',
@@ -499,6 +543,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.loading',
         'class_name': 'DataloaderWorkerDied',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E116',
@@ -510,6 +555,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.loading',
         'class_name': 'CudaInForkedWorker',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E117',
@@ -521,6 +567,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.shapes',
         'class_name': 'TargetOutOfBounds',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E118',
@@ -532,6 +579,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.shapes',
         'class_name': 'BatchSizeMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E119',
@@ -543,6 +591,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.environment',
         'class_name': 'ModuleNotFoundShadowing',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E120',
@@ -554,6 +603,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.devices',
         'class_name': 'InvalidDeviceOrdinal',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E121',
@@ -565,6 +615,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.devices',
         'class_name': 'CudnnFailure',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E122',
@@ -576,6 +627,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.loading',
         'class_name': 'UnpicklableWorkerObject',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E123',
@@ -587,6 +639,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.devices',
         'class_name': 'LongFloatCast',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E124',
@@ -598,6 +651,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.shapes',
         'class_name': 'MultiTarget',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E125',
@@ -609,6 +663,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.autograd',
         'class_name': 'AmbiguousTensorBool',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E126',
@@ -620,6 +675,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.state',
         'class_name': 'WeightsOnlyLoadRefused',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E127',
@@ -631,6 +687,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.environment',
         'class_name': 'NotebookArgv',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E128',
@@ -642,6 +699,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.environment',
         'class_name': 'RelativePathCwd',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E129',
@@ -653,6 +711,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.distributed',
         'class_name': 'DdpUnusedParameters',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E130',
@@ -664,6 +723,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.distributed',
         'class_name': 'CollectiveTimeout',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E131',
@@ -675,6 +735,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.distributed',
         'class_name': 'AddressInUse',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'E132',
@@ -686,6 +747,7 @@ ENTRIES = (
         'module': 'nndoctor.explain.distributed',
         'class_name': 'CollectiveShapeMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F101',
@@ -697,6 +759,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'UnreadableFile',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F102',
@@ -708,6 +771,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'MixedColorModes',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F103',
@@ -719,6 +783,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'ImageSmallerThanCrop',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F104',
@@ -730,6 +795,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'FormatExtensionMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F105',
@@ -741,6 +807,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'NonImageFile',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F106',
@@ -752,6 +819,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'PhantomClassDirectory',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F107',
@@ -763,6 +831,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'SplitClassMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F108',
@@ -774,6 +843,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'ClassImbalance',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'F109',
@@ -785,6 +855,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'ExactDuplicates',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F110',
@@ -796,6 +867,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'CrossSplitDuplicates',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'F111',
@@ -807,6 +879,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'ExifRotation',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F112',
@@ -818,6 +891,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'DegenerateImage',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'F113',
@@ -829,6 +903,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'DatasetStatistics',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F201',
@@ -840,6 +915,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'TFRecordCorrupt',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'F202',
@@ -851,6 +927,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'TFRecordSchemaInconsistent',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'F203',
@@ -862,6 +939,7 @@ ENTRIES = (
         'module': 'nndoctor.data.checks',
         'class_name': 'TFRecordUndecodableImage',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'H101',
@@ -873,6 +951,7 @@ ENTRIES = (
         'module': 'nndoctor.preflight.checks',
         'class_name': 'CannotOverfitOneBatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'H102',
@@ -884,6 +963,7 @@ ENTRIES = (
         'module': 'nndoctor.preflight.checks',
         'class_name': 'GradcheckFailed',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'K101',
@@ -895,6 +975,7 @@ ENTRIES = (
         'module': 'nndoctor.keras.checks',
         'class_name': 'SoftmaxWithFromLogits',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'K102',
@@ -906,6 +987,7 @@ ENTRIES = (
         'module': 'nndoctor.keras.checks',
         'class_name': 'LogitsWithoutFromLogits',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'K103',
@@ -917,6 +999,7 @@ ENTRIES = (
         'module': 'nndoctor.keras.checks',
         'class_name': 'LabelEncodingMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'K104',
@@ -928,6 +1011,7 @@ ENTRIES = (
         'module': 'nndoctor.keras.checks',
         'class_name': 'KerasBatchNormMomentumFromPytorch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'K108',
@@ -939,6 +1023,7 @@ ENTRIES = (
         'module': 'nndoctor.keras.checks',
         'class_name': 'DataFormatMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'L101',
@@ -950,6 +1035,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.losses',
         'class_name': 'SoftmaxBeforeCrossEntropy',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'L102',
@@ -961,6 +1047,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.losses',
         'class_name': 'SigmoidBeforeLogitsLoss',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'L103',
@@ -972,6 +1059,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.losses',
         'class_name': 'NllWithoutLogSoftmax',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'L104',
@@ -983,6 +1071,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.losses',
         'class_name': 'BroadcastInLoss',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'L105',
@@ -994,6 +1083,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.losses',
         'class_name': 'InitialLossSuspicious',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'L106',
@@ -1005,6 +1095,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.losses',
         'class_name': 'LossNotDecreasing',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'L107',
@@ -1016,6 +1107,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.evaluation',
         'class_name': 'Overfitting',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'L108',
@@ -1027,6 +1119,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.chance',
         'class_name': 'LossAtChance',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'L109',
@@ -1038,6 +1131,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.labels',
         'class_name': 'PredictionCollapse',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M101',
@@ -1049,6 +1143,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.modes',
         'class_name': 'EvalInTrainMode',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M102',
@@ -1060,6 +1155,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.modes',
         'class_name': 'TrainInEvalMode',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M103',
@@ -1071,6 +1167,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.optimizer_params',
         'class_name': 'ParamsMissingFromOptimizer',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M104',
@@ -1082,6 +1179,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.optimizer_params',
         'class_name': 'StaleOptimizerParams',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M105',
@@ -1093,6 +1191,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.optimizer_params',
         'class_name': 'UnusedParameters',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'M106',
@@ -1104,6 +1203,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.optimizer_params',
         'class_name': 'ModelNotUpdating',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'M107',
@@ -1115,6 +1215,7 @@ ENTRIES = (
         'module': 'nndoctor.preflight.checks',
         'class_name': 'BatchMixing',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M108',
@@ -1126,6 +1227,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.architecture',
         'class_name': 'BiasBeforeBatchNorm',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M109',
@@ -1137,6 +1239,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.eval_layers',
         'class_name': 'SpectralNormNeverUpdated',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M110',
@@ -1148,6 +1251,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.eval_layers',
         'class_name': 'FunctionalDropoutInEval',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'M111',
@@ -1159,6 +1263,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.activation_checkpointing',
         'class_name': 'CheckpointedParamsWithoutGrad',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'N101',
@@ -1170,6 +1275,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.numerics',
         'class_name': 'NonfiniteLoss',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'N102',
@@ -1181,6 +1287,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.numerics',
         'class_name': 'NonfiniteGradients',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'N103',
@@ -1192,6 +1299,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.numerics',
         'class_name': 'DeadRelu',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'N104',
@@ -1203,6 +1311,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.numerics',
         'class_name': 'SaturatedActivations',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'N105',
@@ -1214,6 +1323,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.numerics',
         'class_name': 'Fp16WithoutGradScaler',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'N106',
@@ -1225,6 +1335,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.architecture',
         'class_name': 'DeadFilters',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O101',
@@ -1236,6 +1347,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradient_flow',
         'class_name': 'MissingZeroGrad',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O102',
@@ -1247,6 +1359,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradient_flow',
         'class_name': 'ZeroGradBeforeStep',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O103',
@@ -1258,6 +1371,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradient_flow',
         'class_name': 'StepWithoutGradients',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O104',
@@ -1269,6 +1383,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradients',
         'class_name': 'ExplodingGradients',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O105',
@@ -1280,6 +1395,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradients',
         'class_name': 'VanishingGradients',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'O106',
@@ -1291,6 +1407,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradients',
         'class_name': 'UpdateScale',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'O107',
@@ -1302,6 +1419,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.schedulers',
         'class_name': 'SchedulerMisuse',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'O108',
@@ -1313,6 +1431,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradient_flow',
         'class_name': 'UnscaledGradientAccumulation',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O109',
@@ -1324,6 +1443,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.gradients',
         'class_name': 'AdamWithL2',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O110',
@@ -1335,6 +1455,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.amp',
         'class_name': 'ClipBeforeUnscale',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'O111',
@@ -1346,6 +1467,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.amp',
         'class_name': 'GradScalerCollapse',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P101',
@@ -1357,6 +1479,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'InputPipelineBound',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'P102',
@@ -1368,6 +1491,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'LoaderConfig',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'P103',
@@ -1379,6 +1503,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'HostDeviceSync',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P104',
@@ -1390,6 +1515,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'GpuShared',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P105',
@@ -1401,6 +1527,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'NoMixedPrecision',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P106',
@@ -1412,6 +1539,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'MemoryFormat',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P107',
@@ -1423,6 +1551,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'DataParallelInUse',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P108',
@@ -1434,6 +1563,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.memory',
         'class_name': 'RetainedLossGraph',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P109',
@@ -1445,6 +1575,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'LowGpuUtilization',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P110',
@@ -1456,6 +1587,7 @@ ENTRIES = (
         'module': 'nndoctor.perf.checks',
         'class_name': 'CudnnBenchmarkOff',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P111',
@@ -1467,6 +1599,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.memory_growth',
         'class_name': 'MemoryGrowth',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P112',
@@ -1478,6 +1611,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.evaluation',
         'class_name': 'EvalBuildsGraphs',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P113',
@@ -1489,6 +1623,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.compilation',
         'class_name': 'CompileRecompilation',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P114',
@@ -1500,6 +1635,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.step_time',
         'class_name': 'StepTimeOutliers',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P115',
@@ -1511,6 +1647,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.tf32',
         'class_name': 'Tf32Disabled',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'P116',
@@ -1522,6 +1659,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.debug_modes',
         'class_name': 'DebugModeLeftOn',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'R101',
@@ -1533,6 +1671,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.environment',
         'class_name': 'UnseededRandomness',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'R102',
@@ -1544,6 +1683,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.environment',
         'class_name': 'ModuleShadowing',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'R104',
@@ -1555,6 +1695,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.stall',
         'class_name': 'TrainingStalled',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'R105',
@@ -1566,6 +1707,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.training_observed',
         'class_name': 'NoTrainingObserved',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V101',
@@ -1577,6 +1719,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'GpuNotVisible',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V102',
@@ -1588,6 +1731,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'CpuOnlyBuild',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V103',
@@ -1599,6 +1743,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'DriverTooOld',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V104',
@@ -1610,6 +1755,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'MissingCudaLibraries',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V105',
@@ -1621,6 +1767,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'IncompatiblePackages',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V106',
@@ -1632,6 +1779,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'GpuBusy',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V107',
@@ -1643,6 +1791,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'ComputeCapabilityUnsupported',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'V108',
@@ -1654,6 +1803,7 @@ ENTRIES = (
         'module': 'nndoctor.env.checks',
         'class_name': 'DuplicateOrMissingTools',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X101',
@@ -1665,6 +1815,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'MissingDistributedSampler',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X102',
@@ -1676,6 +1827,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'SamplerEpochNotSet',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X103',
@@ -1687,6 +1839,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'UnsyncedBatchNorm',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'X104',
@@ -1698,6 +1851,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'RankDivergence',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X105',
@@ -1709,6 +1863,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'RankUnsafeIO',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X107',
@@ -1720,6 +1875,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'DdpForwardBypass',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X108',
@@ -1731,6 +1887,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'ParamsChangedAfterWrap',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X109',
@@ -1742,6 +1899,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'AccumulationWithoutNoSync',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X110',
@@ -1753,6 +1911,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.stall',
         'class_name': 'CollectiveMismatch',
         'heuristic': False,
+        'false_positives': None,
     },
     {
         'code': 'X111',
@@ -1764,6 +1923,7 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'UnreducedEvalMetric',
         'heuristic': True,
+        'false_positives': None,
     },
     {
         'code': 'X112',
@@ -1775,5 +1935,6 @@ ENTRIES = (
         'module': 'nndoctor.checks.distributed',
         'class_name': 'EvalSamplerPadding',
         'heuristic': False,
+        'false_positives': None,
     },
 )

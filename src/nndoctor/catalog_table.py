@@ -41,6 +41,14 @@ class Rule:
     module: str
     class_name: str
     heuristic: bool = False
+    false_positives: str | None = None  # measured rate, for heuristic checks
+
+    def heuristic_note(self) -> str | None:
+        """What ``nndoctor checks CODE`` says about a heuristic check's reliability."""
+        if not self.heuristic:
+            return None
+        measured = self.false_positives or "not measured yet."
+        return f"This check decides from a threshold on measured statistics. False positives: {measured}"
 
     def finding(
         self,

@@ -43,6 +43,7 @@ def entry_of(cls: Any) -> dict[str, Any]:
         "module": cls.__module__,
         "class_name": cls.__qualname__,
         "heuristic": bool(cls.heuristic),
+        "false_positives": cls.false_positives,
     }
 
 

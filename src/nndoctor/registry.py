@@ -57,8 +57,11 @@ class Check:
     # "run" checks see runtime events; "data", "ckpt", "perf" and "explain" checks are
     # produced by their subcommands and only use the metadata and ``finding()``.
     scope: ClassVar[str] = "run"
-    # Heuristic checks state their evidence and threshold in the message (see docs).
+    # Heuristic checks decide from a threshold on measured statistics and state their evidence
+    # and threshold in the message; ``false_positives`` says how often they fire wrongly, as
+    # measured (rate, data and benchmark). ``nndoctor checks CODE`` prints both, SARIF tags them.
     heuristic: ClassVar[bool] = False
+    false_positives: ClassVar[str | None] = None
 
     def __init__(self, session: Session) -> None:
         self.session = session

@@ -462,6 +462,12 @@ class ChannelOrderSwapped(Check):
     name = "channel-order-swapped"
     severity = Severity.WARNING
     heuristic = True
+    false_positives = (
+        "0.0% of 2,000 decisions (8 batches of 16 crops each) on scikit-learn's two sample photographs, "
+        "74.1% detection when the same crops are swapped to BGR; the statistic fires on synthetic images "
+        "(13.6% on random coloured shapes, 100% on an untrained generator's outputs), reported as info "
+        "unless the pipeline shows it expects RGB (benchmarks/d103_channel_order.py)."
+    )
     summary = "strong statistical evidence that 3-channel natural images arrive as BGR where RGB is expected"
     fix = "convert OpenCV images with cv2.cvtColor(img, cv2.COLOR_BGR2RGB) (or img[..., ::-1]) before ToTensor/normalize"
 

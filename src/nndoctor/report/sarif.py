@@ -34,7 +34,8 @@ def _rule(finding: Finding) -> dict[str, Any]:
         help_markdown = f"{doc}\n\n## Fix\n{cls.fix}" if doc else cls.fix
         rule["help"] = {"text": help_markdown, "markdown": help_markdown}
         rule["defaultConfiguration"] = {"level": _LEVEL[cls.severity]}
-        rule["properties"] = {"tags": [f"nndoctor-{cls.scope}"], "heuristic": bool(cls.heuristic)}
+        rule["properties"] = {"tags": [f"nndoctor-{cls.scope}"], "heuristic": bool(cls.heuristic),
+                              **({"falsePositives": cls.false_positives} if cls.false_positives else {})}
     return rule
 
 
