@@ -73,7 +73,7 @@ def test_perf_session_leaves_the_patient_alone():
 
 
 def test_plain_run_session_installs_no_perf_patch():
-    from nndoctor.instrument import install
+    from nndoctor.instrument.extensions import install
 
     original_item = torch.Tensor.item
     installation = install(Session(checks=[]))

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from nndoctor.instrument.location import user_location
+from nndoctor.user_code import user_location
 
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
