@@ -116,7 +116,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                announce: Callable[[str], None] | None = None) -> dict[str, Any]:
     import torch
 
-    from nndoctor.perf import rerun, trials
+    from nndoctor.perf import loader_trials, rerun, step_trials, trials
 
     results: dict[str, Any] = {}
     facts = recorder.facts
@@ -124,12 +124,12 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     device = facts.device if cuda else "cpu"
     model = recorder.model_ref() if recorder.model_ref else None
     optimizer = recorder.optimizer_ref() if recorder.optimizer_ref else None
-    loss_fn = trials.loss_callable(recorder)
+    loss_fn = step_trials.loss_callable(recorder)
     missing = [name for name, value in (("model", model), ("optimizer", optimizer), ("loss", loss_fn),
                                         ("batch", recorder.captured_inputs)) if value is None]
     if recorder.captured_target is None:
         missing.append("target")
-    step = None if missing else trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
+    step = None if missing else step_trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
                                                     recorder.captured_target, device)
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
     if step_tries:
@@ -153,7 +153,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 announce(f"timing DataLoader settings (about {config.try_seconds:g} s each)")
             try:
                 with torch.enable_grad():
-                    results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
+                    results["loader"] = loader_trials.try_loader(loader, facts.loader_config, cuda=cuda,
                                                           seconds=config.try_seconds, step=step,
                                                           step_variant=variant)
                 results["loader"]["step_variant"] = variant
