@@ -193,7 +193,7 @@ class Session:
     # Each optimizer's own count is in ``state.step_counts``; ``state.total_steps`` counts
     # every update, manual ones included.
     def count_step(self, optimizer: Any) -> None:
-        from nndoctor.instrument.optimizers import unwrap_optimizer
+        from nndoctor.optimizers import unwrap_optimizer
 
         optimizer = unwrap_optimizer(optimizer)
         counts = self.state.step_counts
@@ -218,7 +218,7 @@ class Session:
 
     def step_sampled(self, optimizer: Any) -> bool:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""
-        from nndoctor.instrument.optimizers import unwrap_optimizer
+        from nndoctor.optimizers import unwrap_optimizer
 
         own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
         return self.is_sampled(self.step) or own < self.full_window

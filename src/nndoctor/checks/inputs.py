@@ -31,9 +31,9 @@ from nndoctor.events import (
 from nndoctor.findings import Severity
 from nndoctor.image_batches import image_layout, unnormalized_pixels  # noqa: F401 - D101's rule, shared with Keras
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
-from nndoctor.instrument.location import user_frame
 from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor
 from nndoctor.registry import Check, register
+from nndoctor.user_code import user_frame
 
 # ImageNet statistics (torchvision's pretrained weights), in RGB order on the 0–1 scale.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -15,7 +15,7 @@ from nndoctor.data.tfrecord_analyze import tfrecord_findings
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
 from nndoctor.report.delivery import ReportDelivery
-from nndoctor.report.sanitize import printable
+from nndoctor.sanitize import printable
 from nndoctor.selection import fail_threshold, filter_findings, selectors
 
 

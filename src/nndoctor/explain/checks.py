@@ -6,8 +6,18 @@ explanations live in small family modules, listed here.
 
 from __future__ import annotations
 
-from nndoctor.explain import autograd, devices, distributed, environment, loading, shapes, state
+from nndoctor.explain import (
+    autograd,
+    devices,
+    distributed,
+    dtypes,
+    environment,
+    loading,
+    memory,
+    shapes,
+    state,
+)
 
-FAMILIES = (devices, shapes, autograd, loading, state, environment, distributed)
+FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed)
 
 __all__ = ["FAMILIES"]
