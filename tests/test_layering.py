@@ -37,7 +37,9 @@ LAYER_NAMES = ("foundation", "engine", "features", "entry points")
 LAYERS: dict[str, int] = {
     **dict.fromkeys(
         ("_startup", "_version", "errors", "findings", "events", "limits", "streams",
-         "tracebacks", "atomic", "suppression", "user_code", "optimizers", "sanitize"),
+         "tracebacks", "atomic", "suppression", "user_code", "optimizers", "sanitize",
+         # The catalog as data (no check imported) and the subscriber protocol.
+         "catalog_table", "catalog_entries", "subscribers", "image_batches"),
         FOUNDATION,
     ),
     **dict.fromkeys(("registry", "engine", "selection", "config"), ENGINE),
@@ -47,7 +49,7 @@ LAYERS: dict[str, int] = {
         FEATURES,
     ),
     **dict.fromkeys(
-        ("", "__main__", "cli", "catalog_cli", "runner_cli", "api", "integration", "lightning",
+        ("", "__main__", "cli", "catalog_cli", "catalog_update", "runner_cli", "api", "integration", "lightning",
          "transformers", "pytest_plugin", "notebook", "demo",
          # Each command's front end: argument parsing, output, exit status.
          "perf.cli", "data.cli", "data.__main__", "ckpt.cli", "ckpt.convert_cmd", "ckpt.diff_cmd",
@@ -302,6 +304,8 @@ STRING_IMPORTERS = {
     "cli": "each subcommand's module is imported only when that subcommand runs (no torch for `data`)",
     "ckpt.cli": "the ckpt actions, imported when `nndoctor ckpt` builds its parser",
     "registry": "CHECK_MODULES, the check families loaded for the catalog",
+    "catalog_entries": "the generated table names the module of each check (read with ast, not imported)",
+    "catalog_update": "imports every family to regenerate the table",
     # Named, not imported in this process:
     "perf.rerun": "runs `python -m nndoctor.perf.rerun_child` in a subprocess",
     "perf.rerun_child": "its argparse prog name",

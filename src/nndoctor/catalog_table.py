@@ -8,7 +8,7 @@ PyTorch, TensorFlow or Keras installed and never pay for importing them.
 
 After adding, renaming or removing a check, regenerate the table::
 
-    python -m nndoctor.catalog_table --update
+    python -m nndoctor.catalog_update --update
 
 (``tests/test_catalog_table.py`` fails with that command when the table is stale.)
 """
@@ -16,7 +16,6 @@ After adding, renaming or removing a check, regenerate the table::
 from __future__ import annotations
 
 import ast
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,7 +24,7 @@ from typing import Any, Protocol
 
 from nndoctor.findings import Finding, Location, Severity
 
-UPDATE_COMMAND = "python -m nndoctor.catalog_table --update"
+UPDATE_COMMAND = "python -m nndoctor.catalog_update --update"
 
 
 @dataclass(frozen=True)
@@ -196,9 +195,3 @@ def code_enabled(code: str, select: Iterable[str], ignore: Iterable[str]) -> boo
     """``is_enabled`` for a code; a code outside the catalog is never filtered out."""
     found = _rules().get(code)
     return found is None or is_enabled(found, select, ignore)
-
-
-if __name__ == "__main__":  # python -m nndoctor.catalog_table --update | --check
-    from nndoctor.catalog_update import main
-
-    sys.exit(main())
