@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 INSTALLERS: list[Callable[[Any], None]] = []
+_FRAMEWORKS = ("torch", "torchvision", "tensorflow", "keras")
 
 
 FEATURE_MODULES = (
@@ -27,6 +28,7 @@ FEATURE_MODULES = (
     "nndoctor.instrument.dropout_probe",  # F.dropout without training=self.training (M110)
     "nndoctor.instrument.warning_relay",
     "nndoctor.keras.instrument",  # Keras 3 fit/evaluate (K checks); patches only if keras is imported  # torch's warnings shown at the user's line, not ours
+    "nndoctor.tfdata.instrument",  # tf.data fetch times and pipelines (K106/K107); patches only if tensorflow is imported
 )
 
 
@@ -38,7 +40,8 @@ def _load_feature_installers() -> None:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
-            if error.name and module_name.startswith(error.name):
+            # A feature whose framework is not installed (torch in a TensorFlow-only environment).
+            if error.name and (module_name.startswith(error.name) or error.name.split(".")[0] in _FRAMEWORKS):
                 continue
             raise
         installer = getattr(module, "install", None)
