@@ -44,7 +44,7 @@ LAYERS: dict[str, int] = {
     ),
     **dict.fromkeys(("registry", "engine", "selection", "config"), ENGINE),
     **dict.fromkeys(
-        ("instrument", "checks", "explain", "report", "perf", "data", "ckpt", "env", "keras",
+        ("instrument", "checks", "explain", "report", "perf", "data", "ckpt", "env", "keras", "tfdata",
          "preflight", "distributed", "history", "watchdog", "signals", "run_guards", "run_end", "runner"),
         FEATURES,
     ),

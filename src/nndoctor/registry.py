@@ -37,6 +37,7 @@ CHECK_MODULES = (
     "nndoctor.env.checks",
     "nndoctor.keras.checks",
     "nndoctor.preflight.checks",
+    "nndoctor.tfdata.checks",
 )
 
 # Frameworks a family may need; without them the family is left out instead of failing.
