@@ -157,6 +157,7 @@ class NonfiniteLoss(Check):
     summary = "NaN/Inf loss, naming the first module whose output became non-finite"
     fix = ("fix the module named in the message (clamp before log/sqrt, add eps to divisions, "
            "use log_softmax/BCEWithLogitsLoss), lower the learning rate or clip gradients")
+    needs = frozenset({"nonfinite_tracer"})
     SCALER_TOLERANCE = 3
 
     def __init__(self, session) -> None:

@@ -34,6 +34,7 @@ from torch.optim.optimizer import (
 )
 
 from nndoctor import events as ev
+from nndoctor.crash_context import crash_context
 from nndoctor.engine import Session, StopRun
 from nndoctor.instrument.patches import Patcher
 
@@ -77,6 +78,9 @@ class Installation:
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+        # Names of the extra instrumentation installed for this session (instrument/extensions.py):
+        # what the enabled checks asked for, besides the core hooks installed here.
+        self.probes: list[str] = []
 
     # -------------------------------------------------------------------------------------
     def install(self) -> Installation:
@@ -86,10 +90,9 @@ class Installation:
             self._install_module_hooks()
             self._install_optimizer_hooks()
             self._install_patches()
-            from nndoctor.instrument import extensions
+            from nndoctor.instrument.extensions import install_extensions
 
-            for installer in extensions.INSTALLERS:
-                installer(self)
+            install_extensions(self)
         except BaseException:
             self.uninstall()
             raise
@@ -188,7 +191,8 @@ class Installation:
     def _record_crash_context(self, stack: list[Any], args: tuple, error: BaseException) -> None:
         """On the exception path only: remember which module was running, and on what."""
         session = self.session
-        if session.crash_exception_id == id(error):
+        record = crash_context(session)
+        if record is None or record.exception_id == id(error):
             return  # already recorded at the innermost module
         try:
             from nndoctor.instrument.stats import describe_structure
@@ -198,7 +202,7 @@ class Installation:
                 name: f"{str(p.dtype).replace('torch.', '')}{list(p.shape)}@{p.device}"
                 for name, p in list(inner.named_parameters(recurse=False))[:8]
             }
-            session.crash_context = {
+            record.context = {
                 "module_path": [self.qualname(root, m) for m in stack],
                 "module_qualname": self.qualname(root, inner),
                 "module_type": type(inner).__name__,
@@ -209,10 +213,8 @@ class Installation:
                 "training": inner.training,
                 "step": session.step,
             }
-            session.crash_module = weakref.ref(inner)
-            # Exceptions cannot be weakly referenced, and a strong reference would keep the
-            # traceback's frames (and the user's tensors) alive: remember the id only.
-            session.crash_exception_id = id(error)
+            record.module = weakref.ref(inner)
+            record.exception_id = id(error)
         except Exception as failure:  # noqa: BLE001
             session.internal_error("crash context", failure)
 
