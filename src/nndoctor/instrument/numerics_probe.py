@@ -18,6 +18,8 @@ Four jobs, each observe-only:
   they were called. The wrappers only count; they call the original with the user's
   arguments and never draw from any generator (observer rule).
 
+The last three are probes (``nonfinite_tracer``, ``construction_sites``, ``seed_calls``),
+each installed only when an enabled check needs it (``instrument/extensions.py``).
 Per-session state lives in the session's stash under ``PROBE_STATE`` (``probe_state``).
 """
 
