@@ -17,6 +17,12 @@ tokens made on the device, logits reshaped before the loss); ``bert`` is
 computed inside the model from ``labels``).
 
 The doctored side runs every registered runtime check (the default of `nndoctor run`).
+``--selections all,M101`` times one doctored side per selection (comma-separated codes, one
+selection per ``,``-free item; ``all`` = every check), interleaved with the plain side, and
+prints each side's ratio to plain and to the first selection: how much a narrow
+``--select`` saves, now that instrumentation installs only what the enabled checks need.
+
+    python benchmarks/overhead.py --selections all,M101 --rounds 7 --clock cpu
 """
 
 from __future__ import annotations
@@ -155,14 +161,14 @@ def timed_steps(step, start: int, count: int, device) -> float:
     return (clock() - began) / count
 
 
-def run_round(args, device, doctored: bool) -> float:
+def run_round(args, device, doctored: bool, select: list[str] | None = None) -> float:
     import nndoctor
     from nndoctor.engine import DEFAULT_FULL_WINDOW
 
     step = make_side(args, device)
     window = DEFAULT_FULL_WINDOW if doctored else 0
     if doctored:
-        with nndoctor.watch() as report:
+        with nndoctor.watch(select=select or ()) as report:
             for i in range(max(window, args.warmup)):  # the full-instrumentation window
                 step(i)
             per_step = timed_steps(step, max(window, args.warmup), args.steps, device)
@@ -172,6 +178,17 @@ def run_round(args, device, doctored: bool) -> float:
             step(i)
         per_step = timed_steps(step, args.warmup, args.steps, device)
     return per_step
+
+
+def installed_probes(select: list[str]) -> list[str] | None:
+    """What the instrumentation installs for this selection (None on a version without probes)."""
+    from nndoctor.engine import Session
+    from nndoctor.instrument import install
+
+    installation = install(Session(select=select))
+    installation.uninstall()
+    probes = getattr(installation, "probes", None)
+    return sorted(probes) if probes is not None else None
 
 
 def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
@@ -212,6 +229,9 @@ def main() -> None:
                         help="timed steady-state steps per round (at least one sampling period, so "
                              "the sampled steps are in the average)")
     parser.add_argument("--json", help="write the numbers here too")
+    parser.add_argument("--selections", default="all",
+                        help="doctored sides, comma-separated: 'all' (every check) or a check code / "
+                             "prefix each, e.g. 'all,M101' (a side per item, compared with the first)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="cpu: this thread's CPU time (with --device cpu and --threads 1: time other processes "
                              "take from a shared machine is not counted)")
@@ -220,18 +240,35 @@ def main() -> None:
     clock = CLOCKS[args.clock]
     device = setup_device(args)
 
-    plain, doctored = [], []
+    selections = [s.strip() for s in args.selections.split(",") if s.strip()] or ["all"]
+    sides = ["plain", *selections]
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    reports: dict[str, object] = {}
     for r in range(args.rounds):
-        # Alternate which side goes first so a slow warm-up or load drift favours neither.
-        order = (False, True) if r % 2 == 0 else (True, False)
+        # Rotate which side goes first so a slow warm-up or load drift favours none.
+        order = sides[r % len(sides):] + sides[:r % len(sides)]
         for side in order:
-            (doctored if side else plain).append(run_round(args, device, side))
-        print(f"round {r + 1}: plain {plain[-1] * 1e3:.2f} ms/step, nndoctor {doctored[-1] * 1e3:.2f} ms/step",
+            if side == "plain":
+                times[side].append(run_round(args, device, False))
+            else:
+                times[side].append(run_round(args, device, True, [] if side == "all" else [side]))
+                reports[side] = run_round.last_report
+        print(f"round {r + 1}: " + ", ".join(f"{side} {times[side][-1] * 1e3:.2f} ms/step" for side in sides),
               flush=True)
+    plain = times["plain"]
+    doctored = times[selections[0]]
     ratio = statistics.median(doctored) / statistics.median(plain)
     ratios = [d / p for d, p in zip(doctored, plain)]
     card = card_name(device)
-    report = run_round.last_report
+    report = reports[selections[0]]
+    by_selection = {
+        side: {"ms_median": statistics.median(times[side]) * 1e3,
+               "ratio_to_plain": statistics.median(times[side]) / statistics.median(plain),
+               "ratio_to_first_selection": statistics.median(times[side]) / statistics.median(doctored),
+               "per_round_ratios_to_plain": [d / p for d, p in zip(times[side], plain)],
+               "probes_installed": installed_probes([] if side == "all" else [side])}
+        for side in selections
+    }
     result = {
         "device": card, "model": args.model, "batch": args.batch, "amp": args.amp,
         "channels_last": args.channels_last, "rounds": args.rounds, "steps_per_round": args.steps,
@@ -240,10 +277,13 @@ def main() -> None:
         "nndoctor_ms_median": statistics.median(doctored) * 1e3,
         "ratio_of_medians": ratio, "per_round_ratios": ratios,
         "checks_findings": sorted(report.codes()), "internal_errors": len(report.internal_errors),
-        "torch": torch.__version__,
+        "torch": torch.__version__, "selections": by_selection,
     }
     print(json.dumps(result, indent=2))
     print(f"\nsteady-state overhead ratio (median nndoctor / median plain) on {card}: {ratio:.3f}")
+    for side in selections[1:]:
+        print(f"--select {side} vs {selections[0]}: {by_selection[side]['ratio_to_first_selection']:.3f} "
+              f"(to plain: {by_selection[side]['ratio_to_plain']:.3f})")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

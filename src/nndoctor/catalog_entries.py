@@ -1296,7 +1296,7 @@ ENTRIES = (
         'scope': 'run',
         'summary': 'NaN/Inf loss, naming the first module whose output became non-finite',
         'fix': 'fix the module named in the message (clamp before log/sqrt, add eps to divisions, use log_softmax/BCEWithLogitsLoss), lower the learning rate or clip gradients',
-        'module': 'nndoctor.checks.numerics',
+        'module': 'nndoctor.checks.nonfinite_loss',
         'class_name': 'NonfiniteLoss',
         'heuristic': False,
         'false_positives': None,

@@ -1,7 +1,8 @@
 """The engine: a Session owns the enabled checks, dispatches events to them, and keeps run state.
 
 Run state lives here, on the session object, never in module globals (so two sessions in
-one process, e.g. nested ``watch()`` in tests, cannot see each other's data).
+one process, e.g. nested ``watch()`` in tests, cannot see each other's data): facts every
+check shares in ``state``, a feature's own records under its typed key in ``stash``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from nndoctor.events import Event
 from nndoctor.findings import Finding, InternalError, Report
 from nndoctor.registry import Check, enabled_checks
+from nndoctor.stash import Stash
 from nndoctor.subscribers import Subscriber, describe, handler_names
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
@@ -105,6 +107,8 @@ class Session:
         self.sample_every = max(1, sample_every)
         self.pid = os.getpid()
         self.state = RunState()
+        # Per-run records of instrumentation and features, each under its module's StashKey.
+        self.stash = Stash()
         self.step = 0
         self._round: set[int] = set()
         self._phase_sampled = False
@@ -115,10 +119,6 @@ class Session:
         self._handlers: dict[str, list[tuple[Subscriber, Any]]] = {}
         for cls in classes:
             self._add_check(cls)
-        # The context of the last exception seen unwinding through a module (crash path only).
-        self.crash_context: dict[str, Any] = {}
-        self.crash_exception_id: int | None = None
-        self.crash_module: weakref.ref | None = None
 
     def _add_check(self, cls: type[Check]) -> None:
         try:
@@ -138,6 +138,11 @@ class Session:
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
         return kind in self._handlers
+
+    def needed_probes(self) -> frozenset[str]:
+        """The probes (``nndoctor.probes``) that the enabled checks and listeners declare."""
+        owners = [*self.checks, *(owner for handlers in self._handlers.values() for owner, _ in handlers)]
+        return frozenset(name for owner in owners for name in getattr(type(owner), "needs", ()))
 
     @property
     def sampled(self) -> bool:

@@ -5,7 +5,9 @@ severity, summary, fix); its docstring is its long documentation under fixed hea
 (What it does / Why is this bad? / Example / Use instead / References), printed by
 ``nndoctor checks CODE``. A runtime check subscribes to events by defining methods
 named ``on_<event kind>`` (``on_forward``, ``on_step_start`` …); the engine calls only
-those, and only for enabled checks. Checks never install hooks themselves.
+those, and only for enabled checks. Checks never install hooks themselves: a check that
+reads a probe's records names the probe in ``needs`` (``nndoctor.probes``), and the
+instrumentation installs it only when an enabled check asks.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from nndoctor.catalog_table import is_enabled, unknown_selectors  # noqa: F401 - re-exported (checks import them from here)
 from nndoctor.events import EVENT_KINDS
 from nndoctor.findings import Finding, Location, Severity
+from nndoctor.probes import PROBES
 from nndoctor.subscribers import handler_names, stray_handlers
 
 if TYPE_CHECKING:
@@ -63,6 +66,9 @@ class Check:
     # measured (rate, data and benchmark). ``nndoctor checks CODE`` prints both, SARIF tags them.
     heuristic: ClassVar[bool] = False
     false_positives: ClassVar[str | None] = None
+    # Probes (names in ``nndoctor.probes.PROBES``) whose records this check reads; events
+    # are declared by the ``on_<kind>`` methods instead.
+    needs: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -154,6 +160,9 @@ def register(cls: type[Check]) -> type[Check]:
     existing = _REGISTRY.get(code)
     if existing is not None and existing.__qualname__ != cls.__qualname__:
         raise ValueError(f"check code {code} registered twice ({existing.__name__}, {cls.__name__})")
+    unknown = sorted(set(cls.needs) - set(PROBES))
+    if unknown:
+        raise ValueError(f"{code} needs unknown probe(s) {unknown}; known: {sorted(PROBES)}")
     _REGISTRY[code] = cls
     return cls
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nndoctor import events as ev
+from nndoctor.crash_context import CRASH_CONTEXT, crash_context
 from nndoctor.engine import Session
 from nndoctor.tracebacks import full_traceback, user_traceback
 
@@ -22,7 +23,9 @@ def finish(session: Session, installation: Any, status: str, crash: BaseExceptio
             report.traceback = user_traceback(crash)
             report.extra["traceback"] = report.traceback
             report.extra["traceback_full"] = full_traceback(crash)  # nndoctor's frames too
-            session.emit(ev.Crash(step=session.step, exception=crash, context=dict(session.crash_context)))
+            record = crash_context(session)
+            context = dict(record.context) if record is not None else {}
+            session.emit(ev.Crash(step=session.step, exception=crash, context=context))
             explain_crash(session, crash)
         session.emit(ev.RunEnd(step=session.step, status=status, wall_s=session.elapsed()))
     except BaseException as error:  # noqa: BLE001 - observer rule
@@ -30,7 +33,9 @@ def finish(session: Session, installation: Any, status: str, crash: BaseExceptio
     finally:
         installation.uninstall()
         report.steps = session.step
-        session.crash_context = {}
+        # The crash context describes this run's end only; drop it with the hooks.
+        if CRASH_CONTEXT in session.stash:
+            del session.stash[CRASH_CONTEXT]
 
 
 def explain_crash(session: Session, error: BaseException) -> None:

@@ -9,16 +9,14 @@ import pytest
 import torch
 import torch.nn as nn
 
+from nndoctor.checks.nonfinite_loss import NonfiniteOrigin, explain_origin, scalar_is_finite
 from nndoctor.checks.numerics import (
-    NonfiniteOrigin,
     active_units,
     dead_fraction,
     dead_verdict,
-    explain_origin,
     float16_autocast_active,
     saturation_fraction,
     saturation_verdict,
-    scalar_is_finite,
     unit_axis,
 )
 from nndoctor.instrument.numerics_probe import ModuleRecord, first_nonfinite, observe_module

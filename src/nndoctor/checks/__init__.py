@@ -23,6 +23,7 @@ from nndoctor.checks import (  # noqa: F401
     memory,
     memory_growth,
     modes,
+    nonfinite_loss,
     numerics,
     optimizer_params,
     schedulers,

@@ -50,3 +50,11 @@ def named_params_of(roots: Iterable[Any]) -> dict[int, str]:
         for name, p in root.named_parameters():
             names.setdefault(id(p), f"{prefix}.{name}")
     return names
+
+
+def scaler_enabled(scaler: Any) -> bool:
+    """Is a GradScaler enabled? A scaler whose state can't be read counts as enabled (N101, N105)."""
+    try:
+        return bool(scaler.is_enabled())
+    except Exception:  # noqa: BLE001 - a third-party scaler: assume it scales
+        return True

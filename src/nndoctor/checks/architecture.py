@@ -55,6 +55,7 @@ class BiasBeforeBatchNorm(Check):
     severity = Severity.INFO
     summary = "Conv/Linear bias immediately followed by BatchNorm (redundant) — info"
     fix = "build the layer with bias=False: BatchNorm's beta already provides the shift"
+    needs = frozenset({"construction_sites"})
     MAX_STEPS = 2
 
     def __init__(self, session) -> None:
@@ -144,6 +145,7 @@ class DeadFilters(Check):
     severity = Severity.INFO
     summary = "conv filters whose kernel norm is < 1e-3 of the layer's largest (dead or prunable) — info"
     fix = "re-initialise or remove the dead filters; lower the learning rate/weight decay if they died in training"
+    needs = frozenset({"construction_sites"})
     FROM_STEP = 8
     RATIO = 1e-3
 

@@ -79,6 +79,7 @@ class BatchNormMomentumConvention(Check):
     severity = Severity.ERROR
     summary = "BatchNorm momentum ≥ 0.5: a TF/Keras decay (0.9/0.99) ported as PyTorch momentum"
     fix = "use momentum = 1 - decay (a Keras momentum of 0.99 is PyTorch momentum=0.01); PyTorch's default is 0.1"
+    needs = frozenset({"construction_sites"})
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -239,6 +240,7 @@ class BatchNormStatsFrozen(Check):
     severity = Severity.ERROR
     summary = "training runs but BN running statistics never change"
     fix = "let running statistics update: momentum > 0 (default 0.1) and track_running_stats=True while training"
+    needs = frozenset({"construction_sites"})
     MIN_FORWARDS = 3
 
     def __init__(self, session) -> None:

@@ -149,6 +149,7 @@ class CompileRecompilation(Check):
     severity = Severity.WARNING
     summary = "torch.compile recompiling repeatedly, hitting the limit, or graph breaks in the step"
     fix = "pass dynamic=True (or mark_dynamic), pass changing Python numbers as tensors, or pad to fixed sizes"
+    needs = frozenset({"compile_log"})
 
     def __init__(self, session) -> None:
         super().__init__(session)

@@ -62,6 +62,7 @@ class UnseededRandomness(Check):
     severity = Severity.INFO
     summary = "training without fixed seeds"
     fix = "call torch.manual_seed(seed) (and random.seed / numpy.random.seed) before building the model"
+    needs = frozenset({"seed_calls"})
 
     def __init__(self, session) -> None:
         super().__init__(session)

@@ -186,6 +186,7 @@ class FunctionalDropoutInEval(Check):
     severity = Severity.ERROR
     summary = "`F.dropout` without `training=self.training` stays on after `model.eval()`"
     fix = "pass training=self.training to F.dropout (or use an nn.Dropout module)"
+    needs = frozenset({"dropout_calls"})
 
     def on_forward(self, event: Forward) -> None:
         for call in dropout_records(self.session).take():

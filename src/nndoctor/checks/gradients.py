@@ -409,6 +409,7 @@ class AdamWithL2(Check):
     severity = Severity.INFO
     summary = "Adam with weight_decay (coupled L2) where AdamW is meant"
     fix = "use torch.optim.AdamW (decoupled weight decay), or Adam(..., decoupled_weight_decay=True)"
+    needs = frozenset({"construction_sites"})
 
     def __init__(self, session) -> None:
         super().__init__(session)

@@ -791,6 +791,7 @@ class LabelOutOfRange(Check):
     severity = Severity.ERROR
     summary = "class targets outside [0, C) for a C-way output (e.g. labels 1..C), or negative other than ignore_index"
     fix = "map labels to 0..C-1 (e.g. labels - 1), or pass the marker of unlabelled samples as ignore_index"
+    needs = frozenset({"target_ranges"})
 
     def _report_pending(self) -> None:
         record = target_range_records(self.session).take()

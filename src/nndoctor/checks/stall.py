@@ -53,6 +53,7 @@ class TrainingStalled(Check):
     severity = Severity.ERROR
     summary = "no step/batch/forward for `--stall-seconds`: stacks of every thread (and rank)"
     fix = "see where each thread (and rank) is blocked in the stacks printed above the report"
+    needs = frozenset({"stall_watchdog"})
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -128,6 +129,7 @@ class CollectiveMismatch(CrossRankCheck):
     severity = Severity.ERROR
     summary = "ranks in different collectives / a rank-conditional collective (hang)"
     fix = "call every collective on every rank in the same order (no collective inside `if rank == ...`)"
+    needs = frozenset({"stall_watchdog"})
 
     @classmethod
     def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:

@@ -102,6 +102,7 @@ class StepTimeOutliers(Check):
     severity = Severity.INFO
     summary = "steps > 3σ slower than the median, with what ran in them — info"
     fix = "move what ran in the slow steps out of the loop, make it less frequent or asynchronous"
+    needs = frozenset({"gc_clock"})
     MAX_RECORDS = 20_000
 
     def __init__(self, session) -> None:

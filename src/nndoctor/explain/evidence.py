@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nndoctor.crash_context import crash_context
 from nndoctor.explain.crash import Crash
 
 _PREFERRED_ROOT_NAMES = ("model", "net", "network", "module")
@@ -58,7 +59,8 @@ def crash_module(crash: Crash) -> Any:
     """The innermost module that was executing when the error was raised (weakly held)."""
     ref = crash.module_ref
     if ref is None and crash.session is not None:
-        ref = getattr(crash.session, "crash_module", None)
+        record = crash_context(crash.session)
+        ref = record.module if record is not None else None
     return ref() if callable(ref) else None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nndoctor.crash_context import crash_context
 from nndoctor.explain.base import explain
 from nndoctor.explain.crash import Crash, from_exception
 from nndoctor.explain.evidence import module_context_from_traceback
@@ -31,11 +32,8 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 def _engine_context(error: BaseException, session: Any) -> dict[str, Any]:
     """The engine's crash context, only if it was recorded for this very exception (a context
     left by an exception the user caught earlier would describe the wrong module)."""
-    # The engine keeps only id(error): exceptions cannot be weakly referenced, and a strong
-    # reference would keep the traceback's frames (the user's tensors) alive.
-    if getattr(session, "crash_exception_id", None) == id(error):
-        return dict(getattr(session, "crash_context", {}) or {})
-    return {}
+    record = crash_context(session)
+    return record.for_exception(error) if record is not None else {}
 
 
 def live_crash(error: BaseException, session: Any) -> Crash:

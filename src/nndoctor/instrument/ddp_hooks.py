@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndoctor.distributed.parts import rank_data
+from nndoctor.stash import StashKey
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
@@ -59,12 +60,16 @@ class CollectiveState:
     frame_ref: Any = None
 
 
+DDP_REGISTRY = StashKey[DdpRegistry]("DDP wrappers")
+COLLECTIVE_STATE = StashKey[CollectiveState]("current collective")
+
+
 def registry(session: Any) -> DdpRegistry:
-    return session.__dict__.setdefault("_ddp_registry", DdpRegistry())
+    return session.stash.get_or_create(DDP_REGISTRY, DdpRegistry)
 
 
 def collective_state(session: Any) -> CollectiveState:
-    return session.__dict__.setdefault("_collective_state", CollectiveState())
+    return session.stash.get_or_create(COLLECTIVE_STATE, CollectiveState)
 
 
 def param_signature(module: Any) -> dict[int, tuple[str, tuple[int, ...], str, str]]:

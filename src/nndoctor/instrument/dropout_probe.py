@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from nndoctor.findings import Location
+from nndoctor.stash import StashKey
 from nndoctor.user_code import user_location
 
 _FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
@@ -44,21 +44,17 @@ class DropoutRecords:
         return records
 
 
-_RECORDS: weakref.WeakKeyDictionary[Any, DropoutRecords] = weakref.WeakKeyDictionary()
+DROPOUT_RECORDS = StashKey[DropoutRecords]("functional dropout calls in eval mode")
 
 
 def dropout_records(session: Any) -> DropoutRecords:
-    records = _RECORDS.get(session)
-    if records is None:
-        records = _RECORDS[session] = DropoutRecords()
-    return records
+    return session.stash.get_or_create(DROPOUT_RECORDS, DropoutRecords)
 
 
 def install(installation: Any) -> None:
-    session = installation.session
-    if not any(check.code == "M110" for check in session.checks):
-        return  # nobody reads the records: leave F.dropout untouched
-    records = dropout_records(session)
+    # Installed only when a check needs "dropout_calls" (M110): otherwise F.dropout stays
+    # untouched (instrument/extensions.py).
+    records = dropout_records(installation.session)
     for name in _FUNCTIONS:
         original = getattr(F, name, None)
         if original is not None:

@@ -1,26 +1,20 @@
-"""A whole run's instrumentation: the torch hook layer plus every feature's installer.
+"""A whole run's instrumentation: the torch hook layer plus the features the run asks for.
 
-Each installer is ``install(installation) -> None``: it patches through
+Each feature's installer is ``install(installation) -> None``: it patches through
 ``installation.patcher`` (undone at uninstall) and emits events with
-``installation.session.emit``; nothing patches torch on import. The list below is the
+``installation.session.emit``; nothing patches torch on import. The lists below are the
 complete set, in installation order, imported explicitly so that the import graph, linters
-and readers see every feature a run installs. A new feature adds its module here.
+and readers see every feature a run may install; ``instrument/features.py`` says when each
+one is installed (always, when a check ``needs`` it, or when an event kind it emits is
+subscribed to). A new feature adds its entry here.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 
 from nndoctor.engine import Session
-from nndoctor.keras import instrument as keras_instrument
-from nndoctor.tfdata import instrument as tfdata_instrument
-
-# Features that need no PyTorch: each patches Keras / tf.data only once the script imports it.
-PLAIN_FEATURES: tuple[Callable, ...] = (
-    keras_instrument.install,  # Keras 3 fit/evaluate (K checks); patches only if keras is imported
-    tfdata_instrument.install,  # tf.data fetch times and pipelines (K106/K107); only if tensorflow is
-)
+from nndoctor.instrument.features import Feature
 
 
 def torch_available() -> bool:
@@ -30,7 +24,20 @@ def torch_available() -> bool:
         return False
 
 
-def torch_features() -> tuple[Callable, ...]:
+def plain_features() -> tuple[Feature, ...]:
+    """Features that need no PyTorch: each patches Keras / tf.data only once the script imports it."""
+    from nndoctor.keras import instrument as keras_instrument
+    from nndoctor.tfdata import instrument as tfdata_instrument
+
+    return (
+        # Keras 3 fit/evaluate (K checks, step counting)
+        Feature("keras", keras_instrument.install),
+        # tf.data fetch times and pipelines (K106/K107)
+        Feature("tfdata", tfdata_instrument.install),
+    )
+
+
+def torch_features() -> tuple[Feature, ...]:
     """The PyTorch features, in install order (imported here: they import torch)."""
     from nndoctor import watchdog
     from nndoctor.distributed import children
@@ -47,28 +54,52 @@ def torch_features() -> tuple[Callable, ...]:
     from nndoctor.perf import instrument as perf_instrument
 
     return (
-        inputs_probe.install,  # input/loss statistics (D/L checks)
-        numerics_probe.install,  # gradients, activations, seeds (O/N/B/R checks)
-        crash_context.install,  # crash context: failing batch indices (E checks)
-        perf_instrument.install,  # step-time breakdown (P checks); only in perf sessions
-        warning_relay.install,  # torch's warnings shown at the user's line, not ours
-        manual_steps.install,  # steps of loops that update parameters without torch.optim
-        ddp_hooks.install,  # DDP wrappers and collectives (X checks, stall watchdog)
-        children.install,  # mp.spawn / mp.Process trainers report back to the parent
-        watchdog.install,  # R104/X110: the stall watchdog thread
-        training_probe.install,  # clipping, GradScaler steps, checkpointing, anomaly mode
-        dropout_probe.install,  # F.dropout without training=self.training (M110)
+        # D107: the class-target range, read before cross_entropy / nll_loss runs
+        Feature("target_ranges", inputs_probe.install, needed=True),
+        # N101: global forward hooks armed for one forward after a non-finite loss
+        Feature("nonfinite_tracer", numerics_probe.install_nonfinite_tracer, needed=True),
+        # B101/B103/O109/M108/N106: the user's line that built a layer or an optimizer
+        Feature("construction_sites", numerics_probe.install_construction_sites, needed=True),
+        # R101: seeding calls
+        Feature("seed_calls", numerics_probe.install_seed_calls, needed=True),
+        # crash context: failing batch indices (E checks); costs nothing unless a fetch raises
+        Feature("batch_indices", crash_context.install),
+        # step-time breakdown (P checks); returns at once unless the session is a perf session
+        Feature("perf_timers", perf_instrument.install),
+        # torch's warnings shown at the user's line, not ours
+        Feature("warning_relay", warning_relay.install),
+        # steps of loops that update parameters without torch.optim (sampling, --max-steps)
+        Feature("manual_steps", manual_steps.install),
+        # DDP wrappers and collectives (X checks, stall watchdog), this process's rank (report parts)
+        Feature("distributed", ddp_hooks.install),
+        # mp.spawn / mp.Process trainers report back to the parent
+        Feature("child_processes", children.install),
+        # R104/X110: the stall watchdog thread
+        Feature("stall_watchdog", watchdog.install, needed=True),
+        # O110, O111, M111, P116: training-practice calls, installed per event kind subscribed to
+        Feature("grad_clip", training_probe.install_clipping, events=("grad_clip",)),
+        Feature("scaler_step", training_probe.install_scaler_step, events=("scaler_step",)),
+        Feature("activation_checkpoint", training_probe.install_checkpoint, events=("activation_checkpoint",)),
+        Feature("debug_mode", training_probe.install_debug_modes, events=("debug_mode",)),
+        # M108/N106: the user's line that built a Conv or Linear layer
+        Feature("construction_sites", training_probe.install_layer_sites, needed=True),
+        # P114: time in garbage collection
+        Feature("gc_clock", training_probe.install_gc_clock, needed=True),
+        # P113: torch.compile's recompile-limit warnings
+        Feature("compile_log", training_probe.install_compile_log, needed=True),
+        # M110: F.dropout without training=self.training
+        Feature("dropout_calls", dropout_probe.install, needed=True),
     )
 
 
 def install(session: Session):
-    """Instrument a run: the hooks, then every feature. ``uninstall()`` undoes it all.
+    """Instrument a run: the hooks, then the features it asks for. ``uninstall()`` undoes it all.
 
     Without PyTorch (a TensorFlow-only environment) only the plain features are installed."""
     if torch_available():
         from nndoctor.instrument.torch_hooks import install as install_hooks
 
-        return install_hooks(session, torch_features() + PLAIN_FEATURES)
+        return install_hooks(session, torch_features() + plain_features())
     from nndoctor.instrument.plain import install as install_plain
 
-    return install_plain(session, PLAIN_FEATURES)
+    return install_plain(session, plain_features())

@@ -6,7 +6,7 @@ Two jobs:
   to read the class-target range *before* the loss runs, on sampled steps. After the call
   it is too late: on CPU an out-of-range target raises inside the loss, on CUDA it queues
   a device-side assert that the next synchronisation (ours included) would raise. The
-  record is kept per session (``target_range_records``) for D107 to report.
+  record is kept in the session's stash (``target_range_records``) for D107 to report.
 * Per-sample summaries of a batch (``sample_summary``): which samples are constant (D108)
   and a cheap fingerprint of each sample (D109), computed once per event and cached on it.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import sys
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 
 from nndoctor.findings import Location
 from nndoctor.instrument.stats import has_plain_values
+from nndoctor.stash import StashKey
 from nndoctor.user_code import user_location
 
 # Positional index of ``ignore_index`` after (input, target) in both signatures:
@@ -64,15 +64,12 @@ class TargetProbe:
         return record
 
 
-_PROBES: weakref.WeakKeyDictionary[Any, TargetProbe] = weakref.WeakKeyDictionary()
+TARGET_RANGES = StashKey[TargetProbe]("out-of-range class targets")
 
 
 def target_range_records(session: Any) -> TargetProbe:
     """The session's probe (created on first use so checks work without the patch too)."""
-    probe = _PROBES.get(session)
-    if probe is None:
-        probe = _PROBES[session] = TargetProbe()
-    return probe
+    return session.stash.get_or_create(TARGET_RANGES, TargetProbe)
 
 
 def class_target_range(input: Any, target: Any, ignore_index: int) -> tuple[int, int, int, int, int] | None:
@@ -101,10 +98,9 @@ def class_target_range(input: Any, target: Any, ignore_index: int) -> tuple[int,
 
 
 def install(installation: Any) -> None:
-    session = installation.session
-    if not any(check.code == "D107" for check in session.checks):
-        return  # nothing reads the records: keep the loss functions untouched
-    probe = target_range_records(session)
+    # Installed only when a check needs "target_ranges" (D107): otherwise the loss functions
+    # stay untouched (instrument/extensions.py).
+    probe = target_range_records(installation.session)
     for name in _PROBED_LOSSES:
         current = getattr(F, name, None)
         if current is None:

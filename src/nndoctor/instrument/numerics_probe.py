@@ -18,7 +18,9 @@ Four jobs, each observe-only:
   they were called. The wrappers only count; they call the original with the user's
   arguments and never draw from any generator (observer rule).
 
-Per-session state lives in a ``WeakKeyDictionary`` keyed by the session (``probe_state``).
+The last three are probes (``nonfinite_tracer``, ``construction_sites``, ``seed_calls``),
+each installed only when an enabled check needs it (``instrument/extensions.py``).
+Per-session state lives in the session's stash under ``PROBE_STATE`` (``probe_state``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 
 from nndoctor.findings import Location
 from nndoctor.instrument.stats import first_plain_tensor, tensor_version
+from nndoctor.stash import StashKey
 from nndoctor.user_code import display_path, is_user_code, user_location
 
 GRADIENT_STATS_KEY = "nndoctor.gradient_stats"
@@ -366,15 +369,12 @@ class ProbeState:
         self.tracer: NonfiniteTracer | None = None
 
 
-_STATES: weakref.WeakKeyDictionary[Any, ProbeState] = weakref.WeakKeyDictionary()
+PROBE_STATE = StashKey[ProbeState]("numerics probe")
 
 
 def probe_state(session: Any) -> ProbeState:
     """The session's probe state (created on first use so checks work without the patches)."""
-    state = _STATES.get(session)
-    if state is None:
-        state = _STATES[session] = ProbeState()
-    return state
+    return session.stash.get_or_create(PROBE_STATE, ProbeState)
 
 
 def construction_site(session: Any, obj: Any) -> Location | None:
@@ -385,15 +385,22 @@ def construction_site(session: Any, obj: Any) -> Location | None:
         return None
 
 
-# -- install --------------------------------------------------------------------------------------
-def install(installation: Any) -> None:
-    session = installation.session
-    state = probe_state(session)
+# -- install (each part only when an enabled check needs it: instrument/extensions.py) ------------
+def install_nonfinite_tracer(installation: Any) -> None:
+    state = probe_state(installation.session)
     state.tracer = NonfiniteTracer(installation)
     installation.patcher.on_undo(state.tracer.disarm)
+
+
+def install_construction_sites(installation: Any) -> None:
+    _patch_constructors(installation, probe_state(installation.session))
+
+
+def install_seed_calls(installation: Any) -> None:
+    session = installation.session
+    state = probe_state(session)
     if not session.report.command:  # watch(): the process may have been seeded earlier
         state.seeds.torch_seeded_before = looks_explicitly_seeded(torch.initial_seed())
-    _patch_constructors(installation, state)
     _patch_seeding(installation, state)
 
 

@@ -3,23 +3,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
 
 
 class PlainInstallation:
-    def __init__(self, session: Any, features: Sequence[Callable[[Any], None]]) -> None:
+    def __init__(self, session: Any, features: Sequence[Feature]) -> None:
         self.session = session
         self.features = tuple(features)
         self.patcher = Patcher()
+        self.probes: list[str] = []
 
     def install(self) -> PlainInstallation:
         self.session.active = True
         try:
-            for installer in self.features:
-                installer(self)
+            install_features(self, self.features)
         except BaseException:
             self.uninstall()
             raise
@@ -31,5 +32,5 @@ class PlainInstallation:
             self.session.internal_error("uninstall", error)
 
 
-def install(session: Any, features: Sequence[Callable[[Any], None]]) -> PlainInstallation:
+def install(session: Any, features: Sequence[Feature]) -> PlainInstallation:
     return PlainInstallation(session, features).install()

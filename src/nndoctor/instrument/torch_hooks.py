@@ -23,7 +23,7 @@ import functools
 import sys
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,7 +35,9 @@ from torch.optim.optimizer import (
 )
 
 from nndoctor import events as ev
+from nndoctor.crash_context import crash_context
 from nndoctor.engine import Session, StopRun
+from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
 
 # True while dynamo traces (torch.compile): our hooks and wrappers are inlined into the traced
@@ -66,7 +68,7 @@ _LOSS_OPTION_NAMES = ("reduction", "ignore_index", "label_smoothing", "weight", 
 class Installation:
     """The installed instrumentation of one session. ``uninstall()`` restores everything."""
 
-    def __init__(self, session: Session, features: Sequence[Callable[[Installation], None]] = ()) -> None:
+    def __init__(self, session: Session, features: Sequence[Feature] = ()) -> None:
         self.session = session
         # The feature installers run after the hooks below (``instrument/extensions.py``).
         self.features = tuple(features)
@@ -80,6 +82,9 @@ class Installation:
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+        # Names of the extra instrumentation installed for this session (instrument/extensions.py):
+        # what the enabled checks asked for, besides the core hooks installed here.
+        self.probes: list[str] = []
 
     # -------------------------------------------------------------------------------------
     def install(self) -> Installation:
@@ -89,8 +94,7 @@ class Installation:
             self._install_module_hooks()
             self._install_optimizer_hooks()
             self._install_patches()
-            for installer in self.features:
-                installer(self)
+            install_features(self, self.features)
         except BaseException:
             self.uninstall()
             raise
@@ -189,7 +193,8 @@ class Installation:
     def _record_crash_context(self, stack: list[Any], args: tuple, error: BaseException) -> None:
         """On the exception path only: remember which module was running, and on what."""
         session = self.session
-        if session.crash_exception_id == id(error):
+        record = crash_context(session)
+        if record is None or record.exception_id == id(error):
             return  # already recorded at the innermost module
         try:
             from nndoctor.instrument.stats import describe_structure
@@ -199,7 +204,7 @@ class Installation:
                 name: f"{str(p.dtype).replace('torch.', '')}{list(p.shape)}@{p.device}"
                 for name, p in list(inner.named_parameters(recurse=False))[:8]
             }
-            session.crash_context = {
+            record.context = {
                 "module_path": [self.qualname(root, m) for m in stack],
                 "module_qualname": self.qualname(root, inner),
                 "module_type": type(inner).__name__,
@@ -210,10 +215,8 @@ class Installation:
                 "training": inner.training,
                 "step": session.step,
             }
-            session.crash_module = weakref.ref(inner)
-            # Exceptions cannot be weakly referenced, and a strong reference would keep the
-            # traceback's frames (and the user's tensors) alive: remember the id only.
-            session.crash_exception_id = id(error)
+            record.module = weakref.ref(inner)
+            record.exception_id = id(error)
         except Exception as failure:  # noqa: BLE001
             session.internal_error("crash context", failure)
 
@@ -627,7 +630,7 @@ def _make_scheduler_wrapper(inst: Installation, original: Any) -> Any:
     return step
 
 
-def install(session: Session, features: Sequence[Callable[[Installation], None]] = ()) -> Installation:
+def install(session: Session, features: Sequence[Feature] = ()) -> Installation:
     """The hook layer alone, then ``features``; ``instrument.extensions.install`` installs a
     whole run (the hooks and every feature)."""
     return Installation(session, features).install()

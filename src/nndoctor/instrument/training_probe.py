@@ -31,16 +31,10 @@ from typing import Any
 import torch
 
 from nndoctor import events as ev
+from nndoctor.stash import StashKey
 
-
-def install(installation: Any) -> None:
-    _patch_clipping(installation)
-    _patch_scaler_step(installation)
-    _patch_checkpoint(installation)
-    _patch_anomaly(installation)
-    _patch_layer_constructors(installation)
-    _install_gc_clock(installation)
-    _install_compile_log(installation)
+# Each ``install_*`` is listed in instrument/extensions.py: the event patches are installed when
+# a check subscribes to their event kind, the records when an enabled check needs them.
 
 
 # -- gradient clipping ----------------------------------------------------------------------------
@@ -72,7 +66,7 @@ def clipped_while_scaled(session: Any, params: list[torch.Tensor]) -> tuple[bool
     return False, scaler
 
 
-def _patch_clipping(installation: Any) -> None:
+def install_clipping(installation: Any) -> None:
     import torch.nn.utils as nn_utils
     import torch.nn.utils.clip_grad as clip_grad
 
@@ -114,7 +108,7 @@ def _patch_clipping(installation: Any) -> None:
 
 
 # -- GradScaler.step ------------------------------------------------------------------------------
-def _patch_scaler_step(installation: Any) -> None:
+def install_scaler_step(installation: Any) -> None:
     try:
         from torch.amp.grad_scaler import GradScaler
     except ImportError:  # pragma: no cover - very old torch
@@ -187,7 +181,7 @@ def _any_requires_grad(values: Any, depth: int = 2) -> bool:
     return False
 
 
-def _patch_checkpoint(installation: Any) -> None:
+def install_checkpoint(installation: Any) -> None:
     import torch.utils.checkpoint as checkpoint_module
 
     session = installation.session
@@ -224,7 +218,7 @@ def _callable_name(function: Any) -> str:
 
 
 # -- anomaly detection ----------------------------------------------------------------------------
-def _patch_anomaly(installation: Any) -> None:
+def install_debug_modes(installation: Any) -> None:
     from torch.autograd import anomaly_mode
 
     session = installation.session
@@ -275,7 +269,7 @@ def _patch_anomaly(installation: Any) -> None:
 
 
 # -- construction sites of convolutions and linear layers -----------------------------------------
-def _patch_layer_constructors(installation: Any) -> None:
+def install_layer_sites(installation: Any) -> None:
     """Record the user's line that built each Conv/Linear layer (M108, N106 point at it), in
     the numerics probe's table of construction sites."""
     from torch.nn.modules.conv import _ConvNd
@@ -322,23 +316,18 @@ class GcClock:
             self._started = None
 
 
-_GC_CLOCKS: Any = None
+GC_CLOCK = StashKey[GcClock]("garbage-collection clock")
 
 
 def gc_clock(session: Any) -> GcClock | None:
     """The session's GC clock (None when the probe is not installed)."""
-    return _GC_CLOCKS.get(session) if _GC_CLOCKS is not None else None
+    return session.stash.get(GC_CLOCK, None)
 
 
-def _install_gc_clock(installation: Any) -> None:
+def install_gc_clock(installation: Any) -> None:
     import gc
-    import weakref
 
-    global _GC_CLOCKS
-    if _GC_CLOCKS is None:
-        _GC_CLOCKS = weakref.WeakKeyDictionary()
-    clock = GcClock()
-    _GC_CLOCKS[installation.session] = clock
+    clock = installation.session.stash[GC_CLOCK] = GcClock()
     gc.callbacks.append(clock.callback)
 
     def remove() -> None:
@@ -361,22 +350,18 @@ class CompileLog:
             self.limit_hits.append(message)
 
 
-_COMPILE_LOGS: Any = None
+COMPILE_LOG = StashKey[CompileLog]("torch.compile recompile-limit warnings")
 
 
 def compile_log(session: Any) -> CompileLog | None:
-    return _COMPILE_LOGS.get(session) if _COMPILE_LOGS is not None else None
+    """The session's compile log (None when the probe is not installed)."""
+    return session.stash.get(COMPILE_LOG, None)
 
 
-def _install_compile_log(installation: Any) -> None:
+def install_compile_log(installation: Any) -> None:
     import logging
-    import weakref
 
-    global _COMPILE_LOGS
-    if _COMPILE_LOGS is None:
-        _COMPILE_LOGS = weakref.WeakKeyDictionary()
-    log = CompileLog()
-    _COMPILE_LOGS[installation.session] = log
+    log = installation.session.stash[COMPILE_LOG] = CompileLog()
 
     class _Handler(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:

@@ -1,0 +1,44 @@
+"""A feature of the instrumentation and when it is installed (``instrument/extensions.py`` lists them).
+
+Every feature says when it is installed:
+
+- ``needed=True``: only when an enabled check lists the feature's name in its ``needs``
+  (the names are the probes of ``nndoctor.probes``);
+- ``events=(...)``: only when some check or listener subscribes to one of those event kinds
+  (the patch exists to emit them);
+- neither: for every run (cheap hooks that keep the run's own bookkeeping: steps, crash
+  context, warnings, distributed children).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str  # recorded in ``installation.probes`` when installed
+    install: Callable[[Any], None]  # patches through installation.patcher (undone at uninstall)
+    needed: bool = False
+    events: tuple[str, ...] = ()
+
+    def wanted(self, session: Any, needed: frozenset[str]) -> bool:
+        if self.needed:
+            return self.name in needed
+        if self.events:
+            return any(session.wants(kind) for kind in self.events)
+        return True
+
+
+def install_features(installation: Any, features: Iterable[Feature]) -> None:
+    """Install every feature the session asks for, recording its name in ``installation.probes``."""
+    session = installation.session
+    needed = session.needed_probes()
+    for feature in features:
+        if not feature.wanted(session, needed):
+            continue
+        feature.install(installation)
+        if feature.name not in installation.probes:  # one probe may have several installers
+            installation.probes.append(feature.name)
