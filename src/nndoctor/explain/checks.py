@@ -6,8 +6,21 @@ explanations live in small family modules, listed here.
 
 from __future__ import annotations
 
-from nndoctor.explain import autograd, devices, distributed, environment, loading, shapes, state
+from nndoctor.explain import (
+    autograd,
+    devices,
+    distributed,
+    environment,
+    keras_input,
+    loading,
+    shapes,
+    state,
+    tf_errors,
+    tf_gradients,
+    tfrecord_parse,
+)
 
-FAMILIES = (devices, shapes, autograd, loading, state, environment, distributed)
+FAMILIES = (devices, shapes, autograd, loading, state, environment, distributed,
+            tf_errors, tf_gradients, keras_input, tfrecord_parse)
 
 __all__ = ["FAMILIES"]
