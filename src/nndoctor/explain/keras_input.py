@@ -240,7 +240,7 @@ class KerasInputIncompatible(CrashExplanation):
             if facts["rank_kind"] == "min_ndim" and found_rank > rank:
                 found_rank = rank - 1  # cannot happen for min_ndim; keep the words consistent
             cause, fix = rank_mismatch(rank, full, found_rank)
-        kind = _layer_class(crash)
+        kind = _layer_class(crash, layer)
         if kind:
             evidence["layer_class"] = kind
         subject = f"Layer '{layer}'" + (f" ({kind})" if kind else "")
@@ -248,16 +248,35 @@ class KerasInputIncompatible(CrashExplanation):
         return cls.make(crash, message, fix=fix, evidence=evidence)
 
 
-def _layer_class(crash: Crash) -> str | None:
-    """The class of the layer whose input check failed (live runs: the checking frame's locals)."""
+def _layer_class(crash: Crash, name: str) -> str | None:
+    """The class of the layer named in the message (live runs). Keras removes its own frames
+    from the traceback, so the layer is found by name among the models in the user's frames."""
     if not crash.is_live:
         return None
-    found = crash.frame_locals("assert_input_compatibility", "input_spec")
-    if found is None:
-        return None
-    name = found.get("layer_name")
+    user_files = {f.path for f in crash.frames if f.is_user}
+    seen: set[int] = set()
     for frame in reversed(crash.live_frames()):
-        layer = frame.f_locals.get("self")
-        if layer is not None and getattr(layer, "name", None) == name and hasattr(layer, "input_spec"):
-            return type(layer).__name__
+        if frame.f_code.co_filename not in user_files:
+            continue
+        for value in list(frame.f_locals.values()):
+            found = _find_layer(value, name, seen)
+            if found is not None:
+                return type(found).__name__
+    return None
+
+
+def _find_layer(value: Any, name: str, seen: set[int], depth: int = 0) -> Any:
+    if depth > 6 or id(value) in seen or not hasattr(value, "input_spec") or not hasattr(value, "name"):
+        return None
+    seen.add(id(value))
+    if getattr(value, "name", None) == name:
+        return value
+    try:
+        children = list(getattr(value, "layers", []) or [])
+    except Exception:  # noqa: BLE001 - a layer whose layers property fails: nothing to search
+        return None
+    for child in children:
+        found = _find_layer(child, name, seen, depth + 1)
+        if found is not None:
+            return found
     return None

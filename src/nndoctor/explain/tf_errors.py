@@ -76,7 +76,7 @@ class TensorFlowOutOfMemory(CrashExplanation):
             on_gpu = "GPU" in device.upper() or "gpu" in (facts.get("allocator") or "").lower()
             evidence.update({"tensor_shape": shape, "dtype": dtype, "device": device or None})
             size = tensor_bytes(shape, dtype)
-            where = "the GPU" if on_gpu else ("host memory (RAM)" if device else "memory")
+            where = "GPU memory" if on_gpu else ("host memory (RAM)" if device else "memory")
             message = f"TensorFlow ran out of {where} allocating a {dtype} tensor of shape {shape}"
             if size is not None:
                 evidence["tensor_bytes"] = size
@@ -109,9 +109,14 @@ def tf_label_cause(label: int, classes: int, values: list[int]) -> tuple[str, st
         return (f"the labels contain {low}: TensorFlow's sparse cross-entropy has no ignore index, so a "
                 "negative 'padding' or 'unknown' label cannot reach it",
                 f"drop or mask the samples labelled {low} (filter them, or give them sample_weight 0 and a valid label)")
-    if low >= 1 and high == classes:
+    if low == 1 and high == classes:
         return (f"the labels run from {low} to {high}: they are 1-based, but class indices must be 0..{classes - 1}",
                 "subtract 1 from the labels (`y = y - 1`) where the dataset builds them")
+    if high == classes:
+        return (f"label {high} equals the number of outputs ({classes}): the output layer is one class short, "
+                "or the labels are numbered from 1",
+                f"give the output layer {classes + 1} units if there are {classes + 1} classes (a vocabulary or class "
+                "list built one entry short), else shift 1-based labels (`y - 1`)")
     return (f"the model outputs {classes} classes (valid labels 0..{classes - 1}) but the labels go up to {high}",
             f"give the output layer {high + 1} units (`Dense({high + 1})`) if there are {high + 1} classes, "
             f"or remap the labels to 0..{classes - 1}")
