@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
+
+# Import order guard: with TensorFlow 2.21 and triton in one process, importing triton *after*
+# TensorFlow crashes the interpreter (segmentation fault in triton/knobs.py), while the other
+# order works. Keras on the torch backend and torch.compile import torch._dynamo, hence triton;
+# so every test worker imports it before any test brings TensorFlow in.
+with contextlib.suppress(ImportError):
+    import torch._dynamo  # noqa: F401
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BUGGY = FIXTURES / "buggy"

@@ -31,8 +31,8 @@ def watch(
     ``max_steps`` ends the block quietly after that many optimizer steps. An exception
     raised by the block is explained in the report and then re-raised unchanged.
     """
-    from nndoctor.instrument import install
-    from nndoctor.runner import finish
+    from nndoctor.instrument.extensions import install
+    from nndoctor.run_end import finish
     from nndoctor.selection import parse_codes
 
     session = Session(select=parse_codes(list(select)), ignore=parse_codes(list(ignore)),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from nndoctor.errors import UsageError
+from nndoctor.sanitize import printable
 
 # Paths that name an open stream of this process, whatever they resolve to.
 _STREAM_PATH = re.compile(r"^/dev/(?:stdout|stderr|fd/\d+)$|^/proc/(?:self|thread-self|\d+)/fd/\d+$")
@@ -118,8 +119,6 @@ def describe_write_error(path: str | os.PathLike[str], error: OSError) -> str:
 # -- helpers ---------------------------------------------------------------------------------
 def _shown(text: str) -> str:
     """A path as it may be printed on a terminal (control characters escaped)."""
-    from nndoctor.report.sanitize import printable  # lazily: nndoctor.report imports this module
-
     return printable(text, keep_newlines=False)
 
 

@@ -1,4 +1,8 @@
-"""``nndoctor checks [CODE]``: the catalog, or one check's full documentation."""
+"""``nndoctor checks [CODE]``: the catalog, or one check's full documentation.
+
+Everything comes from the static catalog table (``nndoctor.catalog_table``) and the checks'
+source files, read as text: listing the catalog never imports PyTorch, TensorFlow or Keras.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
+from nndoctor.catalog_table import Rule, all_rules, find_rule, scopes
 from nndoctor.errors import UsageError
-from nndoctor.registry import all_checks, get_check
 from nndoctor.report.terminal import no_color_options
 
 
@@ -25,9 +29,10 @@ def markdown_catalog() -> str:
     ]
     titles = {"run": "nndoctor run", "explain": "nndoctor run / explain (crashes)", "data": "nndoctor data",
               "ckpt": "nndoctor ckpt", "perf": "nndoctor perf", "env": "nndoctor env (and crash messages it explains)",
-              "keras": "nndoctor run (Keras 3 fit/evaluate)"}
+              "keras": "nndoctor run (Keras 3 fit/evaluate)",
+              "preflight": "nndoctor preflight (active tests at the first step)"}
     for scope, title in titles.items():
-        checks = all_checks(scope)
+        checks = all_rules(scope)
         if not checks:
             continue
         lines += [f"## {title}", "", "| code | name | severity | what it detects |", "|---|---|---|---|"]
@@ -38,17 +43,18 @@ def markdown_catalog() -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("code", nargs="?", help="a check code (M101) or name (eval-in-train-mode)")
-    parser.add_argument("--scope", choices=["run", "explain", "data", "ckpt", "perf", "env", "keras"],
+    parser.add_argument("--scope", choices=scopes(),
                         help="only checks of this subcommand")
     parser.add_argument("--markdown", action="store_true", help="print raw Markdown")
     parser.add_argument("--json", metavar="PATH", help="write the catalog (or the check) as JSON to PATH ('-' for stdout)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on the terminal (with --json PATH)")
 
 
-def check_json(cls) -> dict:
+def check_json(cls: Rule) -> dict:
     return {"code": cls.code, "name": cls.name, "severity": cls.severity.label, "command": cls.scope,
             "summary": cls.summary, "fix": cls.fix, "heuristic": bool(cls.heuristic),
-            "documentation": cls.documentation()}
+            "false_positives": cls.false_positives,
+            "documentation": cls.documentation(), "source": cls.where()}
 
 
 def _write_json(data, path: str) -> None:
@@ -75,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(file=sys.stdout, highlight=False, **no_color_options())
     quiet = args.quiet or args.json == "-"
     if args.code:
-        cls = get_check(args.code)
+        cls = find_rule(args.code)
         if cls is None:
             raise UsageError(f"no check named {args.code!r} (see 'nndoctor checks')")
         if args.json:
@@ -83,13 +89,16 @@ def run(args: argparse.Namespace) -> int:
         if quiet:
             return 0
         header = f"# {cls.code} {cls.name} ({cls.severity.label}, nndoctor {cls.scope})\n\n{cls.summary}\n\n"
-        text = header + cls.documentation() + f"\n\n## Fix\n{cls.fix}\n"
+        note = cls.heuristic_note()
+        footer = f"\n\n## Fix\n{cls.fix}\n" + (f"\n## Heuristic\n{note}\n" if note else "")
+        footer += f"\n## Source\n`{cls.where()}`\n"
+        text = header + cls.documentation() + footer
         if args.markdown or not sys.stdout.isatty():
             sys.stdout.write(text)
         else:
             console.print(Markdown(text))
         return 0
-    checks = all_checks(args.scope)
+    checks = all_rules(args.scope)
     if args.json:
         _write_json([check_json(c) for c in checks], args.json)
     if quiet:

@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             apply(args, argv)
         return int(handler(args) or 0)
     except UsageError as error:
-        from nndoctor.report.sanitize import printable  # messages quote file names: no raw escapes
+        from nndoctor.sanitize import printable  # messages quote file names: no raw escapes
 
         print(f"nndoctor: error: {printable(str(error), keep_newlines=False)}", file=sys.stderr)
         return error.exit_code

@@ -158,7 +158,7 @@ def _check_value(key: str, spec: _Key, value: Any, where: str) -> Any:
         codes = _codes(value)
         if codes is None:
             raise bad("a list of check codes or names")
-        from nndoctor.registry import unknown_selectors
+        from nndoctor.catalog_table import unknown_selectors
 
         unknown = unknown_selectors(codes)
         if unknown:
@@ -192,7 +192,7 @@ def _check_value(key: str, spec: _Key, value: Any, where: str) -> Any:
             parsed = _codes(codes)
             if parsed is None:
                 raise UsageError(f"{where}: [tool.nndoctor.per-file-ignores] {pattern!r} must list check codes")
-            from nndoctor.registry import unknown_selectors
+            from nndoctor.catalog_table import unknown_selectors
 
             unknown = unknown_selectors(parsed)
             if unknown:

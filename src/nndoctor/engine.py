@@ -16,6 +16,7 @@ from typing import Any
 from nndoctor.events import Event
 from nndoctor.findings import Finding, InternalError, Report
 from nndoctor.registry import Check, enabled_checks
+from nndoctor.subscribers import Subscriber, describe, handler_names
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
 DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "100"))
@@ -111,7 +112,7 @@ class Session:
         self.started = time.perf_counter()
         classes = list(checks) if checks is not None else enabled_checks(select, ignore)
         self.checks: list[Check] = []
-        self._handlers: dict[str, list[tuple[Check, Any]]] = {}
+        self._handlers: dict[str, list[tuple[Subscriber, Any]]] = {}
         for cls in classes:
             self._add_check(cls)
         # The context of the last exception seen unwinding through a module (crash path only).
@@ -126,13 +127,13 @@ class Session:
             self.internal_error(f"{cls.code} setup", error)
             return
         self.checks.append(check)
-        for kind, method in cls.handlers().items():
-            self._handlers.setdefault(kind, []).append((check, getattr(check, method)))
+        self.subscribe(check)
 
-    def add_listener(self, listener: Check) -> None:
-        """Dispatch events to an object that is not a catalog check (the report's history)."""
-        for kind, method in type(listener).handlers().items():
-            self._handlers.setdefault(kind, []).append((listener, getattr(listener, method)))
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Dispatch events to any object with ``on_<kind>`` methods (checks, and internal
+        helpers with no catalog code: the perf recorder, the preflight probe, the history)."""
+        for kind, method in handler_names(type(subscriber)).items():
+            self._handlers.setdefault(kind, []).append((subscriber, getattr(subscriber, method)))
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
@@ -152,20 +153,20 @@ class Session:
         if not handlers or os.getpid() != self.pid:
             return
         try:
-            for check, handler in list(handlers):
+            for subscriber, handler in list(handlers):
                 try:
                     handler(event)
                 except StopRun:
                     raise
                 except Exception as error:  # noqa: BLE001 - observer rule
-                    self.internal_error(f"{check.code} {check.name} on {event.kind}", error)
-                    self._disable(check)
+                    self.internal_error(f"{describe(subscriber)} on {event.kind}", error)
+                    self._disable(subscriber)
         finally:
             event.release()
 
-    def _disable(self, check: Check) -> None:
+    def _disable(self, subscriber: Subscriber) -> None:
         for kind, handlers in self._handlers.items():
-            self._handlers[kind] = [(c, h) for c, h in handlers if c is not check]
+            self._handlers[kind] = [(c, h) for c, h in handlers if c is not subscriber]
         self._handlers = {k: v for k, v in self._handlers.items() if v}
 
     # -- findings and errors -------------------------------------------------------------
@@ -192,7 +193,7 @@ class Session:
     # Each optimizer's own count is in ``state.step_counts``; ``state.total_steps`` counts
     # every update, manual ones included.
     def count_step(self, optimizer: Any) -> None:
-        from nndoctor.instrument.optimizers import unwrap_optimizer
+        from nndoctor.optimizers import unwrap_optimizer
 
         optimizer = unwrap_optimizer(optimizer)
         counts = self.state.step_counts
@@ -217,7 +218,7 @@ class Session:
 
     def step_sampled(self, optimizer: Any) -> bool:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""
-        from nndoctor.instrument.optimizers import unwrap_optimizer
+        from nndoctor.optimizers import unwrap_optimizer
 
         own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
         return self.is_sampled(self.step) or own < self.full_window

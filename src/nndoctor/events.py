@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any, ClassVar
 
 from nndoctor.findings import Location
+from nndoctor.user_code import user_location
 
 
 @dataclass(eq=False)
@@ -38,8 +39,6 @@ class Event:
     def location(self) -> Location | None:
         """The first frame of the user's code (outside torch, nndoctor and the stdlib)."""
         if not self._resolved:
-            from nndoctor.instrument.location import user_location
-
             self._location = user_location(self.frame)
             self._resolved = True
         return self._location

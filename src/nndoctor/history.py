@@ -27,10 +27,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-from nndoctor.findings import Severity
-from nndoctor.registry import Check
+from typing import Any
 
 SERIES_LIMIT = 1000
 MAX_LAYERS = 24
@@ -127,17 +124,13 @@ def layer_of(parameter_name: str) -> str:
     return ".".join(parts[:-1]) if len(parts) > 1 else parameter_name
 
 
-class HistoryRecorder(Check):
+class HistoryRecorder:
     """Feeds a RunHistory from the session's events (attached by ``attach``, not registered)."""
 
-    code: ClassVar[str] = "history"
-    name: ClassVar[str] = "history"
-    severity: ClassVar[Severity] = Severity.INFO
-    summary: ClassVar[str] = "per-step history for the HTML/TensorBoard reports"
-    fix: ClassVar[str] = ""
+    subscriber_name = "report history"
 
     def __init__(self, session: Any) -> None:
-        super().__init__(session)
+        self.session = session
         self.history = RunHistory()
         self._loss_step = -1
         self._pending_loss: list[tuple[int, Any]] = []
@@ -288,6 +281,6 @@ class HistoryRecorder(Check):
 def attach(session: Any) -> RunHistory:
     """Record ``session``'s history from now on; the report carries it (``report.history``)."""
     recorder = HistoryRecorder(session)
-    session.add_listener(recorder)
+    session.subscribe(recorder)
     session.report.history = recorder.history
     return recorder.history

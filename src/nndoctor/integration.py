@@ -75,7 +75,7 @@ class DoctorRun:
 
     def start(self) -> None:
         from nndoctor.engine import Session
-        from nndoctor.instrument import install
+        from nndoctor.instrument.extensions import install
 
         if self.running:
             return
@@ -104,7 +104,7 @@ class DoctorRun:
         if not self.running:
             return self.report
         from nndoctor.report.outputs import deliver
-        from nndoctor.runner import finish
+        from nndoctor.run_end import finish
 
         installation, self.installation = self.installation, None
         finish(self.session, installation, status, crash)

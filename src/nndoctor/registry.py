@@ -16,8 +16,10 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nndoctor.catalog_table import is_enabled, unknown_selectors  # noqa: F401 - re-exported (checks import them from here)
 from nndoctor.events import EVENT_KINDS
 from nndoctor.findings import Finding, Location, Severity
+from nndoctor.subscribers import handler_names, stray_handlers
 
 if TYPE_CHECKING:
     from nndoctor.engine import Session
@@ -34,6 +36,8 @@ CHECK_MODULES = (
     "nndoctor.perf.checks",
     "nndoctor.env.checks",
     "nndoctor.keras.checks",
+    "nndoctor.preflight.checks",
+    "nndoctor.tfdata.checks",
 )
 
 # Frameworks a family may need; without them the family is left out instead of failing.
@@ -54,8 +58,11 @@ class Check:
     # "run" checks see runtime events; "data", "ckpt", "perf" and "explain" checks are
     # produced by their subcommands and only use the metadata and ``finding()``.
     scope: ClassVar[str] = "run"
-    # Heuristic checks state their evidence and threshold in the message (see docs).
+    # Heuristic checks decide from a threshold on measured statistics and state their evidence
+    # and threshold in the message; ``false_positives`` says how often they fire wrongly, as
+    # measured (rate, data and benchmark). ``nndoctor checks CODE`` prints both, SARIF tags them.
     heuristic: ClassVar[bool] = False
+    false_positives: ClassVar[str | None] = None
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -127,12 +134,11 @@ class Check:
     @classmethod
     def handlers(cls) -> dict[str, str]:
         """Event kind -> method name, for every ``on_<kind>`` this check defines."""
-        found = {}
-        for kind in EVENT_KINDS:
-            method = f"on_{kind}"
-            if callable(getattr(cls, method, None)):
-                found[kind] = method
-        return found
+        return handler_names(cls)
+
+    @property
+    def subscriber_name(self) -> str:
+        return f"{self.code} {self.name}"
 
 
 def register(cls: type[Check]) -> type[Check]:
@@ -140,6 +146,11 @@ def register(cls: type[Check]) -> type[Check]:
     code = cls.code
     if not _CODE_RE.match(code):
         raise ValueError(f"bad check code {code!r}")
+    # A misspelt handler (``on_fowrard``) would never be called: the check would stay silent.
+    stray = stray_handlers(cls)
+    if stray:
+        raise TypeError(f"{cls.__name__} ({code}) defines {', '.join(stray)}, which match no event kind "
+                        f"(known: {', '.join(sorted(EVENT_KINDS))})")
     existing = _REGISTRY.get(code)
     if existing is not None and existing.__qualname__ != cls.__qualname__:
         raise ValueError(f"check code {code} registered twice ({existing.__name__}, {cls.__name__})")
@@ -157,6 +168,11 @@ def load_all() -> None:
             missing = (error.name or "").split(".")[0]
             if error.name is None or not (module.startswith(error.name) or missing in OPTIONAL_FRAMEWORKS):
                 raise
+
+
+def registered_checks() -> list[type[Check]]:
+    """The checks registered so far (no import), sorted by code: what the catalog table is built from."""
+    return sorted(_REGISTRY.values(), key=lambda c: c.code)
 
 
 def all_checks(scope: str | None = None) -> list[type[Check]]:
@@ -182,27 +198,6 @@ def parse_codes(text: str | Iterable[str] | None) -> list[str]:
         return []
     parts = text.split(",") if isinstance(text, str) else [p for t in text for p in t.split(",")]
     return [p.strip() for p in parts if p.strip()]
-
-
-def _matches(cls: type[Check], selector: str) -> bool:
-    if selector.upper() == "ALL":
-        return True
-    if selector.lower() == cls.name:
-        return True
-    return cls.code.startswith(selector.upper())
-
-
-def unknown_selectors(selectors: Iterable[str]) -> list[str]:
-    """Selectors that match no known check (a typo in ``--select`` should be reported)."""
-    checks = all_checks()
-    return [s for s in selectors if not any(_matches(c, s) for c in checks)]
-
-
-def is_enabled(cls: type[Check], select: Iterable[str], ignore: Iterable[str]) -> bool:
-    select = list(select)
-    if select and not any(_matches(cls, s) for s in select):
-        return False
-    return not any(_matches(cls, s) for s in ignore)
 
 
 def enabled_checks(

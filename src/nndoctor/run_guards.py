@@ -59,7 +59,7 @@ class ProcessState:
         try:
             hook(type(error), error, user_frames_only(error.__traceback__))
         except BaseException as failure:  # noqa: BLE001 - python reports it and goes on too
-            from nndoctor.report.sanitize import printable
+            from nndoctor.sanitize import printable
 
             with contextlib.suppress(Exception):
                 line = f"nndoctor: the script's sys.excepthook raised {type(failure).__name__}: {failure}"

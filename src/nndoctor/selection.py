@@ -1,12 +1,18 @@
-"""Turning the shared CLI options into a check selection and a failure threshold."""
+"""Turning the shared CLI options into a check selection and a failure threshold.
+
+Selectors are checked against the static catalog table, so every command accepts every code
+of the catalog (a shared CI configuration may name M101 and still serve ``nndoctor data``)
+without importing any check family or framework.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from nndoctor.catalog_table import code_enabled, unknown_selectors
 from nndoctor.errors import UsageError
 from nndoctor.findings import Severity
-from nndoctor.registry import parse_codes, unknown_selectors
+from nndoctor.registry import parse_codes
 
 
 def selectors(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -25,11 +31,4 @@ def fail_threshold(args: argparse.Namespace) -> Severity | None:
 
 def filter_findings(report, select: list[str], ignore: list[str]) -> None:
     """Drop findings the user did not ask for (for subcommands that build findings directly)."""
-    from nndoctor.registry import get_check, is_enabled
-
-    kept = []
-    for finding in report.findings:
-        cls = get_check(finding.code)
-        if cls is None or is_enabled(cls, select, ignore):
-            kept.append(finding)
-    report.findings = kept
+    report.findings = [f for f in report.findings if code_enabled(f.code, select, ignore)]

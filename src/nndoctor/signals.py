@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nndoctor.engine import Session
-from nndoctor.tracebacks import is_own_frame
+from nndoctor.user_code import is_tool_file
 
 # Signals whose default action ends the process and that jobs are routinely stopped with.
 ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -163,7 +163,7 @@ class AbruptEndGuard:
     def _os_exit(self, code: int) -> None:
         # nndoctor's own code (a watchdog that already wrote its report) exits as it asked.
         caller = sys._getframe(1).f_code.co_filename
-        if os.getpid() == self._pid and not self._ended.is_set() and not is_own_frame(caller):
+        if os.getpid() == self._pid and not self._ended.is_set() and not is_tool_file(caller):
             self._session.report.extra["ended_by"] = f"os._exit({code})"
             self._deliver("completed", int(code))
         self._real_exit(code)

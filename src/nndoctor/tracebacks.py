@@ -8,13 +8,11 @@ Traceback". The user-facing one drops them; the full one is kept for the JSON re
 
 from __future__ import annotations
 
-import os
 import re
 import traceback
 from types import TracebackType
 
-_NNDOCTOR_DIR = os.path.dirname(os.path.abspath(__file__))
-_DEMO_DIR = os.path.join(_NNDOCTOR_DIR, "demo") + os.sep  # the demo script is the user's code here
+from nndoctor.user_code import is_tool_file
 
 
 def user_traceback(error: BaseException) -> str:
@@ -25,7 +23,7 @@ def user_traceback(error: BaseException) -> str:
     while stack:
         current = stack.pop()
         current.stack = traceback.StackSummary.from_list(
-            [f for f in current.stack if not is_own_frame(f.filename)]
+            [f for f in current.stack if not is_tool_file(f.filename)]
         )
         for nested in (current.__cause__, current.__context__):
             if nested is not None:
@@ -44,7 +42,7 @@ def strip_own_frames(text: str) -> str:
     for line in text.splitlines(keepends=True):
         match = _FRAME_LINE.match(line)
         if match:
-            own = is_own_frame(match.group("file"))
+            own = is_tool_file(match.group("file"))
             skipping_below = len(match.group("indent")) if own else None
             if own:
                 continue
@@ -61,17 +59,8 @@ def full_traceback(error: BaseException) -> str:
     return "".join(traceback.format_exception(type(error), error, error.__traceback__))
 
 
-def is_own_frame(filename: str) -> bool:
-    if filename == "<frozen runpy>":
-        return True
-    path = os.path.abspath(filename)
-    if path.startswith(_DEMO_DIR):
-        return False
-    return path.startswith(_NNDOCTOR_DIR + os.sep) or os.path.basename(path) == "runpy.py"
-
-
 def user_frames_only(tb: TracebackType | None) -> TracebackType | None:
     """The traceback from the script's first frame on, as python would hand it to a hook."""
-    while tb is not None and is_own_frame(tb.tb_frame.f_code.co_filename):
+    while tb is not None and is_tool_file(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb

@@ -20,6 +20,7 @@ import traceback
 from typing import Any
 
 from nndoctor.findings import Location
+from nndoctor.user_code import display_path, is_tool_file, is_user_code, user_location
 
 DEFAULT_STALL_SECONDS = 300.0
 EXIT_STALLED = 124  # like timeout(1): stopped by --stall-action stop
@@ -59,32 +60,16 @@ def stall_action() -> str:
 
 
 # -- stacks ----------------------------------------------------------------------------------
-def _is_user(frame: Any) -> bool:
-    from nndoctor.instrument.location import _classifier
-
-    return _classifier.rank(frame.f_code) == 0
-
-
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _is_ours(filename: str) -> bool:
-    """nndoctor's own frames (and runpy's) are noise in the user's stack dump."""
-    return filename.startswith(_OWN_DIR) or filename in ("<frozen runpy>",) or filename.endswith("runpy.py")
-
-
 def format_stack(frame: Any) -> tuple[str, list[str]]:
     """The stack, outermost first, user frames marked ``>>`` with their source line; and the
     user frames as ``path:line``."""
-    from nndoctor.instrument.location import display_path
-
     user: list[str] = []
     out: list[str] = []
     for depth, (f, lineno) in enumerate(reversed(list(traceback.walk_stack(frame)))):
-        if _is_ours(f.f_code.co_filename) or (depth == 0 and f.f_code.co_filename == "<string>"):
+        if is_tool_file(f.f_code.co_filename) or (depth == 0 and f.f_code.co_filename == "<string>"):
             continue  # ours, runpy's, or a spawned child's `python -c` bootstrap
         where = f"{display_path(f.f_code.co_filename)}:{lineno}"
-        if _is_user(f):
+        if is_user_code(f.f_code):
             user.append(where)
             source = linecache.getline(f.f_code.co_filename, lineno).strip()
             out.append(f"  >> {where} in {f.f_code.co_name}" + (f"\n        {source}" if source else ""))
@@ -147,7 +132,6 @@ class Watchdog(threading.Thread):
 def fire(session: Any, check: Any, idle: float, own_ident: int | None) -> None:
     from nndoctor.distributed.parts import rank_data
     from nndoctor.instrument.ddp_hooks import collective_state
-    from nndoctor.instrument.location import user_location
 
     stacks = thread_stacks(skip=own_ident)
     main = next((s for s in stacks if s["main"]), None)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nndoctor.findings import Severity
-from nndoctor.instrument.optimizers import unwrap_optimizer
+from nndoctor.optimizers import unwrap_optimizer
 from tests.conftest import FIXTURES, run_script
 
 SCRIPT = FIXTURES / "scripts" / "accelerate_scheduler.py"

@@ -51,11 +51,11 @@ def _replay_loader(monkeypatch, waits: list[float], step_s: float):
     from types import SimpleNamespace
 
     from nndoctor.engine import Session
-    from nndoctor.perf import checks as perf_checks
+    from nndoctor.perf import run_checks
 
     clock = [0.0]
-    monkeypatch.setattr(perf_checks.time, "perf_counter", lambda: clock[0])
-    session = Session(checks=[perf_checks.LoaderConfig])
+    monkeypatch.setattr(run_checks.time, "perf_counter", lambda: clock[0])
+    session = Session(checks=[run_checks.LoaderConfig])
     check = session.checks[0]
     class Loader:  # weak-referenceable stand-in for a DataLoader
         num_workers = 0

@@ -157,7 +157,7 @@ def test_reading_a_long_pasted_log_stays_linear(make_log):
 
 
 def test_trimmed_stdlib_paths_are_not_user_code():
-    from nndoctor.explain.crash import is_user_path
+    from nndoctor.user_code import is_user_path
 
     assert not is_user_path("python3.8/threading.py")
     assert not is_user_path("/usr/lib/python3.10/runpy.py")

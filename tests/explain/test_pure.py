@@ -7,15 +7,15 @@ import ast
 import pytest
 
 from nndoctor.explain.autograd import truth_value_use
-from nndoctor.explain.devices import (
-    devices_in_message,
-    dtype_advice,
+from nndoctor.explain.devices import devices_in_message
+from nndoctor.explain.dtypes import dtype_advice
+from nndoctor.explain.instrument import batch_note
+from nndoctor.explain.memory import (
     memory_accounting,
     memory_breakdown,
     memory_diagnosis,
     memory_facts,
 )
-from nndoctor.explain.instrument import batch_note
 from nndoctor.explain.samples import indices_from_text
 from nndoctor.explain.shapes import (
     batch_size_cause,

@@ -114,13 +114,14 @@ def test_every_ckpt_command_exits_1_on_a_code_running_pickle(tmp_path, capsys, c
     assert not (tmp_path / "out.safetensors").exists()
 
 
-def test_c104_severity_agrees_between_check_and_fallback():
-    from nndoctor.ckpt.shared_codes import _FALLBACK
+def test_shared_codes_take_the_runtime_checks_metadata():
+    from nndoctor.ckpt.shared_codes import shared_finding
     from nndoctor.registry import get_check
 
-    check = get_check("C104")
-    assert check is not None
-    assert _FALLBACK["C104"][1] == check.severity
+    for code in ("C101", "C103", "C104"):
+        check = get_check(code)
+        finding = shared_finding(code, "m", path="x.pt")
+        assert (finding.name, finding.severity, finding.fix) == (check.name, check.severity, check.fix)
 
 
 # -- 2. every container --------------------------------------------------------------------

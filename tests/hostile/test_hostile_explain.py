@@ -14,7 +14,7 @@ import files_harness as h  # noqa: E402
 
 from nndoctor.explain.cli import MAX_CHAINS_ANALYSED, explain_all  # noqa: E402
 from nndoctor.explain.tracetext import parse_crashes  # noqa: E402
-from nndoctor.report.sanitize import printable  # noqa: E402
+from nndoctor.sanitize import printable  # noqa: E402
 
 CHAIN = "\nDuring handling of the above exception, another exception occurred:\n\n"
 ERRORS = [

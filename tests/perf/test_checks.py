@@ -4,42 +4,42 @@ from __future__ import annotations
 import pytest
 
 from nndoctor.findings import Location, Severity
-from nndoctor.perf import checks
+from nndoctor.perf import detection, diagnosis
 from nndoctor.perf.recorder import LoopFacts, PerfConfig
 from nndoctor.perf.session import DeviceInfo, PerfResult, other_gpu_processes
 from nndoctor.perf.timeline import StepRecord, summarize
 
 
 def test_data_bound_threshold_and_amdahl_bound():
-    assert checks.data_bound(0.19, 1.0) is None
-    found = checks.data_bound(0.62, 1.0)
+    assert detection.data_bound(0.19, 1.0) is None
+    found = detection.data_bound(0.62, 1.0)
     assert found["data_wait_fraction"] == pytest.approx(0.62)
     assert found["max_speedup"] == pytest.approx(1 / 0.38, rel=1e-2)
 
 
 def test_loader_costs_time_needs_workers_zero_real_wait_and_steps():
-    assert checks.loader_costs_time(0, 0.5, 1.0, 50, 20)["mean_wait_ms"] == pytest.approx(10.0)
-    assert checks.loader_costs_time(4, 0.5, 1.0, 50, 20) is None  # already has workers
-    assert checks.loader_costs_time(0, 0.05, 0.1, 50, 20) is None  # 1 ms a batch: tiny dataset
-    assert checks.loader_costs_time(0, 0.5, 1.0, 50, 2) is None  # too few steps
+    assert detection.loader_costs_time(0, 0.5, 1.0, 50, 20)["mean_wait_ms"] == pytest.approx(10.0)
+    assert detection.loader_costs_time(4, 0.5, 1.0, 50, 20) is None  # already has workers
+    assert detection.loader_costs_time(0, 0.05, 0.1, 50, 20) is None  # 1 ms a batch: tiny dataset
+    assert detection.loader_costs_time(0, 0.5, 1.0, 50, 2) is None  # too few steps
 
 
 def test_sync_overlap_bound_is_capped_by_blocked_time_and_host_work():
-    assert checks.sync_overlap_bound({"sync": 0.3, "data": 0.1, "other": 0.05}, 1.0) == pytest.approx(0.15)
-    assert checks.sync_overlap_bound({"sync": 0.1, "data": 0.5}, 1.0) == pytest.approx(0.1)
+    assert detection.sync_overlap_bound({"sync": 0.3, "data": 0.1, "other": 0.05}, 1.0) == pytest.approx(0.15)
+    assert detection.sync_overlap_bound({"sync": 0.1, "data": 0.5}, 1.0) == pytest.approx(0.1)
 
 
 def test_hardware_conditions():
-    assert checks.fp32_on_tensor_cores("cuda", (9, 0), "float32", False)
-    assert not checks.fp32_on_tensor_cores("cuda", (6, 1), "float32", False)
-    assert not checks.fp32_on_tensor_cores("cuda", (9, 0), "float32", True)
-    assert not checks.fp32_on_tensor_cores("cpu", None, "float32", False)
-    assert checks.nchw_conv_on_gpu("cuda", True, False)
-    assert not checks.nchw_conv_on_gpu("cuda", True, True)
-    assert checks.fixed_shapes_without_benchmark("cuda", True, {(8, 3, 32, 32)}, False)
-    assert not checks.fixed_shapes_without_benchmark("cuda", True, {(8, 3, 32, 32), (4, 3, 32, 32)}, False)
-    assert checks.dataparallel_severity([0, 1]) == Severity.WARNING
-    assert checks.dataparallel_severity([]) == Severity.INFO
+    assert detection.fp32_on_tensor_cores("cuda", (9, 0), "float32", False)
+    assert not detection.fp32_on_tensor_cores("cuda", (6, 1), "float32", False)
+    assert not detection.fp32_on_tensor_cores("cuda", (9, 0), "float32", True)
+    assert not detection.fp32_on_tensor_cores("cpu", None, "float32", False)
+    assert detection.nchw_conv_on_gpu("cuda", True, False)
+    assert not detection.nchw_conv_on_gpu("cuda", True, True)
+    assert detection.fixed_shapes_without_benchmark("cuda", True, {(8, 3, 32, 32)}, False)
+    assert not detection.fixed_shapes_without_benchmark("cuda", True, {(8, 3, 32, 32), (4, 3, 32, 32)}, False)
+    assert detection.dataparallel_severity([0, 1]) == Severity.WARNING
+    assert detection.dataparallel_severity([]) == Severity.INFO
 
 
 def test_other_gpu_processes_sets_ours_aside():
@@ -71,7 +71,7 @@ def _result(trials=None, **fact_values):
 
 
 def test_diagnose_reports_each_problem_with_evidence():
-    findings = {f.code: f for f in checks.diagnose(_result())}
+    findings = {f.code: f for f in diagnosis.diagnose(_result())}
     assert set(findings) == {"P101", "P103", "P104", "P105", "P106", "P109", "P110", "P115"}
     assert findings["P101"].evidence["data_wait_fraction"] == pytest.approx(0.5)
     assert findings["P101"].location == Location("train.py", 12)
@@ -92,11 +92,11 @@ def test_measured_trials_confirm_or_withdraw_advice():
                    "current": {"num_workers": 0, "pin_memory": False, "samples_per_s": 300.0}, "speedup": 3.0},
     }
     result = _result(trials)
-    findings = {f.code: f for f in checks.diagnose(result)}
+    findings = {f.code: f for f in diagnosis.diagnose(result)}
     assert findings["P105"].severity == Severity.WARNING and findings["P105"].evidence["speedup"] == 2.1
     assert "P106" not in findings  # measured: no gain
     assert findings["P102"].evidence["speedup"] == 3.0 and "num_workers=8" in findings["P102"].fix
-    changes = {a["change"] for a in checks.advice(result)}
+    changes = {a["change"] for a in diagnosis.advice(result)}
     assert changes == {"loader", "amp", "fewer-syncs"}
 
 
@@ -104,4 +104,4 @@ def test_no_cuda_no_gpu_findings():
     result = _result(device="cpu", sync_kinds={}, sync_locations={})
     result.device = DeviceInfo()
     result.breakdown.gpu_busy = result.breakdown.gpu_wall = None  # no CUDA events on CPU
-    assert {f.code for f in checks.diagnose(result)} == {"P101"}
+    assert {f.code for f in diagnosis.diagnose(result)} == {"P101"}

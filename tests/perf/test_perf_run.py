@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nndoctor.engine import Session
-from nndoctor.perf.checks import diagnose
+from nndoctor.perf.diagnosis import diagnose
 from nndoctor.perf.recorder import PerfConfig
 from nndoctor.perf.session import run_perf
 from nndoctor.runner import Target
@@ -73,7 +73,7 @@ def test_perf_session_leaves_the_patient_alone():
 
 
 def test_plain_run_session_installs_no_perf_patch():
-    from nndoctor.instrument import install
+    from nndoctor.instrument.extensions import install
 
     original_item = torch.Tensor.item
     installation = install(Session(checks=[]))

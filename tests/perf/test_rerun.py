@@ -65,10 +65,10 @@ def test_a_baseline_that_ends_too_early_explains_itself(tmp_path):
 
 
 def test_finding_says_why_a_requested_trial_could_not_measure(monkeypatch):
-    from nndoctor.perf import checks
+    from nndoctor.perf import diagnosis, measured_checks
 
     trials = {"amp": {"error": "RuntimeError: boom (the script with --try amp injected)"}}
-    finding = checks._measured_advice(checks.NoMixedPrecision, trials, "amp", "float32 training", None, {})
+    finding = diagnosis._measured_advice(measured_checks.NoMixedPrecision, trials, "amp", "float32 training", None, {})
     assert "could not measure it: RuntimeError: boom" in finding.message
     assert "run nndoctor perf --try" not in finding.message
 

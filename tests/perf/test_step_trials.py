@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nndoctor.perf.checks import batch_size_advice
+from nndoctor.perf.diagnosis import batch_size_advice
 from nndoctor.perf.render import trial_lines
 from nndoctor.perf.rerun import summarize_batch_sizes, try_changes
 from nndoctor.perf.sdpa import AttentionTracer, _microbenchmark, outputs_agree, rewrite

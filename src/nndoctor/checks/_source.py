@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from nndoctor.findings import Location
-from nndoctor.instrument.location import display_path
+from nndoctor.user_code import display_path
 
 
 def attribute_definition(root: Any, qualified_name: str) -> Location | None:

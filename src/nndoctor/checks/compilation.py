@@ -9,9 +9,9 @@ from typing import Any
 
 from nndoctor.events import RunEnd, StepEnd
 from nndoctor.findings import Location, Severity
-from nndoctor.instrument.location import display_path
 from nndoctor.instrument.training_probe import compile_log
 from nndoctor.registry import Check, register
+from nndoctor.user_code import display_path
 
 
 @dataclass

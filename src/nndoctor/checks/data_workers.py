@@ -13,9 +13,9 @@ from torch.utils.data import IterableDataset
 
 from nndoctor.events import BatchFetched, EpochStart
 from nndoctor.findings import Location, Severity
-from nndoctor.instrument.location import display_path
 from nndoctor.instrument.stats import first_tensor
 from nndoctor.registry import Check, register
+from nndoctor.user_code import display_path
 
 
 def batch_fingerprint(batch: Any) -> bytes | None:

@@ -15,9 +15,9 @@ import torch
 from nndoctor.checks._timing import share_in_halves, timing_severity
 from nndoctor.events import CheckpointLoad, CheckpointSave, Forward, RunEnd, StepStart
 from nndoctor.findings import Location, Severity
-from nndoctor.instrument.location import display_path
 from nndoctor.instrument.numerics_probe import probe_state
 from nndoctor.registry import Check, register
+from nndoctor.user_code import display_path
 
 
 # -- R101 ----------------------------------------------------------------------------------------

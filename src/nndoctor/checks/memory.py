@@ -179,7 +179,7 @@ class RetainedLossGraph(Check):
         self._report_chained_graphs(event, graphs)
 
     def _report_chained_graphs(self, event: StepEnd, graphs: list) -> None:
-        from nndoctor.instrument.location import user_frame
+        from nndoctor.user_code import user_frame
 
         frame = user_frame(event.frame)  # the user's code that called optimizer.step()
         node_ids = {entry[3] for entry in graphs}

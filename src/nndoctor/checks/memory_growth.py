@@ -310,7 +310,7 @@ class MemoryGrowth(Check):
         )
 
     def _cause(self, event: StepEnd, samples: list[MemorySample]) -> tuple[Location | None, str, str | None]:
-        from nndoctor.instrument.location import display_path, user_frame
+        from nndoctor.user_code import display_path, user_frame
 
         grown = growing_containers(samples) if samples[-1].containers or samples[0].containers else []
         if grown:

@@ -6,7 +6,7 @@ from typing import Any
 
 from nndoctor.events import SchedulerStep
 from nndoctor.findings import Severity
-from nndoctor.instrument.optimizers import unwrap_optimizer
+from nndoctor.optimizers import unwrap_optimizer
 from nndoctor.registry import Check, register
 
 

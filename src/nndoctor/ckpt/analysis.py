@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from nndoctor.ckpt import checks
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict
 from nndoctor.ckpt.mapping import KeyMapping, class_counts
@@ -104,12 +106,14 @@ def prefix_findings(ckpt: Checkpoint) -> list[Finding]:
 
 def nonfinite_findings(ckpt: Checkpoint) -> list[Finding]:
     import numpy as np
-    import torch
 
+    # A value can only be a torch.Tensor once torch is imported: safetensors and Keras files
+    # read without torch hold numpy arrays, and inspecting them must not need torch.
+    torch = sys.modules.get("torch")
     bad: dict[str, int] = {}
     for sd in ckpt.state_dicts:
         for key, value in sd.tensors.items():
-            if isinstance(value, torch.Tensor):
+            if torch is not None and isinstance(value, torch.Tensor):
                 # Only dense tensors with data: sparse/meta ones (--trust) have no values to count.
                 if value.layout == torch.strided and not value.is_meta and value.is_floating_point() and value.numel():
                     count = int((~torch.isfinite(value)).sum())

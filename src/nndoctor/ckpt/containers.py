@@ -12,6 +12,7 @@ nesting depth are capped (limits.py).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,9 +25,8 @@ _MAX_MODULE_NESTING = 256  # submodule levels read from a pickled nn.Module (rea
 
 
 def _is_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor)
+    torch = sys.modules.get("torch")  # never imported here: without torch nothing is a tensor
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def _join(prefix: str, key: Any) -> str:

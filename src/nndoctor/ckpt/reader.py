@@ -347,7 +347,13 @@ def _read_safetensors(path: str) -> Checkpoint:
     from safetensors import safe_open
 
     try:
-        with safe_open(path, framework="pt") as handle:
+        import torch  # noqa: F401 - only to know whether torch tensors can be made
+
+        framework = "pt"
+    except ImportError:  # a TensorFlow/Keras-only installation: numpy arrays (no bfloat16)
+        framework = "numpy"
+    try:
+        with safe_open(path, framework=framework) as handle:
             metadata = dict(handle.metadata() or {})
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     except Exception as error:

@@ -15,8 +15,8 @@ from rich.tree import Tree
 
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict, TensorInfo
 from nndoctor.ckpt.mapping import KeyMapping
-from nndoctor.report.sanitize import printable
 from nndoctor.report.terminal import no_color_options
+from nndoctor.sanitize import printable
 
 _OTHER_ENTRIES_SHOWN = 60
 

@@ -533,10 +533,3 @@ class TFRecordUndecodableImage(DataCheck):
     summary = "encoded image bytes in a record do not decode"
     fix = "Re-encode the source images and regenerate the records listed."
 
-
-DATA_CHECKS = (
-    UnreadableFile, MixedColorModes, ImageSmallerThanCrop, FormatExtensionMismatch, NonImageFile,
-    PhantomClassDirectory, SplitClassMismatch, ClassImbalance, ExactDuplicates,
-    CrossSplitDuplicates, ExifRotation, DegenerateImage, DatasetStatistics, TFRecordCorrupt,
-    TFRecordSchemaInconsistent, TFRecordUndecodableImage,
-)

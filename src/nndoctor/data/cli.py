@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nndoctor.catalog_table import is_enabled
 from nndoctor.cli import add_common_options
 from nndoctor.data.analyze import NEAR_DISTANCE, AnalysisOptions, image_findings
 from nndoctor.data.checks import CrossSplitDuplicates
 from nndoctor.data.layout import plan
 from nndoctor.data.scan import ScanOptions, available_cpus, scan
-from nndoctor.data.selection import check_enabled, data_selectors, filter_data_findings
 from nndoctor.data.tfrecord_analyze import tfrecord_findings
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
 from nndoctor.report.delivery import ReportDelivery
-from nndoctor.report.sanitize import printable
-from nndoctor.selection import fail_threshold
+from nndoctor.sanitize import printable
+from nndoctor.selection import fail_threshold, filter_findings, selectors
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    select, ignore = data_selectors(args)
+    select, ignore = selectors(args)
     fail_on = fail_threshold(args)
     if args.crop is not None and args.crop < 1:
         raise UsageError("--crop must be a positive number of pixels")
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"nndoctor: note: --workers {args.workers} capped at {cpus}, the CPUs available", file=sys.stderr)
         args.workers = cpus
     layout = plan(args.paths)
-    near_enabled = check_enabled(CrossSplitDuplicates, select, ignore)
+    near_enabled = is_enabled(CrossSplitDuplicates, select, ignore)
     result = scan(layout, ScanOptions(workers=args.workers, use_cache=not args.no_cache))
     try:
         options = AnalysisOptions(crop=args.crop, near_distance=args.near_distance, near_duplicates=near_enabled)
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     report = Report(command=_command(args), status="completed", steps=0)
     for finding in findings:
         report.add(finding)
-    filter_data_findings(report, select, ignore)
+    filter_findings(report, select, ignore)
     report.extra = {"scan": result.stats, "splits": [s.name for s in layout.splits]}
     # With --json -, stdout carries the JSON alone; the readable report moves to stderr.
     try:

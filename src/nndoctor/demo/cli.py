@@ -31,6 +31,12 @@ def run(args: argparse.Namespace) -> int:
         with open(SCRIPT, encoding="utf-8") as handle:
             sys.stdout.write(handle.read())
         return 0
+    from nndoctor.errors import UsageError
+    from nndoctor.instrument.extensions import torch_available
+
+    if not torch_available():
+        raise UsageError("the demo trains a PyTorch model and PyTorch is not installed: "
+                         "pip install 'nndoctor[torch]'")
     output = ReportDelivery.from_args(args)
     print(f"nndoctor demo: training a small CNN on generated shapes ({SHOWN_PATH}; "
           "--show-source prints it)", file=sys.stderr)

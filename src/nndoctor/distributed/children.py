@@ -39,8 +39,8 @@ class ChildEntry:
 
 def run_child(fn: Any, args: tuple, kwargs: dict, config: dict[str, Any], index: int) -> Any:
     from nndoctor.engine import Session, StopRun
-    from nndoctor.instrument import install
-    from nndoctor.runner import finish
+    from nndoctor.instrument.torch_hooks import install
+    from nndoctor.run_end import finish
 
     inherited = _CURRENT.get("installation")
     if inherited is not None and inherited.session.pid != os.getpid():
@@ -49,7 +49,9 @@ def run_child(fn: Any, args: tuple, kwargs: dict, config: dict[str, Any], index:
                       max_steps=config.get("max_steps"), full_window=config["full_window"],
                       sample_every=config["sample_every"])
     session.__dict__["_child_part"] = (config["folder"], index)  # for the stall watchdog
-    installation = install(session)
+    # The parent's features (functions, pickled by reference for a spawned child): importing
+    # instrument.extensions here would make this module import itself through that list.
+    installation = install(session, config["features"])
     status, crash, result = "completed", None, None
     try:
         result = fn(*args, **kwargs)
@@ -98,6 +100,7 @@ def install(installation: Any) -> None:
             "folder": state["folder"], "select": list(session.select), "ignore": list(session.ignore),
             "command": list(session.report.command), "max_steps": session.max_steps,
             "full_window": session.full_window, "sample_every": session.sample_every,
+            "features": installation.features,
         }
 
     original_start = installation.patcher.patch(mp_process.BaseProcess, "start", None)

@@ -39,19 +39,11 @@ def _selectors(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _shadowing_findings(shadowing: list[dict[str, str]]) -> list[Finding]:
-    """R102 for each shadowing file, when the run checks (and so torch) can be loaded."""
-    if not shadowing:
-        return []
-    try:
-        from nndoctor.registry import get_check
-
-        shadow_check = get_check("R102")
-    except Exception:  # noqa: BLE001 - without torch the run checks are absent; the facts still list them
-        return []
-    if shadow_check is None:
-        return []
+    """R102 (a runtime check's code, reported from the catalog table) for each shadowing file."""
+    from nndoctor.catalog_table import rule
     from nndoctor.findings import Location
 
+    shadow_check = rule("R102")
     return [shadow_check.finding(
         f"{item['path']} is named like the {item['shadows']} module '{item['name']}': a script started from this "
         f"folder imports this file instead.", location=Location(item["path"]),

@@ -83,20 +83,11 @@ def variants_of(code: str) -> list[type[CrashExplanation]]:
 def with_variant_docs(text: str, code: str) -> str:
     """``text`` (the owner's docstring) with each variant's "What it does" paragraph appended to
     that section and its references appended to "References"."""
-    lines = text.splitlines()
+    from nndoctor.catalog_table import merge_variant_doc
+
     for extra in variants_of(code):
-        sections = extra.doc_sections()
-        for heading in ("What it does", "References"):
-            addition = sections.get(heading, "").strip()
-            if not addition or f"## {heading}" not in lines:
-                continue
-            start = lines.index(f"## {heading}") + 1
-            end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
-            while end > start and not lines[end - 1].strip():
-                end -= 1
-            block = ([""] if heading == "What it does" else []) + addition.splitlines()
-            lines[end:end] = block
-    return "\n".join(lines)
+        text = merge_variant_doc(text, extra.documentation())
+    return text
 
 
 def explanations(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[type[CrashExplanation]]:

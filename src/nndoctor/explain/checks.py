@@ -10,9 +10,11 @@ from nndoctor.explain import (
     autograd,
     devices,
     distributed,
+    dtypes,
     environment,
     keras_input,
     loading,
+    memory,
     shapes,
     state,
     tf_errors,
@@ -20,7 +22,7 @@ from nndoctor.explain import (
     tfrecord_parse,
 )
 
-FAMILIES = (devices, shapes, autograd, loading, state, environment, distributed,
+FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed,
             tf_errors, tf_gradients, keras_input, tfrecord_parse)
 
 __all__ = ["FAMILIES"]

@@ -32,7 +32,7 @@ from nndoctor.explain.crash import Crash
 from nndoctor.explain.tracetext import parse_crashes
 from nndoctor.findings import Finding, Report
 from nndoctor.report.delivery import ReportDelivery
-from nndoctor.report.sanitize import printable
+from nndoctor.sanitize import printable
 from nndoctor.selection import fail_threshold, selectors
 
 EXIT_UNEXPLAINED = 1

@@ -9,48 +9,13 @@ Checks read the same object either way and simply find less evidence in text.
 from __future__ import annotations
 
 import os
-import re
-import sysconfig
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
 
+from nndoctor.explain.frames import Frame, worker_traceback_frames
 from nndoctor.findings import Location
-
-_LIBRARY_MARKERS = ("site-packages", "dist-packages")
-_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One traceback entry: where, which function, and the source line shown."""
-
-    path: str
-    line: int | None
-    function: str = ""
-    source: str = ""
-    # Set for live frames by the engine's frame classifier; text frames use path heuristics.
-    user: bool | None = None
-
-    @property
-    def is_user(self) -> bool:
-        return self.user if self.user is not None else is_user_path(self.path)
-
-
-def is_user_path(path: str) -> bool:
-    """A frame of the user's own code (not a library, the stdlib, or Python's internals)."""
-    if not path or path.startswith("<frozen") or (path.startswith("<") and path not in ("<stdin>", "<string>")):
-        return False
-    if any(marker in path for marker in _LIBRARY_MARKERS):
-        return False
-    # ".../lib/python3.10/…", or the same trimmed in a pasted log ("python3.8/threading.py").
-    if re.search(r"(?:[\\/]lib[\\/]|^)python\d+(\.\d+)?[\\/]", path) and not re.search(r"site-packages|dist-packages", path):
-        return False
-    real = os.path.realpath(path) if os.path.isabs(path) else path
-    if real.startswith(_STDLIB + os.sep):
-        return False
-    nndoctor_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return not os.path.abspath(path).startswith(nndoctor_dir + os.sep)
+from nndoctor.user_code import display_path, is_user_code
 
 
 @dataclass
@@ -126,8 +91,6 @@ class Crash:
 
 
 def _display(path: str) -> str:
-    from nndoctor.instrument.location import display_path
-
     return display_path(path) if os.path.isabs(path) else path
 
 
@@ -152,18 +115,14 @@ def from_exception(error: BaseException, *, context: dict[str, Any] | None = Non
     """A live crash: the innermost exception of the chain is what the user sees last."""
     import traceback
 
-    from nndoctor.instrument.location import _classifier
-
     frames = []
     tb = error.__traceback__
     for entry in traceback.extract_tb(tb):
         code = tb.tb_frame.f_code if tb is not None else None
-        user = _classifier.rank(code) == 0 if code is not None else None
+        user = is_user_code(code) if code is not None else None
         frames.append(Frame(entry.filename, entry.lineno, entry.name, (entry.line or "").strip(), user))
         tb = tb.tb_next if tb is not None else None
     message = message_of(error)
-    from nndoctor.explain.tracetext import worker_traceback_frames
-
     # The exceptions this one was raised from (a worker's real death signal, a wrapped error)
     # are part of what happened: their messages are kept as the preamble.
     causes = []

@@ -36,7 +36,7 @@ def live_objects(crash: Crash, predicate: Callable[[Any], bool]) -> Iterator[tup
             if (name, id(value)) not in seen and _safe(predicate, value):
                 seen.add((name, id(value)))
                 yield name, value
-    from nndoctor.instrument.location import is_internal_frame
+    from nndoctor.user_code import is_internal_frame
 
     for frame in frames:
         if is_internal_frame(frame):

@@ -1,6 +1,6 @@
 """Explaining a live crash at the end of ``nndoctor run`` / ``nndoctor.watch()``.
 
-``nndoctor.runner.finish`` calls ``explain_crash(error, session)`` once, after the user's
+``nndoctor.run_end.finish`` calls ``explain_crash(error, session)`` once, after the user's
 script raised. The runner catches anything raised here and still shows the user's original
 traceback; failures while gathering live evidence are reported as internal errors and the
 explanation falls back to what the message alone says.

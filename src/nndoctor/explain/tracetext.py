@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 
-from nndoctor.explain.crash import Crash, Frame
+from nndoctor.explain.crash import Crash
+from nndoctor.explain.frames import FRAME_LINE, Frame, parse_frames, worker_traceback_frames
 from nndoctor.explain.pasted import clean, cpp_terminate, find_error_line
 from nndoctor.explain.wordings import KNOWN_MESSAGE_START, KNOWN_TF_MESSAGE, current_wording
 
 _TRACEBACK_START = re.compile(r"^(?P<indent>[ \t]*)Traceback \(most recent call last\):[ \t]*$", re.M)
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?\s*$')
 _EXCEPTION_LINE = re.compile(
     r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault))(?::[ \t]?(?P<msg>.*))?$"
 )
@@ -35,37 +35,6 @@ _PYTEST_LOCATION = re.compile(r"^(?P<path>\S+\.py):(?P<line>\d+): (?P<type>[\w.]
 # the whole chain: each link would then copy all the links before it, and a log of n chained
 # tracebacks would cost n² time and memory (minutes for a few MB).
 _CHAIN_CONTEXT_CHARS = 4096
-
-
-def parse_frames(lines: list[str]) -> tuple[list[Frame], int]:
-    """Frames from traceback lines (after the header); returns them and the index after them."""
-    frames: list[Frame] = []
-    i = 0
-    while i < len(lines):
-        match = _FRAME.match(lines[i])
-        if not match:
-            stripped = lines[i].strip()
-            # Source lines, caret markers and "[Previous line repeated N more times]".
-            if frames and (lines[i].startswith("    ") or stripped.startswith("[Previous line")):
-                i += 1
-                continue
-            break
-        source = ""
-        if i + 1 < len(lines) and lines[i + 1].startswith("    ") and not _FRAME.match(lines[i + 1]):
-            source = lines[i + 1].strip()
-        frames.append(Frame(match.group("path"), int(match.group("line")), (match.group("func") or "").strip(), source))
-        i += 1
-    return frames, i
-
-
-def worker_traceback_frames(message: str) -> list[Frame]:
-    """Frames of the "Original Traceback" a DataLoader worker's error carries in its message."""
-    marker = message.find("Original Traceback (most recent call last):")
-    if marker < 0:
-        return []
-    lines = message[marker:].splitlines()[1:]
-    frames, _ = parse_frames(lines)
-    return frames
 
 
 def _parse_block(block: str, preamble: str) -> Crash | None:
@@ -186,7 +155,7 @@ def _frames_above(lines: list[str], index: int) -> list[Frame]:
     top = index
     while top > 0 and index - top < _HEADERLESS_FRAME_LINES:
         above = lines[top - 1]
-        if _FRAME.match(above) or _CARETS.match(above) or (top >= 2 and _FRAME.match(lines[top - 2])):
+        if FRAME_LINE.match(above) or _CARETS.match(above) or (top >= 2 and FRAME_LINE.match(lines[top - 2])):
             top -= 1
         else:
             break
@@ -213,11 +182,11 @@ def _frames_below(lines: list[str], index: int) -> list[Frame]:
 def _loose_frames(block: list[str]) -> list[Frame]:
     frames = []
     for j, line in enumerate(block):
-        match = _FRAME.match(line)
+        match = FRAME_LINE.match(line)
         if not match:
             continue
         source = ""
-        if j + 1 < len(block) and not _FRAME.match(block[j + 1]) and not _CARETS.match(block[j + 1]):
+        if j + 1 < len(block) and not FRAME_LINE.match(block[j + 1]) and not _CARETS.match(block[j + 1]):
             source = block[j + 1].strip()
         frames.append(Frame(match.group("path"), int(match.group("line")), (match.group("func") or "").strip(), source))
     return frames

@@ -93,7 +93,7 @@ def install(installation: Any) -> None:
         original_init(self, module, *args, **kwargs)
         if session.active:
             try:
-                from nndoctor.instrument.location import user_location
+                from nndoctor.user_code import user_location
 
                 where = user_location(sys._getframe(1))
                 record = WrapRecord(ddp=weakref.ref(self), params=param_signature(self.module),

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from nndoctor.findings import Location
-from nndoctor.instrument.location import user_location
+from nndoctor.user_code import user_location
 
 _FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 

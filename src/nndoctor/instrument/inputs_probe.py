@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from nndoctor.findings import Location
-from nndoctor.instrument.location import user_location
 from nndoctor.instrument.stats import has_plain_values
+from nndoctor.user_code import user_location
 
 # Positional index of ``ignore_index`` after (input, target) in both signatures:
 # cross_entropy(input, target, weight, size_average, ignore_index, ...), same for nll_loss.

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from nndoctor.findings import Location
-from nndoctor.instrument.location import user_location
 from nndoctor.instrument.stats import first_plain_tensor, tensor_version
+from nndoctor.user_code import display_path, is_user_code, user_location
 
 GRADIENT_STATS_KEY = "nndoctor.gradient_stats"
 
@@ -206,10 +206,8 @@ def observe_module(qualname: str, module: Any, inputs: Any, output: Any,
 
 def forward_definition(module: Any) -> Location | None:
     """``def forward`` of a module class written in user code (where a custom op lives)."""
-    from nndoctor.instrument.location import _classifier, display_path
-
     code = getattr(getattr(type(module), "forward", None), "__code__", None)
-    if code is None or _classifier.rank(code) != 0:
+    if code is None or not is_user_code(code):
         return None
     return Location(display_path(code.co_filename), code.co_firstlineno)
 

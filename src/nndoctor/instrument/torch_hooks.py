@@ -23,6 +23,7 @@ import functools
 import sys
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -65,8 +66,10 @@ _LOSS_OPTION_NAMES = ("reduction", "ignore_index", "label_smoothing", "weight", 
 class Installation:
     """The installed instrumentation of one session. ``uninstall()`` restores everything."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, features: Sequence[Callable[[Installation], None]] = ()) -> None:
         self.session = session
+        # The feature installers run after the hooks below (``instrument/extensions.py``).
+        self.features = tuple(features)
         self.patcher = Patcher()
         # Module-call stack of the current forward (modules only; popped in the post-hook).
         self._stack: list[Any] = []
@@ -86,9 +89,7 @@ class Installation:
             self._install_module_hooks()
             self._install_optimizer_hooks()
             self._install_patches()
-            from nndoctor.instrument import extensions
-
-            for installer in extensions.INSTALLERS:
+            for installer in self.features:
                 installer(self)
         except BaseException:
             self.uninstall()
@@ -626,5 +627,7 @@ def _make_scheduler_wrapper(inst: Installation, original: Any) -> Any:
     return step
 
 
-def install(session: Session) -> Installation:
-    return Installation(session).install()
+def install(session: Session, features: Sequence[Callable[[Installation], None]] = ()) -> Installation:
+    """The hook layer alone, then ``features``; ``instrument.extensions.install`` installs a
+    whole run (the hooks and every feature)."""
+    return Installation(session, features).install()

@@ -280,8 +280,8 @@ def _patch_layer_constructors(installation: Any) -> None:
     the numerics probe's table of construction sites."""
     from torch.nn.modules.conv import _ConvNd
 
-    from nndoctor.instrument.location import user_location
     from nndoctor.instrument.numerics_probe import probe_state
+    from nndoctor.user_code import user_location
 
     session = installation.session
     sites = probe_state(session).sites

@@ -17,19 +17,11 @@ not shown again.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from typing import Any
 
-from nndoctor.instrument.location import _DEMO_DIR, _NNDOCTOR_DIR
-
-_OWN = os.path.realpath(_NNDOCTOR_DIR) + os.sep
-
-
-def _is_own(filename: str) -> bool:
-    path = os.path.realpath(filename)
-    return path.startswith(_OWN) and not path.startswith(os.path.realpath(_DEMO_DIR))
+from nndoctor.user_code import is_own_file
 
 
 def caller_past_wrappers(filename: str, lineno: int, frame: Any) -> tuple[str, int] | None:
@@ -38,11 +30,11 @@ def caller_past_wrappers(filename: str, lineno: int, frame: Any) -> tuple[str, i
     Walks out from ``frame`` to the wrapper frame at that line, then past every nndoctor
     frame; None when the warning is not ours or the frame is not on the stack.
     """
-    if not _is_own(filename):
+    if not is_own_file(filename):
         return None
     while frame is not None and not (frame.f_code.co_filename == filename and frame.f_lineno == lineno):
         frame = frame.f_back
-    while frame is not None and _is_own(frame.f_code.co_filename):
+    while frame is not None and is_own_file(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return None

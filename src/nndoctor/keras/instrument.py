@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nndoctor.findings import Location
-from nndoctor.instrument.location import user_location
 from nndoctor.keras import facts as kf
 from nndoctor.keras import shared_codes
 from nndoctor.registry import all_checks, is_enabled
+from nndoctor.user_code import user_location
 
 
 @dataclass

@@ -1,16 +1,18 @@
 """Codes shared with the PyTorch checks, reported from Keras ``fit``/``evaluate`` (D101 so far).
 
 The PyTorch check class owns the code, name, docs and fix (one catalog entry per code);
-this module applies the same rule to the batch facts Keras gives us and emits the finding
-under that class, honouring ``--select``/``--ignore`` like any check.
+this module applies the same rule (``nndoctor.image_batches``) to the batch facts Keras gives
+us and emits the finding from the catalog table, honouring ``--select``/``--ignore`` like any
+check — without importing the PyTorch checks, so it works on a TensorFlow-only installation.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from nndoctor.catalog_table import Rule, is_enabled, rule
+from nndoctor.image_batches import image_layout, unnormalized_pixels
 from nndoctor.keras.facts import BatchFacts
-from nndoctor.registry import get_check, is_enabled
 
 # Layers that keep the pixel scale: anything else before the first Conv/Dense (Rescaling,
 # Normalization, a Lambda…) may scale the input, so the check stays silent.
@@ -22,18 +24,15 @@ _LEARNED = {"Conv1D", "Conv2D", "Conv3D", "SeparableConv2D", "DepthwiseConv2D", 
 
 
 class SharedCodes:
-    def __init__(self, session: Any, unnormalized: type | None) -> None:
+    def __init__(self, session: Any, unnormalized: Rule) -> None:
         self.session = session
         self.unnormalized = unnormalized
         self._seen: set[object] = set()
 
     @classmethod
     def for_session(cls, session: Any) -> SharedCodes | None:
-        try:
-            found = get_check("D101")
-        except Exception:  # noqa: BLE001 - PyTorch checks missing (a TensorFlow-only install)
-            found = None
-        if found is None or not is_enabled(found, session.select, session.ignore):
+        found = rule("D101")
+        if not is_enabled(found, session.select, session.ignore):
             return None
         return cls(session, found)
 
@@ -44,8 +43,6 @@ class SharedCodes:
             self.session.internal_error("D101 on keras batch", error)
 
     def _unnormalized_input(self, batch: BatchFacts) -> None:
-        from nndoctor.checks.inputs import image_layout, unnormalized_pixels
-
         x = batch.x
         if x is None or not x.has_values or image_layout(x.shape) is None or batch.phase in self._seen:
             return

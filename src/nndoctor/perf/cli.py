@@ -13,8 +13,8 @@ import sys
 
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
-from nndoctor.perf.checks import advice, diagnose
 from nndoctor.perf.classify import classify_step, order_advice
+from nndoctor.perf.diagnosis import advice, diagnose
 from nndoctor.perf.recorder import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.session import run_perf

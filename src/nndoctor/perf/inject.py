@@ -18,9 +18,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nndoctor.findings import Severity
-from nndoctor.registry import Check
-
 # Changes that act on the step (as opposed to ``loader``), in the order they are tried.
 STEP_CHANGES = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
                 "cuda-graphs", "batch-size")
@@ -53,18 +50,13 @@ def _device_type(module: Any) -> str:
     return "cpu"
 
 
-class ChangeInjector(Check):
-    """Internal subscriber of a ``--try`` re-run (never registered, so not in the catalog)."""
+class ChangeInjector:
+    """Internal subscriber of a ``--try`` re-run (an event subscriber, not a catalog check)."""
 
-    code = "P001"
-    name = "perf-change-injector"
-    severity = Severity.INFO
-    summary = "applies a --try change to the user's own training loop"
-    fix = ""
-    scope = "perf-internal"
+    subscriber_name = "perf --try change injector"
 
     def __init__(self, session: Any) -> None:
-        super().__init__(session)
+        self.session = session
         self.changes = frozenset(getattr(session, "perf_changes", ()))
         self._models: set[int] = set()
         self._optimizers: set[int] = set()

@@ -1,7 +1,7 @@
 """Perf-only instrumentation: forward start times, host-to-device copies, host-device syncs.
 
 Installed for every session (it is listed in ``instrument/extensions.py``) but returns at
-once unless the session is a perf session (it carries a ``perf_recorder``), so plain
+once unless the session is a perf session (its ``perf`` run has a recorder), so plain
 ``nndoctor run`` pays nothing for it. Everything here passes straight through once the
 measured window is over, so the ``--try`` experiments run uninstrumented.
 
@@ -19,13 +19,14 @@ import sys
 import time
 from typing import Any
 
-from nndoctor.instrument.location import user_location
+from nndoctor.user_code import user_location
 
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
 
 def install(installation: Any) -> None:
-    recorder = getattr(installation.session, "perf_recorder", None)
+    run = getattr(installation.session, "perf", None)  # a PerfSession's PerfRun
+    recorder = run.recorder if run is not None else None
     if recorder is None:
         return
     _install_forward_start(installation, recorder)

@@ -1,6 +1,6 @@
 """The perf recorder: turns the run's events into per-step phase times and facts about the loop.
 
-It is an (unregistered) ``Check`` so the engine dispatches events to it like to any check;
+It subscribes to the session's events like a check does (``Session.subscribe``), with no catalog code;
 ``perf/instrument.py`` adds what events do not carry (the start of a top-level forward,
 host-to-device copies, host-device syncs). It keeps only numbers, ``Location``s, shapes,
 and weak references to the user's model, optimizer, loss module and DataLoader; the one
@@ -14,9 +14,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from nndoctor.findings import Location, Severity
+from nndoctor.findings import Location
 from nndoctor.perf.timeline import StepRecord
-from nndoctor.registry import Check
 
 
 @dataclass
@@ -91,18 +90,13 @@ def _detached_clone(value: Any) -> Any:
     return value
 
 
-class PerfRecorder(Check):
-    """Internal subscriber of a perf session (never registered, so not in the catalog)."""
+class PerfRecorder:
+    """Internal subscriber of a perf session (an event subscriber, not a catalog check)."""
 
-    code = "P000"
-    name = "perf-recorder"
-    severity = Severity.INFO
-    summary = "records the step-time breakdown of a perf session"
-    fix = ""
-    scope = "perf-internal"
+    subscriber_name = "perf recorder"
 
     def __init__(self, session: Any) -> None:
-        super().__init__(session)
+        self.session = session
         self.config: PerfConfig = session.perf_config
         self.facts = LoopFacts()
         self.records: list[StepRecord] = []

@@ -18,9 +18,7 @@ from typing import Any
 
 from nndoctor.atomic import atomic_write_text
 from nndoctor.engine import Session, StopRun
-from nndoctor.findings import Severity
 from nndoctor.perf.inject import ChangeInjector
-from nndoctor.registry import Check
 from nndoctor.runner import Target, run_target
 
 
@@ -60,19 +58,14 @@ def _peak_memory() -> int | None:
     return int(torch.cuda.max_memory_allocated())
 
 
-class StepClock(Check):
+class StepClock:
     """Times the window between the end of step ``warmup`` and the end of step ``warmup + steps``
     of the first optimizer to step (a GAN's second optimizer steps in the same iteration)."""
 
-    code = "P002"
-    name = "perf-step-clock"
-    severity = Severity.INFO
-    summary = "times a --try re-run"
-    fix = ""
-    scope = "perf-internal"
+    subscriber_name = "perf --try step clock"
 
     def __init__(self, session: Any) -> None:
-        super().__init__(session)
+        self.session = session
         self.warmup, self.steps = session.clock_window
         self.lead: int | None = None
         self.count = 0
@@ -135,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     session = Session(checks=[])
     session.perf_changes = [c for c in args.changes.split(",") if c]
     session.clock_window = (max(1, args.warmup), args.steps)
-    session._add_check(ChangeInjector)
-    session._add_check(StepClock)
+    injector = ChangeInjector(session)
+    clock = StepClock(session)
+    session.subscribe(injector)
+    session.subscribe(clock)
     out_path = os.path.abspath(args.out)
     report = run_target(target, session)
-    clock = next(c for c in session.checks if isinstance(c, StepClock))
-    injector = next((c for c in session.checks if isinstance(c, ChangeInjector)), None)
     result: dict[str, Any] = {
         "status": report.status,
         "seconds_per_step": clock.seconds_per_step,

@@ -4,7 +4,7 @@
 stops it cleanly after ``warmup + steps`` optimizer steps, and the recorder's window-end
 callback runs the ``--try`` experiments while the user's objects are still alive (on
 copies, with the instrumentation switched off). The result is a ``PerfResult``; the
-findings are derived from it by ``perf/checks.py``.
+findings are derived from it by ``perf/diagnosis.py``.
 """
 
 from __future__ import annotations
@@ -59,32 +59,56 @@ class PerfResult:
         }
 
 
-class PerfSession(Session):
-    """A Session whose only subscribers are the perf recorder and the run-scope P checks."""
+def _silent(message: str) -> None:
+    return None
 
-    def __init__(self, config: PerfConfig, *, select=(), ignore=(), command=None,
-                 target: Target | None = None, announce: Callable[[str], None] | None = None) -> None:
-        self.perf_config = config
-        # What --try re-runs, from the folder the run started in (the script may chdir).
-        self.target, self.cwd = target, os.getcwd()
-        self.announce = announce or (lambda message: None)
-        checks = [PerfRecorder] + [c for c in enabled_checks(select, ignore) if c.code.startswith("P")]
+@dataclass
+class PerfRun:
+    """The state of one ``nndoctor perf`` run, kept beside its session (not on it): the
+    configuration, what ``--try`` re-runs and from which folder (the script may chdir), the
+    recorder timing the window, and the trials' results."""
+
+    config: PerfConfig
+    target: Target | None = None
+    cwd: str = field(default_factory=os.getcwd)
+    announce: Callable[[str], None] = _silent
+    recorder: PerfRecorder | None = None
+    trials: dict[str, Any] = field(default_factory=dict)
+
+
+class PerfSession(Session):
+    """A Session whose subscribers are the perf recorder and the run-scope P checks; the
+    perf run's own state is ``self.perf``."""
+
+    def __init__(self, run: PerfRun, *, select=(), ignore=(), command=None) -> None:
+        self.perf = run  # before the recorder is built: it reads the configuration
+        config = run.config
         # Every step of the window is a sampled step (CUDA events, sync locations).
-        super().__init__(command=command, max_steps=config.last_step, checks=checks,
+        super().__init__(command=command, max_steps=config.last_step, checks=[],
                          full_window=config.last_step + 1)
-        self.perf_recorder: PerfRecorder = next(c for c in self.checks if isinstance(c, PerfRecorder))
-        self.perf_recorder.on_window_end = self._window_end
-        self.trials: dict[str, Any] = {}
+        # The recorder first: the P checks read what it recorded of the same event.
+        run.recorder = PerfRecorder(self)
+        self.subscribe(run.recorder)
+        for check in enabled_checks(select, ignore):
+            if check.code.startswith("P"):
+                self._add_check(check)
+        run.recorder.on_window_end = self._window_end
+
+    @property
+    def perf_config(self) -> PerfConfig:
+        """``perf/recorder.py`` reads the configuration here."""
+        return self.perf.config
 
     def _window_end(self, recorder: PerfRecorder) -> None:
-        if not self.perf_config.tries:
+        run = self.perf
+        if not run.config.tries:
             return
         # The trials call optimizer.step() and the loss functions: keep every hook quiet.
         active, self.active = self.active, False
-        self.announce(f"measured {self.perf_config.steps} steps; now trying "
-                      f"{', '.join(self.perf_config.tries)} on the captured step and loader")
+        run.announce(f"measured {run.config.steps} steps; now trying "
+                     f"{', '.join(run.config.tries)} on the captured step and loader")
         try:
-            self.trials = run_trials(recorder, self.perf_config, self.target, self.cwd, announce=self.announce)
+            run.trials = run_trials(recorder, run.config, run.target, run.cwd, announce=run.announce)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.internal_error("perf --try", error)
         finally:
@@ -95,7 +119,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                announce: Callable[[str], None] | None = None) -> dict[str, Any]:
     import torch
 
-    from nndoctor.perf import rerun, trials
+    from nndoctor.perf import loader_trials, rerun, step_trials, trials
 
     results: dict[str, Any] = {}
     facts = recorder.facts
@@ -103,12 +127,12 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     device = facts.device if cuda else "cpu"
     model = recorder.model_ref() if recorder.model_ref else None
     optimizer = recorder.optimizer_ref() if recorder.optimizer_ref else None
-    loss_fn = trials.loss_callable(recorder)
+    loss_fn = step_trials.loss_callable(recorder)
     missing = [name for name, value in (("model", model), ("optimizer", optimizer), ("loss", loss_fn),
                                         ("batch", recorder.captured_inputs)) if value is None]
     if recorder.captured_target is None:
         missing.append("target")
-    step = None if missing else trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
+    step = None if missing else step_trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
                                                     recorder.captured_target, device)
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
     if step_tries:
@@ -132,7 +156,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 announce(f"timing DataLoader settings (about {config.try_seconds:g} s each)")
             try:
                 with torch.enable_grad():
-                    results["loader"] = trials.try_loader(loader, facts.loader_config, cuda=cuda,
+                    results["loader"] = loader_trials.try_loader(loader, facts.loader_config, cuda=cuda,
                                                           seconds=config.try_seconds, step=step,
                                                           step_variant=variant)
                 results["loader"]["step_variant"] = variant
@@ -191,12 +215,12 @@ def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
     """Run ``target`` under a perf session; the report carries the run-scope P findings.
 
     ``announce`` receives a line for each thing being measured, as it starts."""
-    session = PerfSession(config, select=select, ignore=ignore, command=target.command, target=target,
-                          announce=announce)
-    session.announce(f"running {' '.join(target.command)}: {config.warmup} warm-up optimizer steps, "
-                     f"then timing {config.steps}")
+    run = PerfRun(config, target=target, announce=announce or _silent)
+    session = PerfSession(run, select=select, ignore=ignore, command=target.command)
+    run.announce(f"running {' '.join(target.command)}: {config.warmup} warm-up optimizer steps, "
+                 f"then timing {config.steps}")
     report = run_target(target, session)
-    recorder = session.perf_recorder
+    recorder = run.recorder
     breakdown = summarize(recorder.records)
     try:
         device = device_info(recorder.facts)
@@ -204,5 +228,5 @@ def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
         session.internal_error("perf device info", error)
         device = DeviceInfo()
     result = PerfResult(config=config, breakdown=breakdown, facts=recorder.facts, device=device,
-                        trials=session.trials, steps_run=session.step)
+                        trials=run.trials, steps_run=session.step)
     return report, result

@@ -16,10 +16,10 @@ import weakref
 from typing import Any
 
 from nndoctor.engine import StopRun
-from nndoctor.findings import Location, Severity
+from nndoctor.findings import Location
 from nndoctor.preflight import active
 from nndoctor.preflight.checks import BatchMixing, CannotOverfitOneBatch, GradcheckFailed
-from nndoctor.registry import Check, get_check
+from nndoctor.registry import get_check
 
 OVERFIT_BUDGET_S = float(os.environ.get("NNDOCTOR_PREFLIGHT_BUDGET", "20"))
 _MAX_CAPTURES = 4
@@ -51,18 +51,13 @@ class _Capture:
         self.skip_reason: str | None = None
 
 
-class PreflightProbe(Check):
-    """Internal subscriber of a preflight session (never registered, so not in the catalog)."""
+class PreflightProbe:
+    """Internal subscriber of a preflight session (an event subscriber, not a catalog check)."""
 
-    code = "H000"
-    name = "preflight-probe"
-    severity = Severity.INFO
-    summary = "runs preflight's active tests at the first optimizer step"
-    fix = ""
-    scope = "preflight-internal"
+    subscriber_name = "preflight probe"
 
     def __init__(self, session: Any) -> None:
-        super().__init__(session)
+        self.session = session
         self.stop_after = getattr(session, "preflight_stop", False)
         self.budget_s = getattr(session, "preflight_budget_s", OVERFIT_BUDGET_S)
         self.captures: list[_Capture] = []
@@ -348,4 +343,4 @@ def attach(session: Any, *, stop: bool, budget_s: float = OVERFIT_BUDGET_S) -> N
     ``budget_s``: the time the overfit test may take)."""
     session.preflight_stop = stop
     session.preflight_budget_s = budget_s
-    session._add_check(PreflightProbe)
+    session.subscribe(PreflightProbe(session))

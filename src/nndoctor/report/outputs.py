@@ -88,7 +88,7 @@ def deliver(
     printed above the text report. ``json_writer(report) -> written`` replaces the plain
     ``--json`` write (``ReportDelivery``: a path fixed before the script ran, special files).
     """
-    from nndoctor.report.sanitize import printable
+    from nndoctor.sanitize import printable
 
     stream = stream or sys.stdout
     stdout = stdout or sys.stdout

@@ -23,9 +23,9 @@ _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "
 
 
 def _rule(finding: Finding) -> dict[str, Any]:
-    from nndoctor.registry import get_check
+    from nndoctor.catalog_table import find_rule
 
-    cls = get_check(finding.code)
+    cls = find_rule(finding.code)
     rule: dict[str, Any] = {"id": finding.code, "name": finding.name}
     if cls is not None:
         doc = cls.documentation()
@@ -34,7 +34,8 @@ def _rule(finding: Finding) -> dict[str, Any]:
         help_markdown = f"{doc}\n\n## Fix\n{cls.fix}" if doc else cls.fix
         rule["help"] = {"text": help_markdown, "markdown": help_markdown}
         rule["defaultConfiguration"] = {"level": _LEVEL[cls.severity]}
-        rule["properties"] = {"tags": [f"nndoctor-{cls.scope}"], "heuristic": bool(cls.heuristic)}
+        rule["properties"] = {"tags": [f"nndoctor-{cls.scope}"], "heuristic": bool(cls.heuristic),
+                              **({"falsePositives": cls.false_positives} if cls.false_positives else {})}
     return rule
 
 

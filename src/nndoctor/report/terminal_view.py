@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from nndoctor.findings import Finding, Report
-from nndoctor.report.sanitize import printable
+from nndoctor.sanitize import printable
 
 
 def terminal_view(report: Report) -> Report:

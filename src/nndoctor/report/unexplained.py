@@ -12,7 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from nndoctor.report.capping import cap_lists
-from nndoctor.report.sanitize import printable
+from nndoctor.sanitize import printable
 
 
 def render_no_known_cause(console: Any, crash: Mapping[str, Any]) -> None:

@@ -1,0 +1,46 @@
+"""Closing a run: explain a crash, let the checks conclude, remove every hook and patch.
+
+Every way a session ends goes through ``finish``: a script run (``runner``), a child process
+(``distributed.children``), ``nndoctor.watch()`` and the framework integrations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nndoctor import events as ev
+from nndoctor.engine import Session
+from nndoctor.tracebacks import full_traceback, user_traceback
+
+
+def finish(session: Session, installation: Any, status: str, crash: BaseException | None) -> None:
+    """Close a run: explain a crash, let checks conclude, remove every hook and patch."""
+    report = session.report
+    report.status = status
+    try:
+        if crash is not None:
+            report.traceback = user_traceback(crash)
+            report.extra["traceback"] = report.traceback
+            report.extra["traceback_full"] = full_traceback(crash)  # nndoctor's frames too
+            session.emit(ev.Crash(step=session.step, exception=crash, context=dict(session.crash_context)))
+            explain_crash(session, crash)
+        session.emit(ev.RunEnd(step=session.step, status=status, wall_s=session.elapsed()))
+    except BaseException as error:  # noqa: BLE001 - observer rule
+        session.internal_error("finish", error)
+    finally:
+        installation.uninstall()
+        report.steps = session.step
+        session.crash_context = {}
+
+
+def explain_crash(session: Session, error: BaseException) -> None:
+    """Add the crash explanation finding(s), if the explain package is there."""
+    try:
+        from nndoctor.explain import runtime
+    except ModuleNotFoundError:
+        return
+    try:
+        for finding in runtime.explain_crash(error, session):
+            session.add_finding(finding)
+    except Exception as failure:  # noqa: BLE001 - the user's traceback is still shown
+        session.internal_error("crash explanation", failure)

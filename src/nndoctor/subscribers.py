@@ -1,0 +1,39 @@
+"""Event subscribers: any object that receives the engine's events through ``on_<kind>`` methods.
+
+Catalog checks are subscribers, and so are the engine's internal helpers (the perf recorder,
+the preflight probe, the ``--try`` injector and step clock, the report's history): those have
+no catalog code, so they are not checks — they only say what to call them when they fail.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from nndoctor.events import EVENT_KINDS
+
+
+class Subscriber(Protocol):
+    """Defines ``on_<event kind>(event)`` for the kinds it wants (``on_forward``, ``on_run_end`` …)."""
+
+    # Shown in internal-error messages when one of its handlers raises.
+    subscriber_name: str
+
+
+def handler_names(cls: type) -> dict[str, str]:
+    """Event kind -> method name, for every ``on_<kind>`` the class defines."""
+    found = {}
+    for kind in EVENT_KINDS:
+        method = f"on_{kind}"
+        if callable(getattr(cls, method, None)):
+            found[kind] = method
+    return found
+
+
+def stray_handlers(cls: type) -> list[str]:
+    """``on_*`` methods that match no event kind: a misspelt handler is never called."""
+    return sorted(n for n in dir(cls) if n.startswith("on_") and n[3:] not in EVENT_KINDS
+                  and callable(getattr(cls, n, None)))
+
+
+def describe(subscriber: Any) -> str:
+    return str(getattr(subscriber, "subscriber_name", None) or type(subscriber).__name__)

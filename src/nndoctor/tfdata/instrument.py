@@ -1,0 +1,249 @@
+"""Zero-code-change instrumentation of ``tf.data`` (K106, K107).
+
+Nothing here imports TensorFlow: the patches are applied right after the user's script
+imports it (``hooks.when_imported``) and undone at the end of the run.
+
+What is patched, and why:
+
+* the ``tf.data.Dataset`` methods that add a stage (``map``, ``shuffle``, ``batch``,
+  ``prefetch``, ``cache``, …) record the user's line for the dataset they return (weakly),
+  so advice points at the ``map`` that lacks ``num_parallel_calls``;
+* ``Dataset.__iter__`` ties each new iterator to its dataset (one iterator per epoch);
+* ``OwnedIterator.__next__`` times each eager fetch — how long the loop waited for the
+  element — and reads the labels of a dataset's first batches when the pipeline shuffles
+  with a small buffer (K107). Elements are returned as produced; nothing is drawn from any
+  random stream;
+* Keras on the TensorFlow backend fetches its batches *inside* the compiled train function,
+  where no Python call can be timed. For ``steps_per_execution == 1`` the train function is
+  wrapped so the batch is fetched eagerly (timed) and handed to Keras's own per-batch path
+  (the same compiled ``train_step`` on the same batch: same weights).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import weakref
+from typing import Any
+
+from nndoctor.findings import Location
+from nndoctor.instrument.location import user_location
+from nndoctor.registry import all_checks, is_enabled
+from nndoctor.tfdata.hooks import when_imported
+from nndoctor.tfdata.labels import batch_summary
+from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
+from nndoctor.tfdata.timing import FetchClock
+
+STAGE_METHODS = ("map", "shuffle", "batch", "padded_batch", "prefetch", "cache", "interleave", "repeat",
+                 "filter", "take", "unbatch")
+# K107 reads the labels of this many first batches of a dataset.
+LABEL_BATCHES = 16
+# A shuffle buffer this many times smaller than the dataset counts as small.
+SMALL_BUFFER_RATIO = 10
+TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+
+
+class DatasetRecord:
+    """What was learned about one dataset (the object the user iterates)."""
+
+    def __init__(self, dataset: Any, pipeline: Pipeline, location: Location | None) -> None:
+        self.ref = weakref.ref(dataset)
+        self.pipeline = pipeline
+        self.location = location  # the line that iterated it first (fit, a for loop)
+        self.clock = FetchClock()
+        self.label_batches: list[tuple[int, float, int]] = []
+        self.wants_labels = small_shuffle(pipeline) is not None
+        self.element_bytes: int | None = None
+
+
+def small_shuffle(pipeline: Pipeline) -> tuple[int, int] | None:
+    """(buffer, elements) when the pipeline shuffles with a buffer far below its size."""
+    shuffle = pipeline.first("shuffle")
+    if shuffle is None or shuffle.buffer_size is None or shuffle.cardinality is None:
+        return None
+    if shuffle.buffer_size * SMALL_BUFFER_RATIO <= shuffle.cardinality:
+        return shuffle.buffer_size, shuffle.cardinality
+    return None
+
+
+class TfDataObserver:
+    def __init__(self, installation: Any) -> None:
+        self.installation = installation
+        self.session = installation.session
+        self.enabled = True
+        self.locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
+        self.records: dict[int, DatasetRecord] = {}  # id(dataset) -> record (dataset kept weakly)
+        self.iterators: weakref.WeakKeyDictionary[Any, DatasetRecord] = weakref.WeakKeyDictionary()
+        self.checks = [cls(self.session) for cls in all_checks("tfdata")
+                       if is_enabled(cls, self.session.select, self.session.ignore)]
+        self._tf: Any = None
+
+    # -- patching ----------------------------------------------------------------------
+    def patch_tensorflow(self, tf: Any) -> None:
+        if not self.checks or not hasattr(tf, "data"):
+            return
+        from tensorflow.python.data.ops import dataset_ops, iterator_ops
+
+        self._tf = tf
+        patcher = self.installation.patcher
+        for name in STAGE_METHODS:
+            if name in dataset_ops.DatasetV2.__dict__:
+                self._patch_stage(dataset_ops.DatasetV2, name)
+        original_iter = patcher.patch(dataset_ops.DatasetV2, "__iter__", None)
+
+        def __iter__(dataset):
+            iterator = original_iter(dataset)
+            if self.enabled and os.getpid() == self.session.pid and tf.executing_eagerly():
+                self._guard(lambda: self._new_iterator(dataset, iterator))
+            return iterator
+
+        patcher.patch(dataset_ops.DatasetV2, "__iter__", __iter__)
+        original_next = patcher.patch(iterator_ops.OwnedIterator, "__next__", None)
+        clock = time.perf_counter
+
+        def __next__(iterator):
+            record = self.iterators.get(iterator) if self.enabled else None
+            if record is None or not tf.executing_eagerly():
+                return original_next(iterator)
+            start = clock()
+            try:
+                element = original_next(iterator)
+            except StopIteration:
+                record.clock.stopped()
+                raise
+            record.clock.fetched(start, clock())
+            if record.wants_labels and len(record.label_batches) < LABEL_BATCHES:
+                self._guard(lambda: self._read_labels(record, element))
+            return element
+
+        patcher.patch(iterator_ops.OwnedIterator, "__next__", __next__)
+        patcher.on_undo(self._conclude)
+        when_imported(TRAINER_MODULE, lambda module: self._guard(lambda: self.patch_keras_trainer(module)),
+                      patcher)
+
+    def patch_keras_trainer(self, module: Any) -> None:
+        from tensorflow.python.data.ops import iterator_ops
+
+        trainer = getattr(module, "TensorFlowTrainer", None)
+        if trainer is None:
+            return
+        original = self.installation.patcher.patch(trainer, "make_train_function", None)
+        observer = self
+
+        def make_train_function(model, force=False):
+            result = original(model, force)
+            function = getattr(model, "train_function", None)
+            if function is not None and not getattr(function, "_nndoctor_fetches_eagerly", False):
+                model.train_function = _eager_fetch(function, model, observer, iterator_ops.OwnedIterator)
+                return model.train_function if result is function else result
+            return result
+
+        make_train_function.__wrapped__ = original
+        self.installation.patcher.patch(trainer, "make_train_function", make_train_function)
+
+    def _patch_stage(self, owner: Any, name: str) -> None:
+        original = self.installation.patcher.patch(owner, name, None)
+        locations = self.locations
+
+        def stage(dataset, *args, **kwargs):
+            result = original(dataset, *args, **kwargs)
+            if self.enabled:
+                try:
+                    location = user_location(sys._getframe(1))
+                    if location is not None:
+                        locations[result] = location
+                        locations.setdefault(dataset, location)  # the source's line, as far as known
+                except Exception as error:  # noqa: BLE001 - observer rule
+                    self.session.internal_error("tf.data instrumentation", error)
+            return result
+
+        stage.__wrapped__ = original
+        self.installation.patcher.patch(owner, name, stage)
+
+    def _disable(self) -> None:
+        self.enabled = False
+
+    # -- observing ---------------------------------------------------------------------
+    def _new_iterator(self, dataset: Any, iterator: Any) -> None:
+        record = self.records.get(id(dataset))
+        if record is not None and record.ref() is not dataset:
+            record = None  # the id of a collected dataset, reused
+        if record is None:
+            record = DatasetRecord(dataset, read_pipeline(dataset, self.locations),
+                                   user_location(sys._getframe(2)))
+            self.records[id(dataset)] = record
+        record.clock.new_iterator()
+        self.iterators[iterator] = record
+
+    def _read_labels(self, record: DatasetRecord, element: Any) -> None:
+        labels = label_values(element)
+        if labels is None:
+            record.wants_labels = False  # no (x, y) integer labels: nothing to read
+            return
+        record.label_batches.append(batch_summary(labels))
+
+    def _conclude(self) -> None:
+        self.enabled = False
+        for record in self.records.values():
+            for check in list(self.checks):
+                try:
+                    check.inspect(record)
+                except Exception as error:  # noqa: BLE001 - a broken check must not break the run
+                    self.session.internal_error(f"{check.code} {check.name} on tf.data", error)
+                    self.checks.remove(check)
+
+    def _guard(self, action: Any) -> None:
+        try:
+            action()
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("tf.data instrumentation", error)
+
+
+def label_values(element: Any) -> list[int] | None:
+    """The integer class labels of an ``(x, y)`` / ``(x, y, w)`` batch or a ``label`` key:
+    a 1-D integer tensor, an ``(N, 1)`` one, or one-hot rows (their argmax)."""
+    import numpy as np
+
+    candidate = None
+    if isinstance(element, (tuple, list)) and len(element) >= 2:
+        candidate = element[1]
+    elif isinstance(element, dict):
+        candidate = next((element[k] for k in ("label", "labels", "target", "y") if k in element), None)
+    if candidate is None or not hasattr(candidate, "numpy"):
+        return None
+    values = np.asarray(candidate.numpy())
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim == 2 and values.shape[1] >= 2 and np.all((values == 0) | (values == 1)) \
+            and np.all(values.sum(axis=1) == 1):
+        values = values.argmax(axis=1)
+    if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.integer) and \
+            not np.all(np.mod(values, 1) == 0):
+        return None
+    return [int(v) for v in values]
+
+
+def _eager_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iterator: type) -> Any:
+    """Keras's train function, fetching each batch eagerly so the fetch can be timed."""
+
+    def train_function(iterator):
+        if observer.enabled and isinstance(iterator, owned_iterator) and iterator in observer.iterators \
+                and getattr(model, "steps_per_execution", 1) == 1:
+            element = next(iterator)  # timed by the __next__ patch; StopIteration ends the epoch
+            # A plain Python iterator takes Keras's per-batch path: the same compiled step.
+            return function(iter((element,)))
+        return function(iterator)
+
+    train_function._nndoctor_fetches_eagerly = True
+    train_function.__wrapped__ = function
+    return train_function
+
+
+def install(installation: Any) -> None:
+    observer = TfDataObserver(installation)
+    if not observer.checks:
+        return
+    installation.patcher.on_undo(observer._disable)
+    when_imported("tensorflow", lambda tf: observer._guard(lambda: observer.patch_tensorflow(tf)),
+                  installation.patcher)

@@ -1,0 +1,362 @@
+"""The package's import structure: no import circles, and layers that only import downwards.
+
+The import graph is read from the source with ``ast`` (nothing is imported). An import is
+counted by where it sits: at module level (runs when the module is imported), inside a
+function (runs when the function is called: deferred, but still a dependency at run time),
+or under ``if TYPE_CHECKING:`` (never runs: annotations only). Importing ``a.b.c`` also runs
+``a/b/__init__.py``, so that package counts as imported too (a package whose ``__init__``
+imports its modules ties every importer of one of them to all of them).
+
+Layers, bottom first (a module may import its own layer and the layers below it):
+
+- foundation: plain data and helpers every part needs (findings, events, errors, atomic
+  writes, "is this the user's code?");
+- engine: the session, the check registry, code selection and configuration;
+- features: instrumentation, checks, crash explanations, reporters and each command's
+  machinery (perf, data, ckpt, env, keras, preflight, distributed);
+- entry points: the command-line modules, the public API and the framework integrations.
+
+Run ``python tests/test_layering.py [SRC_DIR]`` for the numbers (circles, upward imports).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Prefix -> layer; the longest matching prefix wins (module names without "nndoctor.").
+FOUNDATION, ENGINE, FEATURES, ENTRY = 0, 1, 2, 3
+LAYER_NAMES = ("foundation", "engine", "features", "entry points")
+LAYERS: dict[str, int] = {
+    **dict.fromkeys(
+        ("_startup", "_version", "errors", "findings", "events", "limits", "streams",
+         "tracebacks", "atomic", "suppression", "user_code", "optimizers", "sanitize",
+         # The catalog as data (no check imported) and the subscriber protocol.
+         "catalog_table", "catalog_entries", "subscribers", "image_batches"),
+        FOUNDATION,
+    ),
+    **dict.fromkeys(("registry", "engine", "selection", "config"), ENGINE),
+    **dict.fromkeys(
+        ("instrument", "checks", "explain", "report", "perf", "data", "ckpt", "env", "keras", "tfdata",
+         "preflight", "distributed", "history", "watchdog", "signals", "run_guards", "run_end", "runner"),
+        FEATURES,
+    ),
+    **dict.fromkeys(
+        ("", "__main__", "cli", "catalog_cli", "catalog_update", "runner_cli", "api", "integration", "lightning",
+         "transformers", "pytest_plugin", "notebook", "demo",
+         # Each command's front end: argument parsing, output, exit status.
+         "perf.cli", "data.cli", "data.__main__", "ckpt.cli", "ckpt.convert_cmd", "ckpt.diff_cmd",
+         "ckpt.fix_cmd", "ckpt.inspect_cmd", "explain.cli", "env.cli", "preflight.cli"),
+        ENTRY,
+    ),
+}
+
+# Imports allowed to point upwards, at most one: (importer, imported) -> why. None is needed
+# today; an entry must say why the import cannot go the other way.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # importing module, without the "nndoctor." prefix ("" is the package itself)
+    target: str
+    line: int
+    kind: str  # "module", "function" or "typing"
+
+
+def _short(name: str) -> str:
+    return name[len("nndoctor."):] if name.startswith("nndoctor.") else ("" if name == "nndoctor" else name)
+
+
+def find_modules(src: Path) -> dict[str, tuple[Path, bool]]:
+    """Module name (short) -> (file, is a package ``__init__``)."""
+    found = {}
+    for path in sorted((src / "nndoctor").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        found[_short(".".join(parts))] = (path, is_package)
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class _ImportCollector(ast.NodeVisitor):
+    def __init__(self, module: str, is_package: bool, modules: dict) -> None:
+        self.module, self.is_package, self.modules = module, is_package, modules
+        self.kind = "module"
+        self.found: list[Import] = []
+
+    def _with_kind(self, kind: str, nodes) -> None:
+        outer, self.kind = self.kind, kind
+        for node in nodes:
+            self.visit(node)
+        self.kind = outer
+
+    def visit_FunctionDef(self, node) -> None:
+        self._with_kind("function" if self.kind == "module" else self.kind, node.body)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_If(self, node: ast.If) -> None:
+        if _is_type_checking(node.test):
+            self._with_kind("typing", node.body)
+            self._with_kind(self.kind, node.orelse)
+        else:
+            self.generic_visit(node)
+
+    def _resolve(self, dotted: str) -> str:
+        """The module an imported name lives in (the longest known prefix)."""
+        name = _short(dotted)
+        while name not in self.modules:  # "" (the package itself) is always there
+            name = name.rpartition(".")[0]
+        return name
+
+    def _add(self, dotted: str, line: int) -> None:
+        if not (dotted == "nndoctor" or dotted.startswith("nndoctor.")):
+            return
+        target = self._resolve(dotted)
+        if target == self.module:
+            return
+        self.found.append(Import(self.module, target, line, self.kind))
+        # Importing a.b.c runs a/b/__init__.py first (unless the importer is inside a.b).
+        parts = target.split(".")
+        for depth in range(1, len(parts)):
+            package = ".".join(parts[:depth])
+            inside = self.module == package or self.module.startswith(package + ".")
+            if not inside and self.modules.get(package, (None, False))[1]:
+                self.found.append(Import(self.module, package, line, self.kind))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name, node.lineno)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = ("nndoctor." + self.module if self.module else "nndoctor").split(".")
+            if not self.is_package:
+                base = base[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            package = ".".join(base + ([node.module] if node.module else []))
+        else:
+            package = node.module or ""
+        for alias in node.names:
+            # ``from nndoctor import events`` imports a module; ``from x import name``, a name in x.
+            submodule = f"{package}.{alias.name}"
+            self._add(submodule if _short(submodule) in self.modules else package, node.lineno)
+
+
+def import_graph(src: Path = SRC) -> tuple[dict[str, tuple[Path, bool]], list[Import]]:
+    modules = find_modules(src)
+    imports: list[Import] = []
+    for name, (path, is_package) in modules.items():
+        collector = _ImportCollector(name, is_package, modules)
+        collector.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        imports.extend(collector.found)
+    return modules, imports
+
+
+def layer_of(module: str) -> int | None:
+    name = module
+    while True:
+        if name in LAYERS:
+            return LAYERS[name]
+        if not name:
+            return None
+        name = name.rpartition(".")[0]
+
+
+def circles(modules, imports: list[Import], kinds: set[str]) -> list[list[str]]:
+    """Strongly connected groups (more than one module) of the graph of ``kinds`` imports."""
+    edges = defaultdict(set)
+    for imp in imports:
+        if imp.kind in kinds:
+            edges[imp.source].add(imp.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(modules)))
+    try:
+        for node in sorted(modules):
+            if node not in index:
+                visit(node)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sorted(groups)
+
+
+def upward(imports: list[Import], kinds: set[str]) -> list[Import]:
+    found = []
+    for imp in imports:
+        source, target = layer_of(imp.source), layer_of(imp.target)
+        if imp.kind in kinds and source is not None and target is not None and target > source:
+            found.append(imp)
+    return found
+
+
+def _where(imp: Import) -> str:
+    return f"nndoctor.{imp.source or '__init__'}:{imp.line} -> nndoctor.{imp.target} ({imp.kind})"
+
+
+RUNTIME = {"module", "function"}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_the_graph_sees_the_package(graph):
+    modules, imports = graph
+    # A broken reader would find nothing and pass every test below.
+    assert len(modules) > 100
+    assert Import("engine", "registry", _line_of("engine.py", "from nndoctor.registry"), "module") in imports
+    assert any(i.source == "registry" and i.target == "engine" and i.kind == "typing" for i in imports)
+    # Importing a submodule runs its package's __init__.
+    assert any(i.source == "runner" and i.target == "instrument" for i in imports)
+
+
+def _line_of(relative: str, text: str) -> int:
+    lines = (SRC / "nndoctor" / relative).read_text(encoding="utf-8").splitlines()
+    return next(n for n, line in enumerate(lines, 1) if line.startswith(text))
+
+
+def test_every_module_has_a_layer(graph):
+    modules, _ = graph
+    missing = sorted(f"nndoctor.{m}" for m in modules if layer_of(m) is None)
+    assert not missing, f"add these to LAYERS in tests/test_layering.py: {missing}"
+
+
+def test_no_import_circles(graph):
+    modules, imports = graph
+    assert circles(modules, imports, {"module"}) == []
+    # A circle broken by a function-level import still ties the two modules together.
+    found = circles(modules, imports, RUNTIME)
+    assert not found, "import circles (module-level and deferred imports): " + "; ".join(
+        " <-> ".join(group) for group in found
+    )
+
+
+def test_no_upward_imports(graph):
+    _, imports = graph
+    unexpected = [
+        f"{_where(imp)}: {LAYER_NAMES[layer_of(imp.source)]} imports {LAYER_NAMES[layer_of(imp.target)]}"
+        for imp in upward(imports, RUNTIME | {"typing"})
+        if (imp.source, imp.target) not in ALLOWED_UPWARD
+    ]
+    assert not unexpected, "\n".join(unexpected)
+
+
+def test_allowed_upward_import_is_still_needed(graph):
+    _, imports = graph
+    seen = {(imp.source, imp.target) for imp in upward(imports, RUNTIME | {"typing"})}
+    assert len(ALLOWED_UPWARD) <= 1
+    stale = set(ALLOWED_UPWARD) - seen
+    assert not stale, f"no longer imported, remove from ALLOWED_UPWARD: {stale}"
+
+
+def test_instrumentation_imports_no_check(graph):
+    # Instrumentation turns framework activity into events and knows nothing of checks.
+    _, imports = graph
+    bad = [_where(i) for i in imports if i.source.startswith("instrument") and i.target.startswith("checks")]
+    assert not bad, bad
+
+
+# Modules that import nndoctor modules named in strings (invisible to the graph above), and why.
+STRING_IMPORTERS = {
+    "cli": "each subcommand's module is imported only when that subcommand runs (no torch for `data`)",
+    "ckpt.cli": "the ckpt actions, imported when `nndoctor ckpt` builds its parser",
+    "registry": "CHECK_MODULES, the check families loaded for the catalog",
+    "catalog_entries": "the generated table names the module of each check (read with ast, not imported)",
+    "catalog_update": "imports every family to regenerate the table",
+    # Named, not imported in this process:
+    "perf.rerun": "runs `python -m nndoctor.perf.rerun_child` in a subprocess",
+    "perf.rerun_child": "its argparse prog name",
+    "report.html": "reads the report's assets with importlib.resources",
+}
+
+
+def string_imports(src: Path = SRC) -> list[tuple[str, str, int]]:
+    """(module, named module, line) for every string constant naming an nndoctor module that is
+    not a docstring (``importlib.import_module("nndoctor.x")`` or a table of such names)."""
+    modules = find_modules(src)
+    found = []
+    for name, (path, _) in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and node.value.startswith("nndoctor.") and _short(node.value) in modules
+                    and _short(node.value)):
+                found.append((name, _short(node.value), node.lineno))
+    return found
+
+
+def test_modules_are_imported_by_name_only_where_listed():
+    found = string_imports()
+    # The reader works: the registry names the check families.
+    assert ("registry", "checks", _line_of("registry.py", '    "nndoctor.checks",')) in found
+    unexpected = sorted({f"nndoctor.{src}:{line} names nndoctor.{target}" for src, target, line in found
+                         if src not in STRING_IMPORTERS})
+    assert not unexpected, "import these explicitly: " + "; ".join(unexpected)
+
+
+def summary(src: Path = SRC) -> str:
+    modules, imports = import_graph(src)
+    lines = [f"{len(modules)} modules, {len(imports)} imports"]
+    for label, kinds in (("module-level", {"module"}), ("runtime (module + function)", RUNTIME),
+                         ("all (with TYPE_CHECKING)", RUNTIME | {"typing"})):
+        found = circles(modules, imports, kinds)
+        lines.append(f"circles, {label}: {len(found)} {found}")
+    for kind in ("module", "function", "typing"):
+        found = upward(imports, {kind})
+        lines.append(f"upward {kind} imports: {len(found)}")
+        lines.extend(f"  {_where(imp)}" for imp in found)
+    named = string_imports(src)
+    lines.append(f"modules named in strings: {len(named)} in {sorted({m for m, _, _ in named})}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summary(Path(sys.argv[1]) if len(sys.argv) > 1 else SRC))
