@@ -424,7 +424,7 @@ ENTRIES = (
         'class_name': 'LinearShapeMismatch',
         'heuristic': False,
         'false_positives': None,
-        'variants': [['nndoctor.explain.tf_errors', 'TensorFlowMatmulMismatch']],
+        'variants': (('nndoctor.explain.tf_errors', 'TensorFlowMatmulMismatch'),),
     },
     {
         'code': 'E106',
@@ -461,7 +461,7 @@ ENTRIES = (
         'class_name': 'OutOfMemory',
         'heuristic': False,
         'false_positives': None,
-        'variants': [['nndoctor.explain.tf_errors', 'TensorFlowOutOfMemory']],
+        'variants': (('nndoctor.explain.tf_errors', 'TensorFlowOutOfMemory'),),
     },
     {
         'code': 'E109',
@@ -570,7 +570,7 @@ ENTRIES = (
         'class_name': 'TargetOutOfBounds',
         'heuristic': False,
         'false_positives': None,
-        'variants': [['nndoctor.explain.tf_errors', 'TensorFlowLabelOutOfRange']],
+        'variants': (('nndoctor.explain.tf_errors', 'TensorFlowLabelOutOfRange'),),
     },
     {
         'code': 'E118',

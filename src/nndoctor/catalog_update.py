@@ -47,7 +47,7 @@ def entry_of(cls: Any) -> dict[str, Any]:
     }
     from nndoctor.explain.base import variants_of
 
-    variants = [[v.__module__, v.__qualname__] for v in variants_of(cls.code)] if cls.scope == "explain" else []
+    variants = tuple((v.__module__, v.__qualname__) for v in variants_of(cls.code)) if cls.scope == "explain" else ()
     if variants:  # only the codes that have some: the other entries stay as they were
         entry["variants"] = variants
     return entry
