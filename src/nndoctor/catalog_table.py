@@ -41,6 +41,9 @@ class Rule:
     class_name: str
     heuristic: bool = False
     false_positives: str | None = None  # measured rate, for heuristic checks
+    # Explanations of the same code for another framework ((module, class name)): their
+    # "What it does" and "References" are part of this entry's documentation.
+    variants: tuple[tuple[str, str], ...] = ()
 
     def heuristic_note(self) -> str | None:
         """What ``nndoctor checks CODE`` says about a heuristic check's reliability."""
@@ -90,9 +93,45 @@ class Rule:
         return f"{place} ({self.class_name})"
 
     def documentation(self) -> str:
-        """The class docstring (its fixed headings), cleaned as ``inspect.cleandoc`` does."""
+        """The class docstring (its fixed headings), cleaned as ``inspect.cleandoc`` does, with
+        the variants' "What it does" and "References" added."""
         node = self._class_node()
-        return (ast.get_docstring(node, clean=True) or "") if node is not None else ""
+        text = (ast.get_docstring(node, clean=True) or "") if node is not None else ""
+        for module, class_name in self.variants:
+            path = module_path(module)
+            extra = _class_nodes(path).get(class_name) if path else None
+            if extra is not None:
+                text = merge_variant_doc(text, ast.get_docstring(extra, clean=True) or "")
+        return text
+
+
+def doc_sections(text: str) -> dict[str, str]:
+    """A docstring split under its ``## Heading`` lines."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {heading: "\n".join(lines).strip() for heading, lines in sections.items()}
+
+
+def merge_variant_doc(text: str, variant: str) -> str:
+    """``text`` (an owner's docstring) with the variant docstring's "What it does" paragraph
+    appended to that section and its references appended to "References"."""
+    lines = text.splitlines()
+    sections = doc_sections(variant)
+    for heading in ("What it does", "References"):
+        addition = sections.get(heading, "")
+        if not addition or f"## {heading}" not in lines:
+            continue
+        start = lines.index(f"## {heading}") + 1
+        end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+        while end > start and not lines[end - 1].strip():
+            end -= 1
+        lines[end:end] = ([""] if heading == "What it does" else []) + addition.splitlines()
+    return "\n".join(lines)
 
 
 class _Named(Protocol):
@@ -137,6 +176,7 @@ def _rules() -> dict[str, Rule]:
     for entry in ENTRIES:
         fields = dict(entry)
         fields["severity"] = Severity.parse(fields["severity"])
+        fields["variants"] = tuple(tuple(v) for v in fields.get("variants", ()))
         rules[fields["code"]] = Rule(**fields)
     return rules
 

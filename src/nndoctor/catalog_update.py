@@ -33,7 +33,7 @@ def registered_entries() -> list[dict[str, Any]]:
 
 
 def entry_of(cls: Any) -> dict[str, Any]:
-    return {
+    entry = {
         "code": cls.code,
         "name": cls.name,
         "severity": cls.severity.label,
@@ -45,6 +45,12 @@ def entry_of(cls: Any) -> dict[str, Any]:
         "heuristic": bool(cls.heuristic),
         "false_positives": cls.false_positives,
     }
+    from nndoctor.explain.base import variants_of
+
+    variants = tuple((v.__module__, v.__qualname__) for v in variants_of(cls.code)) if cls.scope == "explain" else ()
+    if variants:  # only the codes that have some: the other entries stay as they were
+        entry["variants"] = variants
+    return entry
 
 
 def render(entries: list[dict[str, Any]]) -> str:

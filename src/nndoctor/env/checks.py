@@ -23,6 +23,7 @@ from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
 from nndoctor.registry import Check, register
 
+_GPU_FAILURE = re.compile(r"DNN|cuDNN|CUDA|GPU|convolution algorithm|cudart|cublas|cusolver|cufft|curand")
 ENV_HINT = "Run `nndoctor env` to see the driver, the framework builds and the GPUs side by side."
 # CUDA tags PyTorch publishes wheels for (https://pytorch.org/get-started/locally/), newest last.
 TORCH_CUDA_TAGS = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
@@ -256,6 +257,17 @@ class MissingCudaLibraries(EnvCheck):
                 r"(?P<library>lib(?:cu|nv|nccl)[\w.+-]*\.so[\w.]*): cannot open shared object file",
                 r"(?P<library>DNN library) is not found")
     crash_message = "A CUDA library could not be loaded: {library}."
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        facts = super().match(crash)
+        if facts is None or any(re.search(p, f"{crash.exc_type}: {crash.message}", re.S) for p in cls.patterns):
+            return facts
+        if "DNN library is not found" in crash.text:
+            return facts  # logged as the op's failure ("OP_REQUIRES failed … DNN library is not found")
+        # Only TensorFlow's start-up warnings before the error name the library: they explain a
+        # GPU or cuDNN failure, not an unrelated error that follows them in the same log.
+        return facts if _GPU_FAILURE.search(crash.message) else None
 
 
 @register

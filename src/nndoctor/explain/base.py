@@ -15,11 +15,17 @@ from typing import Any, ClassVar
 
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
-from nndoctor.registry import Check, all_checks, is_enabled
+from nndoctor.registry import Check, all_checks, get_check, is_enabled
 
 
 class CrashExplanation(Check):
-    """Base class: one subclass per E code (registered in the family modules)."""
+    """Base class: one subclass per E code (registered in the family modules).
+
+    The same cause raised by another framework (TensorFlow's OOM is E108, like PyTorch's)
+    is a *variant*: a class with the owner's code and name, added with ``variant`` instead of
+    ``register``. It is tried like any explanation and its "What it does" and "References"
+    are shown in the owner's documentation, so each code keeps one catalog entry.
+    """
 
     scope: ClassVar[str] = "explain"
     severity: ClassVar[Severity] = Severity.ERROR
@@ -27,6 +33,12 @@ class CrashExplanation(Check):
     order: ClassVar[int] = 100
     # Regular expressions over ``crash.text``; the first that matches gives the facts.
     patterns: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def documentation(cls) -> str:
+        own = super().documentation()
+        owner = get_check(cls.code) if cls.patterns else None
+        return with_variant_docs(own, cls.code) if owner is cls else own
 
     @classmethod
     def match(cls, crash: Crash) -> dict[str, Any] | None:
@@ -53,12 +65,38 @@ class CrashExplanation(Check):
         return finding
 
 
+_VARIANTS: list[type[CrashExplanation]] = []
+
+
+def variant(cls: type[CrashExplanation]) -> type[CrashExplanation]:
+    """Class decorator: another explanation of a registered code (see ``CrashExplanation``)."""
+    if all(existing.__qualname__ != cls.__qualname__ for existing in _VARIANTS):
+        _VARIANTS.append(cls)
+    return cls
+
+
+def variants_of(code: str) -> list[type[CrashExplanation]]:
+    all_checks()  # variants live in the explanation modules the registry loads
+    return [v for v in _VARIANTS if v.code == code]
+
+
+def with_variant_docs(text: str, code: str) -> str:
+    """``text`` (the owner's docstring) with each variant's "What it does" paragraph appended to
+    that section and its references appended to "References"."""
+    from nndoctor.catalog_table import merge_variant_doc
+
+    for extra in variants_of(code):
+        text = merge_variant_doc(text, extra.documentation())
+    return text
+
+
 def explanations(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[type[CrashExplanation]]:
     """The enabled explanation classes, in the order they are tried."""
     select, ignore = list(select), list(ignore)
     # Any scope: the install checks of ``nndoctor env`` also explain the crashes they cause.
     found = [c for c in all_checks() if issubclass(c, CrashExplanation) and c.patterns
              and is_enabled(c, select, ignore)]
+    found += [v for v in _VARIANTS if v.patterns and is_enabled(v, select, ignore)]
     return sorted(found, key=lambda c: (c.order, c.code))
 
 

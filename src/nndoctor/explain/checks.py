@@ -12,12 +12,17 @@ from nndoctor.explain import (
     distributed,
     dtypes,
     environment,
+    keras_input,
     loading,
     memory,
     shapes,
     state,
+    tf_errors,
+    tf_gradients,
+    tfrecord_parse,
 )
 
-FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed)
+FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed,
+            tf_errors, tf_gradients, keras_input, tfrecord_parse)
 
 __all__ = ["FAMILIES"]

@@ -14,7 +14,7 @@ import re
 from nndoctor.explain.crash import Crash
 from nndoctor.explain.frames import FRAME_LINE, Frame, parse_frames, worker_traceback_frames
 from nndoctor.explain.pasted import clean, cpp_terminate, find_error_line
-from nndoctor.explain.wordings import KNOWN_MESSAGE_START, current_wording
+from nndoctor.explain.wordings import KNOWN_MESSAGE_START, KNOWN_TF_MESSAGE, current_wording
 
 _TRACEBACK_START = re.compile(r"^(?P<indent>[ \t]*)Traceback \(most recent call last\):[ \t]*$", re.M)
 _EXCEPTION_LINE = re.compile(
@@ -134,8 +134,11 @@ def bare_error(text: str) -> Crash | None:
         crash.worker_frames = worker_traceback_frames(message)
         return crash
     for i, line in enumerate(lines):
-        if KNOWN_MESSAGE_START.match(line):
-            message = "\n".join([line.strip()] + lines[i + 1:]).rstrip()
+        tf_message = KNOWN_TF_MESSAGE.search(line)
+        if KNOWN_MESSAGE_START.match(line) or tf_message:
+            # TensorFlow's log lines carry a logging prefix before the message: keep from the message on.
+            start = line.rfind("] ", 0, tf_message.start()) + 2 if tf_message and "] " in line[:tf_message.start()] else 0
+            message = "\n".join([line[start:].strip()] + lines[i + 1:]).rstrip()
             # The exception's name was not pasted; "Error" stands for it in the report.
             return Crash(exc_type="Error", message=message, frames=_frames_below(lines, i),
                          preamble=_preamble(lines, i))

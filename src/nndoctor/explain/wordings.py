@@ -85,6 +85,16 @@ KNOWN_MESSAGE_START = re.compile(
     r"|one of the variables needed for gradient computation has been modified by an inplace operation)"
 )
 
+# TensorFlow's messages as its C++ logging prints them, without a Python exception's name
+# ("W tensorflow/core/framework/op_kernel.cc:975] Invalid argument: Received a label value …",
+# "… dso_loader.cc:64] Could not load dynamic library 'libcudart.so.11.0'"): found anywhere in a line.
+KNOWN_TF_MESSAGE = re.compile(
+    r"Received a label value of -?\d+ which is outside the valid range|OOM when allocating tensor"
+    r"|No gradients provided for any variable|is incompatible with (?:the )?layer"
+    r"|Can't parse serialized Example|Could not load dynamic library '|DNN library is not found"
+    r"|Matrix size-incompatible:"
+)
+
 
 def current_wording(text: str) -> list[str]:
     """Today's wording of every old-style error message found in ``text`` (empty when none)."""
