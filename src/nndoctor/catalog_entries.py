@@ -1717,7 +1717,7 @@ ENTRIES = (
         'name': 'debug-mode-left-on',
         'severity': 'warning',
         'scope': 'run',
-        'summary': 'anomaly detection or a profiler left on during training',
+        'summary': 'anomaly detection, a profiler or gradcheck left on during training',
         'fix': 'remove torch.autograd.set_detect_anomaly(True) (or scope detect_anomaly() to the step being debugged)',
         'module': 'nndoctor.checks.debug_modes',
         'class_name': 'DebugModeLeftOn',

@@ -324,6 +324,7 @@ class DebugModeSet(Event):
     kind: ClassVar[str] = "debug_mode"
     mode: str = ""
     enabled: bool = True
+    seconds: float = 0.0  # for one-shot checks (gradcheck): how long the call took
 
 
 ALL_EVENTS = ALL_EVENTS + (GradClip, ScalerStep, ActivationCheckpoint, DebugModeSet)

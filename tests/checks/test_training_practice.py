@@ -191,8 +191,13 @@ def test_compile_counters_and_verdicts():
     assert delta.limit_hits == 1 and compile_verdict(delta, steps=20) == "limit"
     assert compile_verdict(CompileCounters(unique_graphs=10), steps=12) == "recompiling"
     assert compile_verdict(CompileCounters(unique_graphs=10), steps=100) is None   # warm-up graphs only
-    assert compile_verdict(CompileCounters(graph_breaks={"print": 20}), steps=20) == "graph_breaks"
-    assert compile_verdict(CompileCounters(graph_breaks={"print": 2}), steps=20) is None
+    assert compile_verdict(CompileCounters(), steps=15, recompiles=4) == "recompiling"
+    assert compile_verdict(CompileCounters(), steps=100, recompiles=4) is None      # rare recompilations
+    assert compile_verdict(CompileCounters(), steps=15, recompiles=3) is None
+    # Dynamo counts graph breaks when it compiles: one break at a user line is on every call.
+    assert compile_verdict(CompileCounters(graph_breaks={"print": 1}), steps=20, user_breaks=1) == "graph_breaks"
+    assert compile_verdict(CompileCounters(graph_breaks={"print": 2}), steps=20) is None   # not in user code
+    assert compile_verdict(CompileCounters(), steps=3, user_breaks=1) is None
     assert first_line("print\nhint") == "print"
 
     message = ("torch._dynamo hit config.recompile_limit (8)\n   function: 'step_fn' (/tmp/train.py:6)\n"
@@ -200,6 +205,25 @@ def test_compile_counters_and_verdicts():
     function, location, reason = parse_limit_warning(message)
     assert function == "step_fn" and location.line == 6 and reason.startswith("tensor 'x' size mismatch")
     assert parse_limit_warning("") == (None, None, None)
+
+
+def test_guard_failure_records_are_grouped_by_recompilation():
+    from nndoctor.checks.compilation import graph_break_suggestion, recompile_suggestion
+    from nndoctor.checks.compile_records import break_reason, guard_text, split_recompilations
+
+    stack = '\nUser stack trace:\n  File "/tmp/train.py", line 16, in scaled\n    return model(x)*lr'
+    entries = [f"2/0: lr == 0.1      # return model(x)*lr  # train.py:16 in scaled{stack}",
+               f"2/1: lr == 0.05     # return model(x)*lr{stack}", "2/0: lr == 0.1",
+               "2/2: lr == 0.033", "2/1: lr == 0.05", "2/0: lr == 0.1"]
+    groups = split_recompilations(entries)
+    assert [len(g) for g in groups] == [1, 2, 3]
+    assert guard_text(groups[-1][0]) == "lr == 0.033"
+    assert "as a tensor" in recompile_suggestion("lr == 0.033")
+    assert "mark_dynamic" in recompile_suggestion("tensor 'x' size mismatch at index 1. expected 8, actual 9")
+    reason = break_reason("Unsupported Tensor.item() call\n  Explanation: Dynamo does not support it.\n  Hint: h")
+    assert reason == "Unsupported Tensor.item() call: Dynamo does not support it."
+    assert ".item()" in graph_break_suggestion(reason)
+    assert "print" in graph_break_suggestion("Failed to trace builtin operator: … `print` …")
 
 
 def test_tf32_decision_with_fake_device_capabilities():

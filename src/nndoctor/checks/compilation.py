@@ -7,6 +7,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from nndoctor.checks.compile_records import (
+    GraphBreak,
+    Recompilation,
+    graph_break_count,
+    graph_breaks_since,
+    guard_failure_counts,
+    recompilations_since,
+)
 from nndoctor.events import RunEnd, StepEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.training_probe import compile_log
@@ -68,46 +76,78 @@ def parse_limit_warning(message: str) -> tuple[str | None, Location | None, str 
     return function, location, reason.group(1).strip() if reason else None
 
 
-def compile_verdict(delta: CompileCounters, steps: int, *, min_graphs: int = 8,
-                    min_breaks_per_step: float = 1.0) -> str | None:
-    """Which problem the counters show since the run started (None: healthy)."""
+def compile_verdict(delta: CompileCounters, steps: int, *, recompiles: int = 0, user_breaks: int = 0,
+                    min_graphs: int = 8, min_recompiles: int = 4) -> str | None:
+    """Which problem the run shows (None: healthy). ``recompiles``: recompilations dynamo
+    recorded guard failures for; ``user_breaks``: graph breaks at a line of the user's code.
+    Dynamo counts graph breaks when it compiles, not when the compiled code runs: a break
+    recorded once costs on every later call."""
     if delta.limit_hits > 0:
         return "limit"
-    if steps >= 4 and delta.unique_graphs >= min_graphs and delta.unique_graphs >= steps / 2:
+    if steps >= 4 and (recompiles >= min_recompiles and recompiles * 4 >= steps
+                       or delta.unique_graphs >= min_graphs and delta.unique_graphs >= steps / 2):
         return "recompiling"
-    total_breaks = sum(delta.graph_breaks.values())
-    if steps >= 4 and total_breaks >= min_breaks_per_step * steps:
+    if steps >= 4 and user_breaks > 0:
         return "graph_breaks"
     return None
 
 
-def _suggestion(reason: str | None) -> str:
+_VALUE_GUARD = re.compile(r"==\s*-?[\d.e+-]+\s*$|==\s*(True|False|None)\s*$")
+
+
+def recompile_suggestion(reason: str | None) -> str:
+    """The fix matching the guard that failed."""
     text = (reason or "").lower()
-    if "size mismatch" in text or "shape" in text or "stride" in text:
+    if "size mismatch" in text or "stride mismatch" in text or "shape" in text or ".size()" in text:
         return ("the input shapes change between calls: pass dynamic=True, mark the varying dimension with "
-                "torch._dynamo.mark_dynamic(x, dim), or pad inputs to a few fixed sizes")
-    if "==" in text or "type(" in text or "id(" in text or "value" in text:
-        return ("a Python number or object the function reads changes between calls: pass it as a tensor "
-                "(torch.tensor(value)) or keep it constant")
+                "torch._dynamo.mark_dynamic(x, dim), or pad/bucket inputs to a few fixed sizes")
+    if _VALUE_GUARD.search(reason or "") or "==" in text:
+        return ("a Python number the compiled code reads changes between calls (a learning rate, a step "
+                "count): pass it as a tensor (torch.tensor(value), e.g. lr=torch.tensor(0.01) for a compiled "
+                "optimizer) or keep it constant")
+    if "type(" in text or "id(" in text or "___check_obj_id" in text:
+        return "a different Python object reaches the compiled code on each call: pass the same object or a tensor"
     return "pass dynamic=True, pass changing Python numbers as tensors, or pad inputs to fixed sizes"
+
+
+def graph_break_suggestion(reason: str) -> str:
+    text = reason.lower()
+    if ".item()" in text or "item" in text and "capture_scalar_outputs" in text:
+        return ("remove .item() from the compiled code (keep the value a tensor; read it outside, and rarely), "
+                "or set torch._dynamo.config.capture_scalar_outputs = True")
+    if "print" in text or "logging" in text or "builtin operator" in text:
+        return "move print/logging out of the compiled function (log outside it, every N steps)"
+    if "backward" in text:
+        return "compile the model (or its forward) and call loss.backward() outside the compiled function"
+    if "data-dependent" in text or "generic_jump" in text or "jump" in text:
+        return "replace data-dependent Python control flow with torch.where/torch.cond, or move it out of the compiled code"
+    return "move the operation named out of the compiled code, or replace it with a traceable tensor operation"
 
 
 @register
 class CompileRecompilation(Check):
     """
     ## What it does
-    Reads ``torch._dynamo.utils.counters`` (plain Python counters; only when torch.compile
-    was used) at sampled optimizer steps (for the limit) and at the end of the run (for
-    the rest), and keeps dynamo's own
-    "hit config.recompile_limit" warnings (a logging handler: what the user sees is not
-    changed). It reports, once:
+    Reads what dynamo records anyway, whatever ``TORCH_LOGS`` says (plain Python data; only
+    when torch.compile was used): ``torch._dynamo.utils.counters``, the guard failures of
+    every recompilation (``guard_failures``, the text ``TORCH_LOGS=recompiles`` would print)
+    and the graph-break records (``graph_break_reasons``, with the user's stack where dynamo
+    broke the graph). It also keeps dynamo's own "hit config.recompile_limit" warnings (a
+    logging handler: what the user sees is not changed). It reports, once:
 
     - the **recompile limit** was hit: the function now runs in eager mode; the finding
       names the function, its line and the last guard that failed (a size, a Python value);
-    - **repeated recompilation**: at least 8 new graphs, and at least one for every two
-      steps;
-    - **graph breaks** in the training step: at least one per step, with the most frequent
-      reasons.
+    - **repeated recompilation**: at least 4 recompilations and one for every 4 steps (or
+      at least 8 new graphs, one for every two steps): the finding names the function (at
+      its definition), the last guard that failed and, when dynamo names it, the user line
+      that read the guarded value;
+    - **graph breaks** in the user's code, in a run of at least 4 steps: the reason and the
+      user's ``file:line`` of each (dynamo counts a break when it compiles; the compiled code
+      then breaks there on every call).
+
+    The fix follows the guard: a size mismatch → ``dynamic=True``/``mark_dynamic``/padding;
+    ``value == 0.5`` on a Python number → pass a tensor; a break on ``.item()`` or ``print``
+    → move it out of the compiled function.
 
     ## Why is this bad?
     A compiled function is specialised on what its guards check — shapes, dtypes, Python
@@ -134,14 +174,18 @@ class CompileRecompilation(Check):
         ...
     step(x, torch.tensor(1.0 + i))          # a changing number as a tensor
     ```
-    or pad batches to a few fixed sizes (``drop_last=True``, bucketing). Thresholds: the
-    limit is dynamo's own; 8 graphs and one per two steps for recompilation; one graph
-    break per step.
+    or pad batches to a few fixed sizes (``drop_last=True``, bucketing); log ``loss.item()``
+    outside the compiled function. Thresholds: the limit is dynamo's own; 4 recompilations
+    and one per 4 steps (a few recompilations for an evaluation shape or a last smaller
+    batch stay silent); any graph break at a line of the user's code (breaks inside
+    libraries are left to their authors).
 
     ## References
     - PyTorch docs, "Recompilation" (guards, dynamic shapes, ``recompile_limit``): https://docs.pytorch.org/docs/main/user_guide/torch_compiler/compile/programming_model.recompilation.html
     - PyTorch docs, ``torch.compile`` troubleshooting (graph breaks, ``TORCH_LOGS=recompiles``): https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html
     - PyTorch docs, dynamic shapes (``mark_dynamic``): https://pytorch.org/docs/stable/torch.compiler_dynamic_shapes.html
+    - PyTorch tutorial, "Running the compiled optimizer with an LR Scheduler" (wrap the LR in a tensor to avoid recompiles): https://pytorch.org/tutorials/recipes/compiling_optimizer_lr_scheduler.html
+    - PyTorch docs, "Common graph breaks" (``.item()``, ``print``): https://docs.pytorch.org/docs/main/compile/programming_model.common_graph_breaks.html
     """
 
     code = "P113"
@@ -154,6 +198,8 @@ class CompileRecompilation(Check):
     def __init__(self, session) -> None:
         super().__init__(session)
         self._before = CompileCounters.read() or CompileCounters()
+        self._guard_baseline = guard_failure_counts()
+        self._breaks_start = graph_break_count()
         self._reported = False
 
     def on_step_end(self, event: StepEnd) -> None:
@@ -172,42 +218,82 @@ class CompileRecompilation(Check):
         if now is None:
             return
         delta = now.since(self._before)
-        verdict = compile_verdict(delta, steps)
+        recompiled = recompilations_since(self._guard_baseline) if final or delta.limit_hits else []
+        breaks = [(b, n) for b, n in graph_breaks_since(self._breaks_start) if b.location] if final else []
+        verdict = compile_verdict(delta, steps, recompiles=sum(r.recompiles for r in recompiled),
+                                  user_breaks=sum(n for _, n in breaks))
         if verdict is None or (verdict != "limit" and not final):
             return
         self._reported = True
         if verdict == "limit":
-            log = compile_log(self.session)
-            message = log.limit_hits[0] if log is not None and log.limit_hits else ""
-            function, location, reason = parse_limit_warning(message)
-            self.report(
-                f"torch.compile hit its recompile limit{f' for {function}()' if function else ''}: after "
-                f"{max(delta.unique_graphs, 1)} compiled graphs it now runs that function in eager mode"
-                f"{f'; the last guard that failed: {reason}' if reason else ''}. Fix: {_suggestion(reason)}.",
-                location=location or fallback,
-                evidence={"problem": "recompile_limit", "function": function, "last_reason": reason,
-                          "graphs": delta.unique_graphs},
-                step=steps,
-            )
+            self._report_limit(delta, steps, fallback, recompiled)
         elif verdict == "recompiling":
+            self._report_recompiling(delta, steps, fallback, recompiled)
+        else:
+            self._report_breaks(steps, breaks)
+
+    def _report_limit(self, delta: CompileCounters, steps: int, fallback: Location | None,
+                      recompiled: list[Recompilation]) -> None:
+        log = compile_log(self.session)
+        message = log.limit_hits[0] if log is not None and log.limit_hits else ""
+        function, location, reason = parse_limit_warning(message)
+        worst = recompiled[0] if recompiled else None
+        if worst is not None:
+            function, location = function or worst.function, location or worst.definition
+            reason = reason or worst.last_reason
+        self.report(
+            f"torch.compile hit its recompile limit{f' for {function}()' if function else ''}: after "
+            f"{max(delta.unique_graphs, 1)} compiled graphs it now runs that function in eager mode"
+            f"{f'; the last guard that failed: {reason}' if reason else ''}. Fix: {recompile_suggestion(reason)}.",
+            location=location or fallback,
+            evidence={"problem": "recompile_limit", "function": function, "last_reason": reason,
+                      "graphs": delta.unique_graphs},
+            fix=recompile_suggestion(reason),
+            step=steps,
+        )
+
+    def _report_recompiling(self, delta: CompileCounters, steps: int, fallback: Location | None,
+                            recompiled: list[Recompilation]) -> None:
+        total = sum(r.recompiles for r in recompiled)
+        worst = recompiled[0] if recompiled else None
+        if worst is None:
             self.report(
                 f"torch.compile compiled {delta.unique_graphs} graphs in {steps} steps: the compiled code "
-                "is recompiled again and again (guards on changing shapes or Python values). Fix: "
-                f"{_suggestion(None)}.",
+                f"is recompiled again and again. Fix: {recompile_suggestion(None)}.",
                 location=fallback,
                 evidence={"problem": "recompiling", "graphs": delta.unique_graphs, "steps": steps},
                 step=steps,
             )
-        else:
-            top = sorted(delta.graph_breaks.items(), key=lambda kv: -kv[1])[:3]
-            reasons = "; ".join(f"{first_line(reason)} (×{count})" for reason, count in top)
-            self.report(
-                f"torch.compile broke the graph {sum(delta.graph_breaks.values())} times in {steps} steps: "
-                f"{reasons}. Each break splits the step into separate graphs with Python in between.",
-                location=fallback,
-                evidence={"problem": "graph_breaks", "graph_breaks": sum(delta.graph_breaks.values()),
-                          "reasons": [first_line(r) for r, _ in top], "steps": steps},
-                fix="remove the operations named (print, .item(), data-dependent Python control flow) from the "
-                    "compiled code, or move them outside it",
-                step=steps,
-            )
+            return
+        read_at = f" (read at {worst.reason_location})" if worst.reason_location else ""
+        fix = recompile_suggestion(worst.last_reason)
+        self.report(
+            f"torch.compile recompiled {worst.function}() {worst.recompiles} times in {steps} steps"
+            f"{f' ({total} recompilations in all)' if total > worst.recompiles else ''}: the last guard that "
+            f"failed was `{worst.last_reason}`{read_at}; each recompilation retraces the function "
+            f"({delta.unique_graphs} graphs compiled). Fix: {fix}.",
+            location=worst.definition,
+            evidence={"problem": "recompiling", "function": worst.function, "recompiles": worst.recompiles,
+                      "total_recompiles": total, "last_reason": worst.last_reason,
+                      "reason_location": str(worst.reason_location) if worst.reason_location else None,
+                      "graphs": delta.unique_graphs, "steps": steps},
+            fix=fix,
+            step=steps,
+        )
+
+    def _report_breaks(self, steps: int, breaks: list[tuple[GraphBreak, int]]) -> None:
+        top = breaks[:3]
+        first = top[0][0]
+        places = "; ".join(f"{b.reason} at {b.location}" + (f" (×{n})" if n > 1 else "") for b, n in top)
+        fixes = list(dict.fromkeys(graph_break_suggestion(b.reason) for b, _ in top))
+        self.report(
+            f"torch.compile broke the graph {sum(n for _, n in breaks)} time(s) in your code, and the compiled "
+            f"code ran with those breaks for {steps} steps: {places}. Each break splits the step into "
+            "separate graphs with Python (and for .item() a device synchronisation) in between, on every call.",
+            location=first.location,
+            evidence={"problem": "graph_breaks", "graph_breaks": sum(n for _, n in breaks),
+                      "reasons": [b.reason for b, _ in top],
+                      "locations": [str(b.location) for b, _ in top], "steps": steps},
+            fix="; ".join(fixes),
+            step=steps,
+        )

@@ -1,4 +1,5 @@
-"""Debugging left on during training: P116 anomaly detection, a profiler recording every step."""
+"""Debugging left on during training: P116 anomaly detection, a profiler recording every step,
+gradcheck inside the training loop."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ class DebugModeLeftOn(Check):
     It also reads, after every step, whether the autograd profiler is recording
     (``torch.profiler.profile`` without a schedule, or in an active window) and reports a
     profiler that recorded **50 consecutive optimizer steps** — at the ``profile`` call.
+    It times every ``torch.autograd.gradcheck``/``gradgradcheck`` call and reports
+    numerical gradient checks run inside the training loop — in at least **3 different
+    optimizer steps** after the first — with their count and share of the run's time; a
+    gradcheck before training (a one-off sanity check) stays silent.
     When anomaly detection stayed on for at least **5 optimizer steps**, the run's end
     reports it, with the measured cost when some steps ran without it: the median step
     time with and without the mode, over steps of the same kind (nndoctor's fully
@@ -45,6 +50,10 @@ class DebugModeLeftOn(Check):
     debugging session it commonly makes training several times slower, and nothing in the
     training output shows why. A profiler without a schedule times every operator of every
     step and keeps all its events in memory until the end: slower steps and growing memory.
+    ``gradcheck`` compares analytical gradients with finite differences: two evaluations of
+    the function per input element, in float64 (PyTorch's docs ask for double precision) —
+    for a batch of 16×8 inputs that is 256 extra forwards per call; left in the loop after
+    debugging a custom ``autograd.Function``, it dominates the step time.
 
     ## Example
     ```python
@@ -58,22 +67,27 @@ class DebugModeLeftOn(Check):
     (``with torch.autograd.detect_anomaly(): loss.backward()``). Profile a few steps with
     ``torch.profiler.schedule(wait=1, warmup=1, active=3)`` and ``prof.step()``. The thresholds
     (5 steps with anomaly detection, 50 consecutive profiled steps — a schedule's active
-    windows are far shorter) let deliberate debugging pass silently.
+    windows are far shorter, gradchecks in 3 steps of the loop) let deliberate debugging
+    pass silently. Run ``torch.autograd.gradcheck`` once on a small double-precision input
+    before training or in a unit test.
 
     ## References
     - PyTorch docs, "Anomaly detection" (``detect_anomaly``: "should be enabled only for debugging as the different tests will slow down your program execution"): https://pytorch.org/docs/stable/autograd.html#anomaly-detection
     - PyTorch Performance Tuning Guide, "Disable debugging APIs": https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
+    - PyTorch docs, ``torch.autograd.gradcheck`` (finite differences; double-precision inputs): https://pytorch.org/docs/stable/generated/torch.autograd.gradcheck.gradcheck.html
+    - PyTorch docs, "Extending torch.autograd" (check a custom Function with gradcheck once): https://pytorch.org/docs/stable/notes/extending.html
     - PyTorch docs, ``torch.profiler.schedule`` (profile long jobs in windows): https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule
     """
 
     code = "P116"
     name = "debug-mode-left-on"
     severity = Severity.WARNING
-    summary = "anomaly detection or a profiler left on during training"
+    summary = "anomaly detection, a profiler or gradcheck left on during training"
     fix = "remove torch.autograd.set_detect_anomaly(True) (or scope detect_anomaly() to the step being debugged)"
     MIN_STEPS = 5
     PROFILER_MIN_STEPS = 50
     MAX_TIMES = 2000
+    GRADCHECK_MIN_STEPS = 3
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -86,12 +100,16 @@ class DebugModeLeftOn(Check):
         self._profiler_where: Location | None = None
         self._profiled_run = 0  # consecutive optimizer steps with the profiler recording
         self._profiled_longest: tuple[int, int] = (0, 0)  # (steps, first step)
+        self._started = time.perf_counter()
+        self._gradchecks: list[tuple[int, float, Location | None]] = []  # (step, seconds, where)
 
     def on_debug_mode(self, event: DebugModeSet) -> None:
         if event.enabled and event.mode == "anomaly" and self._where is None:
             self._where = event.location
         elif event.enabled and event.mode == "profiler" and self._profiler_where is None:
             self._profiler_where = event.location
+        elif event.mode in ("gradcheck", "gradgradcheck") and len(self._gradchecks) < self.MAX_TIMES:
+            self._gradchecks.append((event.step, event.seconds, event.location))
 
     def on_step_end(self, event: StepEnd) -> None:
         now = time.perf_counter()
@@ -115,7 +133,30 @@ class DebugModeLeftOn(Check):
         else:
             self._profiled_run = 0
 
+    def _report_gradchecks(self, event: RunEnd) -> None:
+        in_training = [(step, seconds, where) for step, seconds, where in self._gradchecks if step >= 1]
+        steps_with = sorted({step for step, _, _ in in_training})
+        if len(steps_with) < self.GRADCHECK_MIN_STEPS:
+            return
+        total = sum(seconds for _, seconds, _ in in_training)
+        run = max(time.perf_counter() - self._started, 1e-9)
+        where = next((w for _, _, w in in_training if w is not None), None)
+        self.report(
+            f"torch.autograd.gradcheck ran {len(in_training)} times during training, in {len(steps_with)} "
+            f"different optimizer steps (from step {steps_with[0]}): {total:.2f} s, {100 * total / run:.0f}% "
+            f"of the run's {run:.2f} s. Each call evaluates the function twice per input element "
+            "(finite differences), in float64.",
+            location=where or event.location,
+            evidence={"gradcheck_calls": len(in_training), "steps_with_gradcheck": len(steps_with),
+                      "gradcheck_seconds": round(total, 4), "run_seconds": round(run, 4),
+                      "share_of_run": round(total / run, 4)},
+            fix="run gradcheck once, before training (or in a unit test), on a small input; remove it from "
+                "the training loop",
+            step=steps_with[0],
+        )
+
     def on_run_end(self, event: RunEnd) -> None:
+        self._report_gradchecks(event)
         steps, first = self._profiled_longest
         if steps >= self.PROFILER_MIN_STEPS:
             self.report(

@@ -266,6 +266,7 @@ def install_debug_modes(installation: Any) -> None:
         return result
 
     profiler_class.start = start
+    _patch_gradcheck(installation)
 
 
 # -- construction sites of convolutions and linear layers -----------------------------------------
@@ -335,6 +336,44 @@ def install_gc_clock(installation: Any) -> None:
             gc.callbacks.remove(clock.callback)
 
     installation.patcher.on_undo(remove)
+
+
+def _patch_gradcheck(installation: Any) -> None:
+    """Time torch.autograd.gradcheck/gradgradcheck calls (P116: numerical gradient checks run
+    inside the training loop). gradgradcheck calls gradcheck: only the outer call is timed."""
+    import importlib
+    import threading
+    import time
+
+    # sys.modules, not ``import … as``: torch.autograd.gradcheck is also the function's name.
+    gradcheck_module = importlib.import_module("torch.autograd.gradcheck")
+    session = installation.session
+    busy = threading.local()
+    for name in ("gradcheck", "gradgradcheck"):
+        original = getattr(gradcheck_module, name, None)
+        if original is None:
+            continue
+
+        def timed(*args, __original=original, __name=name, **kwargs):
+            if getattr(busy, "on", False) or not session.active:
+                return __original(*args, **kwargs)
+            busy.on = True
+            start = time.perf_counter()
+            try:
+                return __original(*args, **kwargs)
+            finally:
+                busy.on = False
+                seconds = time.perf_counter() - start
+                if session.wants("debug_mode"):
+                    frame = sys._getframe(1)
+                    installation._safe(lambda: session.emit(ev.DebugModeSet(
+                        step=session.step, sampled=session.sampled, frame=frame, mode=__name,
+                        enabled=True, seconds=seconds)))
+
+        functools.update_wrapper(timed, original)
+        installation.patcher.patch(gradcheck_module, name, timed)
+        if getattr(torch.autograd, name, None) is original:
+            installation.patcher.patch(torch.autograd, name, timed)
 
 
 # -- torch.compile's warnings ---------------------------------------------------------------------
