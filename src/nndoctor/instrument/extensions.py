@@ -20,6 +20,7 @@ FEATURE_MODULES = (
     "nndoctor.perf.instrument",  # step-time breakdown (P checks)
     "nndoctor.instrument.warning_relay",  # torch's warnings shown at the user's line, not ours
     "nndoctor.instrument.manual_steps",  # steps of loops that update parameters without torch.optim
+    "nndoctor.instrument.loss_sum",  # DataParallel gathers and summed losses (X106), inside ddp_hooks' wrappers
     "nndoctor.instrument.ddp_hooks",  # DDP wrappers and collectives (X checks, stall watchdog)
     "nndoctor.distributed.children",  # mp.spawn / mp.Process trainers report back to the parent
     "nndoctor.watchdog",  # R104/X110: the stall watchdog thread
