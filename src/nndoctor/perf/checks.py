@@ -686,7 +686,17 @@ def advice(result: Any) -> list[dict[str, Any]]:
     batch = trial_outcome(trials, "batch-size")
     if batch and batch.get("pays_off"):
         items.append(batch_size_advice(batch))
-    return items
+    return items + combined_advice(trials, {item["change"] for item in items})
+
+
+def combined_advice(trials: dict[str, Any], advised: set[str]) -> list[dict[str, Any]]:
+    """CUDA graphs measured on top of the other paying changes (perf/combine.py), when they
+    paid there although not alone."""
+    graphs = (trials.get("combined") or {}).get("cuda-graphs") or {}
+    if "cuda-graphs" in advised or not graphs.get("pays_off"):
+        return []
+    return [{"change": "cuda-graphs", "measured_speedup": graphs["speedup"], "noise": graphs["noise"],
+             "unit": "samples/s", "measured_with": graphs["over"]}]
 
 
 def batch_size_advice(outcome: dict[str, Any]) -> dict[str, Any]:
