@@ -690,13 +690,11 @@ def advice(result: Any) -> list[dict[str, Any]]:
 
 
 def combined_advice(trials: dict[str, Any], advised: set[str]) -> list[dict[str, Any]]:
-    """CUDA graphs measured on top of the other paying changes (perf/combine.py), when they
-    paid there although not alone."""
-    graphs = (trials.get("combined") or {}).get("cuda-graphs") or {}
-    if "cuda-graphs" in advised or not graphs.get("pays_off"):
-        return []
-    return [{"change": "cuda-graphs", "measured_speedup": graphs["speedup"], "noise": graphs["noise"],
-             "unit": "samples/s", "measured_with": graphs["over"]}]
+    """Changes that did not pay alone but paid on top of the paying ones (perf/combine.py)."""
+    best = (trials.get("combined") or {}).get("best_added") or {}
+    return [{"change": name, "measured_speedup": best["speedup"], "noise": best["noise"], "unit": "samples/s",
+             "measured_with": best["over"], "measured_together_with": best["added"]}
+            for name in best.get("added", []) if name not in advised]
 
 
 def batch_size_advice(outcome: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,11 @@
-"""``--try``: the paying changes measured together, then CUDA graphs on top of them.
+"""``--try``: the paying changes measured together, and the others measured on top of them.
 
 Each change is first measured alone against the baseline (``rerun.try_changes``). Gains do
-not simply multiply: a larger batch changes what bounds the step, and CUDA graphs that gain
-nothing at a small batch can pay once the batch is larger (or the reverse). So when two or
-more changes paid off, the script is re-run with all of them injected together, interleaved
-with the same set plus ``cuda-graphs`` (when it was asked for and is not in the set yet):
-the advice then says what the combination measured, and adds CUDA graphs only where they
-paid on top of the rest.
+not simply multiply: a larger batch changes what bounds the step, and CUDA graphs or a
+fused optimizer that gain nothing at a small batch can pay once the batch is larger (or the
+reverse). So the script is re-run with the paying changes injected together, interleaved
+with the same set plus each change that did not pay alone (and plus all of them): the
+advice adds a change only where it paid on top of the rest, and says so.
 """
 
 from __future__ import annotations
@@ -37,37 +36,64 @@ def _rates(runs: list[dict[str, Any]]) -> list[float]:
             if r.get("seconds_per_step") and r.get("samples_per_step")]
 
 
+def additions(results: dict[str, Any], tried: tuple[str, ...], together: list[str], device: str) -> list[str]:
+    """Changes measured alone without paying (and without changing the loss) that may pay on
+    top of the paying set: CUDA graphs or a fused optimizer often pay only at a larger batch."""
+    found = []
+    for name in COMBINABLE:
+        outcome = results.get(name) or {}
+        if name not in tried or name in together or "speedup" not in outcome or not outcome.get("loss_ok", True):
+            continue
+        if name == "cuda-graphs" and device != "cuda":
+            continue
+        found.append(name)
+    return found[:MAX_ADDITIONS]
+
+
+MAX_ADDITIONS = 3
+
+
+def _with(together: list[str], added: list[str]) -> list[str]:
+    base = [name for name in together if not (name == "compile" and "cuda-graphs" in added)]
+    return base + added
+
+
 def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, repeats: int,
                  device: str) -> dict[str, Any] | None:
-    """Re-run the paying set together (and with CUDA graphs added); None when there is nothing
-    to combine. ``run(changes)`` is one re-run of the script with ``changes`` injected."""
+    """Re-run the paying set together, alone and with each other measured change added (and
+    with all of them); None when there is nothing to combine. ``run(changes)`` is one re-run
+    of the script with ``changes`` injected."""
     together = paying_set(results)
-    graphs = ("cuda-graphs" in tried and device == "cuda" and "cuda-graphs" not in together
-              and not (results.get("cuda-graphs") or {}).get("error"))
-    if not together or (len(together) < 2 and not graphs):
+    extra = additions(results, tried, together, device)
+    if not together or (len(together) < 2 and not extra):
         return None
-    plus = [name for name in together if name != "compile"] + ["cuda-graphs"] if graphs else None
-    runs: dict[str, list[dict[str, Any]]] = {"together": [], **({"plus": []} if plus else {})}
+    added_sets = [[name] for name in extra] + ([extra] if len(extra) > 1 else [])
+    variants = {"together": together, **{"+" + "+".join(a): _with(together, a) for a in added_sets}}
+    runs: dict[str, list[dict[str, Any]]] = {key: [] for key in variants}
     for _ in range(repeats):
-        runs["together"].append(run(together))
-        if plus and not any("error" in r for r in runs["plus"]):
-            runs["plus"].append(run(plus))
+        for key, changes in variants.items():
+            if runs[key] and "error" in runs[key][-1]:
+                continue
+            runs[key].append(run(changes))
         if "error" in runs["together"][-1]:
             return {"changes": together, "error": runs["together"][-1]["error"]}
     rates = _rates(runs["together"])
     combined: dict[str, Any] = {
         "changes": together, "measure": "re-run",
         "samples_per_s": 1 / statistics.median(rates) if rates else None,
-        "seconds_per_sample": rates,
+        "seconds_per_sample": rates, "added": [],
     }
-    if plus:
-        failed = [r for r in runs["plus"] if "error" in r]
-        plus_rates = _rates(runs["plus"])
-        if failed or not plus_rates or not rates:
-            combined["cuda-graphs"] = {"changes": plus, "error": failed[0]["error"] if failed else "no samples counted"}
-        else:
-            verdict = speedup_verdict(rates, plus_rates)
-            verdict.update({"changes": plus, "samples_per_s": 1 / statistics.median(plus_rates), "unit": "samples/s",
-                            "over": together})
-            combined["cuda-graphs"] = verdict
+    for added in added_sets:
+        key = "+" + "+".join(added)
+        failed = [r for r in runs[key] if "error" in r]
+        added_rates = _rates(runs[key])
+        if failed or not added_rates or not rates:
+            combined["added"].append({"added": added, "error": failed[0]["error"] if failed else "no samples counted"})
+            continue
+        verdict = speedup_verdict(rates, added_rates)
+        verdict.update({"added": added, "changes": variants[key], "samples_per_s": 1 / statistics.median(added_rates),
+                        "unit": "samples/s", "over": together})
+        combined["added"].append(verdict)
+    paying = [v for v in combined["added"] if v.get("pays_off")]
+    combined["best_added"] = max(paying, key=lambda v: v["speedup"]) if paying else None
     return combined

@@ -105,21 +105,21 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
 
 
 def combined_lines(combined: dict[str, Any] | None) -> list[str]:
-    """The paying changes re-run together, and CUDA graphs measured on top of them."""
+    """The paying changes re-run together, and the other changes measured on top of them."""
     if not isinstance(combined, dict):
         return []
     changes = ", ".join(combined["changes"])
     if combined.get("error"):
         return [f"--try together ({changes}): {combined['error']}"]
     lines = [f"--try together ({changes}): {combined['samples_per_s']:.1f} samples/s"]
-    graphs = combined.get("cuda-graphs")
-    if isinstance(graphs, dict):
-        if "speedup" in graphs:
-            verdict = "pays off" if graphs["pays_off"] else "no gain"
-            lines.append(f"  + cuda-graphs {graphs['speedup']:.2f}× on top ({graphs['samples_per_s']:.1f} samples/s, "
-                         f"noise {graphs['noise']:.1%}): {verdict}")
+    for added in combined.get("added", []):
+        name = " + ".join(added["added"])
+        if "speedup" in added:
+            verdict = "pays off" if added["pays_off"] else "no gain"
+            lines.append(f"  + {name}: {added['speedup']:.2f}× on top ({added['samples_per_s']:.1f} samples/s, "
+                         f"noise {added['noise']:.1%}): {verdict}")
         else:
-            lines.append(f"  + cuda-graphs: {graphs.get('error')}")
+            lines.append(f"  + {name}: {added.get('error')}")
     return lines
 
 
