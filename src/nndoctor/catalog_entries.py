@@ -1929,6 +1929,18 @@ ENTRIES = (
         'false_positives': None,
     },
     {
+        'code': 'X106',
+        'name': 'loss-sum-across-devices',
+        'severity': 'error',
+        'scope': 'run',
+        'summary': 'per-device losses summed instead of averaged',
+        'fix': "average the per-device losses: loss.mean() on DataParallel's output; under DDP back-propagate the local loss and divide an all-reduced copy by dist.get_world_size() for logging",
+        'module': 'nndoctor.checks.loss_sum',
+        'class_name': 'LossSumAcrossDevices',
+        'heuristic': False,
+        'false_positives': None,
+    },
+    {
         'code': 'X107',
         'name': 'ddp-forward-bypass',
         'severity': 'error',

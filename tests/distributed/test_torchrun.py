@@ -49,12 +49,15 @@ def test_findings_name_their_ranks_and_do_not_fail_the_ranks(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]  # findings alone never fail a rank
     assert "ChildFailedError" not in result.stderr
     by_code = {f["code"]: f for f in report["findings"]}
-    for code in ("X101", "X104", "X105"):
+    for code in ("X101", "X104", "X105", "X106"):
         assert code in by_code, sorted(by_code)
         assert by_code[code]["ranks"] == [0, 1]
     assert by_code["X101"]["location"]["line"] == 20
     assert by_code["X104"]["location"]["line"] == 24
     assert by_code["X105"]["location"]["line"] == 25
+    assert by_code["X106"]["location"]["line"] == 28  # the all_reduce, not the backward
+    assert by_code["X106"]["evidence"]["world_size"] == 2
+    assert by_code["X106"]["evidence"]["summed_loss"] > by_code["X106"]["evidence"]["local_loss"]
     assert result.stderr.count("nndoctor · ") == 1
 
 

@@ -19,6 +19,7 @@ from nndoctor.checks import (  # noqa: F401
     gradients,
     inputs,
     labels,
+    loss_sum,
     losses,
     memory,
     memory_growth,

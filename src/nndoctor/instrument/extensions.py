@@ -46,6 +46,7 @@ def torch_features() -> tuple[Feature, ...]:
         ddp_hooks,
         dropout_probe,
         inputs_probe,
+        loss_sum,
         manual_steps,
         numerics_probe,
         training_probe,
@@ -70,6 +71,9 @@ def torch_features() -> tuple[Feature, ...]:
         Feature("warning_relay", warning_relay.install),
         # steps of loops that update parameters without torch.optim (sampling, --max-steps)
         Feature("manual_steps", manual_steps.install),
+        # DataParallel gathers and summed losses (X106); before ddp_hooks, so that its all_reduce
+        # wrapper sits inside theirs
+        Feature("loss_sums", loss_sum.install),
         # DDP wrappers and collectives (X checks, stall watchdog), this process's rank (report parts)
         Feature("distributed", ddp_hooks.install),
         # mp.spawn / mp.Process trainers report back to the parent

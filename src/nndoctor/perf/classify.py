@@ -22,8 +22,19 @@ ADVICE_ORDER = {
 }
 
 
-def classify_step(data_fraction: float, gpu_busy: float | None, cuda: bool) -> dict[str, Any]:
-    """``{"class": ..., "reason": ...}`` for one measured window."""
+def classify_step(data_fraction: float, gpu_busy: float | None, cuda: bool,
+                  kernel: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"class": ..., "reason": ...}`` for one measured window.
+
+    ``gpu_busy`` comes from CUDA events around the step (an upper bound: gaps between kernels
+    count as busy); ``kernel``, the profiler's kernel timeline (``kernel_timeline.idle_breakdown``),
+    is preferred where it was measured: the union of the kernels' own intervals."""
+    if kernel and kernel.get("busy_fraction") is not None and cuda:
+        decided = classify_step(data_fraction, kernel["busy_fraction"], cuda)
+        decided["measure"] = "kernel timeline"
+        decided["reason"] += (f" (kernel timeline: GPU idle {kernel['host_idle_fraction']:.0%} of the step while "
+                              f"the host launches or works, {kernel['data_idle_fraction']:.0%} while it waits for data)")
+        return decided
     if data_fraction >= INPUT_BOUND:
         return {"class": "input-bound",
                 "reason": f"the loop waits for data {data_fraction:.0%} of the step: loader settings first"}

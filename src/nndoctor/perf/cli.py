@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         report.add(finding)
     filter_findings(report, select, ignore)
     step_class = classify_step(result.breakdown.fraction("data"), result.breakdown.gpu_busy_fraction,
-                               result.device.cuda)
+                               result.device.cuda, kernel=result.facts.kernel_timeline)
     report.extra["perf"] = {**result.to_json(), "step_class": step_class,
                             "advice": order_advice(advice(result), step_class["class"])}
     perf = report.extra["perf"]

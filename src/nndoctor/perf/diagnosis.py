@@ -201,7 +201,15 @@ def advice(result: Any) -> list[dict[str, Any]]:
     batch = trial_outcome(trials, "batch-size")
     if batch and batch.get("pays_off"):
         items.append(batch_size_advice(batch))
-    return items
+    return items + combined_advice(trials, {item["change"] for item in items})
+
+
+def combined_advice(trials: dict[str, Any], advised: set[str]) -> list[dict[str, Any]]:
+    """Changes that did not pay alone but paid on top of the paying ones (perf/combine.py)."""
+    best = (trials.get("combined") or {}).get("best_added") or {}
+    return [{"change": name, "measured_speedup": best["speedup"], "noise": best["noise"], "unit": "samples/s",
+             "measured_with": best["over"], "measured_together_with": best["added"]}
+            for name in best.get("added", []) if name not in advised]
 
 
 def batch_size_advice(outcome: dict[str, Any]) -> dict[str, Any]:

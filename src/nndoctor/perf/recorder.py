@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndoctor.findings import Location
+from nndoctor.perf.kernel_timeline import MIN_UNPROFILED_WARMUP, PROFILED_STEPS, KernelProfiler
 from nndoctor.perf.timeline import StepRecord
 
 
@@ -55,6 +56,8 @@ class LoopFacts:
     checkpoint_location: Location | None = None
     peak_memory_bytes: int | None = None
     steps_seen: int = 0
+    # Kernel-level busy time and idle breakdown of the last warm-up steps (torch.profiler).
+    kernel_timeline: dict[str, Any] | None = None
 
 
 def _first_tensor(value: Any) -> Any:
@@ -120,6 +123,7 @@ class PerfRecorder:
         self.captured_target: Any = None
         self.window_done = False
         self.on_window_end: Any = None  # callable(recorder) set by the perf session
+        self._kernel_profiler: Any = None
 
     # -- window ----------------------------------------------------------------------------
     def measuring(self) -> bool:
@@ -253,6 +257,7 @@ class PerfRecorder:
 
     def on_step_end(self, event: Any) -> None:
         self.end("optimizer")
+        self._profile_warmup_steps(event.step)  # before the clock: its cost stays out of the window
         now = time.perf_counter()
         record, self.current = self.current, StepRecord(step=event.step)
         record.step = event.step
@@ -269,8 +274,27 @@ class PerfRecorder:
             self.close_window()
 
     def on_run_end(self, event: Any) -> None:
+        if self._kernel_profiler is not None:
+            self._kernel_profiler.abandon()  # the run ended inside the profiled steps
         if not self.window_done:
             self.close_window()
+
+    def _profile_warmup_steps(self, step: int) -> None:
+        """Profile the last warm-up steps (kernel timeline) on CUDA; never the measured window."""
+        profiler = self._kernel_profiler
+        try:
+            if profiler is None:
+                if (self.facts.device == "cuda" and step == self.config.warmup - PROFILED_STEPS
+                        and step >= MIN_UNPROFILED_WARMUP):
+                    self._kernel_profiler = KernelProfiler()
+                    self._kernel_profiler.start()
+            elif profiler.profiler is not None and profiler.step_ended():
+                self.facts.kernel_timeline = profiler.result
+        except Exception as error:  # noqa: BLE001 - observer rule: fall back to CUDA events
+            if profiler is not None:
+                profiler.abandon()
+            self._kernel_profiler = KernelProfiler(steps=0)  # not tried again
+            self.facts.kernel_timeline = {"error": f"{type(error).__name__}: {error}"}
 
     # -- end of the window -------------------------------------------------------------------
     def close_window(self) -> None:

@@ -34,6 +34,13 @@ def breakdown_lines(perf: dict[str, Any]) -> list[str]:
     busy = b.get("gpu_busy_fraction")
     if busy is not None:
         lines.append(f"GPU ({device['name']}): busy at most {busy:.0%} of the step (CUDA events)")
+    kernel = perf.get("kernel_timeline") or {}
+    if kernel.get("busy_fraction") is not None:
+        lines.append(f"kernel timeline ({kernel['steps']} warm-up steps, torch.profiler): kernels run "
+                     f"{kernel['busy_fraction']:.0%} of the step; GPU idle while the host launches/works "
+                     f"{kernel['host_idle_fraction']:.0%}, while it waits for data {kernel['data_idle_fraction']:.0%}")
+    elif kernel.get("error"):
+        lines.append(f"kernel timeline: not measured ({kernel['error']})")
     if perf.get("peak_memory_bytes"):
         lines.append(f"peak GPU memory allocated: {perf['peak_memory_bytes'] / 2**30:.2f} GiB")
     lines.append(f"host-device syncs: {b['syncs_per_step']:.1f} per step"
@@ -94,6 +101,25 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         lines.append(f"--try {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → "
                      f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}, "
                      f"loss change {result['loss_change']:.2%}): {verdict}")
+    return lines + combined_lines(trials.get("combined"))
+
+
+def combined_lines(combined: dict[str, Any] | None) -> list[str]:
+    """The paying changes re-run together, and the other changes measured on top of them."""
+    if not isinstance(combined, dict):
+        return []
+    changes = ", ".join(combined["changes"])
+    if combined.get("error"):
+        return [f"--try together ({changes}): {combined['error']}"]
+    lines = [f"--try together ({changes}): {combined['samples_per_s']:.1f} samples/s"]
+    for added in combined.get("added", []):
+        name = " + ".join(added["added"])
+        if "speedup" in added:
+            verdict = "pays off" if added["pays_off"] else "no gain"
+            lines.append(f"  + {name}: {added['speedup']:.2f}× on top ({added['samples_per_s']:.1f} samples/s, "
+                         f"noise {added['noise']:.1%}): {verdict}")
+        else:
+            lines.append(f"  + {name}: {added.get('error')}")
     return lines
 
 

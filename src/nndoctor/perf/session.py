@@ -52,6 +52,7 @@ class PerfResult:
             "device": {"name": self.device.name, "capability": self.device.capability,
                        "other_processes": self.device.other_processes, "nvml": self.device.nvml},
             "peak_memory_bytes": facts.peak_memory_bytes,
+            "kernel_timeline": facts.kernel_timeline,
             "loader": facts.loader_config,
             "syncs": {"by_kind": facts.sync_kinds,
                       "by_location": {str(k): v for k, v in facts.sync_locations.items()}},
@@ -143,6 +144,9 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             torch.cuda.empty_cache()  # the re-runs need the memory this process no longer uses
         results.update(rerun.try_changes(target, step_tries, warmup=config.warmup, steps=config.steps,
                                          repeats=config.try_repeats, cwd=cwd, device=device))
+        combined = try_combined_changes(results, step_tries, target, config, cwd, device, announce)
+        if combined is not None:
+            results["combined"] = combined
     if "loader" in config.tries:
         # The loader is confirmed against the step as it will be once the step changes that
         # paid off are applied (a faster step needs more loading): hence after the step trials.
@@ -166,6 +170,23 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             except Exception as error:  # noqa: BLE001
                 results["loader"] = {"error": f"{type(error).__name__}: {error}"}
     return results
+
+
+def try_combined_changes(results: dict[str, Any], tried: tuple[str, ...], target: Target, config: PerfConfig,
+                         cwd: str, device: str, announce: Callable[[str], None] | None) -> dict[str, Any] | None:
+    """The changes that paid off alone, re-run together (and with CUDA graphs on top)."""
+    from nndoctor.perf import combine, rerun
+
+    if not combine.paying_set(results):
+        return None
+    warmup = max(config.warmup, rerun.MIN_COMPILED_WARMUP)
+
+    def run(changes: list[str]) -> dict[str, Any]:
+        if announce:
+            announce(f"re-running the script with {', '.join(changes)} together")
+        return rerun.run_child(target, changes, warmup, config.steps, cwd)
+
+    return combine.try_combined(results, tried, run, repeats=config.try_repeats, device=device)
 
 
 def device_info(facts: LoopFacts) -> DeviceInfo:

@@ -1,0 +1,99 @@
+"""``--try``: the paying changes measured together, and the others measured on top of them.
+
+Each change is first measured alone against the baseline (``rerun.try_changes``). Gains do
+not simply multiply: a larger batch changes what bounds the step, and CUDA graphs or a
+fused optimizer that gain nothing at a small batch can pay once the batch is larger (or the
+reverse). So the script is re-run with the paying changes injected together, interleaved
+with the same set plus each change that did not pay alone (and plus all of them): the
+advice adds a change only where it paid on top of the rest, and says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from nndoctor.perf.timeline import speedup_verdict
+
+# Changes whose solo gain can be carried into a combined re-run (loader is timed apart).
+COMBINABLE = ("amp", "channels_last", "compile", "tf32", "fused-optimizer", "sdpa", "cudnn-benchmark",
+              "cuda-graphs")
+
+
+def paying_set(results: dict[str, Any]) -> list[str]:
+    """The changes that paid off alone, as re-run change names (batch as ``batch-size=K``)."""
+    chosen = [name for name in COMBINABLE if (results.get(name) or {}).get("pays_off")]
+    batch = results.get("batch-size") or {}
+    if batch.get("pays_off") and batch.get("best", {}).get("factor", 1) > 1:
+        chosen.append(f"batch-size={batch['best']['factor']}")
+    if "compile" in chosen and "cuda-graphs" in chosen:
+        chosen.remove("compile")  # reduce-overhead is torch.compile too: one compile, with graphs
+    return chosen
+
+
+def _rates(runs: list[dict[str, Any]]) -> list[float]:
+    return [r["seconds_per_step"] / r["samples_per_step"] for r in runs
+            if r.get("seconds_per_step") and r.get("samples_per_step")]
+
+
+def additions(results: dict[str, Any], tried: tuple[str, ...], together: list[str], device: str) -> list[str]:
+    """Changes measured alone without paying (and without changing the loss) that may pay on
+    top of the paying set: CUDA graphs or a fused optimizer often pay only at a larger batch."""
+    found = []
+    for name in COMBINABLE:
+        outcome = results.get(name) or {}
+        if name not in tried or name in together or "speedup" not in outcome or not outcome.get("loss_ok", True):
+            continue
+        if name == "cuda-graphs" and device != "cuda":
+            continue
+        found.append(name)
+    return found[:MAX_ADDITIONS]
+
+
+MAX_ADDITIONS = 3
+
+
+def _with(together: list[str], added: list[str]) -> list[str]:
+    base = [name for name in together if not (name == "compile" and "cuda-graphs" in added)]
+    return base + added
+
+
+def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, repeats: int,
+                 device: str) -> dict[str, Any] | None:
+    """Re-run the paying set together, alone and with each other measured change added (and
+    with all of them); None when there is nothing to combine. ``run(changes)`` is one re-run
+    of the script with ``changes`` injected."""
+    together = paying_set(results)
+    extra = additions(results, tried, together, device)
+    if not together or (len(together) < 2 and not extra):
+        return None
+    added_sets = [[name] for name in extra] + ([extra] if len(extra) > 1 else [])
+    variants = {"together": together, **{"+" + "+".join(a): _with(together, a) for a in added_sets}}
+    runs: dict[str, list[dict[str, Any]]] = {key: [] for key in variants}
+    for _ in range(repeats):
+        for key, changes in variants.items():
+            if runs[key] and "error" in runs[key][-1]:
+                continue
+            runs[key].append(run(changes))
+        if "error" in runs["together"][-1]:
+            return {"changes": together, "error": runs["together"][-1]["error"]}
+    rates = _rates(runs["together"])
+    combined: dict[str, Any] = {
+        "changes": together, "measure": "re-run",
+        "samples_per_s": 1 / statistics.median(rates) if rates else None,
+        "seconds_per_sample": rates, "added": [],
+    }
+    for added in added_sets:
+        key = "+" + "+".join(added)
+        failed = [r for r in runs[key] if "error" in r]
+        added_rates = _rates(runs[key])
+        if failed or not added_rates or not rates:
+            combined["added"].append({"added": added, "error": failed[0]["error"] if failed else "no samples counted"})
+            continue
+        verdict = speedup_verdict(rates, added_rates)
+        verdict.update({"added": added, "changes": variants[key], "samples_per_s": 1 / statistics.median(added_rates),
+                        "unit": "samples/s", "over": together})
+        combined["added"].append(verdict)
+    paying = [v for v in combined["added"] if v.get("pays_off")]
+    combined["best_added"] = max(paying, key=lambda v: v["speedup"]) if paying else None
+    return combined

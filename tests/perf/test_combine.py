@@ -1,0 +1,55 @@
+"""Paying changes re-run together, the others measured on top (perf/combine.py): which sets
+are run and how the verdicts and the advice follow from the re-runs' timings."""
+
+from __future__ import annotations
+
+from nndoctor.perf.checks import combined_advice
+from nndoctor.perf.combine import paying_set, try_combined
+
+TRIED = ("cuda-graphs", "fused-optimizer", "batch-size")
+
+
+def solo_results():
+    # As measured alone on an H100 (MLP patient): only the larger batch paid.
+    return {"fused-optimizer": {"pays_off": False, "speedup": 0.98, "loss_ok": True},
+            "cuda-graphs": {"pays_off": False, "speedup": 0.87, "loss_ok": True},
+            "batch-size": {"pays_off": True, "speedup": 6.78, "best": {"factor": 8, "batch_size": 256}}}
+
+
+def recorded_runner(samples_per_s: dict[str, float], calls: list[list[str]]):
+    """A stand-in for one script re-run that returns recorded throughputs per change set."""
+    def run(changes):
+        calls.append(list(changes))
+        rate = samples_per_s["+".join(changes)] * (1 + 0.01 * (len(calls) % 2))  # 1% run-to-run noise
+        return {"seconds_per_step": 256 / rate, "samples_per_step": 256}
+    return run
+
+
+def test_paying_set_uses_the_best_batch_and_one_compile():
+    assert paying_set(solo_results()) == ["batch-size=8"]
+    both = {"compile": {"pays_off": True}, "cuda-graphs": {"pays_off": True}}
+    assert paying_set(both) == ["cuda-graphs"]
+
+
+def test_changes_that_pay_only_together_on_top_of_the_batch_are_advised():
+    calls: list[list[str]] = []
+    run = recorded_runner({"batch-size=8": 130_000.0, "batch-size=8+fused-optimizer": 130_000.0,
+                           "batch-size=8+cuda-graphs": 140_000.0,
+                           "batch-size=8+fused-optimizer+cuda-graphs": 186_000.0}, calls)
+    combined = try_combined(solo_results(), TRIED, run, repeats=2, device="cuda")
+    assert calls[:4] == [["batch-size=8"], ["batch-size=8", "fused-optimizer"], ["batch-size=8", "cuda-graphs"],
+                         ["batch-size=8", "fused-optimizer", "cuda-graphs"]]
+    best = combined["best_added"]
+    assert best["added"] == ["fused-optimizer", "cuda-graphs"] and 1.4 < best["speedup"] < 1.45
+    items = combined_advice({"combined": combined}, advised={"batch-size"})
+    assert [i["change"] for i in items] == ["fused-optimizer", "cuda-graphs"]
+    assert items[0]["measured_with"] == ["batch-size=8"]
+
+
+def test_no_gain_on_top_gives_no_advice_and_cpu_skips_cuda_graphs():
+    calls: list[list[str]] = []
+    run = recorded_runner({"batch-size=8": 130_000.0, "batch-size=8+fused-optimizer": 130_500.0}, calls)
+    combined = try_combined(solo_results(), TRIED, run, repeats=2, device="cpu")
+    assert {tuple(c) for c in calls} == {("batch-size=8",), ("batch-size=8", "fused-optimizer")}
+    assert combined["best_added"] is None and combined_advice({"combined": combined}, advised=set()) == []
+    assert try_combined({"amp": {"pays_off": True}}, ("amp",), run, repeats=2, device="cuda") is None
