@@ -34,6 +34,7 @@ CHECK_MODULES = (
     "nndoctor.perf.checks",
     "nndoctor.env.checks",
     "nndoctor.keras.checks",
+    "nndoctor.keras.loop_checks",
 )
 
 # Frameworks a family may need; without them the family is left out instead of failing.

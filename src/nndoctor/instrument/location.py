@@ -14,6 +14,8 @@ _NNDOCTOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO_DIR = os.path.join(_NNDOCTOR_DIR, "demo") + os.sep
 # Console-script launchers (bin/nndoctor) live beside the interpreter.
 _LAUNCHER_DIR = os.path.dirname(os.path.realpath(sys.executable)) + os.sep
+# AutoGraph (tf.function) runs a converted copy of the user's function from a temporary file.
+_AUTOGRAPH_FILE = "__autograph_generated_file"
 _STDLIB_DIRS = tuple(
     os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
@@ -35,7 +37,7 @@ class _FrameClassifier:
     def _dirs(self) -> tuple[str, ...]:
         if self._framework_dirs is None:
             dirs = [_NNDOCTOR_DIR]
-            for name in ("torch", "torchvision", "numpy", "keras", "lightning", "pytorch_lightning"):
+            for name in ("torch", "torchvision", "numpy", "keras", "tensorflow", "lightning", "pytorch_lightning"):
                 found = _package_dir(name)
                 if found:
                     dirs.append(found)
@@ -47,9 +49,15 @@ class _FrameClassifier:
         cached = self._cache.get(code)
         if cached is not None:
             return cached
-        filename = code.co_filename
+        rank = self.rank_filename(code.co_filename)
+        self._cache[code] = rank
+        return rank
+
+    def rank_filename(self, filename: str) -> int:
         if filename.startswith("<") and filename not in ("<stdin>", "<string>"):
             rank = 2
+        elif _AUTOGRAPH_FILE in filename:
+            rank = 2  # tf.function's converted copy of user code: nndoctor.keras.tf_location maps it back
         else:
             path = os.path.realpath(filename)
             if path.startswith(_DEMO_DIR):
@@ -62,11 +70,15 @@ class _FrameClassifier:
                 rank = 2
             else:
                 rank = 0
-        self._cache[code] = rank
         return rank
 
 
 _classifier = _FrameClassifier()
+
+
+def rank_filename(filename: str) -> int:
+    """0: user code; 1: a third-party library; 2: framework, stdlib, nndoctor (by file name)."""
+    return _classifier.rank_filename(filename)
 
 
 def display_path(filename: str) -> str:
