@@ -14,8 +14,8 @@ from typing import ClassVar
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
 
-# The eager-free codes of PyTorch's M101/M102 do not apply to Keras: a Keras model has no
-# persistent train/eval mode, the mode is the ``training`` argument of each call (K105).
+# PyTorch's M101/M102 (a module left in the wrong mode) have no Keras form: a Keras model
+# has no persistent train/eval mode, the mode is the ``training`` argument of each call (K105).
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,21 @@ class TraceHistory:
     consecutive_traces: int = 0  # calls in a row, the latest included, that traced a new graph
     # One entry per trace: argument name -> description ("float 0.1", "tensor (17, 8) float32").
     traces: list[dict[str, str]] = field(default_factory=list)
+
+
+def _effects(call: ModelCall, training: bool) -> str:
+    """What the wrong mode does to the layers this model has."""
+    kinds = " ".join(call.mode_layers)
+    effects = []
+    if "Dropout" in kinds or "GaussianNoise" in kinds:
+        effects.append("no dropout/noise" if not training else "dropout/noise makes the predictions random")
+    if "BatchNormalization" in kinds:
+        effects.append("BatchNormalization uses and never updates its moving statistics" if not training
+                       else "BatchNormalization normalises with batch statistics and updates its moving "
+                            "statistics from this data")
+    if "Random" in kinds:
+        effects.append("no augmentation" if not training else "random augmentation is applied")
+    return "; ".join(effects)
 
 
 def _layers_text(call: ModelCall, limit: int = 3) -> str:
@@ -123,8 +138,7 @@ class TrainingFlagMisuse(_LoopCheck):
             return
         message = (f"model '{call.model_name}' is called without training= inside the GradientTape of a "
                    f"training step, and the optimizer then updates {updated} of its variables: "
-                   f"{_layers_text(call)} run in inference mode while training (no dropout; BatchNormalization "
-                   "uses and never updates its moving statistics).")
+                   f"{_layers_text(call)} run in inference mode while training ({_effects(call, False)}).")
         self._report_once(("train", call.location), message, location=call.location, evidence={
             "model": call.model_name, "training": None, "mode_layers": list(call.mode_layers),
             "updated_variables": updated})
@@ -134,8 +148,7 @@ class TrainingFlagMisuse(_LoopCheck):
             return
         message = (f"model '{call.model_name}' is called with training=True outside any GradientTape after "
                    f"{steps} training step(s): {_layers_text(call)} run in training mode while evaluating "
-                   "(dropout makes predictions random; BatchNormalization updates its moving statistics "
-                   "from this data).")
+                   f"({_effects(call, True)}).")
         self._report_once(("eval", call.location), message, location=call.location, evidence={
             "model": call.model_name, "training": True, "mode_layers": list(call.mode_layers),
             "steps": steps}, fix="call the model with training=False (or without training=) when evaluating")
@@ -203,7 +216,8 @@ class TfFunctionRetracing(_LoopCheck):
                     values.append(trace.get(name))
             shown = ", ".join(str(v) for v in values[:3]) + (", …" if len(values) > 3 else "")
             causes.append(f"argument '{name}' ({shown})")
-        why = ("; ".join(causes) + " differ between the traces" if causes
+        verb = " changes" if len(causes) == 1 else " change"
+        why = ("; ".join(causes) + verb + " from trace to trace" if causes
                else "no argument differs between the traces (the function may close over changing Python state)")
         where = f" defined at {history.definition}" if history.definition else ""
         message = (f"tf.function '{history.name}'{where} was traced {len(history.traces)} times in "
