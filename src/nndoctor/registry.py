@@ -41,6 +41,7 @@ CHECK_MODULES = (
     "nndoctor.keras.checks",
     "nndoctor.preflight.checks",
     "nndoctor.tfdata.checks",
+    "nndoctor.keras.loop_checks",
 )
 
 # Frameworks a family may need; without them the family is left out instead of failing.

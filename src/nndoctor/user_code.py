@@ -36,7 +36,10 @@ _STDLIB_DIRS = tuple(
 )
 _LIBRARY_MARKERS = ("site-packages", "dist-packages")
 # Packages whose frames are never the place to fix the user's bug.
-_FRAMEWORKS = ("torch", "torchvision", "numpy", "keras", "lightning", "pytorch_lightning")
+_FRAMEWORKS = ("torch", "torchvision", "numpy", "keras", "tensorflow", "lightning", "pytorch_lightning")
+# AutoGraph (tf.function) runs a converted copy of the user's function from a temporary file;
+# nndoctor.keras.tf_location maps its lines back to the user's source.
+_AUTOGRAPH_FILE = "__autograph_generated_file"
 
 USER, LIBRARY, INTERNAL = 0, 1, 2
 
@@ -88,8 +91,11 @@ class _CodeClassifier:
         cached = self._cache.get(code)
         if cached is not None:
             return cached
-        filename = code.co_filename
-        if filename.startswith("<") and filename not in ("<stdin>", "<string>"):
+        rank = self._cache[code] = self.rank_filename(code.co_filename)
+        return rank
+
+    def rank_filename(self, filename: str) -> int:
+        if (filename.startswith("<") and filename not in ("<stdin>", "<string>")) or _AUTOGRAPH_FILE in filename:
             rank = INTERNAL
         else:
             path = os.path.realpath(filename)
@@ -103,7 +109,6 @@ class _CodeClassifier:
                 rank = INTERNAL
             else:
                 rank = USER
-        self._cache[code] = rank
         return rank
 
 
@@ -114,6 +119,11 @@ def code_rank(code: CodeType) -> int:
     """``USER``, ``LIBRARY`` (third-party, installed) or ``INTERNAL`` (a framework, the stdlib,
     nndoctor, Python's own ``<frozen …>`` code)."""
     return _classifier.rank(code)
+
+
+def rank_filename(filename: str) -> int:
+    """``code_rank`` by file name (AutoGraph's converted copies of user code are internal)."""
+    return _classifier.rank_filename(filename)
 
 
 def is_user_code(code: CodeType) -> bool:

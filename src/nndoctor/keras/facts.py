@@ -124,6 +124,8 @@ def to_numpy(value: Any) -> np.ndarray | None:
         return None  # a dataset, generator or PyDataset: read per batch instead
     if hasattr(value, "detach"):  # torch backend
         value = value[:MAX_ROWS].detach().cpu().numpy()
+    elif hasattr(value, "numpy") and hasattr(value, "dtype") and not isinstance(value, np.ndarray):
+        value = value[:MAX_ROWS].numpy()  # an eager TensorFlow tensor (or a variable)
     else:
         value = np.asarray(value)[:MAX_ROWS]
     if value.dtype == object or value.size == 0:
@@ -132,9 +134,11 @@ def to_numpy(value: Any) -> np.ndarray | None:
 
 
 def summarize(value: Any) -> ArraySummary | None:
-    if getattr(value, "is_meta", False):
+    # Torch "meta" tensors (Keras's symbolic pass) and tensors of a TensorFlow graph being traced.
+    if getattr(value, "is_meta", False) or type(value).__name__ == "SymbolicTensor":
         nan = float("nan")
-        return ArraySummary(tuple(int(s) for s in value.shape), nan, nan, False, False, nan, has_values=False)
+        shape = tuple(-1 if s is None else int(s) for s in value.shape)
+        return ArraySummary(shape, nan, nan, False, False, nan, has_values=False)
     array = to_numpy(value)
     if array is None:
         return None

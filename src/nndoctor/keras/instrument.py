@@ -29,6 +29,7 @@ from typing import Any
 from nndoctor.findings import Location
 from nndoctor.keras import facts as kf
 from nndoctor.keras import shared_codes
+from nndoctor.keras.checks import KerasCheck
 from nndoctor.registry import all_checks, is_enabled
 from nndoctor.user_code import user_location
 
@@ -57,18 +58,23 @@ class KerasObserver:
         self.enabled = True
         self._keras_depth = 0
         self._saved_active = False
+        self.backend = ""
+        # TensorFlow backend: (model, phase) -> the variables its traced step writes batch statistics into.
+        self.probes: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
     # -- patching ----------------------------------------------------------------------
     def patch(self, keras: Any) -> None:
         if self.patched:
             return
         self.patched = True
-        if keras.config.backend() != "torch":
-            return  # only the torch backend is covered so far (TensorFlow/JAX trace fit into graphs)
+        self.backend = keras.config.backend()
+        if self.backend not in ("torch", "tensorflow"):
+            return  # JAX traces fit into XLA programs: not covered yet
         from keras.src.layers.convolutional.base_conv import BaseConv
 
         session = self.session
-        self.checks = [cls(session) for cls in all_checks("keras") if is_enabled(cls, session.select, session.ignore)]
+        self.checks = [cls(session) for cls in all_checks("keras")
+                       if issubclass(cls, KerasCheck) and is_enabled(cls, session.select, session.ignore)]
         self.shared = shared_codes.SharedCodes.for_session(session)
         patcher = self.installation.patcher
         model_cls = keras.Model
@@ -92,6 +98,7 @@ class KerasObserver:
             call = self.calls[-1] if self.calls else None
             if call is not None and not call.observed and self.enabled and os.getpid() == self.session.pid:
                 try:
+                    self._probe_graph(model, original_loss, call, args, kwargs)
                     call.observed = self._observe(model, original_loss, call, args, kwargs)
                 except Exception as error:  # noqa: BLE001 - observer rule
                     call.observed = True  # do not retry every batch
@@ -103,6 +110,10 @@ class KerasObserver:
         self._patch_keras_owned(keras.layers.Layer, "__call__")
         self._patch_keras_owned(model_cls, "predict")
         patcher.on_undo(self._disable)
+        if self.backend == "tensorflow":
+            from nndoctor.keras import tf_loops
+
+            tf_loops.install(self, keras)
 
     def _disable(self) -> None:
         self.enabled = False
@@ -165,6 +176,8 @@ class KerasObserver:
             finally:
                 self._leave_keras()
                 self.calls.pop()
+                if self.backend == "tensorflow":
+                    self._guard(lambda: self._observe_probe(model, record))
 
         call.__wrapped__ = original  # keeps inspect.signature(model.fit) as Keras wrote it
         self.installation.patcher.patch(model_cls, phase, call)
@@ -182,6 +195,40 @@ class KerasObserver:
         """Run the K checks on one batch; True once the predictions had real values."""
         values = inspect.signature(original_loss).bind(model, *args, **kwargs).arguments
         x, y, y_pred = (kf.summarize(values.get(k)) for k in ("x", "y", "y_pred"))
+        return self._inspect(model, call, x, y, y_pred)
+
+    def _probe_graph(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> None:
+        """TensorFlow backend, while fit/evaluate trace their step: add the statistics probe."""
+        if self.backend != "tensorflow":
+            return
+        from nndoctor.keras.tf_graph_probe import TENSORS, GraphProbe, is_symbolic
+
+        values = inspect.signature(original_loss).bind(model, *args, **kwargs).arguments
+        training = bool(values.get("training", call.phase == "fit"))
+        if training != (call.phase == "fit") or not is_symbolic(values.get("y_pred")):
+            return  # fit's validation pass, or an eager step (run_eagerly=True reads values directly)
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy():
+            return  # our variables live outside the strategy's replicas
+        probes = self.probes.setdefault(model, {})
+        probe = probes.get(call.phase)
+        if probe is None:
+            with tf.init_scope():  # nndoctor's variables are created eagerly, outside the user's graph
+                probe = probes[call.phase] = GraphProbe()
+        for name in TENSORS:
+            probe.record(name, values.get(name))
+
+    def _observe_probe(self, model: Any, call: _Call) -> None:
+        """After a TensorFlow-backend fit/evaluate: the K checks on the values the probe kept."""
+        probe = self.probes.get(model, {}).get(call.phase)
+        if probe is None or not self.enabled:
+            return
+        x, y, y_pred = (probe.read(name) for name in ("x", "y", "y_pred"))
+        if y_pred is not None:
+            self._inspect(model, call, x, y, y_pred)
+
+    def _inspect(self, model: Any, call: _Call, x: Any, y: Any, y_pred: Any) -> bool:
         # In Keras's symbolic build pass only shapes are real: take the values from the call.
         if x is None or not x.has_values:
             x = call.x or x

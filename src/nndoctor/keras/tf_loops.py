@@ -1,0 +1,324 @@
+"""Zero-code-change instrumentation of TensorFlow 2 custom training loops (Keras 3, TF backend).
+
+Patched when Keras is patched on the TensorFlow backend; every patch is undone at the end
+of the run:
+
+* ``BaseOptimizer.apply`` (``apply_gradients`` calls it): an eager call is one optimizer
+  step (counted, ``--max-steps`` stops the run after it). Called while a ``tf.function`` is
+  traced, it marks the outermost traced function as a training step, and each later call
+  of that function counts one step. The variables it updates tie model calls to training.
+* ``tf.GradientTape.__enter__/__exit__``: is a tape recording?
+* ``keras.layers.Layer.__call__`` (outermost calls from the user's code only): the
+  ``training`` argument, for K105. Inside ``tf.function`` this runs while tracing, once per
+  graph, which is enough: the flag is a Python value fixed in the graph.
+* ``tf.function``'s ``Function.__call__``: calls and traces per function (K109) and the
+  step counting above.
+
+``fit``/``evaluate``/``predict`` are left to ``nndoctor.keras.instrument`` (its callback
+counts their steps), except for the K105 facts of a user's own ``train_step``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import weakref
+from typing import Any
+
+from nndoctor.engine import StopRun
+from nndoctor.keras import loop_checks
+from nndoctor.keras.loop_checks import ModelCall, TraceHistory
+from nndoctor.keras.tf_location import called_from_user, tf_user_location
+from nndoctor.registry import is_enabled
+
+# Layers whose output depends on the training flag.
+_MODE_LAYER_MARKERS = ("Dropout", "BatchNormalization", "GaussianNoise", "Random")
+_PYTHON_SCALARS = (bool, int, float, str, type(None))
+
+
+class LoopObserver:
+    """Custom-loop facts for K105/K109 and step counting of eager and tf.function steps."""
+
+    def __init__(self, observer: Any, keras: Any) -> None:
+        self.observer = observer
+        self.session = observer.session
+        self.keras = keras
+        session = self.session
+        self.flags = self._check(loop_checks.TrainingFlagMisuse)
+        self.retracing = self._check(loop_checks.TfFunctionRetracing)
+        self.tape_depth = 0
+        self.layer_depth = 0
+        self.apply_depth = 0
+        self.functions: list[Any] = []  # tf.function calls in progress, outermost first
+        # tf.function -> the optimizer its traced graph steps.
+        self.step_functions: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
+        self.histories: weakref.WeakKeyDictionary[Any, TraceHistory] = weakref.WeakKeyDictionary()
+        self.signatures: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = weakref.WeakKeyDictionary()
+        self.mode_layers: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
+        self.trained: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Model calls under the current tape, waiting for the optimizer step that shows what is trained.
+        self.pending: list[tuple[weakref.ref, ModelCall]] = []
+        self._session_pid = session.pid
+
+    def _check(self, cls: type) -> Any:
+        session = self.session
+        return cls(session) if is_enabled(cls, session.select, session.ignore) else None
+
+    @property
+    def watching(self) -> bool:
+        return self.observer.enabled and os.getpid() == self._session_pid
+
+    @property
+    def inside_fit(self) -> bool:
+        return bool(self.observer.calls)
+
+    # -- patches -------------------------------------------------------------------------
+    def install(self) -> None:
+        import tensorflow as tf
+        from keras.src.optimizers.base_optimizer import BaseOptimizer
+        from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+
+        patcher = self.observer.installation.patcher
+        self._wrap(patcher, BaseOptimizer, "apply", self._apply)
+        self._wrap(patcher, self.keras.layers.Layer, "__call__", self._layer_call)
+        self._wrap(patcher, Function, "__call__", self._function_call)
+        tape = tf.GradientTape
+        original_enter = patcher.patch(tape, "__enter__", None)
+        original_exit = patcher.patch(tape, "__exit__", None)
+
+        def __enter__(tape_object):
+            result = original_enter(tape_object)
+            if self.tape_depth == 0:
+                self.pending.clear()  # a new training step begins
+            self.tape_depth += 1
+            return result
+
+        def __exit__(tape_object, *exc):
+            self.tape_depth = max(0, self.tape_depth - 1)
+            return original_exit(tape_object, *exc)
+
+        patcher.patch(tape, "__enter__", __enter__)
+        patcher.patch(tape, "__exit__", __exit__)
+
+    @staticmethod
+    def _wrap(patcher: Any, owner: Any, name: str, around: Any) -> None:
+        original = patcher.patch(owner, name, None)
+
+        def wrapper(obj, *args, **kwargs):
+            return around(original, obj, args, kwargs)
+
+        wrapper.__wrapped__ = original
+        patcher.patch(owner, name, wrapper)
+
+    # -- model calls (K105) ----------------------------------------------------------------
+    def _layer_call(self, original: Any, layer: Any, args: tuple, kwargs: dict) -> Any:
+        if self.layer_depth or not self.watching or self.flags is None:
+            return original(layer, *args, **kwargs)
+        self.layer_depth += 1
+        try:
+            self._record_call(layer, kwargs, sys._getframe(2))
+            return original(layer, *args, **kwargs)
+        finally:
+            self.layer_depth -= 1
+
+    def _record_call(self, layer: Any, kwargs: dict, caller: Any) -> None:
+        try:
+            if not called_from_user(caller):
+                return  # Keras's own train/test step, or a layer inside a model
+            training = kwargs.get("training")
+            if training is not None and not isinstance(training, bool):
+                return  # a tensor or symbolic flag: decided at run time
+            mode_layers = self._mode_layers(layer)
+            if not mode_layers:
+                return
+            call = ModelCall(layer.name, training, self.tape_depth > 0, tf_user_location(caller), mode_layers)
+            if call.under_tape:
+                self.pending.append((weakref.ref(layer), call))
+            elif layer in self.trained:
+                self.flags.evaluation_with_flag(call, self.session.step)
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("keras model call", error)
+
+    def _mode_layers(self, layer: Any) -> tuple[str, ...]:
+        cached = self.mode_layers.get(layer)
+        if cached is None:
+            flatten = getattr(layer, "_flatten_layers", None)
+            layers = list(flatten(include_self=True, recursive=True)) if flatten else [layer]
+            cached = tuple(f"{type(sub).__name__} '{sub.name}'" for sub in layers
+                           if any(marker in type(sub).__name__ for marker in _MODE_LAYER_MARKERS))
+            self.mode_layers[layer] = cached
+        return cached
+
+    # -- optimizer steps -------------------------------------------------------------------
+    def _apply(self, original: Any, optimizer: Any, args: tuple, kwargs: dict) -> Any:
+        if self.apply_depth or not self.watching:
+            return original(optimizer, *args, **kwargs)
+        self.apply_depth += 1
+        try:
+            self._before_step(optimizer, args, kwargs)
+            result = original(optimizer, *args, **kwargs)
+        finally:
+            self.apply_depth -= 1
+        if not self.inside_fit:
+            self._after_step(optimizer)
+        return result
+
+    def _before_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            variables = kwargs.get("trainable_variables", args[1] if len(args) > 1 else None)
+            if variables is None:
+                variables = getattr(optimizer, "_trainable_variables", None) or ()
+            updated = {id(v) for v in variables}
+            for ref, call in self.pending:
+                model = ref()
+                if model is None:
+                    continue
+                count = sum(id(v) in updated for v in model.trainable_variables)
+                if count:
+                    self.trained.add(model)
+                    if self.flags is not None:
+                        self.flags.training_without_flag(call, count)
+            self.pending.clear()
+            grads = kwargs.get("grads", args[0] if args else None)
+            if self.observer.shared is not None and not self.inside_fit and grads is not None:
+                self._gradient_norms(optimizer, list(grads), list(variables))
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("keras optimizer step", error)
+
+    def _gradient_norms(self, optimizer: Any, grads: list, variables: list) -> None:
+        """O104: per-variable norms of an eager step's gradients (sampled steps)."""
+        import tensorflow as tf
+
+        pairs = [(_variable_name(v), g) for g, v in zip(grads, variables, strict=False) if g is not None]
+        if not pairs:
+            return
+        location = tf_user_location(sys._getframe(4))
+        # Eager steps only. Inside tf.function an extra reader of the gradients changes how
+        # grappler fuses the gradient ops, and with it the user's weights (measured: 4 of 10
+        # arrays differed bitwise on a seeded loop), so traced steps are not measured.
+        if tf.executing_eagerly() and self.session.step_sampled(optimizer):
+            norms = [(name, float(tf.norm(_dense(g)).numpy())) for name, g in pairs]
+            self.observer.shared.gradient_norms(id(optimizer), norms, self.session.step + 1, location)
+
+    def _after_step(self, optimizer: Any) -> None:
+        try:
+            import tensorflow as tf
+
+            if tf.executing_eagerly():
+                self.session.count_step(optimizer)
+                stop = self.session.should_stop()
+            else:  # traced: the outermost tf.function being traced is the training step
+                if self.functions:
+                    self.step_functions[self.functions[0]] = weakref.ref(optimizer)
+                stop = False
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("keras optimizer step", error)
+            return
+        if stop:
+            raise StopRun()
+
+    # -- tf.function calls (K109, steps of compiled loops) ------------------------------------
+    def _function_call(self, original: Any, function: Any, args: tuple, kwargs: dict) -> Any:
+        if self.functions or self.inside_fit or not self.watching:
+            return original(function, *args, **kwargs)  # nested, or Keras's own step functions
+        self.functions.append(function)
+        try:
+            before = self._tracing_count(function)
+            result = original(function, *args, **kwargs)
+        finally:
+            self.functions.pop()
+        self._after_function(function, before, args, kwargs, sys._getframe(2))
+        return result
+
+    @staticmethod
+    def _tracing_count(function: Any) -> int:
+        try:
+            return int(function.experimental_get_tracing_count())
+        except Exception:  # noqa: BLE001 - an older or unusual Function: no retracing facts
+            return -1
+
+    def _after_function(self, function: Any, before: int, args: tuple, kwargs: dict, caller: Any) -> None:
+        stop = False
+        try:
+            if self.retracing is not None and before >= 0:
+                self._count_traces(function, self._tracing_count(function) > before, args, kwargs, caller)
+            ref = self.step_functions.get(function)
+            optimizer = ref() if ref is not None else None
+            if optimizer is not None:
+                self.session.count_step(optimizer)
+                stop = self.session.should_stop()
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("tf.function call", error)
+        if stop:
+            raise StopRun()
+
+    def _count_traces(self, function: Any, traced: bool, args: tuple, kwargs: dict, caller: Any) -> None:
+        history = self.histories.get(function)
+        if history is None:
+            python_function = getattr(function, "python_function", None)
+            history = self.histories[function] = TraceHistory(
+                name=getattr(function, "__name__", None) or getattr(python_function, "__name__", "function"),
+                definition=_definition(python_function))
+        history.calls += 1
+        if not traced:
+            history.consecutive_traces = 0
+            return
+        history.traces.append(self._describe(function, args, kwargs))
+        if history.calls > 1:  # the first call always traces
+            history.consecutive_traces += 1
+            self.retracing.inspect_traces(history, tf_user_location(caller))
+
+    def _describe(self, function: Any, args: tuple, kwargs: dict) -> dict[str, str]:
+        if function not in self.signatures:
+            try:
+                self.signatures[function] = inspect.signature(function.python_function)
+            except (TypeError, ValueError, AttributeError):
+                self.signatures[function] = None
+        signature = self.signatures[function]
+        try:
+            named = dict(signature.bind(*args, **kwargs).arguments) if signature else {}
+        except TypeError:
+            named = {}
+        if not named:
+            named = {f"#{i}": value for i, value in enumerate(args)} | dict(kwargs)
+        return {name: _describe_value(value) for name, value in named.items()}
+
+
+def _dense(gradient: Any) -> Any:
+    """The values of a gradient (an embedding's IndexedSlices keeps them in ``.values``)."""
+    return gradient.values if type(gradient).__name__ == "IndexedSlices" else gradient
+
+
+def _variable_name(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or getattr(variable, "name", "variable"))
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, _PYTHON_SCALARS):
+        return f"{type(value).__name__} {value!r}"
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "dtype"):
+        try:
+            dims = tuple(None if d is None else int(d) for d in shape)
+        except TypeError:
+            dims = "?"
+        return f"tensor {dims} {getattr(value.dtype, 'name', value.dtype)}"
+    return f"{type(value).__name__} object"
+
+
+def _definition(function: Any) -> Any:
+    from nndoctor.findings import Location
+    from nndoctor.user_code import display_path
+
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    return Location(display_path(code.co_filename), code.co_firstlineno)
+
+
+def install(observer: Any, keras: Any) -> None:
+    try:
+        LoopObserver(observer, keras).install()
+    except Exception as error:  # noqa: BLE001 - observer rule: fit/evaluate are still observed
+        observer.session.internal_error("tensorflow loop instrumentation", error)

@@ -1,0 +1,104 @@
+"""Keras on the TensorFlow backend and TF2 custom loops.
+
+Keras picks its backend at its first import, and this test session imports it on the torch
+backend (tests/conftest.py). So every TensorFlow-backend program runs in ONE subprocess
+(``tests/keras/tf_backend_runner.py``: the shared Keras fixtures, the TensorFlow-only
+custom-loop fixtures, the observer-rule runs and the patch check), and the tests below
+check the JSON it writes. Measured: about 25-40 s of CPU for the whole module (TensorFlow's
+import is ~5 s of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nndoctor.findings import Severity
+from nndoctor.registry import all_checks
+from tests.conftest import FIXTURES, expected_lines
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+ROOT = FIXTURES.parents[1]
+SHARED = sorted((FIXTURES / "keras").glob("buggy_*.py")) + sorted((FIXTURES / "keras").glob("correct_*.py"))
+TF_ONLY = sorted((FIXTURES / "keras_tf").glob("buggy_*.py")) + sorted((FIXTURES / "keras_tf").glob("correct_*.py"))
+PROGRAMS = SHARED + TF_ONLY
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tf") / "results.json"
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+    done = subprocess.run([sys.executable, "-m", "tests.keras.tf_backend_runner", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert data["backend"] == "tensorflow"
+    return data
+
+
+def _key(path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def test_every_loop_check_has_a_tf_buggy_fixture():
+    marked = {code for path in TF_ONLY if path.name.startswith("buggy_") for code in expected_lines(path)}
+    assert {"K105", "K109"} <= marked
+    assert {"K105", "K109"} <= {c.code for c in all_checks("keras")}
+
+
+@pytest.mark.parametrize("path", [p for p in PROGRAMS if p.name.startswith("buggy_")], ids=_key)
+def test_buggy_fixture_fires_at_marked_line_on_tensorflow(results, path):
+    for code, result in results["fixtures"][_key(path)].items():
+        found = [f for f in result["findings"] if f["code"] == code]
+        assert found, f"{code} did not fire on {path.name}: {result['internal_errors']} {result['traceback']}"
+        assert {f["line"] for f in found} & set(result["lines"]), [(f["path"], f["line"]) for f in found]
+        assert all(f["path"] and f["path"].endswith(path.name) for f in found)
+        assert not result["internal_errors"], result["internal_errors"]
+
+
+@pytest.mark.parametrize("path", [p for p in PROGRAMS if p.name.startswith("correct_")], ids=_key)
+def test_correct_program_is_silent_on_tensorflow(results, path):
+    result = results["fixtures"][_key(path)]
+    bad = [f for f in result["findings"] if f["severity"] >= Severity.WARNING]
+    assert not bad, "\n".join(f"{f['code']} {f['path']}:{f['line']}: {f['message']}" for f in bad)
+    assert result["status"] == "completed", result["traceback"]
+    assert not result["internal_errors"], result["internal_errors"]
+    assert result["steps"] > 0
+
+
+def test_custom_loop_steps_are_counted_and_max_steps_stops_a_tf_function_loop(results):
+    result = results["max_steps"]
+    assert result["status"] == "stopped" and result["steps"] == 3
+    loop = results["fixtures"]["keras_tf/correct_custom_loop.py"]
+    assert loop["steps"] == 4 * 6  # 4 epochs of 6 tf.function steps
+
+
+@pytest.mark.parametrize("script", ["observer_training.py", "observer_custom_loop.py"])
+def test_seeded_tensorflow_runs_are_identical_under_nndoctor(results, script):
+    result = results["observer"][script]
+    assert result["report"]["status"] == "completed" and result["report"]["steps"] > 0
+    assert not result["report"]["internal_errors"], result["report"]["internal_errors"]
+    assert result["arrays"] > 5 and result["different"] == []
+
+
+def test_patches_are_undone_after_tensorflow_runs(results):
+    assert results["patches_undone"]
+
+
+def test_messages_name_the_evidence(results):
+    (retrace,) = results["fixtures"]["keras_tf/buggy_retracing.py"]["K109"]["findings"]
+    assert "argument 'lr'" in retrace["message"] and "float 0.095" in retrace["message"]
+    assert retrace["evidence"]["varying_arguments"] == ["lr"]
+    assert retrace["evidence"]["traces"] == retrace["evidence"]["calls"] >= 7
+    assert "buggy_retracing.py:17" in retrace["message"]  # where the tf.function is defined
+    (flag,) = results["fixtures"]["keras_tf/buggy_missing_training_flag.py"]["K105"]["findings"]
+    assert "without training=" in flag["message"] and "updates 6 of its variables" in flag["message"]
+    # Layer names carry a per-process counter (the runner runs many fixtures): compare the kinds.
+    assert [entry.split()[0] for entry in flag["evidence"]["mode_layers"]] == ["BatchNormalization", "Dropout"]

@@ -1,0 +1,102 @@
+"""Runs every Keras fixture on the TensorFlow backend in ONE process and writes JSON.
+
+Keras fixes its backend when it is first imported, and the test session imports it on
+the torch backend (tests/conftest.py), so ``tests/keras/test_tf_backend.py`` starts this
+module once (``python -m tests.keras.tf_backend_runner OUT.json``) and checks the results it
+writes (a file, not stdout: the fixtures may print).
+It runs the scripts in-process through the engine, like ``run_script`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["KERAS_BACKEND"] = "tensorflow"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import json  # noqa: E402
+import runpy  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from tests.conftest import FIXTURES, expected_lines, run_script  # noqa: E402
+
+SHARED = FIXTURES / "keras"  # run on both backends
+TF_ONLY = FIXTURES / "keras_tf"  # custom loops: TensorFlow only
+OBSERVED = ("observer_training.py", "observer_custom_loop.py")
+
+
+def fixtures() -> list[Path]:
+    return sorted([*SHARED.glob("buggy_*.py"), *SHARED.glob("correct_*.py"),
+                   *TF_ONLY.glob("buggy_*.py"), *TF_ONLY.glob("correct_*.py")])
+
+
+def _report(report) -> dict:
+    return {
+        "status": report.status, "steps": report.steps, "traceback": report.traceback,
+        "internal_errors": [f"{e.where}: {e.error}" for e in report.internal_errors],
+        "findings": [{"code": f.code, "severity": int(f.severity), "message": f.message, "evidence": f.evidence,
+                      "path": f.location.path if f.location else None,
+                      "line": f.location.line if f.location else None} for f in report.findings],
+    }
+
+
+def _weights(path: Path) -> dict:
+    import numpy as np
+
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+def observer_rule(script: Path, tmp: Path) -> dict:
+    """Weights after a seeded run without and with nndoctor: equal array by array?"""
+    import numpy as np
+
+    plain, doctored = tmp / f"{script.stem}.plain.npz", tmp / f"{script.stem}.doctored.npz"
+    saved = sys.argv[:]
+    sys.argv = [str(script), str(plain)]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = saved
+    report = run_script(script, [str(doctored)])
+    a, b = _weights(plain), _weights(doctored)
+    return {"report": _report(report), "arrays": len(a),
+            "different": sorted(k for k in a if k not in b or not np.array_equal(a[k], b[k]))}
+
+
+def patched_attributes() -> dict:
+    import keras
+    import tensorflow as tf
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+
+    owners = (keras.Model, keras.layers.Layer, BaseOptimizer, Function, tf.GradientTape)
+    return {owner.__qualname__: sorted(f"{k}={id(v)}" for k, v in vars(owner).items()) for owner in owners}
+
+
+def main() -> None:
+    out: dict = {"fixtures": {}, "observer": {}}
+    import keras
+
+    out["backend"] = keras.config.backend()
+    before = patched_attributes()
+    for path in fixtures():
+        name = f"{path.parent.name}/{path.name}"
+        if path.name.startswith("buggy_"):
+            out["fixtures"][name] = {code: {"lines": sorted(lines), **_report(run_script(path, select=[code]))}
+                                     for code, lines in expected_lines(path).items()}
+        else:
+            out["fixtures"][name] = _report(run_script(path))
+    out["max_steps"] = _report(run_script(TF_ONLY / "buggy_missing_training_flag.py", max_steps=3))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in OBSERVED:
+            script = SHARED / name if (SHARED / name).exists() else TF_ONLY / name
+            out["observer"][name] = observer_rule(script, Path(tmp))
+    out["patches_undone"] = patched_attributes() == before
+    Path(sys.argv[1]).write_text(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main()
