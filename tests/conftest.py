@@ -57,3 +57,16 @@ def correct_programs() -> list[Path]:
 @pytest.fixture
 def run():
     return run_script
+
+
+def pytest_addoption(parser):
+    parser.addoption("--snapshot-update", action="store_true", default=False,
+                     help="rewrite tests/snapshots/ with what users read now (see tests/snapshot.py)")
+
+
+def pytest_configure(config):
+    # One switch for every way of running the tests (xdist workers inherit the environment).
+    if config.getoption("--snapshot-update", default=False):
+        from tests.snapshot import UPDATE_ENV
+
+        os.environ[UPDATE_ENV] = "1"
