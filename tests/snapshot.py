@@ -14,13 +14,17 @@ A missing snapshot is written (with a warning) on a developer's machine and fail
 What is masked, and why (everything else, every word and every deterministic number, is kept):
 
 - absolute paths: the fixture's own folder is removed (``train.py:12``, as relative to the
-  fixture dir); pytest's temporary folders become ``<tmp>/``, the repository ``<repo>/``,
-  site-packages ``<site-packages>/``, the Python install ``<python>``, the home folder ``~``.
-  They differ between machines, checkouts and xdist workers.
+  fixture dir; also its form relative to the working directory, which messages use); the test's
+  temporary folder and ``tempfile.gettempdir()`` become ``<tmp>/``, the repository ``<repo>/``,
+  site-packages ``<site-packages>/``, the Python install ``<python>/``, the home folder ``~/``.
+  They differ between machines, checkouts and xdist workers. Recorded tracebacks keep theirs
+  (``local_paths=False``): those are fixed in the recorded file.
+- the 8 random characters of a ``tempfile`` name (``tmpXXXXXXXX``): differ on every run.
 - memory addresses (``0x7f3a...`` from a repr): differ on every run.
 - process ids (``pid 12345``): differ on every run.
-- a family passes its own narrow masks for the measured quantities it reports (seconds,
-  throughput), named at the call.
+- per check, the numbers it measures from the clock or the machine (``Masks``: seconds, shares
+  of step time, free memory, a port the OS picked), in the ``MEASURED`` table beside the test
+  that runs the fixture, each with its reason.
 
 Masks apply to the finding's text *before* it is rendered, so the line wrapping in the snapshot
 is the wrapping of the masked text and never depends on how long a path was on this machine.

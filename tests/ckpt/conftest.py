@@ -37,6 +37,14 @@ def run_cli(capsys):
     return run
 
 
+@pytest.fixture(autouse=True)
+def _fresh_keras_names():
+    # Findings quote Keras layer names, numbered per process: each test starts from the same count.
+    from tests.conftest import forget_keras_names
+
+    forget_keras_names()
+
+
 @pytest.fixture
 def run_json(run_cli, tmp_path, request):
     """Run a ckpt command with --json and return (exit code, parsed JSON, stdout).
