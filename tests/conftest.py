@@ -35,12 +35,21 @@ def run_script(path, args=(), *, select=(), ignore=(), max_steps=None, **session
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
+    forget_keras_names()
     session = Session(select=select, ignore=ignore, max_steps=max_steps, **session_kwargs)
     cwd = os.getcwd()
     try:
         return run_target(Target(str(path), list(args)), session)
     finally:
         os.chdir(cwd)
+
+
+def forget_keras_names() -> None:
+    """Keras numbers auto-named layers per process ('dense', 'dense_1', ...): start afresh, so
+    that a fixture's layer names (which its findings quote) do not depend on the tests before."""
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        keras.backend.clear_session()
 
 
 def expected_lines(path) -> dict[str, set[int]]:
@@ -65,3 +74,16 @@ def correct_programs() -> list[Path]:
 @pytest.fixture
 def run():
     return run_script
+
+
+def pytest_addoption(parser):
+    parser.addoption("--snapshot-update", action="store_true", default=False,
+                     help="rewrite tests/snapshots/ with what users read now (see tests/snapshot.py)")
+
+
+def pytest_configure(config):
+    # One switch for every way of running the tests (xdist workers inherit the environment).
+    if config.getoption("--snapshot-update", default=False):
+        from tests.snapshot import UPDATE_ENV
+
+        os.environ[UPDATE_ENV] = "1"

@@ -13,7 +13,8 @@ import pytest
 
 from nndoctor.findings import Severity
 from nndoctor.registry import DOC_HEADINGS, all_checks
-from tests.conftest import buggy_fixtures, correct_programs, expected_lines, run_script
+from tests.conftest import BUGGY, buggy_fixtures, correct_programs, expected_lines, run_script
+from tests.snapshot import Masks, assert_findings_snapshot
 
 ALL = all_checks()
 RUNTIME = [c for c in ALL if c.scope == "run"]
@@ -41,6 +42,51 @@ def test_buggy_fixture_fires_at_marked_line(check):
         assert lines & expected, f"{check.code} on {path.name}: fired at {lines}, expected {expected}"
         assert all(f.location and f.location.path.endswith(path.name) for f in found)
         assert not report.internal_errors, report.internal_errors
+        # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
+        name = path.stem if path.stem.startswith(check.code) else f"{path.stem}.{check.code}"
+        assert_findings_snapshot(f"run/{name}", report.findings, base=BUGGY,
+                                 source=f"nndoctor run --select {check.code} {path.name}",
+                                 masks=MEASURED.get(check.code, Masks()))
+
+
+# Checks whose text reports what they measured (wall-clock time, free memory): those numbers
+# differ between runs and machines and are masked in their snapshots; every other word stays.
+# (tests/snapshot.py lists the masks every snapshot gets: paths, addresses, pids.)
+_SECONDS = r"\d+\.\d+ s\b"
+# A timing check lowers itself to info, with one more sentence, when its share is not clear of
+# the threshold in both halves of the run: on a loaded machine it may be either.
+_BORDERLINE_SEVERITY = (r"^(?:warning|info   ) ", "warning|info ")
+MEASURED: dict[str, Masks] = {
+    "C105": Masks(why="time spent in torch.save and in training",
+                  text=((_SECONDS, "<t> s"), (r"\b\d+% of the", "<p>% of the"), (r"about \d+ ms each", "about <t> ms each"),
+                        (r" Reported as info: not clear of the threshold.*$", "")),
+                  evidence=("save_seconds", "training_seconds", "fraction", "halves"),
+                  rendered=(_BORDERLINE_SEVERITY,)),
+    "P102": Masks(why="time the loop waited for data",
+                  text=((r"during \d+% of the step time \(\d+\.\d ms a batch", "during <p>% of the step time (<t> ms a batch"),
+                        (r"up to \d+\.\d+× faster", "up to <x>× faster"),
+                        (r" Reported as info: the share is not clear.*$", "")),
+                  evidence=("data_wait_fraction", "data_wait_s", "wall_s", "max_speedup", "mean_wait_ms", "halves"),
+                  rendered=(_BORDERLINE_SEVERITY,)),
+    "P111": Masks(why="free memory of the machine",
+                  text=((r"the free \d+(?:\.\d+)? [KMGT]i?B run out at about step \d+",
+                         "the free <memory> run out at about step <n>"),)),
+    "P114": Masks(why="step times: which steps are outliers depends on the machine's load",
+                  text=((r"\d+ of \d+ timed steps", "<n> of <n> timed steps"),
+                        (r"\(\d+\.\d ms \+ 3 × \d+\.\d ms", "(<t> ms + 3 × <t> ms"),
+                        (r"the median\): .*\.$", "the median): <the slowest steps and what ran in them>.")),
+                  evidence=("outliers", "timed_steps", "median_ms", "sigma_ms", "slowest_steps"),
+                  rendered=((r"\(first at step \d+\)", "(first at step <n>)"),)),
+    "R104": Masks(why="idle time when the watchdog looked; the threads and frames of the test harness "
+                      "(pytest, xdist) that runs the script in-process",
+                  text=((r"for \d+ s \(last progress", "for <t> s (last progress"),),
+                  dropped_items=(r"<string>:\d+", r"tests/(?:test_conformance|conftest)\.py:\d+"),
+                  evidence=("idle_s", "threads")),
+    "X109": Masks(why="time of a backward pass",
+                  text=((r"took \d+\.\d ms on average", "took <t> ms on average"),),
+                  evidence=("mean_backward_ms",)),
+    "X110": Masks(why="idle time when the watchdog looked", evidence=("idle_s",)),
+}
 
 
 @pytest.mark.parametrize("program", correct_programs(), ids=lambda p: p.stem)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -36,17 +37,43 @@ def run_cli(capsys):
     return run
 
 
+@pytest.fixture(autouse=True)
+def _fresh_keras_names():
+    # Findings quote Keras layer names, numbered per process: each test starts from the same count.
+    from tests.conftest import forget_keras_names
+
+    forget_keras_names()
+
+
 @pytest.fixture
-def run_json(run_cli, tmp_path):
-    """Run a ckpt command with --json and return (exit code, parsed JSON, stdout)."""
+def run_json(run_cli, tmp_path, request):
+    """Run a ckpt command with --json and return (exit code, parsed JSON, stdout).
+
+    Every run that reports findings is also a snapshot test of their terminal text
+    (tests/snapshots/ckpt/<test>[.<n>].txt, n counting the test's runs; tests/snapshot.py)."""
+    calls = []
 
     def run(*argv: str):
         json_path = tmp_path / f"report_{len(list(tmp_path.glob('report_*.json')))}.json"
         result = run_cli(*argv, "--json", json_path)
         data = json.loads(json_path.read_text()) if json_path.exists() else None
+        calls.append(argv)
+        if data and data.get("findings"):
+            _snapshot(request.node.name, len(calls) - 1, argv, data["findings"], tmp_path)
         return result.code, data, result
 
     return run
+
+
+def _snapshot(test_name: str, index: int, argv, findings: list[dict], tmp_path: Path) -> None:
+    from nndoctor.distributed.merge import finding_from_json
+    from tests.snapshot import Normalizer, assert_findings_snapshot
+
+    name = re.sub(r"[^\w.-]+", "-", test_name.removeprefix("test_")).strip("-") + (f".{index}" if index else "")
+    normalizer = Normalizer(tmp_path, extra_roots=[(FIXTURES, "<ckpt-fixtures>/")])
+    shown = " ".join(normalizer.text(str(a)) for a in argv)
+    assert_findings_snapshot(f"ckpt/{name}", [finding_from_json(f) for f in findings], base=tmp_path,
+                             extra_roots=[(FIXTURES, "<ckpt-fixtures>/")], source=f"nndoctor {shown}")
 
 
 def codes(report: dict) -> list[str]:

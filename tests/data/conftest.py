@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import struct
 from pathlib import Path
 
@@ -74,8 +75,21 @@ def build(tmp_path) -> DatasetBuilder:
 
 
 class Result:
-    def __init__(self, rc: int, report: dict, out: str, err: str) -> None:
+    def __init__(self, rc: int, report: dict, out: str, err: str, *, argv: list[str] | None = None,
+                 tmp_path: Path | None = None, test_name: str = "") -> None:
         self.rc, self.report, self.out, self.err = rc, report, out, err
+        self.argv, self.tmp_path, self.test_name = argv or [], tmp_path, test_name
+
+    def snapshot(self, code: str, suffix: str = "") -> None:
+        """Compare the terminal text of this code's findings with tests/snapshots/data/ (the
+        findings come back from the JSON report, whose values render as the originals do)."""
+        from nndoctor.distributed.merge import finding_from_json
+        from tests.snapshot import Normalizer, assert_findings_snapshot
+
+        name = re.sub(r"[^\w.-]+", "-", self.test_name.removeprefix("test_")).strip("-") + f".{code}{suffix}"
+        shown = " ".join(Normalizer(self.tmp_path).text(a) for a in self.argv)
+        assert_findings_snapshot(f"data/{name}", [finding_from_json(f) for f in self.by_code(code)],
+                                 base=self.tmp_path, source=f"nndoctor data {shown}")
 
     @property
     def findings(self) -> list[dict]:
@@ -100,7 +114,7 @@ class Result:
 
 
 @pytest.fixture
-def run_data(tmp_path, capsys):
+def run_data(tmp_path, capsys, request):
     """Run ``nndoctor data`` in-process (one worker unless given) and return its JSON report."""
 
     def runner(*args: str | Path, workers: int = 1) -> Result:
@@ -111,7 +125,8 @@ def run_data(tmp_path, capsys):
         rc = data_main(argv)
         captured = capsys.readouterr()
         report = json.loads(json_path.read_text(encoding="utf-8")) if json_path.exists() else {}
-        return Result(rc, report, captured.out, captured.err)
+        return Result(rc, report, captured.out, captured.err, argv=[str(a) for a in args],
+                      tmp_path=tmp_path, test_name=request.node.name)
 
     return runner
 

@@ -49,6 +49,7 @@ def test_f101_unreadable_files_are_named_with_their_reason(build, run_data):
     assert "HTML" in reasons["page.jpg"]
     assert "CRC" in reasons["crc.png"]
     assert "cut.jpg" in result.out.replace("\n", "")  # the terminal names the first files
+    result.snapshot("F101")
 
 
 def test_f101_decompression_bomb_is_reported_not_decoded(build, run_data):
@@ -58,6 +59,7 @@ def test_f101_decompression_bomb_is_reported_not_decoded(build, run_data):
     result = run_data(root)
     assert result.files("F101") == {"bomb.png"}
     assert "decompression bomb" in result.one("F101")["message"]
+    result.snapshot("F101")
 
 
 def test_f101_broken_symlink_and_symlink_loop_do_not_stop_the_scan(build, run_data):
@@ -68,6 +70,7 @@ def test_f101_broken_symlink_and_symlink_loop_do_not_stop_the_scan(build, run_da
     assert {"dangling.jpg", "loop"} <= result.files("F101")
     reasons = " ".join(result.one("F101")["evidence"]["reasons"].values())
     assert "symlink loop" in reasons and "broken symlink" in reasons
+    result.snapshot("F101")
 
 
 def test_f101_unreadable_folder_is_reported(build, run_data, monkeypatch):
@@ -86,6 +89,7 @@ def test_f101_unreadable_folder_is_reported(build, run_data, monkeypatch):
     result = run_data(root)
     assert result.files("F101") == {"locked"}
     assert "Permission denied" in result.one("F101")["message"]
+    result.snapshot("F101")
 
 
 def test_f101_non_utf8_name_is_a_warning_that_json_can_carry(build, run_data):
@@ -96,6 +100,7 @@ def test_f101_non_utf8_name_is_a_warning_that_json_can_carry(build, run_data):
     finding = result.one("F101")
     assert finding["severity"] == "warning"
     assert finding["evidence"]["files"][0].endswith("caf\\xe9.jpg")
+    result.snapshot("F101")
 
 
 def test_f102_mixed_color_modes(build, run_data):
@@ -105,6 +110,7 @@ def test_f102_mixed_color_modes(build, run_data):
     result = run_data(root)
     assert result.files("F102") == {"gray.jpg", "alpha.png"}
     assert result.one("F102")["evidence"]["modes"] == {"RGB": 18, "L": 1, "RGBA": 1}
+    result.snapshot("F102")
 
 
 def test_f103_images_smaller_than_the_crop(build, run_data):
@@ -113,7 +119,10 @@ def test_f103_images_smaller_than_the_crop(build, run_data):
     result = run_data(root, "--crop", "56")
     assert result.files("F103") == {"thumb.jpg"}
     assert result.one("F103")["severity"] == "warning"
-    spread = run_data(root).one("F103")  # without --crop: the spread, as info
+    result.snapshot("F103", ".crop")
+    without_crop = run_data(root)
+    without_crop.snapshot("F103")
+    spread = without_crop.one("F103")  # without --crop: the spread, as info
     assert spread["severity"] == "info" and spread["evidence"]["smallest"][1:] == [40, 30]
 
 
@@ -125,6 +134,7 @@ def test_f104_content_differs_from_extension(build, run_data):
     assert result.files("F104") == {"really_png.jpg", "no_extension"}
     reasons = " ".join(result.one("F104")["evidence"]["reasons"].values())
     assert "PNG content named .jpg" in reasons and "ImageFolder skips it" in reasons
+    result.snapshot("F104")
 
 
 def test_f105_stray_non_image_files(build, run_data):
@@ -134,6 +144,7 @@ def test_f105_stray_non_image_files(build, run_data):
     result = run_data(root)
     assert result.files("F105") == {"notes.txt", "images.zip"}
     assert result.one("F105")["severity"] == "warning"
+    result.snapshot("F105")
 
 
 def test_f106_phantom_class_directories(build, run_data):
@@ -147,6 +158,7 @@ def test_f106_phantom_class_directories(build, run_data):
     assert result.rc == 1
     # The checkpoint copy is not counted as a sample of a real class.
     assert "F109" not in result.codes()
+    result.snapshot("F106")
 
 
 def test_f107_split_class_lists_differ(build, run_data):
@@ -156,7 +168,9 @@ def test_f107_split_class_lists_differ(build, run_data):
     (root / "val" / "dog").rmdir()
     build.image("val/zebra/000.jpg")
     build.image("val/zebra/001.jpg")
-    finding = run_data(root).one("F107")
+    result = run_data(root)
+    result.snapshot("F107")
+    finding = result.one("F107")
     assert finding["evidence"]["missing"] == ["dog"] and finding["evidence"]["extra"] == ["zebra"]
     assert "owl: 2 in train, 1 in val" in finding["evidence"]["shifted"]
     assert finding["location"]["path"].endswith("val")
@@ -166,7 +180,9 @@ def test_f108_empty_and_tiny_classes(build, run_data):
     root = build.imagefolder(splits=("train",), per_class=12)
     (root / "train" / "empty").mkdir()
     build.image("train/rare/000.jpg")
-    finding = run_data(root).one("F108")
+    result = run_data(root)
+    result.snapshot("F108")
+    finding = result.one("F108")
     assert finding["evidence"]["empty"] == ["empty"]
     assert finding["evidence"]["under_represented"] == ["rare"]
 
@@ -182,7 +198,9 @@ def test_f109_exact_duplicates_within_a_split(build, run_data):
     source = root / "train" / "cat" / "001.jpg"
     (root / "train" / "cat" / "001 (1).jpg").write_bytes(source.read_bytes())
     (root / "train" / "dog" / "same.jpg").write_bytes(source.read_bytes())
-    finding = run_data(root).one("F109")
+    result = run_data(root)
+    result.snapshot("F109")
+    finding = result.one("F109")
     assert {os.path.basename(p) for p in finding["evidence"]["files"]} == {"001.jpg", "001 (1).jpg", "same.jpg"}
     assert len(finding["evidence"]["cross_class_groups"]) == 1
 
@@ -192,7 +210,9 @@ def test_f110_exact_and_near_duplicates_across_splits(build, run_data):
     original = root / "train" / "owl" / "002.jpg"
     (root / "val" / "owl" / "copy.jpg").write_bytes(original.read_bytes())
     Image.open(root / "train" / "cat" / "003.jpg").resize((72, 60)).save(root / "val" / "cat" / "resized.png")
-    finding = run_data(root).one("F110")
+    result = run_data(root)
+    result.snapshot("F110")
+    finding = result.one("F110")
     assert finding["severity"] == "error"
     pairs = {(os.path.basename(p["file"]), os.path.basename(p["duplicate_of"])) for p in finding["evidence"]["pairs"]}
     assert pairs == {("copy.jpg", "002.jpg"), ("resized.png", "003.jpg")}
@@ -211,7 +231,9 @@ def test_f111_exif_orientation(build, run_data):
     exif = Image.Exif()
     exif[0x0112] = 6
     photo(500).save(root / "train" / "dog" / "phone.jpg", exif=exif.tobytes())
-    finding = run_data(root).one("F111")
+    result = run_data(root)
+    result.snapshot("F111")
+    finding = result.one("F111")
     assert [os.path.basename(p) for p in finding["evidence"]["files"]] == ["phone.jpg"]
     assert "orientation 6" in finding["message"]
 
@@ -225,6 +247,7 @@ def test_f112_degenerate_images(build, run_data):
     assert result.files("F112") == {"tiny.png", "strip.jpg", "black.jpg"}
     reasons = " ".join(result.one("F112")["evidence"]["reasons"].values())
     assert "tiny" in reasons and "aspect" in reasons and "blank" in reasons
+    result.snapshot("F112")
 
 
 def test_f113_statistics_match_known_pixels(build, run_data, tmp_path):
@@ -235,7 +258,9 @@ def test_f113_statistics_match_known_pixels(build, run_data, tmp_path):
             image.paste((255, 0, 0), (0, 0, 32, 64))
             (root / cls).mkdir(parents=True, exist_ok=True)
             image.rotate(90 * k).save(root / cls / f"{k}.png")
-    finding = run_data(root, "--ignore", "F109").one("F113")
+    result = run_data(root, "--ignore", "F109")
+    result.snapshot("F113")
+    finding = result.one("F113")
     assert finding["evidence"]["mean"] == [0.5, 0.0, 0.5]
     assert finding["evidence"]["std"] == [0.5, 0.0, 0.5]
     assert finding["evidence"]["mean_255"] == [127.5, 0.0, 127.5]
@@ -262,7 +287,9 @@ def test_f112_image_tiny_for_its_dataset(build, run_data):
     root = build.imagefolder(size=(128, 128))
     build.image("train/dog/icon.jpg", width=12, height=12)  # above the absolute 10 px, 10x below the rest
     build.image("train/owl/half.jpg", width=64, height=64)  # smaller, but within 4x: a normal photo
-    finding = run_data(root).one("F112")
+    result = run_data(root)
+    result.snapshot("F112")
+    finding = result.one("F112")
     assert [os.path.basename(p) for p in finding["evidence"]["files"]] == ["icon.jpg"]
     assert "12x12 px, shorter side 12 px against a median of 128 px" in finding["message"]
 

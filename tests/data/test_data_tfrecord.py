@@ -59,6 +59,7 @@ def test_f201_data_crc_length_crc_and_truncation(tmp_path, run_data):
     assert "data_crc.tfrecord#1" in text and "data CRC mismatch" in text
     assert "length CRC mismatch" in text and "truncated" in text and "compressed stream" in text
     assert result.rc == 1
+    result.snapshot("F201")
 
 
 def test_f202_types_missing_keys_lengths_and_garbage(tmp_path, run_data):
@@ -68,7 +69,9 @@ def test_f202_types_missing_keys_lengths_and_garbage(tmp_path, run_data):
     records[11] = example({"image/encoded": jpeg_bytes(11), "label": [1], "bbox": [0.1, 0.2, 0.5, 0.6, 0.7]})
     records[15] = b"\xff\xff\xff"  # framed correctly, but no protobuf
     write_tfrecord(tmp_path / "mixed.tfrecord", records)
-    finding = run_data(tmp_path / "mixed.tfrecord").one("F202")
+    result = run_data(tmp_path / "mixed.tfrecord")
+    result.snapshot("F202")
+    finding = result.one("F202")
     text = "\n".join(finding["evidence"]["records"])
     assert "mixed.tfrecord#3: 'label' is float, elsewhere int64" in text
     assert "mixed.tfrecord#7: 'label' missing" in text
@@ -93,6 +96,7 @@ def test_f203_undecodable_images_in_records(tmp_path, run_data):
     text = "\n".join(result.one("F203")["evidence"]["records"])
     assert "imgs.tfrecord#2: 'image/encoded'" in text and "imgs.tfrecord#3: 'image/encoded': not an encoded image" in text
     assert "#0" not in text and "#1" not in text
+    result.snapshot("F203")
 
 
 def test_tfrecord_frame_helper_matches_length_layout():

@@ -8,6 +8,7 @@ import pytest
 
 from nndoctor.explain.cli import explain_text
 from tests.conftest import FIXTURES
+from tests.snapshot import assert_findings_snapshot
 
 RECORDED = FIXTURES / "crash" / "distributed"
 
@@ -28,6 +29,9 @@ def test_recorded_distributed_crash_is_explained(name):
     assert findings[0].location.path.endswith(name.replace(".txt", ".py"))
     assert findings[0].location.line == line
     assert key(findings[0]), findings[0].evidence
+    # The paths in a recorded message are the recording machine's, fixed in the file: kept.
+    assert_findings_snapshot(f"explain/{name.removesuffix('.txt')}", findings, local_paths=False,
+                             source=f"nndoctor explain crash/distributed/{name}")
 
 
 def test_gloo_size_abort_is_a_shape_mismatch():

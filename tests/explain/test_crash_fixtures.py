@@ -10,6 +10,7 @@ import pytest
 
 from nndoctor.report import render_text
 from tests.conftest import FIXTURES, expected_lines, run_script
+from tests.snapshot import Masks, assert_findings_snapshot
 
 CRASH = FIXTURES / "crash"
 
@@ -89,6 +90,18 @@ def test_crash_is_explained_at_the_marked_line(path):
     assert EVIDENCE[path.stem](finding), _text(finding)
     assert report.extra["crash"]["explained_by"] == code
     assert report.internal_errors == []
+    # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
+    name = path.stem if path.stem != "train" else path.parent.name
+    assert_findings_snapshot(f"crash/{name}", explanations, base=CRASH, masks=MEASURED.get(code, Masks()),
+                             source=f"nndoctor run {path.relative_to(CRASH)} (crash explained)")
+
+
+# What differs between runs and machines in a crash explanation, masked in its snapshot.
+MEASURED: dict[str, Masks] = {
+    "E115": Masks(why="the size of this machine's /dev/shm", evidence=("dev_shm_mib",)),
+    "E131": Masks(why="the fixture binds a free port the OS picks", text=((r"on port \d+", "on port <port>"),),
+                  evidence=("port",)),
+}
 
 
 def test_every_cpu_code_has_a_crash_fixture():

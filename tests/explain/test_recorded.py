@@ -7,6 +7,7 @@ import pytest
 
 from nndoctor.explain.cli import explain_text
 from tests.conftest import FIXTURES
+from tests.snapshot import assert_findings_snapshot
 
 RECORDED = FIXTURES / "crash" / "recorded"
 
@@ -38,6 +39,9 @@ def test_recorded_message_is_explained(name):
     finding = findings[0]
     assert finding.location.path.endswith(script) and finding.location.line == line
     assert key(finding), (finding.message, finding.evidence)
+    # The paths in a recorded message are the recording machine's, fixed in the file: kept.
+    assert_findings_snapshot(f"explain/{name.removesuffix('.txt')}", findings, local_paths=False,
+                             source=f"nndoctor explain {RECORDED.name}/{name}")
 
 
 def test_every_gpu_only_code_has_a_recorded_message():

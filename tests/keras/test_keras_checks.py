@@ -14,6 +14,7 @@ import pytest
 from nndoctor.findings import Severity
 from nndoctor.registry import all_checks
 from tests.conftest import FIXTURES, expected_lines, run_script
+from tests.snapshot import assert_findings_snapshot
 
 pytest.importorskip("keras")
 
@@ -40,6 +41,9 @@ def test_buggy_fixture_fires_at_marked_line(path):
         assert {f.location.line for f in found if f.location} & lines, [str(f.location) for f in found]
         assert all(f.location and f.location.path.endswith(path.name) for f in found)
         assert not report.internal_errors, report.internal_errors
+        # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
+        assert_findings_snapshot(f"keras/{path.stem}.{code}", report.findings, base=KERAS_FIXTURES,
+                                 source=f"nndoctor run --select {code} {path.name}")
 
 
 @pytest.mark.parametrize("path", CORRECT, ids=lambda p: p.stem)

@@ -17,6 +17,7 @@ from nndoctor.findings import Severity
 from nndoctor.preflight.probe import attach
 from nndoctor.runner import Target, run_target
 from tests.conftest import CORRECT, FIXTURES, correct_programs, expected_lines
+from tests.snapshot import assert_findings_snapshot
 
 PREFLIGHT = FIXTURES / "preflight"
 # Correct programs preflight cannot test, and says why: the training runs in child processes
@@ -48,6 +49,9 @@ def test_buggy_fixture_fires_at_marked_line(path):
         assert {f.location.line for f in found} & lines, [str(f.location) for f in found]
         assert all(f.location.path.endswith(path.name) for f in found)
     assert not report.internal_errors, report.internal_errors
+    # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
+    assert_findings_snapshot(f"preflight/{path.stem}", report.findings, base=PREFLIGHT,
+                             source=f"nndoctor preflight {path.name}")
 
 
 def test_batch_mixing_names_the_first_mixing_module():

@@ -148,6 +148,19 @@ def print_report(report: Report, file: IO[str] | None = None, *, json_path: str 
     render_to(make_console(file), report, json_path=json_path)
 
 
+def render_findings_text(findings: list[Finding], width: int = 100) -> str:
+    """Plain text of the finding blocks alone, as the terminal report prints them, at a fixed
+    width (snapshot tests: the words a user reads, without the run's headline and tail)."""
+    from nndoctor.report.terminal_view import terminal_view
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, highlight=False, no_color=True)
+    for finding in terminal_view(Report(findings=list(findings))).sorted_findings():
+        _finding_block(console, finding)
+        console.print()
+    return buffer.getvalue()
+
+
 def render_text(report: Report, width: int = 100, *, json_path: str | None = None) -> str:
     """Plain text of the terminal report at a fixed width (for tests and logs)."""
     buffer = io.StringIO()
@@ -156,4 +169,4 @@ def render_text(report: Report, width: int = 100, *, json_path: str | None = Non
     return buffer.getvalue()
 
 
-__all__ = ["escape", "make_console", "no_color_options", "print_report", "render_text", "render_to"]
+__all__ = ["escape", "make_console", "no_color_options", "print_report", "render_findings_text", "render_text", "render_to"]
