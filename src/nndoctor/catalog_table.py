@@ -135,8 +135,12 @@ def merge_variant_doc(text: str, variant: str) -> str:
 
 
 class _Named(Protocol):
-    code: str
-    name: str
+    # read-only, so that frozen Rules and check classes (class attributes) both qualify
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
 
 
 def module_path(module: str) -> str | None:
@@ -172,9 +176,9 @@ def _class_nodes(path: str) -> dict[str, ast.ClassDef]:
 def _rules() -> dict[str, Rule]:
     from nndoctor.catalog_entries import ENTRIES
 
-    rules = {}
+    rules: dict[str, Rule] = {}
     for entry in ENTRIES:
-        fields = dict(entry)
+        fields: dict[str, Any] = dict(entry)
         fields["severity"] = Severity.parse(fields["severity"])
         fields["variants"] = tuple(tuple(v) for v in fields.get("variants", ()))
         rules[fields["code"]] = Rule(**fields)

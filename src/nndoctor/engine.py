@@ -49,9 +49,10 @@ class RunState:
         self.manual_steps = 0  # updates without torch.optim, recognised by version counters
         self.batches_fetched = 0
         self.batches_at_last_backward = 0
-        self.scaler: weakref.ref | None = None
+        self.scaler: weakref.ref[Any] | None = None
         self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
-        self._param_owner_cache: tuple[tuple, tuple, dict[int, Any]] | None = None
+        self._param_owner_cache: (
+            tuple[tuple[weakref.ref[Any], ...], tuple[int, ...], dict[int, Any]] | None) = None
 
     # -- optimizers and the parameters they own -----------------------------------------
     def optimizer_param_ids(self) -> dict[int, Any]:
@@ -71,8 +72,8 @@ class RunState:
                 for group in opt.param_groups:
                     for p in group["params"]:
                         owners[id(p)] = ref
-            self._param_owner_cache = (tuple(refs), counts, owners)
-        return self._param_owner_cache[2]
+            cached = self._param_owner_cache = (tuple(refs), counts, owners)
+        return cached[2]
 
     def is_trained(self, module: Any) -> bool:
         """True when some optimizer updates at least one of the module's parameters."""

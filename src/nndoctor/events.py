@@ -80,8 +80,8 @@ class Forward(Event):
 
     kind: ClassVar[str] = "forward"
     module: Any = None
-    inputs: tuple = ()
-    kwargs: dict | None = None
+    inputs: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = None
     output: Any = None
     training: bool = True
     grad_enabled: bool = True
@@ -97,7 +97,7 @@ class ModuleOutput(Event):
     module: Any = None
     qualname: str = ""
     root: Any = None
-    inputs: tuple = ()
+    inputs: tuple[Any, ...] = ()
     output: Any = None
 
 
@@ -115,7 +115,7 @@ class LossComputed(Event):
     input: Any = None
     target: Any = None
     output: Any = None
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -196,8 +196,8 @@ class SchedulerStep(Event):
     kind: ClassVar[str] = "scheduler_step"
     scheduler: Any = None
     initial: bool = False
-    lr_before: list = field(default_factory=list)
-    lr_after: list = field(default_factory=list)
+    lr_before: list[Any] = field(default_factory=list)  # floats, or tensors (tensor lr)
+    lr_after: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -206,11 +206,11 @@ class StateDictLoad(Event):
 
     kind: ClassVar[str] = "state_dict_load"
     module: Any = None
-    keys: list = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
     strict: bool = True
-    missing: list = field(default_factory=list)
-    unexpected: list = field(default_factory=list)
-    model_keys: list = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    model_keys: list[str] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -239,7 +239,7 @@ class Crash(Event):
 
     kind: ClassVar[str] = "crash"
     exception: BaseException | None = None
-    context: dict = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

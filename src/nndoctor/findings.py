@@ -204,12 +204,12 @@ def _jsonable(value: Any) -> Any:
     if callable(item):
         try:
             return _jsonable(item())
-        except Exception:
+        except Exception:  # noqa: BLE001 - a user object's item() may raise anything: fall back to tolist/str
             pass
     tolist = getattr(value, "tolist", None)
     if callable(tolist):
         try:
             return _jsonable(tolist())
-        except Exception:
+        except Exception:  # noqa: BLE001 - a user object's tolist() may raise anything: fall back to str
             pass
     return str(value)

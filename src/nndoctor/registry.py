@@ -18,7 +18,9 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nndoctor.catalog_table import is_enabled, unknown_selectors  # noqa: F401 - re-exported (checks import them from here)
+# re-exported: checks import them from here
+from nndoctor.catalog_table import is_enabled as is_enabled
+from nndoctor.catalog_table import unknown_selectors as unknown_selectors
 from nndoctor.events import EVENT_KINDS
 from nndoctor.findings import Finding, Location, Severity
 from nndoctor.probes import PROBES

@@ -11,8 +11,8 @@ import argparse
 
 from nndoctor.catalog_table import code_enabled, unknown_selectors
 from nndoctor.errors import UsageError
-from nndoctor.findings import Severity
-from nndoctor.registry import parse_codes
+from nndoctor.findings import Report, Severity
+from nndoctor.registry import parse_codes as parse_codes  # re-exported (api.py imports it here)
 
 
 def selectors(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -29,6 +29,6 @@ def fail_threshold(args: argparse.Namespace) -> Severity | None:
     return None if value == "never" else Severity.parse(value)
 
 
-def filter_findings(report, select: list[str], ignore: list[str]) -> None:
+def filter_findings(report: Report, select: list[str], ignore: list[str]) -> None:
     """Drop findings the user did not ask for (for subcommands that build findings directly)."""
     report.findings = [f for f in report.findings if code_enabled(f.code, select, ignore)]

@@ -15,8 +15,10 @@ from nndoctor.events import EVENT_KINDS
 class Subscriber(Protocol):
     """Defines ``on_<event kind>(event)`` for the kinds it wants (``on_forward``, ``on_run_end`` …)."""
 
-    # Shown in internal-error messages when one of its handlers raises.
-    subscriber_name: str
+    # Shown in internal-error messages when one of its handlers raises (read-only: a class
+    # attribute or a property).
+    @property
+    def subscriber_name(self) -> str: ...
 
 
 def handler_names(cls: type) -> dict[str, str]:

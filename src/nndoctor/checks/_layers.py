@@ -31,7 +31,8 @@ def mode_summary(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     Plain strings, so a cache of this never keeps the user's modules alive.
     """
-    training, evaluating = [], []
+    training: list[str] = []
+    evaluating: list[str] = []
     for name, sub in mode_dependent_layers(module):
         label = f"{name or '<root>'} ({type(sub).__name__})"
         (training if sub.training else evaluating).append(label)

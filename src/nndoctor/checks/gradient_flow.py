@@ -8,7 +8,7 @@ import torch
 
 from nndoctor.checks._params import grad_slice, has_any_grad, optimizer_params, spread_sample
 from nndoctor.events import Backward, LossComputed, StepEnd, StepStart, ZeroGrad
-from nndoctor.findings import Severity
+from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
 
 
@@ -319,7 +319,7 @@ class UnscaledGradientAccumulation(Check):
         self._last_loss: weakref.ref | None = None
         self._last_reduction: str | None = None
         self._backwards: list[tuple[bool | None, int]] = []
-        self._where = None
+        self._where: Location | None = None
 
     def on_loss(self, event: LossComputed) -> None:
         out = event.output

@@ -28,7 +28,7 @@ from nndoctor.events import (
     RunEnd,
     StateDictLoad,
 )
-from nndoctor.findings import Severity
+from nndoctor.findings import Location, Severity
 from nndoctor.image_batches import image_layout, unnormalized_pixels  # noqa: F401 - D101's rule, shared with Keras
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
 from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor
@@ -951,7 +951,7 @@ class TrainEvalOverlap(Check):
         self._last_loader: int | None = None
         self._overlap: set[bytes] = set()
         self._eval_seen = 0
-        self._location = None
+        self._location: Location | None = None
         self._first_step: int | None = None
 
     def on_batch(self, event: BatchFetched) -> None:

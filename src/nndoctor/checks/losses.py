@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from nndoctor.events import Backward, LossComputed, RunEnd, StepEnd
-from nndoctor.findings import Severity
+from nndoctor.findings import Location, Severity
 from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
 from nndoctor.registry import Check, register
 
@@ -525,7 +525,7 @@ class InitialLossSuspicious(Check):
         super().__init__(session)
         self._losses: list[float] = []
         self._classes = 0
-        self._location = None
+        self._location: Location | None = None
         self._done = False
 
     def on_loss(self, event: LossComputed) -> None:
@@ -626,7 +626,7 @@ class LossNotDecreasing(Check):
         self._buffer: torch.Tensor | None = None
         self._filled = 0
         self._values: list[float] = []
-        self._location = None
+        self._location: Location | None = None
         self._first_step: int | None = None
         self._most_optimizers = 0
 

@@ -16,7 +16,7 @@ from nndoctor.checks._params import (
 )
 from nndoctor.checks._source import attribute_definition
 from nndoctor.events import RunEnd, StepEnd, StepStart
-from nndoctor.findings import Severity
+from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
 
 
@@ -197,7 +197,7 @@ class UnusedParameters(Check):
         super().__init__(session)
         self._used: set[int] = set()
         self._sampled_steps = 0
-        self._location = None
+        self._location: Location | None = None
 
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled:

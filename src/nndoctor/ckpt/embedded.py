@@ -75,7 +75,7 @@ def npy_pickle(where: str, stream: IO[bytes]) -> EmbeddedPickle | None:
     """The pickle of an object-dtype .npy (after its header), or None for plain arrays."""
     try:
         _shape, dtype = npy_header(stream)
-    except Exception as error:  # numpy raises ValueError for bad headers, SyntaxError for bad dicts
+    except Exception as error:  # noqa: BLE001 - numpy raises ValueError for bad headers, SyntaxError for bad dicts
         return EmbeddedPickle(where, [], f"unreadable .npy header: {error}")
     if not dtype.hasobject:
         return None
@@ -156,7 +156,7 @@ def hdf5_pickles(handle: Any) -> list[EmbeddedPickle]:
         for key in list(obj.attrs.keys()):
             try:
                 value = obj.attrs[key]
-            except Exception:  # h5py cannot decode some attribute types: not a pickle we can see
+            except Exception:  # noqa: BLE001 - h5py cannot decode some attribute types: not a pickle we can see
                 continue
             if isinstance(value, np.void):
                 value = value.tobytes()

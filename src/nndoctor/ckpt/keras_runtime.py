@@ -21,7 +21,7 @@ def import_keras() -> Any:
     os.environ.setdefault("KERAS_BACKEND", "torch")
     try:
         import keras
-    except Exception as error:  # ImportError, or a backend that is not installed
+    except Exception as error:  # noqa: BLE001 - ImportError, or a backend that is not installed
         raise UsageError(f"verifying a conversion needs Keras 3 with KERAS_BACKEND=torch "
                          f"(pip install keras): {type(error).__name__}: {error}") from None
     if keras.backend.backend() != "torch":
@@ -38,7 +38,7 @@ def load_keras_model(source: str, spec: str | None, *, full_model: bool) -> Any 
         model = build_from_spec(spec, option="--keras-model")
         try:
             model.load_weights(source)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - the user's weights file and model: any failure is a usage error
             raise UsageError(f"--keras-model {spec!r} cannot load {source}: {error}") from None
         return model
     if not full_model:
@@ -46,7 +46,7 @@ def load_keras_model(source: str, spec: str | None, *, full_model: bool) -> Any 
     keras = import_keras()
     try:
         return keras.saving.load_model(source, compile=False, safe_mode=True)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - Keras raises many types on a model it cannot rebuild: reported as usage error
         raise UsageError(f"{source}: Keras could not rebuild the model ({type(error).__name__}: "
                          f"{error}); pass --keras-model MODULE:CALLABLE to build it yourself") from None
 
@@ -59,13 +59,13 @@ def _flatten_input_shape(layer: Any) -> tuple[int, ...] | None:
     """The channels-last shape a Flatten feeding this Dense layer received, if any."""
     try:
         producer = layer.input._keras_history.operation
-    except Exception:
+    except Exception:  # noqa: BLE001 - Keras internals (_keras_history) vary by version: no shape, no fix
         return None
     if type(producer).__name__ != "Flatten" or getattr(producer, "data_format", "channels_last") != "channels_last":
         return None
     try:
         shape = tuple(producer.input.shape[1:])
-    except Exception:
+    except Exception:  # noqa: BLE001 - Keras internals vary by version: no shape, no fix
         return None
     if len(shape) < 2 or any(d is None for d in shape):
         return None

@@ -46,7 +46,7 @@ def build_from_spec(spec: str, *, option: str = "--model") -> Any:
         module = _import_target(module_part)
     except UsageError:
         raise
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - importing the user's module runs their code: any error is reported
         raise UsageError(f"{option}: importing {module_part!r} failed: {type(error).__name__}: {error}") from None
     target: Any = module
     for part in attr.split("."):
@@ -57,7 +57,7 @@ def build_from_spec(spec: str, *, option: str = "--model") -> Any:
         raise UsageError(f"{option}: {spec!r} is not callable")
     try:
         return target()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - calling the user's model factory runs their code: any error is reported
         raise UsageError(f"{option}: calling {spec!r} failed: {type(error).__name__}: {error}") from None
 
 

@@ -166,7 +166,7 @@ def _scan_one(stream: io.BufferedIOBase, found: PickleGlobals) -> None:
                 recent.append(None)
             if len(recent) > 64:
                 del recent[:-8]
-    except Exception as error:  # genops raises ValueError, EOFError, struct errors …
+    except Exception as error:  # noqa: BLE001 - genops raises ValueError, EOFError, struct errors …
         raise PickleCorrupt(f"malformed or truncated pickle: {error}") from None
     if not saw_stop:
         raise PickleCorrupt("truncated pickle: no STOP opcode")

@@ -214,7 +214,7 @@ def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: boo
                 ckpt.root = inert_torch_load(path, limits, size=os.path.getsize(path), mmap=True)
     except UsageError:
         raise
-    except (Exception, RecursionError) as error:
+    except (Exception, RecursionError) as error:  # noqa: BLE001 - any failure reading an untrusted file is reported, not raised
         reason = f"{type(error).__name__}: {error}"
         if unsafe:
             ckpt.read_mode = "not-loaded"
@@ -266,7 +266,7 @@ def _hdf5_bytes_pickles(data: bytes) -> list[EmbeddedPickle]:
 
         with h5py.File(io.BytesIO(data), "r") as handle:
             return hdf5_pickles(handle)
-    except Exception:  # unreadable HDF5 is reported by the Keras reader
+    except Exception:  # noqa: BLE001 - unreadable HDF5 is reported by the Keras reader
         return []
 
 
@@ -276,7 +276,7 @@ def _hdf5_file_pickles(path: str) -> list[EmbeddedPickle]:
 
         with h5py.File(path, "r") as handle:
             return hdf5_pickles(handle)
-    except Exception:  # unreadable HDF5 is reported by the Keras reader
+    except Exception:  # noqa: BLE001 - unreadable HDF5 is reported by the Keras reader
         return []
 
 
@@ -289,7 +289,7 @@ def _read_npy(path: str) -> Checkpoint:
         return _embedded_only(path, "npy", [embedded])
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - numpy raises many types on a corrupted file: reported as usage error
         raise UsageError(f"{path}: corrupted .npy file ({error})") from None
     return Checkpoint(path=path, format="npy", state_dicts=[StateDict("", {"(array)": array})],
                       read_mode="tensors-only")
@@ -307,7 +307,7 @@ def _read_npz(path: str, archive: zipfile.ZipFile, limits: ReadLimits) -> Checkp
         with archive.open(info) as handle:
             try:
                 shape, dtype = npy_header(handle)
-            except Exception:
+            except Exception:  # noqa: BLE001 - numpy raises ValueError/SyntaxError/… for bad headers: skip the member
                 continue
         if not dtype.hasobject:
             arrays[info.filename[:-4]] = _ArrayHeader(shape, str(dtype))
@@ -356,7 +356,7 @@ def _read_safetensors(path: str) -> Checkpoint:
         with safe_open(path, framework=framework) as handle:
             metadata = dict(handle.metadata() or {})
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types on corrupted files: reported
         raise UsageError(f"{path}: corrupted or truncated safetensors file ({error})") from None
     return Checkpoint(path=path, format="safetensors", root=tensors,
                       state_dicts=[StateDict("", tensors)], metadata=metadata,
@@ -370,7 +370,7 @@ def _read_keras(path: str) -> Checkpoint:
         fmt, layers, config = read_keras_file(path)
     except UsageError:
         raise
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - any failure reading an untrusted file is reported, not raised
         raise UsageError(f"{path}: corrupted or unreadable Keras file ({type(error).__name__}: "
                          f"{error})") from None
     tensors = {f"{layer.name}/{name}": array for layer in layers for name, array in layer.weights.items()}

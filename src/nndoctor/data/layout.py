@@ -159,7 +159,8 @@ def _listdir(folder: str) -> tuple[list[str], list[str]]:
         entries = list(os.scandir(folder))
     except OSError as error:
         raise UsageError(f"{folder}: cannot list folder ({error.strerror or error})") from None
-    dirs, files = [], []
+    dirs: list[str] = []
+    files: list[str] = []
     for entry in entries:
         try:
             (dirs if entry.is_dir() else files).append(entry.name)

@@ -144,7 +144,7 @@ def _decode_into(record: FileRecord, data: bytes) -> None:
 def _orientation(image: Image.Image) -> int:
     try:
         return int(image.getexif().get(EXIF_ORIENTATION) or 0)
-    except Exception:  # a broken EXIF block must not hide the pixels
+    except Exception:  # noqa: BLE001 - a broken EXIF block must not hide the pixels
         return 0
 
 

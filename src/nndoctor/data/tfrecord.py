@@ -233,7 +233,7 @@ def image_problem(value: bytes) -> str | None:
         image.load()
     except Image.DecompressionBombError as error:
         return f"decompression bomb: {error}"
-    except Exception as error:  # any decoder failure is the finding
+    except Exception as error:  # noqa: BLE001 - any decoder failure is the finding
         return f"{fmt} does not decode: {error}"
     if fmt == "JPEG" and not bytes(value[-16:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
         return "truncated JPEG: no end-of-image marker"

@@ -125,7 +125,7 @@ def from_exception(error: BaseException, *, context: dict[str, Any] | None = Non
     message = message_of(error)
     # The exceptions this one was raised from (a worker's real death signal, a wrapped error)
     # are part of what happened: their messages are kept as the preamble.
-    causes = []
+    causes: list[str] = []
     cause = error.__cause__ or error.__context__
     while cause is not None and len(causes) < 3:
         causes.append(f"{qualified_type(cause)}: {message_of(cause)}")

@@ -62,7 +62,8 @@ def graph_blockers(loss: Any, limit: int = 3) -> tuple[list[tuple[str, str]], bo
     try:
         if op is None or not hasattr(op, "inputs") or getattr(loss, "graph", None) is None:
             return None
-        order, seen, queue = [], {op.name}, [op]
+        order: list[Any] = []  # TF operations
+        seen, queue = {op.name}, [op]
         while queue and len(order) < _MAX_OPS:
             current = queue.pop(0)
             order.append(current)
