@@ -1777,7 +1777,7 @@ ENTRIES = (
         'name': 'tensorboard-not-flushed',
         'severity': 'warning',
         'scope': 'run',
-        'summary': 'a SummaryWriter never written to, or never flushed/closed before a child process exits',
+        'summary': 'a SummaryWriter never written to, or not flushed/closed before a forked child process exits',
         'fix': 'call writer.close() (or use `with SummaryWriter(...) as writer:`) when training ends',
         'module': 'nndoctor.checks.tensorboard',
         'class_name': 'TensorBoardNotFlushed',

@@ -75,3 +75,17 @@ def test_verdicts():
     # in the main process a normal exit writes queued events: nothing lost
     assert lost_at_child_exit([closed, queued], in_child=False) == []
     assert lost_at_child_exit([closed, queued], in_child=True) == [queued]
+
+
+def test_only_fork_and_forkserver_launchers_end_through_os_exit():
+    from nndoctor.checks.tensorboard import launched_by_fork
+
+    def frame_in(filename):
+        namespace: dict = {}
+        exec(compile("import sys\ndef f():\n    return sys._getframe()\n", filename, "exec"), namespace)
+        return namespace["f"]()
+
+    assert launched_by_fork(frame_in("/usr/lib/python3.11/multiprocessing/popen_fork.py"))
+    assert launched_by_fork(frame_in("/usr/lib/python3.11/multiprocessing/forkserver.py"))
+    assert not launched_by_fork(frame_in("/usr/lib/python3.11/multiprocessing/spawn.py"))
+    assert not launched_by_fork(frame_in("/home/me/popen_fork.py"))
