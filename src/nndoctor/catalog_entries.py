@@ -1773,6 +1773,18 @@ ENTRIES = (
         'false_positives': None,
     },
     {
+        'code': 'R103',
+        'name': 'tensorboard-not-flushed',
+        'severity': 'warning',
+        'scope': 'run',
+        'summary': 'a SummaryWriter never written to, or not flushed/closed before a forked child process exits',
+        'fix': 'call writer.close() (or use `with SummaryWriter(...) as writer:`) when training ends',
+        'module': 'nndoctor.checks.tensorboard',
+        'class_name': 'TensorBoardNotFlushed',
+        'heuristic': False,
+        'false_positives': None,
+    },
+    {
         'code': 'R104',
         'name': 'training-stalled',
         'severity': 'error',

@@ -20,5 +20,6 @@ PROBES: dict[str, str] = {
     "dropout_calls": "functional dropout called without training= inside an eval-mode module",
     "gc_clock": "time spent in Python's garbage collector",
     "compile_log": "torch.compile's recompile-limit warnings",
+    "tensorboard_writers": "add_*, flush and close calls of each torch.utils.tensorboard SummaryWriter",
     "stall_watchdog": "a thread that notices a run that stopped making progress",
 }

@@ -30,6 +30,7 @@ from nndoctor.checks import (  # noqa: F401
     schedulers,
     stall,
     step_time,
+    tensorboard,
     tf32,
     training_observed,
 )

@@ -49,6 +49,7 @@ def torch_features() -> tuple[Feature, ...]:
         loss_sum,
         manual_steps,
         numerics_probe,
+        tensorboard_probe,
         training_probe,
         warning_relay,
     )
@@ -93,6 +94,8 @@ def torch_features() -> tuple[Feature, ...]:
         Feature("compile_log", training_probe.install_compile_log, needed=True),
         # M110: F.dropout without training=self.training
         Feature("dropout_calls", dropout_probe.install, needed=True),
+        # R103: SummaryWriter add_*/flush/close, patched once the script imports torch.utils.tensorboard
+        Feature("tensorboard_writers", tensorboard_probe.install, needed=True),
     )
 
 

@@ -1,0 +1,132 @@
+"""``torch.utils.tensorboard.SummaryWriter`` use, per writer (R103): where it was built, how many
+``add_*`` calls it received, and how many of them came after its last ``flush()``/``close()``.
+
+Importing TensorBoard imports TensorFlow (seconds), so nothing here imports it: the methods are
+wrapped once the user's script imports ``torch.utils.tensorboard`` (``when_imported``). The
+records hold no reference to the writer (a ``WeakKeyDictionary`` maps a live writer to its
+record), so a writer the user drops is freed as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from nndoctor.findings import Location
+from nndoctor.stash import StashKey
+from nndoctor.tfdata.hooks import when_imported
+from nndoctor.user_code import user_location
+
+WRITER_MODULE = "torch.utils.tensorboard.writer"
+
+
+@dataclass
+class WriterRecord:
+    created_at: Location | None
+    adds: int = 0  # outermost add_* calls (add_images calling add_image counts once)
+    adds_since_flush: int = 0
+    flushes: int = 0
+    closes: int = 0
+    depth: int = 0  # add_* calls in progress on this writer (nested ones are not counted)
+
+
+class WriterLog:
+    def __init__(self) -> None:
+        self.records: list[WriterRecord] = []
+        self._by_writer: weakref.WeakKeyDictionary[Any, WriterRecord] = weakref.WeakKeyDictionary()
+
+    def created(self, writer: Any, where: Location | None) -> None:
+        record = WriterRecord(where)
+        self.records.append(record)
+        try:
+            self._by_writer[writer] = record
+        except TypeError:  # a subclass with __slots__ and no __weakref__: not followed
+            self.records.pop()
+
+    def of(self, writer: Any) -> WriterRecord | None:
+        try:
+            return self._by_writer.get(writer)
+        except TypeError:
+            return None
+
+
+WRITER_LOG = StashKey[WriterLog]("tensorboard writers")
+
+
+def writer_log(session: Any) -> WriterLog | None:
+    """The session's writer records (None when the probe is not installed)."""
+    return session.stash.get(WRITER_LOG, None)
+
+
+def patch_writer_class(cls: type, log: WriterLog, session: Any, patcher: Any) -> None:
+    """Wrap ``cls.__init__``, every ``add_*`` method, ``flush`` and ``close`` to keep ``log``."""
+    original_init = patcher.patch(cls, "__init__", None)
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if session.active and log.of(self) is None:  # a subclass's __init__ calling ours: once
+            log.created(self, user_location(sys._getframe(1)))
+
+    cls.__init__ = __init__
+    for name in [n for n in vars(cls) if n.startswith("add_") and callable(vars(cls)[n])]:
+        _wrap_add(cls, name, log, patcher)
+    _wrap_flush(cls, "flush", log, patcher, closing=False)
+    _wrap_flush(cls, "close", log, patcher, closing=True)
+
+
+def _wrap_add(cls: type, name: str, log: WriterLog, patcher: Any) -> None:
+    original = patcher.patch(cls, name, None)
+
+    @functools.wraps(original)
+    def add(self, *args, **kwargs):
+        record = log.of(self)
+        if record is None:
+            return original(self, *args, **kwargs)
+        record.depth += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            record.depth -= 1
+            if record.depth == 0:
+                record.adds += 1
+                record.adds_since_flush += 1
+
+    setattr(cls, name, add)
+
+
+def _wrap_flush(cls: type, name: str, log: WriterLog, patcher: Any, *, closing: bool) -> None:
+    original = patcher.patch(cls, name, None)
+
+    @functools.wraps(original)
+    def flush(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        record = log.of(self)
+        if record is not None:  # counted after it returned: a flush that raised wrote nothing
+            record.adds_since_flush = 0
+            if closing:
+                record.closes += 1
+            else:
+                record.flushes += 1
+        return result
+
+    setattr(cls, name, flush)
+
+
+def install(installation: Any) -> None:
+    session = installation.session
+    log = session.stash[WRITER_LOG] = WriterLog()
+
+    def patch(module: Any) -> None:
+        cls = getattr(module, "SummaryWriter", None)
+        if not isinstance(cls, type):
+            return
+        try:
+            patch_writer_class(cls, log, session, installation.patcher)
+        except Exception as error:  # noqa: BLE001 - observer rule: the run goes on unobserved
+            session.internal_error("tensorboard writer instrumentation", error)
+
+    when_imported(WRITER_MODULE, patch, installation.patcher)
