@@ -71,7 +71,7 @@ def patch_writer_class(cls: type, log: WriterLog, session: Any, patcher: Any) ->
         if session.active and log.of(self) is None:  # a subclass's __init__ calling ours: once
             log.created(self, user_location(sys._getframe(1)))
 
-    cls.__init__ = __init__
+    cls.__init__ = __init__  # type: ignore[misc]  # patching the class itself, undone by the patcher
     for name in [n for n in vars(cls) if n.startswith("add_") and callable(vars(cls)[n])]:
         _wrap_add(cls, name, log, patcher)
     _wrap_flush(cls, "flush", log, patcher, closing=False)
