@@ -44,7 +44,7 @@ def train(keras, ds, epochs: int) -> float:
 
 def observed(keras, ds, epochs: int) -> float:
     from nndoctor.engine import Session
-    from nndoctor.instrument import install
+    from nndoctor.instrument.extensions import install
 
     session = Session(command=["keras_overhead"])
     installation = install(session)

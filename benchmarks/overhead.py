@@ -183,7 +183,7 @@ def run_round(args, device, doctored: bool, select: list[str] | None = None) -> 
 def installed_probes(select: list[str]) -> list[str] | None:
     """What the instrumentation installs for this selection (None on a version without probes)."""
     from nndoctor.engine import Session
-    from nndoctor.instrument import install
+    from nndoctor.instrument.extensions import install
 
     installation = install(Session(select=select))
     installation.uninstall()

@@ -3,7 +3,7 @@
 Module and class names, file names, evidence values, exception messages and tracebacks come
 from the user's code and data. Printed raw, an ESC/CSI/OSC sequence in them can recolour, hide
 or rewrite what the terminal shows (CWE-150, https://cwe.mitre.org/data/definitions/150.html).
-The terminal reporter renders this escaped copy (``report.sanitize.printable``); the JSON
+The terminal reporter renders this escaped copy (``sanitize.printable``); the JSON
 report keeps the raw values. Escaping the copy once, rather than at each print, also covers
 whatever a renderer prints from the report later (``report.extra`` included). Rich markup is
 not a concern as long as renderers print ``Text`` objects, which never parse markup.
