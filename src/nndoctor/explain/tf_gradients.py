@@ -248,6 +248,14 @@ def _live_variable_names(crash: Crash) -> list[str]:
     found = crash.frame_locals("filter_empty_gradients")
     if found is not None and found.get("grads_and_vars") is not None:
         return [_variable_label(v) for _, v in list(found["grads_and_vars"])]
+    # Keras filters its own frames out of the traceback; nndoctor's optimizer wrapper
+    # (keras/tf_loops.py) stays in it and holds ``optimizer.apply(grads, variables)``'s arguments.
+    found = crash.frame_locals("_apply", "tf_loops")
+    if found is not None:
+        args, kwargs = found.get("args") or (), found.get("kwargs") or {}
+        variables = kwargs.get("trainable_variables", args[1] if len(args) > 1 else None)
+        if isinstance(variables, (list, tuple)):
+            return [_variable_label(v) for v in variables]
     return []
 
 
