@@ -11,9 +11,8 @@ import torch.nn.functional as F
 
 from nndoctor.crash_context import CRASH_CONTEXT, crash_context
 from nndoctor.engine import Session
-from nndoctor.instrument.extensions import install
 from nndoctor.instrument.dropout_probe import DROPOUT_RECORDS
-from nndoctor.instrument.extensions import plain_features, torch_features
+from nndoctor.instrument.extensions import install, plain_features, torch_features
 from nndoctor.instrument.inputs_probe import TARGET_RANGES, target_range_records
 from nndoctor.instrument.numerics_probe import PROBE_STATE, probe_state
 from nndoctor.probes import PROBES

@@ -252,7 +252,8 @@ def _live_variable_names(crash: Crash) -> list[str]:
     # (keras/tf_loops.py) stays in it and holds ``optimizer.apply(grads, variables)``'s arguments.
     found = crash.frame_locals("_apply", "tf_loops")
     if found is not None:
-        args, kwargs = found.get("args") or (), found.get("kwargs") or {}
+        args: tuple[Any, ...] = tuple(found.get("args") or ())
+        kwargs: dict[str, Any] = dict(found.get("kwargs") or {})
         variables = kwargs.get("trainable_variables", args[1] if len(args) > 1 else None)
         if isinstance(variables, (list, tuple)):
             return [_variable_label(v) for v in variables]
