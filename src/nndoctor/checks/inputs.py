@@ -245,7 +245,7 @@ class UnnormalizedInput(Check):
     Weights are initialised (and pretrained) for inputs of unit scale. Inputs 255 times too
     large saturate activations, blow up the first layer's gradients and make the learning
     rate effectively 65 000 times too large for the first layer: training diverges or
-    crawls. Seed 004 records the usual cause: `img.float()` without `/ 255` (or a custom
+    crawls. The usual cause: `img.float()` without `/ 255` (or a custom
     loader that skips `ToTensor()`).
 
     The threshold 25 is ten times the largest value of an ImageNet-standardised image
@@ -322,7 +322,7 @@ class NormalizationScaleMismatch(Check):
       around -2).
 
     ## Why is this bad?
-    Seed 004 explains that mean/std come in two scales — small (0–1, torchvision) or large
+    Mean/std come in two scales — small (0–1, torchvision) or large
     (0–255, Caffe/mmdetection) — and must match how pixels were prepared. Mixing them gives
     inputs 250 times too large, or images with all contrast squeezed out: a pretrained
     network sees garbage and training from scratch is badly conditioned. Correct pipelines
@@ -542,7 +542,7 @@ class ChannelsLastInput(Check):
     ## Why is this bad?
     The convolution then mixes pixels of a column as if they were colours and slides over
     the width and the colour axis: the network trains on scrambled images and plateaus far
-    below what the data allows. Seeds 000 and 004: images opened with PIL/OpenCV are
+    below what the data allows. Images opened with PIL/OpenCV are
     H,W,C; PyTorch expects C,H,W.
 
     ## Example
@@ -702,8 +702,8 @@ class NonfiniteInput(Check):
     ## Why is this bad?
     One NaN in an input batch turns the loss into NaN, and a single NaN gradient step
     destroys every weight it touches: from then on the model outputs NaN, long after the
-    culprit batch is gone. Seed 003 spent days on exploding weights and NaN losses that came
-    from the input data ("maybe a batch was empty, or the data processing was wrong").
+    culprit batch is gone. Exploding weights and NaN losses that come from the input data (an empty batch, a
+    broken preprocessing step) can take days to trace back once the batch is gone.
 
     ## Example
     ```python
@@ -768,7 +768,7 @@ class LabelOutOfRange(Check):
     On CPU the loss raises "Target N is out of bounds"; on CUDA it triggers an
     asynchronous device-side assert reported at some later, unrelated line. BCE does not
     check at all: targets of 255 silently turn the loss into a large linear penalty that
-    pushes every logit upward. Seed 004 warns about matching label formats to the loss.
+    pushes every logit upward. Match the label format to the loss.
 
     ## Example
     ```python

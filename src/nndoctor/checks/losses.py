@@ -224,8 +224,8 @@ class SoftmaxBeforeCrossEntropy(Check):
     `CrossEntropyLoss` applies `log_softmax` itself. Given probabilities it computes a
     softmax of a softmax: the "logits" are squeezed into [0, 1], the loss can never go
     below about ln(C) − 1 + small, and gradients shrink by orders of magnitude; training
-    stalls at a mediocre accuracy. Seed 004: "with nn.CrossEntropyLoss you do not add a
-    softmax by hand".
+    stalls at a mediocre accuracy. The PyTorch docs say it: CrossEntropyLoss expects
+    unnormalized logits, so no softmax is added by hand.
 
     A model that ends in softmax *for inference* but whose training path returns logits is
     fine and not reported — only what reaches the loss is examined. `log_softmax` before
@@ -416,8 +416,8 @@ class BroadcastInLoss(Check):
     With `pred` (N, 1) and `y` (N,), `pred - y` is (N, N): every prediction is compared
     with every target, the loss is minimised by predicting the mean of the targets, and
     the model learns nothing per sample — without any error (torch only warns for the
-    loss functions). Seed 002 notes the broadcasting rules ("each dimension equal, or one
-    of them 1, or missing") and how a 1-D tensor silently aligns to the right.
+    loss functions). PyTorch's broadcasting rules (each dimension equal, one
+    of them 1, or missing) and how a 1-D tensor silently aligns to the right.
 
     ## Example
     ```python
@@ -595,7 +595,7 @@ class LossNotDecreasing(Check):
     ## Why is this bad?
     A loss that does not go down means nothing is being learned: learning rate far too low
     or too high, labels shuffled independently of the inputs, a frozen model, a bug
-    between the model and the loss. Seed 003 chased NaN and exploding weights for days
+    between the model and the loss. NaN and exploding weights are often chased for days
     after the loss stopped improving; seeing the flat curve early saves the GPU-days.
 
     ## Example

@@ -107,7 +107,7 @@ class LongFloatCast(CrashExplanation):
     result, or ``BCEWithLogitsLoss`` given integer targets.
 
     ## Why is this bad?
-    In-place operations keep the left operand's dtype and refuse to truncate. Seed 002 hit it
+    In-place operations keep the left operand's dtype and refuse to truncate. A common case:
     averaging two state_dicts: ``num_batches_tracked`` of every BatchNorm is int64, so
     ``sd[k] *= 0.5`` fails on it. Binary cross-entropy needs float targets.
 

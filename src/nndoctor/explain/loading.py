@@ -45,8 +45,8 @@ class CropLargerThanImage(CrashExplanation):
     and image sizes and, on a live run, the samples (index, file) that are too small.
 
     ## Why is this bad?
-    ``RandomCrop(224)`` needs every image to be at least 224×224. Seed 002: writing
-    ``RandomCrop(224)`` where ``RandomResizedCrop(224)`` was meant crashed in the loader —
+    ``RandomCrop(224)`` needs every image to be at least 224×224. Writing
+    ``RandomCrop(224)`` where ``RandomResizedCrop(224)`` was meant crashes in the loader —
     only when a small image came up.
 
     ## Example
