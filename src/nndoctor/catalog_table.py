@@ -62,15 +62,7 @@ class Rule:
         severity: Severity | None = None,
     ) -> Finding:
         """A Finding of this code, built from the table alone (no framework needed)."""
-        return Finding(
-            code=self.code,
-            name=self.name,
-            severity=severity or self.severity,
-            message=message,
-            fix=fix or self.fix,
-            location=location,
-            evidence=dict(evidence or {}),
-        )
+        return build_finding(self, message, location=location, evidence=evidence, fix=fix, severity=severity)
 
     # -- the check's source, read without importing it ----------------------------------------
     def source_path(self) -> str | None:
@@ -103,6 +95,27 @@ class Rule:
             if extra is not None:
                 text = merge_variant_doc(text, ast.get_docstring(extra, clean=True) or "")
         return text
+
+
+def build_finding(
+    entry: Any,
+    message: str,
+    *,
+    location: Location | None = None,
+    evidence: dict[str, Any] | None = None,
+    fix: str | None = None,
+    severity: Severity | None = None,
+) -> Finding:
+    """A Finding of a catalog entry (a ``Rule`` or a check class: both carry the same fields)."""
+    return Finding(
+        code=entry.code,
+        name=entry.name,
+        severity=severity or entry.severity,
+        message=message,
+        fix=fix or entry.fix,
+        location=location,
+        evidence=dict(evidence or {}),
+    )
 
 
 def doc_sections(text: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 # re-exported: checks import them from here
+from nndoctor.catalog_table import build_finding
 from nndoctor.catalog_table import is_enabled as is_enabled
 from nndoctor.catalog_table import unknown_selectors as unknown_selectors
 from nndoctor.events import EVENT_KINDS
@@ -107,15 +108,7 @@ class Check:
         severity: Severity | None = None,
     ) -> Finding:
         """Build a Finding of this check without a session (for data/ckpt/explain)."""
-        return Finding(
-            code=cls.code,
-            name=cls.name,
-            severity=severity or cls.severity,
-            message=message,
-            fix=fix or cls.fix,
-            location=location,
-            evidence=dict(evidence or {}),
-        )
+        return build_finding(cls, message, location=location, evidence=evidence, fix=fix, severity=severity)
 
     # -- documentation -----------------------------------------------------------
     @classmethod
