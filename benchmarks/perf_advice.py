@@ -395,7 +395,12 @@ def main() -> int:
                         help="lm / mlp: the whole benchmark of that patient in one run (perf_patients.py)")
     parser.add_argument("--tiny", action="store_true", help="lm / mlp: CPU-sized smoke test")
     parser.add_argument("--try-repeats", type=int, default=2, help="lm / mlp: nndoctor perf --try-repeats")
-    parser.add_argument("--perf-timeout", type=int, default=420, help="lm / mlp: seconds for the nndoctor perf run")
+    parser.add_argument("--perf-timeout", type=int, default=560, help="lm / mlp: seconds for the nndoctor perf run")
+    parser.add_argument("--stage", choices=("perf", "grid", "all"), default="all",
+                        help="lm / mlp: nndoctor perf only, the timed grid only (with --perf-report), or both")
+    parser.add_argument("--perf-report", help="lm / mlp --stage grid: the perf_<patient>_report.json of --stage perf")
+    parser.add_argument("--grid-repeats", type=int, default=3,
+                        help="lm / mlp: rounds over naive, advised and the grid (median per configuration)")
     parser.add_argument("--phase", choices=("main", "final", "verify", "overhead"),
                         help="resnet50: which part of its benchmark to run")
     parser.add_argument("--advised-flags", default="", help="final: the flags the main phase derived from the advice")
@@ -414,7 +419,8 @@ def main() -> int:
 
         try:
             results = run_patient(args, out, work)
-            (out / f"perf_advice_{args.patient}{'_tiny' if args.tiny else ''}.json").write_text(
+            suffix = ("_tiny" if args.tiny else "") + ("" if args.stage == "all" else f"_{args.stage}")
+            (out / f"perf_advice_{args.patient}{suffix}.json").write_text(
                 json.dumps(results, indent=1, default=str))
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -270,7 +270,7 @@ TINY = {  # CPU smoke-test sizes
 }
 FULL = {
     "lm": ["--warmup-steps", "5", "--steps", "20"],
-    "mlp": ["--warmup-steps", "20", "--steps", "300"],
+    "mlp": ["--warmup-steps", "20", "--steps", "800"],  # ≥ 1 s a point even at batch 256
 }
 # What `nndoctor perf --try` measures on each patient, and its window.
 TRIES = {
@@ -376,6 +376,9 @@ def run_perf(work: Path, script: Path, base: list[str], tries: str, window: list
 
 
 def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
+    """``--stage perf`` runs nndoctor perf and saves its report; ``--stage grid`` reads that
+    report (``--perf-report``) and times naive, advised and the grid; ``all`` does both (the
+    two stages fit the device tool's 10-minute calls one at a time)."""
     patient = args.patient
     script = work / f"{patient}.py"
     script.write_text(LM_SCRIPT if patient == "lm" else MLP_SCRIPT)
@@ -392,42 +395,53 @@ def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
     if not args.tiny and results["card"] == "cpu":
         raise SystemExit("--patient lm/mlp needs a CUDA GPU; pass --tiny for the CPU smoke test")
 
-    report, terminal, seconds = run_perf(work, script, base, tries, window, args.try_repeats,
-                                         timeout=args.perf_timeout)
-    (out / f"perf_{patient}_report.json").write_text(json.dumps(report, indent=1))
-    (out / f"perf_{patient}_terminal.txt").write_text(terminal)
+    if args.stage in ("perf", "all"):
+        report, terminal, seconds = run_perf(work, script, base, tries, window, args.try_repeats,
+                                             timeout=args.perf_timeout)
+        (out / f"perf_{patient}_report.json").write_text(json.dumps(report, indent=1))
+        (out / f"perf_{patient}_terminal.txt").write_text(terminal)
+        results["perf_seconds"] = seconds
+    else:
+        if not args.perf_report:
+            raise SystemExit("--stage grid needs --perf-report (the perf_<patient>_report.json of --stage perf)")
+        report = json.loads(Path(args.perf_report).read_text())
+        results["perf_report"] = str(args.perf_report)
     perf = report["extra"]["perf"]
     advised = advice_to_flags(perf["advice"])
     results.update({
-        "perf_seconds": seconds, "step_class": perf.get("step_class"), "advice": perf["advice"],
-        "advised_flags": advised,
+        "step_class": perf.get("step_class"), "advice": perf["advice"], "advised_flags": advised,
         "findings": [f"{f['code']} {f['severity']}: {f['message']}" for f in report["findings"]],
         "trials": {name: {k: v for k, v in trial.items() if k not in ("times_s",)}
                    for name, trial in perf["trials"].items() if isinstance(trial, dict)},
     })
-    print(f"nndoctor perf ({seconds:.0f} s): class {perf.get('step_class', {}).get('class')}; "
-          f"advised flags {advised}", flush=True)
+    print(f"nndoctor perf: class {perf.get('step_class', {}).get('class')}; advised flags {advised}", flush=True)
+    if args.stage == "perf":
+        return results
 
     batch = int(base[base.index("--batch-size") + 1]) if "--batch-size" in base else (16 if patient == "lm" else 32)
     grid = lm_grid(args.tiny) if patient == "lm" else mlp_grid(args.tiny, batch)
     rows: list[dict] = []
 
-    def one(label: str, flags: list[str]) -> None:
+    def one(label: str, flags: list[str], round_index: int) -> None:
+        started = time.perf_counter()
         try:
             rate = measure_in_process(script, patient, base, flags)
         except Exception as error:  # noqa: BLE001 - an OOM grid point is a row, not the end
             rate, error_text = None, f"{type(error).__name__}: {str(error)[:300]}"
         else:
             error_text = None
-        rows.append({"label": label, "flags": flags, "samples_per_s": rate, **({"error": error_text} if error_text else {})})
+        rows.append({"label": label, "flags": flags, "round": round_index, "samples_per_s": rate,
+                     "seconds": round(time.perf_counter() - started, 1), **({"error": error_text} if error_text else {})})
         print(json.dumps(rows[-1]), flush=True)
 
-    one("naive", [])
-    one("advised", advised)
-    for flags in grid:
-        one("grid", flags)
-    one("advised", advised)
-    one("naive", [])
+    # Every configuration once per round, fresh model each time; odd rounds in reverse order,
+    # so drift and warm caches hit every point alike. The summary takes each one's median.
+    configurations = [("naive", []), ("advised", advised)] + [("grid", flags) for flags in grid]
+    for round_index in range(args.grid_repeats):
+        order = configurations if round_index % 2 == 0 else configurations[::-1]
+        for label, flags in order:
+            one(label, flags, round_index)
+    results["grid_repeats"] = args.grid_repeats
     results["rows"] = rows
     results["summary"] = summarize(rows)
     print(json.dumps(results["summary"], indent=1), flush=True)
@@ -435,24 +449,46 @@ def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Each configuration's mean samples/s (naive and advised were timed twice); the best
-    configuration of the grid and advice; the ratios the benchmark asks about."""
-    by_flags: dict[tuple[str, ...], list[float]] = {}
+    """Each configuration's median samples/s over the rounds (and its spread); the best
+    configuration of the grid and advice; the ratios the benchmark asks about. When the
+    advised flags equal a grid point (same flags in any order), both are one configuration."""
+    by_flags: dict[frozenset[str] | tuple[str, ...], list[float]] = {}
+    labels: dict = {}
     for row in rows:
+        key = _key(row["flags"])
+        labels.setdefault(key, row["flags"])
         if row["samples_per_s"]:
-            by_flags.setdefault(tuple(row["flags"]), []).append(row["samples_per_s"])
-    means = {flags: statistics.mean(values) for flags, values in by_flags.items()}
-    naive = means[()]
-    advised = means[tuple(next(r["flags"] for r in rows if r["label"] == "advised"))]
-    best_flags = max((f for f in means if f), key=means.get, default=())
-    best = max(means[best_flags] if best_flags else advised, advised)
+            by_flags.setdefault(key, []).append(row["samples_per_s"])
+    medians = {key: statistics.median(values) for key, values in by_flags.items()}
+    naive = medians[_key([])]
+    advised_key = _key(next(r["flags"] for r in rows if r["label"] == "advised"))
+    advised = medians[advised_key]
+    best_key = max(medians, key=medians.get)
+    best = medians[best_key]
+    spread = {" ".join(labels[key]) or "(naive)": [round(min(v)), round(statistics.median(v)), round(max(v))]
+              for key, v in by_flags.items()}
     summary = {
-        "naive_samples_per_s": naive, "advised_samples_per_s": advised,
-        "best_samples_per_s": best, "best_flags": list(best_flags),
+        "statistic": "median over rounds", "naive_samples_per_s": naive, "advised_samples_per_s": advised,
+        "best_samples_per_s": best, "best_flags": list(labels[best_key]),
+        "advised_is_best": best_key == advised_key,
         "advised_over_naive": advised / naive, "best_over_naive": best / naive,
-        "advised_over_best": advised / best,
+        "advised_over_best": advised / best, "min_median_max": spread,
     }
     summary["advised_within_90pct_of_best"] = summary["advised_over_best"] >= 0.9
     summary["advised_at_least_2x_where_best_is"] = (summary["advised_over_naive"] >= 2.0
                                                     if summary["best_over_naive"] >= 2.0 else None)
     return summary
+
+
+def _key(flags: list[str]) -> frozenset[str]:
+    """Flags as a configuration: options with their values, order-free."""
+    pairs, index = [], 0
+    while index < len(flags):
+        flag = flags[index]
+        if index + 1 < len(flags) and not flags[index + 1].startswith("--"):
+            pairs.append(f"{flag}={flags[index + 1]}")
+            index += 2
+        else:
+            pairs.append(flag)
+            index += 1
+    return frozenset(pairs)

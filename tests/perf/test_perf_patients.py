@@ -1,5 +1,5 @@
 """benchmarks/perf_patients.py: the advice becomes the patient's flags mechanically, and the
-summary compares configurations by their mean rate (fast: nothing is trained)."""
+summary compares configurations by their median rate over the rounds (fast: nothing is trained)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_advice_becomes_flags(patients):
         "--batch-size", "128", "--lr-scale", "2"]  # cuda-graphs replaces plain compile; √4 for Adam
 
 
-def test_summary_uses_each_configuration_mean(patients):
+def test_summary_uses_each_configuration_median(patients):
     rows = [{"label": "naive", "flags": [], "samples_per_s": 100.0},
             {"label": "advised", "flags": ["--amp"], "samples_per_s": 290.0},
             {"label": "grid", "flags": ["--amp", "--fused"], "samples_per_s": 300.0},
@@ -40,6 +40,21 @@ def test_summary_uses_each_configuration_mean(patients):
     assert summary["best_flags"] == ["--amp", "--fused"]
     assert summary["advised_over_best"] == pytest.approx(280 / 300)
     assert summary["advised_within_90pct_of_best"] and summary["advised_at_least_2x_where_best_is"]
+
+
+def test_summary_takes_medians_and_treats_reordered_flags_as_one_configuration(patients):
+    advised = ["--sync-every", "100", "--batch-size", "256", "--fused"]
+    same_in_grid = ["--batch-size", "256", "--sync-every", "100", "--fused"]
+    rows = [{"label": "naive", "flags": [], "samples_per_s": v} for v in (10.0, 11.0, 30.0)]
+    rows += [{"label": "advised", "flags": advised, "samples_per_s": v} for v in (100.0, 105.0)]
+    rows += [{"label": "grid", "flags": same_in_grid, "samples_per_s": 95.0}]
+    rows += [{"label": "grid", "flags": ["--batch-size", "256", "--sync-every", "1"], "samples_per_s": v}
+             for v in (150.0, 90.0, 92.0)]  # one lucky round does not make it the best
+    summary = patients.summarize(rows)
+    assert summary["naive_samples_per_s"] == 11.0  # median, not mean (17)
+    assert summary["advised_samples_per_s"] == 100.0  # median of 100, 105 and the grid's 95
+    assert summary["advised_is_best"] and summary["advised_over_best"] == 1.0
+    assert summary["min_median_max"]["--batch-size 256 --sync-every 1"] == [90, 92, 150]
 
 
 def test_the_grids_hold_the_options_the_issue_names(patients):

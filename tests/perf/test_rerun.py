@@ -10,7 +10,7 @@ import pytest
 from nndoctor.cli import main
 from nndoctor.perf.classify import classify_step, order_advice
 from nndoctor.perf.recorder import PerfConfig
-from nndoctor.perf.rerun import try_changes
+from nndoctor.perf.rerun import try_changes, window_steps
 from nndoctor.perf.session import run_perf
 from nndoctor.runner import Target
 from tests.conftest import CORRECT
@@ -62,6 +62,30 @@ def test_a_baseline_that_ends_too_early_explains_itself(tmp_path):
     results = try_changes(Target(str(script), []), ("amp",), warmup=2, steps=5, repeats=2,
                           cwd=str(tmp_path), device="cpu")
     assert "ended after 3 optimizer steps" in results["amp"]["error"]
+
+
+def test_short_steps_get_a_longer_window():
+    assert window_steps(20, 0.5) == 20  # 10 s: long enough
+    assert window_steps(200, 0.0022) == 455  # 0.44 s of 2.2 ms steps → 1 s
+    assert window_steps(20, 1e-6) == 400  # at most 20 × --steps
+    assert window_steps(20, None) == 20
+
+
+def test_a_script_ending_inside_a_lengthened_window_is_timed_over_the_steps_it_ran(tmp_path):
+    script = tmp_path / "finite.py"
+    script.write_text("import torch\nfrom torch import nn\ntorch.manual_seed(0)\nmodel = nn.Linear(4, 2)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for step in range(30):\n    loss = model(torch.randn(8, 4)).square().mean()\n"
+                      "    opt.zero_grad(); loss.backward(); opt.step()\n")
+    # 2 warm-up + 28 steps run of a 100-step window: enough (≥ 10), so timed over 28.
+    results = try_changes(Target(str(script), []), ("amp",), warmup=2, steps=100, repeats=2,
+                          cwd=str(tmp_path), device="cpu", min_steps=10)
+    assert "error" not in results["amp"], results["amp"]
+    assert results["amp"]["speedup"] > 0 and results["amp"]["loss_variant"] is not None
+    # Fewer than min_steps: still the clear error.
+    short = try_changes(Target(str(script), []), ("amp",), warmup=2, steps=100, repeats=2,
+                        cwd=str(tmp_path), device="cpu", min_steps=40)
+    assert "ended after 30 optimizer steps" in short["amp"]["error"]
 
 
 def test_finding_says_why_a_requested_trial_could_not_measure(monkeypatch):

@@ -91,7 +91,12 @@ class KernelProfiler:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.profiler = profile(activities=activities)
+        try:
+            # One start/stop cycle, so accumulating costs nothing; without it torch warns on the
+            # user's stderr that "Profiler clears events at the end of each cycle".
+            self.profiler = profile(activities=activities, acc_events=True)
+        except TypeError:  # torch < 2.4 has no acc_events (and no such warning)
+            self.profiler = profile(activities=activities)
         self.profiler.start()
         self._open_marker()
 

@@ -10,6 +10,7 @@ loss, dict batches, losses inside the model, several models and optimizers, accu
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -35,24 +36,41 @@ MIN_COMPILED_WARMUP = 3
 BATCH_FACTORS = {"cuda": (2, 4, 8), "cpu": (2, 4)}
 CHILD_TIMEOUT_S = float(os.environ.get("NNDOCTOR_TRY_TIMEOUT", "900"))
 _STDERR_TAIL = 4000
+# A re-run's measured window lasts at least this long: on an H100, 200 steps of a 2 ms step
+# (0.4 s) gave repeat spreads of 27–39%, too wide to tell a 1.3× gain from noise. Short steps
+# get more steps (at most MAX_WINDOW_FACTOR × --steps); a script that ends sooner is timed
+# over the steps it ran, if it ran at least --steps of them.
+MIN_WINDOW_S = 1.0
+MAX_WINDOW_FACTOR = 20
 
 
-def child_command(target: Any, changes: list[str], warmup: int, steps: int, out: str) -> list[str]:
+def window_steps(steps: int, step_seconds: float | None) -> int:
+    """Measured steps per re-run: ``steps``, or more when they would last under MIN_WINDOW_S."""
+    if not step_seconds or step_seconds <= 0 or steps * step_seconds >= MIN_WINDOW_S:
+        return steps
+    return min(steps * MAX_WINDOW_FACTOR, math.ceil(MIN_WINDOW_S / step_seconds))
+
+
+def child_command(target: Any, changes: list[str], warmup: int, steps: int, out: str,
+                  min_steps: int | None = None) -> list[str]:
     command = [sys.executable, "-m", "nndoctor.perf.rerun_child", "--changes", ",".join(changes),
                "--warmup", str(warmup), "--steps", str(steps), "--out", out]
+    if min_steps is not None and min_steps < steps:
+        command += ["--min-steps", str(min_steps)]
     if target.is_module:
         return command + ["-m", target.name, "--", *target.args]
     return command + ["--", target.name, *target.args]
 
 
-def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str) -> dict[str, Any]:
+def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str,
+              min_steps: int | None = None) -> dict[str, Any]:
     """One re-run; the child's own output is kept only to explain a failure."""
     with tempfile.TemporaryDirectory(prefix="nndoctor-try-") as folder:
         out = os.path.join(folder, "result.json")
         log = os.path.join(folder, "log.txt")
         with open(log, "w") as handle:
             try:
-                done = subprocess.run(child_command(target, changes, warmup, steps, out), cwd=cwd,
+                done = subprocess.run(child_command(target, changes, warmup, steps, out, min_steps), cwd=cwd,
                                       stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       timeout=CHILD_TIMEOUT_S, check=False)
             except subprocess.TimeoutExpired:
@@ -80,8 +98,9 @@ def _relative_spread(values: list[float | None]) -> float:
 
 
 def try_changes(target: Any, changes: tuple[str, ...], *, warmup: int, steps: int, repeats: int,
-                cwd: str, device: str) -> dict[str, Any]:
-    """Interleaved re-runs of the baseline and each change; a verdict per change."""
+                cwd: str, device: str, min_steps: int | None = None) -> dict[str, Any]:
+    """Interleaved re-runs of the baseline and each change; a verdict per change. ``steps``
+    is the window; a run that ends after ``min_steps`` of it still counts."""
     results: dict[str, Any] = {}
     wanted = list(changes)
     if device != "cuda":
@@ -103,7 +122,8 @@ def try_changes(target: Any, changes: tuple[str, ...], *, warmup: int, steps: in
                 continue  # a change that failed once fails again: do not pay for it twice
             if name.startswith("batch-size=") and _smaller_batch_failed(runs, name):
                 continue  # K times the batch did not fit: 2K will not either
-            runs[name].append(run_child(target, [] if name == "baseline" else [name], warmup, steps, cwd))
+            runs[name].append(run_child(target, [] if name == "baseline" else [name], warmup, steps, cwd,
+                                        min_steps))
         if "error" in runs["baseline"][-1]:
             error = runs["baseline"][-1]["error"]
             for name in wanted:

@@ -67,6 +67,11 @@ class StepClock:
     def __init__(self, session: Any) -> None:
         self.session = session
         self.warmup, self.steps = session.clock_window
+        # A script that ends before the window is complete still gives a timing once this
+        # many steps were measured (--min-steps; windows are lengthened for very short steps).
+        self.min_steps = getattr(session, "clock_min_steps", self.steps)
+        self.last_end: float | None = None
+        self._last_loss: Any = None
         self.lead: int | None = None
         self.count = 0
         self.started: float | None = None
@@ -85,6 +90,8 @@ class StepClock:
             self.first_loss = float(tensor.detach().float())
         elif self.seconds_per_step is not None and self.final_loss is None:
             self.final_loss = float(tensor.detach().float())
+        elif self.started is not None and self.seconds_per_step is None:
+            self._last_loss = tensor.detach()  # read after the run, if it ends inside the window
 
     def on_batch(self, event: Any) -> None:
         from nndoctor.perf.recorder import _first_tensor
@@ -108,6 +115,26 @@ class StepClock:
             _sync()
             self.seconds_per_step = (time.perf_counter() - self.started) / self.steps
             self.peak_memory_bytes = _peak_memory()
+        elif self.started is not None and self.seconds_per_step is None:
+            self.last_end = time.perf_counter()  # no sync inside the window
+
+    @property
+    def measured_steps(self) -> int:
+        return max(0, self.count - self.warmup) if self.started is not None else 0
+
+    def finish_early(self) -> bool:
+        """The script ended inside the window: time the steps it ran when there are enough
+        (to the last step's end on the host, the device drained only now — the few steps
+        still queued then are the error, small against a window of many steps)."""
+        if self.seconds_per_step is not None or self.last_end is None or self.measured_steps < self.min_steps:
+            return False
+        _sync()
+        self.seconds_per_step = (self.last_end - self.started) / self.measured_steps
+        self.peak_memory_bytes = _peak_memory()
+        if self._last_loss is not None:
+            self.final_loss = float(self._last_loss.float())
+        self._last_loss = None
+        return True
 
     def on_step_start(self, event: Any) -> None:
         if self.final_loss is not None and (self.lead is None or id(event.optimizer) == self.lead):
@@ -119,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", default="")
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--min-steps", type=int, default=None,
+                        help="the fewest measured steps that still count when the script ends early")
     parser.add_argument("--out", required=True)
     parser.add_argument("-m", dest="module")
     parser.add_argument("target", nargs=argparse.REMAINDER)
@@ -128,19 +157,23 @@ def main(argv: list[str] | None = None) -> int:
     session = Session(checks=[])
     session.perf_changes = [c for c in args.changes.split(",") if c]
     session.clock_window = (max(1, args.warmup), args.steps)
+    session.clock_min_steps = min(args.min_steps or args.steps, args.steps)
     injector = ChangeInjector(session)
     clock = StepClock(session)
     session.subscribe(injector)
     session.subscribe(clock)
     out_path = os.path.abspath(args.out)
     report = run_target(target, session)
+    ended_early = report.status != "crashed" and clock.finish_early()
+    measured = args.steps if not ended_early else clock.measured_steps
     result: dict[str, Any] = {
         "status": report.status,
         "seconds_per_step": clock.seconds_per_step,
         "first_loss": clock.first_loss,
         "final_loss": clock.final_loss,
         "steps_seen": clock.count,
-        "samples_per_step": clock.samples / args.steps if clock.samples else None,
+        "measured_steps": measured if clock.seconds_per_step is not None else 0,
+        "samples_per_step": clock.samples / measured if clock.samples and measured else None,
         "peak_memory_bytes": clock.peak_memory_bytes,
         "memory_total_bytes": _total_memory(),
         "applied": injector.applied if injector else [],

@@ -10,6 +10,7 @@ findings are derived from it by ``perf/diagnosis.py``.
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,9 +143,11 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             announce(f"re-running the script with {', '.join(step_tries)} injected, against the baseline")
         if cuda:
             torch.cuda.empty_cache()  # the re-runs need the memory this process no longer uses
-        results.update(rerun.try_changes(target, step_tries, warmup=config.warmup, steps=config.steps,
-                                         repeats=config.try_repeats, cwd=cwd, device=device))
-        combined = try_combined_changes(results, step_tries, target, config, cwd, device, announce)
+        steps = rerun.window_steps(config.steps, _median_step_seconds(recorder))
+        results.update(rerun.try_changes(target, step_tries, warmup=config.warmup, steps=steps,
+                                         repeats=config.try_repeats, cwd=cwd, device=device,
+                                         min_steps=config.steps))
+        combined = try_combined_changes(results, step_tries, target, config, cwd, device, announce, steps)
         if combined is not None:
             results["combined"] = combined
     if "loader" in config.tries:
@@ -172,8 +175,14 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     return results
 
 
+def _median_step_seconds(recorder: PerfRecorder) -> float | None:
+    walls = [record.wall for record in recorder.records if record.wall]
+    return statistics.median(walls) if walls else None
+
+
 def try_combined_changes(results: dict[str, Any], tried: tuple[str, ...], target: Target, config: PerfConfig,
-                         cwd: str, device: str, announce: Callable[[str], None] | None) -> dict[str, Any] | None:
+                         cwd: str, device: str, announce: Callable[[str], None] | None,
+                         steps: int) -> dict[str, Any] | None:
     """The changes that paid off alone, re-run together (and with CUDA graphs on top)."""
     from nndoctor.perf import combine, rerun
 
@@ -184,7 +193,7 @@ def try_combined_changes(results: dict[str, Any], tried: tuple[str, ...], target
     def run(changes: list[str]) -> dict[str, Any]:
         if announce:
             announce(f"re-running the script with {', '.join(changes)} together")
-        return rerun.run_child(target, changes, warmup, config.steps, cwd)
+        return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps)
 
     return combine.try_combined(results, tried, run, repeats=config.try_repeats, device=device)
 
