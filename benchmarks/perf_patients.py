@@ -433,6 +433,8 @@ def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
         rows.append({"label": label, "flags": flags, "round": round_index, "samples_per_s": rate,
                      "seconds": round(time.perf_counter() - started, 1), **({"error": error_text} if error_text else {})})
         print(json.dumps(rows[-1]), flush=True)
+        with open(out / f"rows_{patient}.jsonl", "a") as handle:  # kept if the run is cut short
+            handle.write(json.dumps(rows[-1]) + "\n")
 
     # Every configuration once per round, fresh model each time; odd rounds in reverse order,
     # so drift and warm caches hit every point alike. The summary takes each one's median.

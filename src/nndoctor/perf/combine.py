@@ -51,6 +51,11 @@ def additions(results: dict[str, Any], tried: tuple[str, ...], together: list[st
 
 
 MAX_ADDITIONS = 3
+# An addition whose median gain exceeds the floor but not the noise is undecided: it gets
+# more interleaved rounds (with the paying set), up to this many in all, then is judged on
+# them (from 5 rounds on, the noise leaves out each side's extreme run).
+MAX_ROUNDS = 5
+GAIN_FLOOR = 0.03
 
 
 def _with(together: list[str], added: list[str]) -> list[str]:
@@ -77,6 +82,7 @@ def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, r
             runs[key].append(run(changes))
         if "error" in runs["together"][-1]:
             return {"changes": together, "error": runs["together"][-1]["error"]}
+    _settle_undecided(variants, runs, run)
     rates = _rates(runs["together"])
     combined: dict[str, Any] = {
         "changes": together, "measure": "re-run",
@@ -92,8 +98,36 @@ def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, r
             continue
         verdict = speedup_verdict(rates, added_rates)
         verdict.update({"added": added, "changes": variants[key], "samples_per_s": 1 / statistics.median(added_rates),
-                        "unit": "samples/s", "over": together})
+                        "unit": "samples/s", "over": together, "runs": len(added_rates)})
         combined["added"].append(verdict)
     paying = [v for v in combined["added"] if v.get("pays_off")]
     combined["best_added"] = max(paying, key=lambda v: v["speedup"]) if paying else None
     return combined
+
+
+def _undecided(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    base = _rates(runs["together"])
+    found = []
+    for key, done in runs.items():
+        rates = _rates(done)
+        if key == "together" or any("error" in r for r in done) or not rates or not base:
+            continue
+        verdict = speedup_verdict(base, rates, floor=GAIN_FLOOR)
+        if not verdict["pays_off"] and verdict["speedup"] > 1 + GAIN_FLOOR:
+            found.append(key)
+    return found
+
+
+def _settle_undecided(variants: dict[str, list[str]], runs: dict[str, list[dict[str, Any]]], run: Any) -> None:
+    """More rounds of the paying set and each undecided addition, interleaved, until each is
+    decided or has MAX_ROUNDS runs: a noisy machine gets more samples, not a coin toss."""
+    while True:
+        pending = [key for key in _undecided(runs) if len(runs[key]) < MAX_ROUNDS]
+        if not pending or len(runs["together"]) >= MAX_ROUNDS:
+            return
+        runs["together"].append(run(variants["together"]))
+        if "error" in runs["together"][-1]:
+            runs["together"].pop()
+            return
+        for key in pending:
+            runs[key].append(run(variants[key]))

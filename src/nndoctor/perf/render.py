@@ -116,8 +116,9 @@ def combined_lines(combined: dict[str, Any] | None) -> list[str]:
         name = " + ".join(added["added"])
         if "speedup" in added:
             verdict = "pays off" if added["pays_off"] else "no gain"
+            runs = f", {added['runs']} runs each" if added.get("runs", 0) > 3 else ""
             lines.append(f"  + {name}: {added['speedup']:.2f}× on top ({added['samples_per_s']:.1f} samples/s, "
-                         f"noise {added['noise']:.1%}): {verdict}")
+                         f"noise {added['noise']:.1%}{runs}): {verdict}")
         else:
             lines.append(f"  + {name}: {added.get('error')}")
     return lines

@@ -117,11 +117,14 @@ def amdahl_speedup(fraction_removed: float) -> float:
 
 
 def relative_noise(times: list[float]) -> float:
-    """Spread of repeated timings of one variant: (max - min) / median (0 for one sample)."""
+    """Spread of repeated timings of one variant: (max - min) / median (0 for one sample).
+    From 5 samples on, the fastest and the slowest are left out first: one run disturbed by
+    something else on the machine must not hide a difference the other runs agree on."""
     if len(times) < 2:
         return 0.0
     middle = statistics.median(times)
-    return (max(times) - min(times)) / middle if middle > 0 else 0.0
+    kept = sorted(times)[1:-1] if len(times) >= 5 else times
+    return (max(kept) - min(kept)) / middle if middle > 0 else 0.0
 
 
 def speedup_verdict(base: list[float], variant: list[float], *, floor: float = 0.03) -> dict:
