@@ -87,3 +87,24 @@ def test_a_noise_level_difference_stays_undecided_after_the_extra_rounds():
                "fused-optimizer": {"pays_off": False, "speedup": 0.95, "loss_ok": True}}
     combined = try_combined(results, ("fused-optimizer", "batch-size"), run, repeats=3, device="cuda")
     assert len(calls) <= 10 and not combined["added"][0]["pays_off"]
+
+
+def test_batches_made_in_the_loop_are_timed_per_step_and_render():
+    """A language model drawing its tokens on the device: no DataLoader counts samples, and no
+    larger batch is among the changes, so the combined re-runs compare seconds per step (an H100
+    run crashed the report on the missing samples before)."""
+    from nndoctor.perf.render import combined_lines
+
+    def run(changes):
+        return {"seconds_per_step": 0.010 if "fused-optimizer" in changes else 0.0125, "samples_per_step": None}
+
+    results = {"amp": {"pays_off": True}, "sdpa": {"pays_off": True},
+               "fused-optimizer": {"pays_off": False, "speedup": 1.01, "loss_ok": True}}
+    combined = try_combined(results, ("amp", "sdpa", "fused-optimizer"), run, repeats=2, device="cuda")
+    assert combined["unit"] == "steps/s" and combined["steps_per_s"] == 80.0
+    added = combined["added"][0]
+    assert added["pays_off"] and added["speedup"] == 1.25 and added["unit"] == "steps/s"
+    lines = combined_lines(combined)
+    assert lines[0] == "--try together (amp, sdpa): 80.0 steps/s"
+    assert lines[1].startswith("  + fused-optimizer: 1.25× on top (100.0 steps/s")
+    assert combined_lines({"changes": ["amp"], "samples_per_s": None}) == ["--try together (amp): not timed"]

@@ -31,7 +31,11 @@ def paying_set(results: dict[str, Any]) -> list[str]:
     return chosen
 
 
-def _rates(runs: list[dict[str, Any]]) -> list[float]:
+def _rates(runs: list[dict[str, Any]], per_sample: bool = True) -> list[float]:
+    """Seconds per sample (a larger batch is among the changes) or per step (it is not: then
+    batches made in the loop, which no DataLoader counts, are fine)."""
+    if not per_sample:
+        return [r["seconds_per_step"] for r in runs if r.get("seconds_per_step")]
     return [r["seconds_per_step"] / r["samples_per_step"] for r in runs
             if r.get("seconds_per_step") and r.get("samples_per_step")]
 
@@ -82,34 +86,40 @@ def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, r
             runs[key].append(run(changes))
         if "error" in runs["together"][-1]:
             return {"changes": together, "error": runs["together"][-1]["error"]}
-    _settle_undecided(variants, runs, run)
-    rates = _rates(runs["together"])
+    per_sample = any(name.startswith("batch-size=") for changes in variants.values() for name in changes)
+    _settle_undecided(variants, runs, run, per_sample)
+    rates = _rates(runs["together"], per_sample)
+    unit, rate_key = ("samples/s", "samples_per_s") if per_sample else ("steps/s", "steps_per_s")
     combined: dict[str, Any] = {
-        "changes": together, "measure": "re-run",
-        "samples_per_s": 1 / statistics.median(rates) if rates else None,
-        "seconds_per_sample": rates, "added": [],
+        "changes": together, "measure": "re-run", "unit": unit,
+        rate_key: 1 / statistics.median(rates) if rates else None,
+        "seconds_per_" + ("sample" if per_sample else "step"): rates, "added": [],
     }
+    if not rates:
+        combined["error"] = ("no samples counted: a larger batch is among the changes, but no DataLoader "
+                             "delivered the batches" if per_sample else "no step timed")
     for added in added_sets:
         key = "+" + "+".join(added)
         failed = [r for r in runs[key] if "error" in r]
-        added_rates = _rates(runs[key])
+        added_rates = _rates(runs[key], per_sample)
         if failed or not added_rates or not rates:
-            combined["added"].append({"added": added, "error": failed[0]["error"] if failed else "no samples counted"})
+            combined["added"].append({"added": added, "error": failed[0]["error"] if failed
+                                      else "not timed (see the set it was added to)"})
             continue
         verdict = speedup_verdict(rates, added_rates)
-        verdict.update({"added": added, "changes": variants[key], "samples_per_s": 1 / statistics.median(added_rates),
-                        "unit": "samples/s", "over": together, "runs": len(added_rates)})
+        verdict.update({"added": added, "changes": variants[key], rate_key: 1 / statistics.median(added_rates),
+                        "unit": unit, "over": together, "runs": len(added_rates)})
         combined["added"].append(verdict)
     paying = [v for v in combined["added"] if v.get("pays_off")]
     combined["best_added"] = max(paying, key=lambda v: v["speedup"]) if paying else None
     return combined
 
 
-def _undecided(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    base = _rates(runs["together"])
+def _undecided(runs: dict[str, list[dict[str, Any]]], per_sample: bool) -> list[str]:
+    base = _rates(runs["together"], per_sample)
     found = []
     for key, done in runs.items():
-        rates = _rates(done)
+        rates = _rates(done, per_sample)
         if key == "together" or any("error" in r for r in done) or not rates or not base:
             continue
         verdict = speedup_verdict(base, rates, floor=GAIN_FLOOR)
@@ -118,11 +128,12 @@ def _undecided(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     return found
 
 
-def _settle_undecided(variants: dict[str, list[str]], runs: dict[str, list[dict[str, Any]]], run: Any) -> None:
+def _settle_undecided(variants: dict[str, list[str]], runs: dict[str, list[dict[str, Any]]], run: Any,
+                      per_sample: bool) -> None:
     """More rounds of the paying set and each undecided addition, interleaved, until each is
     decided or has MAX_ROUNDS runs: a noisy machine gets more samples, not a coin toss."""
     while True:
-        pending = [key for key in _undecided(runs) if len(runs[key]) < MAX_ROUNDS]
+        pending = [key for key in _undecided(runs, per_sample) if len(runs[key]) < MAX_ROUNDS]
         if not pending or len(runs["together"]) >= MAX_ROUNDS:
             return
         runs["together"].append(run(variants["together"]))

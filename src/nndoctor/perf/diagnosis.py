@@ -207,7 +207,8 @@ def advice(result: Any) -> list[dict[str, Any]]:
 def combined_advice(trials: dict[str, Any], advised: set[str]) -> list[dict[str, Any]]:
     """Changes that did not pay alone but paid on top of the paying ones (perf/combine.py)."""
     best = (trials.get("combined") or {}).get("best_added") or {}
-    return [{"change": name, "measured_speedup": best["speedup"], "noise": best["noise"], "unit": "samples/s",
+    return [{"change": name, "measured_speedup": best["speedup"], "noise": best["noise"],
+             "unit": best.get("unit", "samples/s"),
              "measured_with": best["over"], "measured_together_with": best["added"]}
             for name in best.get("added", []) if name not in advised]
 

@@ -109,15 +109,17 @@ def combined_lines(combined: dict[str, Any] | None) -> list[str]:
     if not isinstance(combined, dict):
         return []
     changes = ", ".join(combined["changes"])
-    if combined.get("error"):
-        return [f"--try together ({changes}): {combined['error']}"]
-    lines = [f"--try together ({changes}): {combined['samples_per_s']:.1f} samples/s"]
+    unit = combined.get("unit", "samples/s")
+    rate_key = "steps_per_s" if unit == "steps/s" else "samples_per_s"
+    if combined.get("error") or not combined.get(rate_key):
+        return [f"--try together ({changes}): {combined.get('error') or 'not timed'}"]
+    lines = [f"--try together ({changes}): {combined[rate_key]:.1f} {unit}"]
     for added in combined.get("added", []):
         name = " + ".join(added["added"])
         if "speedup" in added:
             verdict = "pays off" if added["pays_off"] else "no gain"
             runs = f", {added['runs']} runs each" if added.get("runs", 0) > 3 else ""
-            lines.append(f"  + {name}: {added['speedup']:.2f}× on top ({added['samples_per_s']:.1f} samples/s, "
+            lines.append(f"  + {name}: {added['speedup']:.2f}× on top ({added[rate_key]:.1f} {unit}, "
                          f"noise {added['noise']:.1%}{runs}): {verdict}")
         else:
             lines.append(f"  + {name}: {added.get('error')}")
