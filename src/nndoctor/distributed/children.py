@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
-from nndoctor.distributed.parts import rank_data, read_parts, remove_parts, write_part
+from nndoctor.distributed.parts import CHILD_PART, rank_data, read_parts, remove_parts, write_part
 
 # Modules whose processes are not trainers (DataLoader workers, pools, managers, ourselves).
 _LIBRARY_PREFIXES = ("torch.", "multiprocessing.", "concurrent.", "nndoctor.", "joblib.", "loky.")
@@ -48,7 +48,7 @@ def run_child(fn: Any, args: tuple, kwargs: dict, config: dict[str, Any], index:
     session = Session(select=config["select"], ignore=config["ignore"], command=config["command"],
                       max_steps=config.get("max_steps"), full_window=config["full_window"],
                       sample_every=config["sample_every"])
-    session.__dict__["_child_part"] = (config["folder"], index)  # for the stall watchdog
+    session.stash[CHILD_PART] = (config["folder"], index)  # for the stall watchdog
     # The parent's features (functions, pickled by reference for a spawned child): importing
     # instrument.extensions here would make this module import itself through that list.
     installation = install(session, config["features"])

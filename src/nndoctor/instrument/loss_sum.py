@@ -24,6 +24,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from nndoctor.stash import StashKey
+
 GATHERED_KEY = "nndoctor.gathered_device_losses"
 
 
@@ -47,8 +49,11 @@ class LossSumFacts:
     summed: list[SummedLoss] = field(default_factory=list)
 
 
+LOSS_SUM_FACTS = StashKey[LossSumFacts]("losses summed across devices or ranks")
+
+
 def facts(session: Any) -> LossSumFacts:
-    return session.__dict__.setdefault("_loss_sum_facts", LossSumFacts())
+    return session.stash.get_or_create(LOSS_SUM_FACTS, LossSumFacts)
 
 
 def scalar_positions(per_device: list[Any], gathered: Any) -> list[Any]:

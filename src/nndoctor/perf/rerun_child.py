@@ -126,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     rest = args.target[1:] if args.target[:1] == ["--"] else args.target
     target = Target(args.module, rest, is_module=True) if args.module else Target(rest[0], rest[1:])
     session = Session(checks=[])
-    session.perf_changes = [c for c in args.changes.split(",") if c]
     session.clock_window = (max(1, args.warmup), args.steps)
-    injector = ChangeInjector(session)
+    injector = ChangeInjector(session, [c for c in args.changes.split(",") if c])
     clock = StepClock(session)
     session.subscribe(injector)
     session.subscribe(clock)

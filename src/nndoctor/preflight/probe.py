@@ -56,10 +56,10 @@ class PreflightProbe:
 
     subscriber_name = "preflight probe"
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, *, stop: bool = False, budget_s: float = OVERFIT_BUDGET_S) -> None:
         self.session = session
-        self.stop_after = getattr(session, "preflight_stop", False)
-        self.budget_s = getattr(session, "preflight_budget_s", OVERFIT_BUDGET_S)
+        self.stop_after = stop
+        self.budget_s = budget_s
         self.captures: list[_Capture] = []
         self.done = False
         self._attempts = 0
@@ -341,6 +341,4 @@ class _rng_preserved:
 def attach(session: Any, *, stop: bool, budget_s: float = OVERFIT_BUDGET_S) -> None:
     """Add the preflight probe to a session (``stop``: end the run once the tests ran;
     ``budget_s``: the time the overfit test may take)."""
-    session.preflight_stop = stop
-    session.preflight_budget_s = budget_s
-    session.subscribe(PreflightProbe(session))
+    session.subscribe(PreflightProbe(session, stop=stop, budget_s=budget_s))
