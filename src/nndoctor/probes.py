@@ -22,4 +22,6 @@ PROBES: dict[str, str] = {
     "compile_log": "torch.compile's recompile-limit warnings",
     "tensorboard_writers": "add_*, flush and close calls of each torch.utils.tensorboard SummaryWriter",
     "stall_watchdog": "a thread that notices a run that stopped making progress",
+    # Needed by the perf recorder (an internal subscriber of ``nndoctor perf``), not by a check.
+    "perf_timers": "the start of each top-level forward, CUDA synchronisations and host-device copies",
 }

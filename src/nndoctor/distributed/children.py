@@ -103,7 +103,7 @@ def install(installation: Any) -> None:
             "features": installation.features,
         }
 
-    original_start = installation.patcher.patch(mp_process.BaseProcess, "start", None)
+    original_start = mp_process.BaseProcess.start
 
     @functools.wraps(original_start)
     def start(process):
@@ -114,7 +114,7 @@ def install(installation: Any) -> None:
                 session.internal_error("child process instrumentation", error)
         return original_start(process)
 
-    mp_process.BaseProcess.start = start
+    installation.patcher.patch(mp_process.BaseProcess, "start", start)
     launched = _watch_subprocesses(installation, owner_pid)
 
     def collect() -> None:
@@ -145,7 +145,7 @@ def _watch_subprocesses(installation: Any, owner_pid: int) -> list[str]:
     import subprocess
 
     launched: list[str] = []
-    original_init = installation.patcher.patch(subprocess.Popen, "__init__", None)
+    original_init = subprocess.Popen.__init__
 
     @functools.wraps(original_init)
     def popen_init(popen, args, *rest, **kwargs):
@@ -159,7 +159,7 @@ def _watch_subprocesses(installation: Any, owner_pid: int) -> list[str]:
             pass
         return original_init(popen, args, *rest, **kwargs)
 
-    subprocess.Popen.__init__ = popen_init
+    installation.patcher.patch(subprocess.Popen, "__init__", popen_init)
     return launched
 
 
