@@ -1,4 +1,5 @@
-"""The probes a check can ask for: instrumentation installed only when an enabled check needs it.
+"""The probes a check can ask for: instrumentation installed only when an enabled check (or a
+subscriber, like the perf recorder) needs it.
 
 A check lists the probes it reads in ``needs`` (``needs = frozenset({"construction_sites"})``);
 the events it reads it declares by its ``on_<kind>`` methods. At install time the

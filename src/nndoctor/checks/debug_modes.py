@@ -172,6 +172,8 @@ class DebugModeLeftOn(Check):
             return
         compared = step_time_comparison(self._on, self._off)
         cost = ""
+        on_s: float | None = None
+        off_s: float | None = None
         if compared:
             on_s, off_s = compared
             cost = (f"; steps took {on_s * 1000:.1f} ms (median) with it on, against {off_s * 1000:.1f} ms without "

@@ -64,9 +64,9 @@ class StepClock:
 
     subscriber_name = "perf --try step clock"
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, window: tuple[int, int]) -> None:
         self.session = session
-        self.warmup, self.steps = session.clock_window
+        self.warmup, self.steps = window
         self.lead: int | None = None
         self.count = 0
         self.started: float | None = None
@@ -126,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     rest = args.target[1:] if args.target[:1] == ["--"] else args.target
     target = Target(args.module, rest, is_module=True) if args.module else Target(rest[0], rest[1:])
     session = Session(checks=[])
-    session.clock_window = (max(1, args.warmup), args.steps)
     injector = ChangeInjector(session, [c for c in args.changes.split(",") if c])
-    clock = StepClock(session)
+    clock = StepClock(session, (max(1, args.warmup), args.steps))
     session.subscribe(injector)
     session.subscribe(clock)
     out_path = os.path.abspath(args.out)

@@ -427,7 +427,7 @@ def directional_error(function: type[torch.autograd.Function], args: tuple, gene
         return None  # the Function casts internally: float64 finite differences would not be comparable
     weights = [_random_like(o, generator) for o in outputs]
     direction = {i: _random_like(base[i], generator) for i in positions}
-    # A tensor (outputs is not empty), though sum() is typed to may return its start, 0.
+    # A tensor (outputs is not empty), though sum() is typed as possibly returning its start, 0.
     objective: torch.Tensor = sum((o * w).sum() for o, w in zip(outputs, weights, strict=True))  # type: ignore[assignment]
     grads = torch.autograd.grad(objective, [leaves[i] for i in positions], allow_unused=True)
     analytical = sum(float((g * direction[i]).sum()) for g, i in zip(grads, positions, strict=True) if g is not None)
