@@ -264,7 +264,7 @@ def apply(args: argparse.Namespace, argv: list[str]) -> Config:
     return config
 
 
-def session_options(args: argparse.Namespace) -> dict[str, int]:
+def session_options(args: argparse.Namespace) -> dict[str, Any]:
     """Sampling options for ``Session`` from the configuration (empty: the defaults)."""
     config = getattr(args, "config_file", None)
     options: dict[str, int] = {}

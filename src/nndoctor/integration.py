@@ -8,10 +8,12 @@ The options mirror the CLI's (``select``, ``ignore``, ``fail_on``, ``json``, ``s
 from __future__ import annotations
 
 import argparse
+import atexit
 import sys
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from nndoctor.findings import Finding, Report, Severity
 
@@ -112,12 +114,55 @@ class DoctorRun:
         return self.session.report
 
     def check_fail_on(self) -> None:
-        report = self.report
-        if report is not None and report.reaches(self.threshold):
-            worst = [f for f in report.sorted_findings() if f.severity >= self.threshold]
+        report, threshold = self.report, self.threshold
+        if report is not None and threshold is not None and report.reaches(threshold):
+            worst = [f for f in report.sorted_findings() if f.severity >= threshold]
             lines = "; ".join(f"{f.code} {f.name} at {f.location}" for f in worst[:5])
             raise FindingsReachedFailOn(
-                f"nndoctor: {len(worst)} finding(s) at {self.threshold.label} or above: {lines}")
+                f"nndoctor: {len(worst)} finding(s) at {threshold.label} or above: {lines}")
+
+
+class DoctorCallbackBase:
+    """What the framework callbacks share (Lightning's and 🤗 Trainer's ``DoctorCallback``,
+    mixed in before the framework's callback class): the options of the CLI, one
+    ``DoctorRun`` labelled ``command``, and the ``report`` it leaves."""
+
+    command: ClassVar[tuple[str, ...]] = ()
+    # The framework tells the callback of no exception: a run still open at interpreter exit
+    # (``train()`` raised) is finished as crashed and its reports written then.
+    close_at_exit: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        select: Iterable[str] = (),
+        ignore: Iterable[str] = (),
+        fail_on: str | None = None,
+        json: str | None = None,
+        sarif: str | None = None,
+        html: str | None = None,
+        tensorboard: str | None = None,
+        output_format: str = "text",
+        quiet: bool = False,
+    ) -> None:
+        super().__init__()
+        options = DoctorOptions(select=select, ignore=ignore, fail_on=fail_on, json=json, sarif=sarif,
+                                html=html, tensorboard=tensorboard, output_format=output_format, quiet=quiet)
+        self._run = DoctorRun(options, list(self.command))
+        self.report: Report | None = None
+        if self.close_at_exit:
+            reference = weakref.ref(self)  # atexit must not keep every callback alive
+
+            def close_if_alive() -> None:
+                callback = reference()
+                if callback is not None:
+                    callback._close_abandoned()
+
+            atexit.register(close_if_alive)
+
+    def _close_abandoned(self) -> None:
+        if self._run.running:  # the run raised and no hook told us
+            self.report = self._run.finish("crashed")
 
 
 def finding_line(finding: Finding) -> str:

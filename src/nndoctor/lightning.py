@@ -17,43 +17,25 @@ CLI: ``select``, ``ignore``, ``fail_on`` (raise ``FindingsReachedFailOn`` at the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import Any
 
-from nndoctor.findings import Report, Severity
-from nndoctor.integration import DoctorOptions, DoctorRun, FindingsReachedFailOn, finding_line
+from nndoctor.findings import Severity
+from nndoctor.integration import DoctorCallbackBase, FindingsReachedFailOn, finding_line
 
 try:
     from lightning.pytorch.callbacks import Callback
 except ModuleNotFoundError:  # the standalone package
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]  # the same class, other package
 
 __all__ = ["DoctorCallback", "FindingsReachedFailOn"]
 
 log = logging.getLogger("lightning.pytorch.nndoctor")
 
 
-class DoctorCallback(Callback):
+class DoctorCallback(DoctorCallbackBase, Callback):
     """Run nndoctor's checks during ``Trainer.fit``; ``.report`` holds the result."""
 
-    def __init__(
-        self,
-        *,
-        select: Iterable[str] = (),
-        ignore: Iterable[str] = (),
-        fail_on: str | None = None,
-        json: str | None = None,
-        sarif: str | None = None,
-        html: str | None = None,
-        tensorboard: str | None = None,
-        output_format: str = "text",
-        quiet: bool = False,
-    ) -> None:
-        super().__init__()
-        options = DoctorOptions(select=select, ignore=ignore, fail_on=fail_on, json=json, sarif=sarif,
-                                html=html, tensorboard=tensorboard, output_format=output_format, quiet=quiet)
-        self._run = DoctorRun(options, ["lightning", "Trainer.fit"])
-        self.report: Report | None = None
+    command = ("lightning", "Trainer.fit")
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":

@@ -1,4 +1,5 @@
-"""The probes a check can ask for: instrumentation installed only when an enabled check needs it.
+"""The probes a check can ask for: instrumentation installed only when an enabled check (or a
+subscriber, like the perf recorder) needs it.
 
 A check lists the probes it reads in ``needs`` (``needs = frozenset({"construction_sites"})``);
 the events it reads it declares by its ``on_<kind>`` methods. At install time the
@@ -22,4 +23,6 @@ PROBES: dict[str, str] = {
     "compile_log": "torch.compile's recompile-limit warnings",
     "tensorboard_writers": "add_*, flush and close calls of each torch.utils.tensorboard SummaryWriter",
     "stall_watchdog": "a thread that notices a run that stopped making progress",
+    # Needed by the perf recorder (an internal subscriber of ``nndoctor perf``), not by a check.
+    "perf_timers": "the start of each top-level forward, CUDA synchronisations and host-device copies",
 }

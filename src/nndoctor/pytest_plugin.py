@@ -100,13 +100,13 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         raise
     run.finish("completed")
     item.stash[REPORT_KEY] = run.report
-    report = run.report
-    if report is not None and report.reaches(run.threshold):
-        found = [f for f in report.sorted_findings() if f.severity >= run.threshold]
+    report, threshold = run.report, run.threshold
+    if report is not None and threshold is not None and report.reaches(threshold):
+        found = [f for f in report.sorted_findings() if f.severity >= threshold]
         lines = "\n".join(f"  {finding_line(f)}" for f in found)
         raise FindingsReachedFailOn(
-            f"nndoctor: {len(found)} finding(s) at {run.threshold.label} or above:\n{lines}")
+            f"nndoctor: {len(found)} finding(s) at {threshold.label} or above:\n{lines}")
     return result
 
 
-REPORT_KEY = pytest.StashKey[Report]()
+REPORT_KEY = pytest.StashKey[Report | None]()

@@ -73,8 +73,8 @@ class OriginalStreams:
                     line_buffering=True, write_through=True,
                 )
             return self._wrappers[name]
-        fallback = getattr(sys, f"__{name}__", None)
-        return fallback if _usable(fallback) else io.StringIO()  # nowhere left to write
+        fallback: IO[str] | None = getattr(sys, f"__{name}__", None)
+        return fallback if fallback is not None and _usable(fallback) else io.StringIO()  # nowhere left to write
 
 
 def _usable(stream: object) -> bool:
@@ -83,7 +83,7 @@ def _usable(stream: object) -> bool:
 
 def _dup_of(stream: object) -> int | None:
     try:
-        fd = stream.fileno()  # type: ignore[union-attr]
+        fd = stream.fileno()  # type: ignore[attr-defined]  # AttributeError caught: any object
         return os.dup(fd)
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         return None
@@ -92,7 +92,7 @@ def _dup_of(stream: object) -> int | None:
 def _same_file(stream: object, fd: int) -> bool:
     """Does the saved stream still write where it did (no ``os.dup2`` over its descriptor)?"""
     try:
-        now, then = os.fstat(stream.fileno()), os.fstat(fd)  # type: ignore[union-attr]
+        now, then = os.fstat(stream.fileno()), os.fstat(fd)  # type: ignore[attr-defined]  # AttributeError caught
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         return True  # not backed by a descriptor (a test's capture buffer): the object is all there is
     return (now.st_dev, now.st_ino) == (then.st_dev, then.st_ino)

@@ -19,48 +19,24 @@ report written) the next time this callback starts, or at interpreter exit.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import weakref
-from collections.abc import Iterable
 from typing import Any
 
 from transformers import TrainerCallback
 
-from nndoctor.findings import Report, Severity
-from nndoctor.integration import DoctorOptions, DoctorRun, FindingsReachedFailOn, finding_line
+from nndoctor.findings import Severity
+from nndoctor.integration import DoctorCallbackBase, FindingsReachedFailOn, finding_line
 
 __all__ = ["DoctorCallback", "FindingsReachedFailOn"]
 
 log = logging.getLogger("transformers.nndoctor")
 
 
-class DoctorCallback(TrainerCallback):
+class DoctorCallback(DoctorCallbackBase, TrainerCallback):
     """Run nndoctor's checks during ``Trainer.train``; ``.report`` holds the result."""
 
-    def __init__(
-        self,
-        *,
-        select: Iterable[str] = (),
-        ignore: Iterable[str] = (),
-        fail_on: str | None = None,
-        json: str | None = None,
-        sarif: str | None = None,
-        html: str | None = None,
-        tensorboard: str | None = None,
-        output_format: str = "text",
-        quiet: bool = False,
-    ) -> None:
-        options = DoctorOptions(select=select, ignore=ignore, fail_on=fail_on, json=json, sarif=sarif,
-                                html=html, tensorboard=tensorboard, output_format=output_format, quiet=quiet)
-        self._run = DoctorRun(options, ["transformers", "Trainer.train"])
-        self.report: Report | None = None
-        reference = weakref.ref(self)  # atexit must not keep every callback alive
-        atexit.register(lambda: (callback := reference()) is not None and callback._close_abandoned())
-
-    def _close_abandoned(self) -> None:
-        if self._run.running:  # train() raised: no hook told us
-            self.report = self._run.finish("crashed")
+    command = ("transformers", "Trainer.train")
+    close_at_exit = True  # the Trainer has no exception hook
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close_abandoned()

@@ -17,15 +17,29 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 from nndoctor.findings import Location
+from nndoctor.stash import StashKey
 from nndoctor.user_code import display_path, is_tool_file, is_user_code, user_location
 
 DEFAULT_STALL_SECONDS = 300.0
 EXIT_STALLED = 124  # like timeout(1): stopped by --stall-action stop
 _ENV_SECONDS = "NNDOCTOR_STALL_SECONDS"
 _ENV_ACTION = "NNDOCTOR_STALL_ACTION"
+
+
+@dataclass(frozen=True)
+class StallOutput:
+    """Where the watchdog writes the report of a stalled run (``nndoctor run``'s output options);
+    without them (``watch()``, a child process) it writes and prints nothing."""
+
+    json: str | None = None
+    quiet: bool = True
+
+
+STALL_OUTPUT = StashKey[StallOutput]("stall watchdog output options")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +58,8 @@ def configure(session: Any, args: argparse.Namespace) -> None:
         os.environ[_ENV_SECONDS] = repr(float(seconds))
     if action is not None:
         os.environ[_ENV_ACTION] = action
-    session.__dict__["_watchdog_output"] = {"json": getattr(args, "json", None),
-                                            "quiet": bool(getattr(args, "quiet", False))}
+    session.stash[STALL_OUTPUT] = StallOutput(json=getattr(args, "json", None),
+                                              quiet=bool(getattr(args, "quiet", False)))
 
 
 def stall_seconds() -> float:
@@ -188,11 +202,12 @@ def _wait_for_peers(session: Any) -> None:
     """Before stopping, let the other ranks' watchdogs leave their snapshots: stopping this rank
     first would make their collectives fail instead of showing where they were blocked."""
     from nndoctor.distributed.context import torchrun_rank
-    from nndoctor.distributed.parts import rank_data, wait_for_stalls
+    from nndoctor.distributed.parts import child_part, rank_data, wait_for_stalls
 
     info = torchrun_rank()
-    child = session.__dict__.get("_child_part")
+    child = child_part(session)
     world = info.world_size if info is not None else rank_data(session).get("world_size")
+    folder: str | None
     if info is not None:
         from nndoctor.distributed.rank_run import parts_dir
 
@@ -205,14 +220,14 @@ def _wait_for_peers(session: Any) -> None:
 
 def _rank(session: Any) -> int | None:
     from nndoctor.distributed.context import torchrun_rank
-    from nndoctor.distributed.parts import rank_data
+    from nndoctor.distributed.parts import child_part, rank_data
 
     info = torchrun_rank()
     if info is not None:
         return info.rank
-    rank = rank_data(session).get("rank")
+    rank: int | None = rank_data(session).get("rank")
     if rank is None:
-        child = session.__dict__.get("_child_part")
+        child = child_part(session)
         rank = child[1] if child else None
     return rank
 
@@ -222,11 +237,11 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> Any:
     import dataclasses
 
     from nndoctor.distributed.context import torchrun_rank
-    from nndoctor.distributed.parts import rank_data, write_part
+    from nndoctor.distributed.parts import child_part, rank_data, write_part
 
-    output = session.__dict__.get("_watchdog_output") or {}
+    output = session.stash.get(STALL_OUTPUT, StallOutput())
     info = torchrun_rank()
-    child = session.__dict__.get("_child_part")
+    child = child_part(session)
     snapshot = dataclasses.replace(session.report, status="stalled", steps=session.step,
                                    findings=list(session.report.findings))
     if child is not None:
@@ -252,14 +267,14 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> Any:
                 session.report.add(finding)
         snapshot.distributed = {"world_size": info.world_size,
                                 "stalled_ranks": [(p.get("data") or {}).get("stall") for p in stalls]}
-    if output.get("json"):
+    if output.json:
         from nndoctor.report import write_json
 
         try:
-            write_json(snapshot, output["json"])
+            write_json(snapshot, output.json)
         except OSError as error:
-            print(f"nndoctor: could not write {output['json']}: {error}", file=sys.stderr)
-    if not output.get("quiet", True) and stall_action() != "stop":  # stop: the final report follows
+            print(f"nndoctor: could not write {output.json}: {error}", file=sys.stderr)
+    if not output.quiet and stall_action() != "stop":  # stop: the final report follows
         from nndoctor.report import print_report
 
         print_report(snapshot, sys.stderr)
@@ -272,6 +287,8 @@ def _stop(session: Any, snapshot: Any) -> None:
 
     main = threading.main_thread().ident
     try:  # a real signal also interrupts a blocking wait (lock, sleep, queue)
+        if main is None:  # never for a running main thread; the fallback below then
+            raise ValueError("main thread not started")
         signal.pthread_kill(main, signal.SIGINT)
     except (AttributeError, OSError, ValueError):
         import _thread
@@ -281,16 +298,17 @@ def _stop(session: Any, snapshot: Any) -> None:
     while session.active and time.monotonic() < deadline:
         time.sleep(0.1)
     if session.active:
-        child = session.__dict__.get("_child_part")
-        if child is not None:
+        from nndoctor.distributed.parts import child_part
+
+        if child_part(session) is not None:
             time.sleep(2.0)  # let sibling ranks leave their snapshots before the parent reacts
         print("nndoctor: the run is stuck in native code; stopping it (--stall-action stop)",
               file=sys.stderr, flush=True)
-        output = session.__dict__.get("_watchdog_output") or {}
-        if snapshot is not None and not output.get("quiet", True):
+        output = session.stash.get(STALL_OUTPUT, StallOutput())
+        if snapshot is not None and not output.quiet:
             from nndoctor.report import print_report
 
-            print_report(snapshot, sys.stderr, json_path=output.get("json") if output.get("json") != "-" else None)
+            print_report(snapshot, sys.stderr, json_path=output.json if output.json != "-" else None)
         os._exit(EXIT_STALLED)
 
 

@@ -15,10 +15,13 @@ from nndoctor.instrument.dropout_probe import DROPOUT_RECORDS
 from nndoctor.instrument.extensions import install, plain_features, torch_features
 from nndoctor.instrument.inputs_probe import TARGET_RANGES, target_range_records
 from nndoctor.instrument.numerics_probe import PROBE_STATE, probe_state
+from nndoctor.perf.recorder import PerfConfig, PerfRecorder
+from nndoctor.perf.session import PerfRun, PerfSession
 from nndoctor.probes import PROBES
 from nndoctor.registry import Check, all_checks, register
 from nndoctor.stash import Stash, StashKey
 
+_ITEM = torch.Tensor.item
 EVENT_PATCHES = {entry.name for entry in torch_features() + plain_features() if entry.events}
 
 
@@ -65,17 +68,44 @@ def test_event_patches_follow_the_subscribed_event_kinds():
     assert surface["clip_code"] == "clip"  # training_probe's wrapper
 
 
+# Probes that an internal subscriber needs rather than a check.
+SUBSCRIBER_PROBES = {"perf_timers": PerfRecorder}
+
+
 def test_all_checks_install_every_probe():
     session, probes, _ = _installed([])
-    assert set(PROBES) <= set(probes)
-    assert session.needed_probes() == frozenset(PROBES)
+    check_probes = set(PROBES) - set(SUBSCRIBER_PROBES)
+    assert check_probes <= set(probes)
+    assert not set(SUBSCRIBER_PROBES) & set(probes), probes
+    assert session.needed_probes() == frozenset(check_probes)
 
 
-def test_every_probe_has_an_installer_and_a_check_that_needs_it():
+def test_every_probe_has_an_installer_and_a_check_or_subscriber_that_needs_it():
     on_demand = {entry.name for entry in torch_features() + plain_features() if entry.needed}
     assert on_demand == set(PROBES)
     needed = {name for cls in all_checks() for name in cls.needs}
-    assert needed == set(PROBES), f"probes no check needs: {set(PROBES) - needed}"
+    for name, subscriber in SUBSCRIBER_PROBES.items():
+        assert name in subscriber.needs
+        needed.add(name)
+    assert needed == set(PROBES), f"probes nothing needs: {set(PROBES) - needed}"
+
+
+def test_perf_timers_are_installed_for_a_perf_session_only():
+    from torch.nn.modules import module as module_mod
+
+    hooks_before = len(module_mod._global_forward_pre_hooks)
+    run = PerfRun(config=PerfConfig(warmup=1, steps=2))
+    session = PerfSession(run, select=["P101"])
+    installation = install(session)
+    try:
+        assert "perf_timers" in installation.probes
+        assert torch.Tensor.item is not _ITEM  # the sync counter
+        assert len(module_mod._global_forward_pre_hooks) > hooks_before  # the forward-start hook
+    finally:
+        installation.uninstall()
+    assert torch.Tensor.item is _ITEM
+    _, probes, _ = _installed([])
+    assert "perf_timers" not in probes
 
 
 def test_register_rejects_a_probe_that_does_not_exist():

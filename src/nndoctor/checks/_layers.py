@@ -15,7 +15,7 @@ def mode_dependent_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
     Dropout with p > 0, and BatchNorm that tracks running statistics (with
     ``track_running_stats=False`` BatchNorm uses batch statistics in both modes).
     """
-    found = []
+    found: list[tuple[str, nn.Module]] = []
     for name, sub in module.named_modules():
         if isinstance(sub, _DropoutNd) and getattr(sub, "p", 0) > 0:
             found.append((name, sub))

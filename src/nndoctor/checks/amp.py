@@ -213,7 +213,8 @@ class GradScalerCollapse(Check):
             return []
         names = named_params_of(self.session.state.trained_roots() or list(self.session.state.roots))
         with torch.no_grad():
-            flags = torch.stack([torch.isfinite(p.grad.detach()).all().to("cpu") for p in params]).tolist()
+            grads = [p.grad.detach() for p in params if p.grad is not None]  # every one (filtered above)
+            flags = torch.stack([torch.isfinite(g).all().to("cpu") for g in grads]).tolist()
         order = {pid: i for i, pid in enumerate(names)}
         bad = [p for p, ok in zip(params, flags) if not ok]
         bad.sort(key=lambda p: order.get(id(p), math.inf))

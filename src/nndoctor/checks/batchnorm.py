@@ -92,10 +92,11 @@ class BatchNormMomentumConvention(Check):
             if bn in self._seen:
                 continue
             self._seen.add(bn)
-            severity = momentum_verdict(bn.momentum)
-            if severity is None or not bn.track_running_stats:
+            momentum = bn.momentum
+            severity = momentum_verdict(momentum)
+            if severity is None or momentum is None or not bn.track_running_stats:
                 continue
-            m = float(bn.momentum)
+            m = float(momentum)
             self.report(
                 f"{name} ({type(bn).__name__}) has momentum={m:g}: in PyTorch that keeps only "
                 f"{1 - m:.0%} of the running statistics per step (TF/Keras decay {m:g} is PyTorch "

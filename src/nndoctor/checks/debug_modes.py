@@ -171,9 +171,13 @@ class DebugModeLeftOn(Check):
         if self._steps_on < self.MIN_STEPS or self._first_step is None:
             return
         compared = step_time_comparison(self._on, self._off)
-        on_s, off_s = compared if compared else (None, None)
-        cost = (f"; steps took {on_s * 1000:.1f} ms (median) with it on, against {off_s * 1000:.1f} ms without "
-                f"({on_s / off_s:.1f}×)" if compared else "")
+        cost = ""
+        on_s: float | None = None
+        off_s: float | None = None
+        if compared:
+            on_s, off_s = compared
+            cost = (f"; steps took {on_s * 1000:.1f} ms (median) with it on, against {off_s * 1000:.1f} ms without "
+                    f"({on_s / off_s:.1f}×)")
         self.report(
             f"Anomaly detection (torch.autograd.set_detect_anomaly) was on for {self._steps_on} optimizer "
             f"steps, from step {self._first_step}: it records a stack trace for every operation and checks "

@@ -841,8 +841,9 @@ def sampler_padding(sampler: Any) -> tuple[int, int, int] | None:
 
     if not isinstance(sampler, DistributedSampler) or getattr(sampler, "drop_last", False):
         return None
+    dataset: Any = sampler.dataset  # a map-style dataset: sized, or TypeError
     try:
-        length = len(sampler.dataset)
+        length = len(dataset)
     except TypeError:
         return None
     padded = int(sampler.total_size) - length

@@ -149,7 +149,7 @@ def find_shadowing(directory: str, script_imports: set[str], loaded: dict[str, s
         if origin is None:
             continue
         file = loaded.get(name)
-        active = bool(file) and os.path.realpath(file).startswith(os.path.realpath(path))
+        active = bool(file and os.path.realpath(file).startswith(os.path.realpath(path)))
         if origin != "stdlib" and (not file or active):
             continue
         found.append(Shadowing(name, path, origin, active))
@@ -317,7 +317,7 @@ class UnsafeCheckpointLoad(Check):
     def on_checkpoint_load(self, event: CheckpointLoad) -> None:
         if weights_only_effective(event.weights_only, torch.__version__, dict(os.environ)):
             return
-        own = bool(event.path) and os.path.realpath(event.path) in self._saved
+        own = bool(event.path and os.path.realpath(event.path) in self._saved)
         how = ("weights_only=False" if event.weights_only is False
                else "the default weights_only=False of this PyTorch/environment")
         trust = (" The file was written by this run, so the risk is low." if own else "")
@@ -406,7 +406,7 @@ class CheckpointIoOverhead(Check):
         share = io_overhead_verdict(self._seconds, wall, self.FRACTION, self.MIN_SAVES)
         if share is None:
             return
-        where = max(self._by_place, key=self._by_place.get)
+        where = max(self._by_place, key=lambda place: self._by_place[place])
         total = sum(self._seconds)
         now = time.perf_counter()
         halves = share_in_halves(self._finished, now - wall, now)

@@ -61,7 +61,7 @@ class MissingZeroGrad(Check):
         # Per optimizer (by id): the fingerprint taken at its last sampled step, and the
         # location of a backward() that ran on top of those gradients.
         self._snapshots: dict[int, list[tuple[weakref.ref, torch.Tensor, int]]] = {}
-        self._stale_at: dict[int, tuple[object, int]] = {}
+        self._stale_at: dict[int, tuple[Location | None, int]] = {}
         self._owners: dict[int, weakref.ref] = {}
 
     def on_step_start(self, event: StepStart) -> None:

@@ -102,7 +102,7 @@ def hand_written_broadcasts(loss: Any, max_nodes: int = 24) -> list[tuple[str, t
     found: list[tuple[str, tuple[int, ...], tuple[int, ...], str]] = []
     if root is None:
         return found
-    queue, seen = [root], set()
+    queue, seen = [root], set[int]()
     while queue and len(seen) < max_nodes:
         node = queue.pop(0)
         if node is None or id(node) in seen:

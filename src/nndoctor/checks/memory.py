@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -135,7 +137,7 @@ class RetainedLossGraph(Check):
     def __init__(self, session) -> None:
         super().__init__(session)
         # (step, tensor ref, token ref, id of the graph's output node, location)
-        self._losses: list[tuple[int, weakref.ref, weakref.ref, int, object]] = []
+        self._losses: list[tuple[int, weakref.ref, Callable[[], object], int, Location | None]] = []
         self._reported = False
 
     def on_loss(self, event: LossComputed) -> None:
@@ -144,7 +146,8 @@ class RetainedLossGraph(Check):
             return
         if len(self._losses) < self.MAX_TRACKED:
             token = _GraphToken()
-            node = out.grad_fn
+            node: Any = out.grad_fn
+            token_ref: Callable[[], object]
             try:
                 node.metadata[_TOKEN_KEY] = token
                 token_ref = weakref.ref(token)

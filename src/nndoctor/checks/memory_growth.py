@@ -318,7 +318,8 @@ class MemoryGrowth(Check):
             frame = user_frame(event.frame)
             name = _find_name(frame, key) if frame is not None else None
             line = append_line(frame, name) if name else None
-            location = Location(display_path(frame.f_code.co_filename), line) if line is not None else None
+            location = (Location(display_path(frame.f_code.co_filename), line)
+                        if line is not None and frame is not None else None)
             del frame
             what = "tensors with their autograd graphs" if with_graph * 2 >= now else "tensors"
             label = f"`{name}`" if name else "a list/dict"

@@ -208,6 +208,8 @@ class DeadRelu(Check):
         if window and window[-1][0].shape != key.shape:
             window.clear()
         axis = unit_axis(tuple(out.shape))
+        if axis is None:  # not reached: active_units found no unit axis either
+            return
         window.append((key, out.numel() // max(1, out.shape[axis])))
         if name not in self._info:
             self._info[name] = (event.location, type(module).__name__)

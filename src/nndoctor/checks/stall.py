@@ -60,6 +60,8 @@ class TrainingStalled(Check):
         self.last_progress = time.monotonic()
         self.last_kind = "start"
         self.armed = False
+        # Installed for X110 alone: the watchdog runs and notes progress, R104 reports nothing.
+        self.silent = False
 
     def _progress(self, kind: str) -> None:
         self.last_progress = time.monotonic()

@@ -148,7 +148,8 @@ class StepTimeOutliers(Check):
         if not slow:
             return
         slow.sort(key=lambda r: -r.seconds)
-        explained, unexplained = [], 0
+        explained: list[str] = []
+        unexplained = 0
         location = None
         for record in slow:
             what, where = explain_step(record, median)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from rich.console import Console
 
@@ -31,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify", action="store_true", help="skip running the two models")
 
 
-def unknown_epsilon_note(unknown: list[UnknownEpsilon]) -> tuple[str, dict, str]:
+def unknown_epsilon_note(unknown: list[UnknownEpsilon]) -> tuple[str, dict[str, Any], str]:
     """(sentence, evidence, fix) for normalization layers whose Keras epsilon the weights file
     does not record while the PyTorch modules use another eps than Keras' default."""
     from nndoctor.report.capping import cap_items
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
                    "a weights-only file and no --keras-model")
             message = (f"outputs were not compared ({why}); shapes fit, but Flatten order, padding or "
                        f"activations may still differ")
-            evidence, fix = {}, None
+            evidence: dict[str, Any] = {}
+            fix: str | None = None
             if plan.epsilon_unknown:
                 note, evidence, fix = unknown_epsilon_note(plan.epsilon_unknown)
                 message += ". " + note

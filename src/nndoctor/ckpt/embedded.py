@@ -94,7 +94,8 @@ def npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], Any]:
     else:  # 3.0 (UTF-8 field names) has no public reader
         from numpy.lib import _format_impl
 
-        shape, _fortran, dtype = _format_impl._read_array_header(stream, version)
+        read_header: Any = _format_impl._read_array_header  # type: ignore[attr-defined]  # private, not in the stubs
+        shape, _fortran, dtype = read_header(stream, version)
     return tuple(shape), dtype
 
 

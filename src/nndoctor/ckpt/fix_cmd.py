@@ -171,16 +171,17 @@ def run(args: argparse.Namespace) -> int:
     report = Report(command=["ckpt", "fix", args.input, "-o", args.output])
     for finding in safety_findings(ckpt):
         report.add(finding)
+    to_write: dict[str, Any] | None = tensors  # None: nothing is written
     if args.model:
         from nndoctor.ckpt.model_spec import build_torch_model
 
         model = build_torch_model(args.model)
         drops = [re.compile(d) for d in args.drop]
-        fitted = _fit_to_model(tensors, model, log, drops, args.input, args.model, report)
-        if fitted is None:
+        to_write = _fit_to_model(tensors, model, log, drops, args.input, args.model, report)
+        if to_write is None:
             log.append(f"NOT written: the result would not load into {args.model} (see findings)")
-        tensors = fitted
-    if tensors is not None:
+    if to_write is not None:
+        tensors = to_write
         if not log:
             log.append("no wrapper prefix or pickled model found; wrote the state dict unchanged")
         write_state_dict(args.output, tensors, container=_container(ckpt, sd, tensors, args.output),
@@ -197,6 +198,6 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  {escape(line)}")
         console.print()
     report.extra["fix"] = {"input": args.input, "output": args.output, "actions": log,
-                           "written": tensors is not None}
+                           "written": to_write is not None}
     code = finish(report, args)
-    return code if tensors is not None else max(code, 1)
+    return code if to_write is not None else max(code, 1)

@@ -223,8 +223,8 @@ def _prefixed(prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
 def plan_conversion(layers: list[KerasLayerWeights], model: Any) -> ConversionPlan:
     plan = ConversionPlan()
     queues: dict[str, list[KerasLayerWeights]] = {}
-    for layer in layers:
-        queues.setdefault(layer.kind, []).append(layer)
+    for entry in layers:
+        queues.setdefault(entry.kind, []).append(entry)
     slots = torch_slots(model)
     consumed: set[str] = set()
     for index, (name, module) in enumerate(slots):

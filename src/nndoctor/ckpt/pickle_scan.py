@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import pickletools
 from dataclasses import dataclass, field
+from typing import IO, Any
 
 # Globals that are known to run commands or touch files. This is NOT what decides whether a file
 # is unsafe (allowlist.py does: anything outside it is an error); it only lets the message name
@@ -100,7 +101,7 @@ def is_dangerous(global_name: str) -> bool:
     return top in _DANGEROUS_MODULES
 
 
-def scan_pickle(data: bytes | io.BufferedIOBase, *, max_pickles: int = 1) -> tuple[PickleGlobals, int]:
+def scan_pickle(data: bytes | IO[bytes], *, max_pickles: int = 1) -> tuple[PickleGlobals, int]:
     """Globals referenced by up to ``max_pickles`` consecutive pickles at the start of ``data``.
 
     Returns the globals and the number of pickles read. Raises PickleCorrupt when the first
@@ -127,13 +128,14 @@ def scan_pickle(data: bytes | io.BufferedIOBase, *, max_pickles: int = 1) -> tup
     return found, count
 
 
-def _scan_one(stream: io.BufferedIOBase, found: PickleGlobals) -> None:
+def _scan_one(stream: IO[bytes], found: PickleGlobals) -> None:
     # Strings are tracked through the memo because STACK_GLOBAL takes its module and name
     # from the stack, where they often arrive via BINGET of an earlier string.
     memo: dict[int, object] = {}
     recent: list[object] = []
     next_memo = 0
     saw_stop = False
+    arg: Any  # the opcode's argument: a string, a number or None, by opcode
     try:
         for opcode, arg, _pos in pickletools.genops(stream):
             name = opcode.name

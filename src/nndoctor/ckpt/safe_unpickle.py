@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import pickle
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from nndoctor.ckpt import allowlist
 from nndoctor.ckpt.pickle_scan import python3_name
@@ -33,6 +34,10 @@ class OpaqueObject:
     """Stands in for an instance of a class the file names but nobody trusts."""
 
     _nnd_global = "?"
+    # Set in __new__, in the instance's __dict__.
+    _nnd_args: tuple[Any, ...]
+    _nnd_state: Any
+    _nnd_items: list[tuple[Any, Any]]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> OpaqueObject:
         self = object.__new__(cls)
@@ -256,6 +261,9 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
 
     limits: ReadLimits = ReadLimits()
     storage_budget: int | None = None
+    # The pure-Python unpickler's working state, set by its load() (private, not in the stubs).
+    stack: list[Any]
+    append: Callable[[Any], None]
 
     def __init__(self, file: Any, **kwargs: Any) -> None:
         super().__init__(file, **kwargs)
@@ -350,7 +358,7 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
             raise RefusedPickle(f"refusing to set the state of {type(inst).__name__} objects")
         setstate(state)
 
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    dispatch: ClassVar[dict[int, Callable[..., None]]] = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
     dispatch[pickle.REDUCE[0]] = _load_reduce
     dispatch[pickle.NEWOBJ[0]] = _load_newobj
     dispatch[pickle.NEWOBJ_EX[0]] = _load_newobj_ex

@@ -235,7 +235,7 @@ def _imbalance(result: ScanResult) -> list[Finding]:
         if empty:
             parts.append(f"{plural(len(empty), 'class', 'classes')} with no readable image ({listing(empty)})")
         if small:
-            shown = [f"{c}: {counts[c]}" for c in sorted(small, key=counts.get)]
+            shown = [f"{c}: {counts[c]}" for c in sorted(small, key=lambda c: counts[c])]
             parts.append(f"{plural(len(small), 'class', 'classes')} under 1/{IMBALANCE_RATIO:g} of the largest ({largest:,}): {listing(shown)}")
         out.append(checks.ClassImbalance.finding(
             f"split {split.name}: " + "; ".join(parts),
@@ -254,8 +254,8 @@ def _exact_duplicates(result: ScanResult) -> list[Finding]:
     )
     groups = []
     cross_class = []
-    for _, members in groupby(rows, key=lambda r: (r[0], r[1])):
-        members = list(members)
+    for _, group in groupby(rows, key=lambda r: (r[0], r[1])):
+        members = list(group)
         paths = [m[3] for m in members]
         groups.append(paths)
         if len({m[2] for m in members}) > 1:
@@ -290,8 +290,8 @@ def _cross_split(result: ScanResult, options: AnalysisOptions) -> list[Finding]:
         "SELECT digest, split, path FROM images WHERE digest IN "
         "(SELECT digest FROM images GROUP BY digest HAVING COUNT(DISTINCT split) > 1) ORDER BY digest, split, path"
     )
-    for _, members in groupby(exact_rows, key=lambda r: r[0]):
-        members = list(members)
+    for _, group in groupby(exact_rows, key=lambda r: r[0]):
+        members = list(group)
         for i, (_, split_a, path_a) in enumerate(members):
             for _, split_b, path_b in members[i + 1:]:
                 if split_a != split_b:

@@ -6,6 +6,9 @@ table-driven pure-Python fallback that gives the same values, only slower.
 
 from __future__ import annotations
 
+from types import ModuleType
+
+_google: ModuleType | None
 try:
     import google_crc32c as _google
 except ImportError:  # pragma: no cover - exercised by tests through the fallback directly

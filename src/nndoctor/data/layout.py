@@ -247,7 +247,7 @@ def _walk(
         except OSError as error:
             problems.unreadable.append((folder, f"folder unreadable: {error.strerror or error}"))
             continue
-        subfolders = []
+        subfolders: list[str] = []
         with iterator:
             for entry in iterator:
                 task = _entry_task(entry, cls, split, problems, subfolders if recurse else None)

@@ -62,8 +62,9 @@ class FileRecord:
         if not isinstance(values, list) or len(values) != len(fields(cls)):
             return False
         number = (int, float)
-        for value, kind in zip(values, (str, int, str, str, str, int, int, int, str, (int, type(None)),
-                                        (*number, type(None)), (list, type(None)))):
+        kinds: tuple[type | tuple[type, ...], ...] = (
+            str, int, str, str, str, int, int, int, str, (int, type(None)), (*number, type(None)), (list, type(None)))
+        for value, kind in zip(values, kinds):
             if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
                 return False
         moments = values[-1]

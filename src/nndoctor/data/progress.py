@@ -15,6 +15,7 @@ from rich.progress import (
     BarColumn,
     Progress,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -27,7 +28,7 @@ class ScanProgress:
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID = TaskID(0)  # set with the progress display (used only then)
         self._done = 0
         self.total: int | None = None
         self._start = time.perf_counter()

@@ -130,7 +130,7 @@ def scan(plan: Plan, options: ScanOptions) -> ScanResult:
     result = ScanResult(plan=plan, index=ScanIndex())
     result.walk.unreadable.extend(plan.skipped)
     cache = ScanCache() if options.use_cache else None
-    counters = Counter()
+    counters: Counter[str] = Counter()
     workers = min(options.workers, available_cpus()) if options.workers else available_cpus()
     try:
         with WorkerPool(workers) as pool, ScanProgress(options.progress) as progress:

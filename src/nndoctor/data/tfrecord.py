@@ -15,7 +15,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from PIL import Image
 
@@ -44,10 +44,10 @@ def open_records(path: str) -> tuple[IO[bytes], str]:
     head = raw.read(2)
     raw.seek(0)
     if head == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw), "gzip"
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw)), "gzip"  # a binary file; not an IO subclass in the stubs
     if len(head) == 2 and head[0] == 0x78 and (head[0] * 256 + head[1]) % 31 == 0 and _zlib_plausible(raw):
         raw.seek(0)
-        return _ZlibReader(raw), "zlib"
+        return cast(IO[bytes], _ZlibReader(raw)), "zlib"
     raw.seek(0)
     return raw, "none"
 
@@ -146,6 +146,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
 def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     """Yield (field number, wire type, value) of one protobuf message."""
     pos, end = 0, len(buf)
+    value: Any  # an int (varint) or bytes, by wire type
     while pos < end:
         key, pos = _varint(buf, pos)
         number, wire = key >> 3, key & 7

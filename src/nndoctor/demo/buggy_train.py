@@ -62,7 +62,8 @@ class SmallNet(nn.Module):
 def main() -> None:
     torch.manual_seed(0)
     train = DataLoader(Shapes(512, seed=1), batch_size=32, shuffle=True)
-    val = DataLoader(Shapes(128, seed=2), batch_size=64)
+    val_set = Shapes(128, seed=2)
+    val = DataLoader(val_set, batch_size=64)
     model = SmallNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
@@ -79,7 +80,7 @@ def main() -> None:
             for images, labels in val:
                 correct += (model(images).argmax(1) == labels).sum().item()
         mean_loss = sum(x.item() for x in losses[-len(train):]) / len(train)
-        print(f"epoch {epoch}: train loss {mean_loss:.3f}  val accuracy {correct / len(val.dataset):.1%}")
+        print(f"epoch {epoch}: train loss {mean_loss:.3f}  val accuracy {correct / len(val_set):.1%}")
 
 
 if __name__ == "__main__":

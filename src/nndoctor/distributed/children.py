@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
-from nndoctor.distributed.parts import rank_data, read_parts, remove_parts, write_part
+from nndoctor.distributed.parts import CHILD_PART, rank_data, read_parts, remove_parts, write_part
 
 # Modules whose processes are not trainers (DataLoader workers, pools, managers, ourselves).
 _LIBRARY_PREFIXES = ("torch.", "multiprocessing.", "concurrent.", "nndoctor.", "joblib.", "loky.")
@@ -48,7 +48,7 @@ def run_child(fn: Any, args: tuple, kwargs: dict, config: dict[str, Any], index:
     session = Session(select=config["select"], ignore=config["ignore"], command=config["command"],
                       max_steps=config.get("max_steps"), full_window=config["full_window"],
                       sample_every=config["sample_every"])
-    session.__dict__["_child_part"] = (config["folder"], index)  # for the stall watchdog
+    session.stash[CHILD_PART] = (config["folder"], index)  # for the stall watchdog
     # The parent's features (functions, pickled by reference for a spawned child): importing
     # instrument.extensions here would make this module import itself through that list.
     installation = install(session, config["features"])
@@ -103,7 +103,7 @@ def install(installation: Any) -> None:
             "features": installation.features,
         }
 
-    original_start = installation.patcher.patch(mp_process.BaseProcess, "start", None)
+    original_start = mp_process.BaseProcess.start
 
     @functools.wraps(original_start)
     def start(process):
@@ -114,7 +114,7 @@ def install(installation: Any) -> None:
                 session.internal_error("child process instrumentation", error)
         return original_start(process)
 
-    mp_process.BaseProcess.start = start
+    installation.patcher.patch(mp_process.BaseProcess, "start", start)
     launched = _watch_subprocesses(installation, owner_pid)
 
     def collect() -> None:
@@ -145,7 +145,7 @@ def _watch_subprocesses(installation: Any, owner_pid: int) -> list[str]:
     import subprocess
 
     launched: list[str] = []
-    original_init = installation.patcher.patch(subprocess.Popen, "__init__", None)
+    original_init = subprocess.Popen.__init__
 
     @functools.wraps(original_init)
     def popen_init(popen, args, *rest, **kwargs):
@@ -159,7 +159,7 @@ def _watch_subprocesses(installation: Any, owner_pid: int) -> list[str]:
             pass
         return original_init(popen, args, *rest, **kwargs)
 
-    subprocess.Popen.__init__ = popen_init
+    installation.patcher.patch(subprocess.Popen, "__init__", popen_init)
     return launched
 
 

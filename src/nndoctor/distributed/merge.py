@@ -39,7 +39,7 @@ def merge_findings(target: Report, parts: list[dict[str, Any]]) -> None:
         rank = part.get("rank")
         for data in part["report"].get("findings", []):
             finding = finding_from_json(data)
-            ranks = finding.ranks if finding.ranks is not None else [rank]
+            ranks: list[Any] = finding.ranks if finding.ranks is not None else [rank]
             existing = merged.get(finding.merge_key)
             if existing is None:
                 finding.ranks = sorted(set(ranks))
@@ -84,7 +84,8 @@ def merge_parts(parts: list[dict[str, Any]], *, command: list[str], world_size: 
         code = body.get("exit_code")
         if code and report.exit_code is None:
             report.exit_code = code
-    present = sorted({p.get("rank") for p in parts})
+    ranks_present: set[Any] = {p.get("rank") for p in parts}
+    present = sorted(ranks_present)
     report.distributed = {
         "world_size": world_size,
         "missing_ranks": [r for r in range(world_size) if r not in present],

@@ -17,15 +17,28 @@ from typing import Any
 from nndoctor._version import __version__
 from nndoctor.atomic import atomic_write_text
 from nndoctor.findings import Report
+from nndoctor.stash import StashKey
 
 _PART_GLOB = "rank-*.json"
 # Written by the stall watchdog while the rank is still running (or about to be stopped).
 _STALL_GLOB = "stall-rank-*.json"
 
 
+# Plain numbers this rank records for the cross-rank checks (rank, world size, per-check facts).
+RANK_DATA = StashKey[dict[str, Any]]("this rank's data for the cross-rank checks")
+# In an instrumented child process (``mp.spawn``, ``mp.Process``): the parent's parts folder and
+# the child's index, for the stall watchdog's snapshot.
+CHILD_PART = StashKey[tuple[str, int]]("child process report part")
+
+
 def rank_data(session: Any) -> dict[str, Any]:
-    """Plain numbers this rank records for the cross-rank checks (kept on the session)."""
-    return session.__dict__.setdefault("_distributed_rank_data", {})
+    """Plain numbers this rank records for the cross-rank checks (kept in the session's stash)."""
+    return session.stash.get_or_create(RANK_DATA, dict)
+
+
+def child_part(session: Any) -> tuple[str, int] | None:
+    """``(parts folder, index)`` when this session runs an instrumented child process."""
+    return session.stash.get(CHILD_PART, None)
 
 
 def part_path(folder: str, rank: int, pid: int | None = None) -> Path:

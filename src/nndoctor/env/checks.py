@@ -459,7 +459,7 @@ def driver_versions(facts: EnvFacts) -> list[Finding]:
     driver = _version_tuple(facts.driver.cuda_version)
     torch = _torch(facts)
     build = _version_tuple(torch.facts.get("cuda_build")) if torch else None
-    if driver is None or build is None or build <= driver:
+    if torch is None or driver is None or build is None or build <= driver:
         return []
     same_major = build[0] == driver[0]
     message = (f"PyTorch {torch.version} was built for CUDA {torch.facts['cuda_build']} but the NVIDIA driver "
@@ -527,9 +527,10 @@ def busy_gpus(facts: EnvFacts) -> list[Finding]:
         if not others or not (heavy or busy):
             continue
         listing = ", ".join(f"pid {p.pid} {p.name or '?'} {p.used_memory_mib or 0:.0f} MiB" for p in others[:5])
+        total = f"{gpu.memory_total_mib / 1024:.1f}" if gpu.memory_total_mib is not None else "?"
         found.append(GpuBusy.finding(
             f"GPU {gpu.index} ({gpu.name}) is in use by {len(others)} other process(es) holding {held / 1024:.1f} GiB "
-            f"of {gpu.memory_total_mib / 1024:.1f} GiB, utilization {gpu.utilization_percent or 0:.0f}%: {listing}",
+            f"of {total} GiB, utilization {gpu.utilization_percent or 0:.0f}%: {listing}",
             evidence={"gpu": gpu.index, "processes": [p.pid for p in others], "held_mib": held,
                       "utilization": gpu.utilization_percent}))
     return found

@@ -59,7 +59,7 @@ def unmet_requirements(distributions: dict[str, list[metadata.Distribution]] | N
     """Every requirement (without extras) of every installed distribution that is not met."""
     distributions = distributions if distributions is not None else _installed()
     versions = {name: dists[0].version for name, dists in distributions.items()}
-    environment = default_environment()
+    environment = {key: str(value) for key, value in default_environment().items()}
     unmet = []
     for _name, dists in sorted(distributions.items()):
         dist = dists[0]  # the one Python imports (first on sys.path)

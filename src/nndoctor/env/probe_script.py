@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from typing import Any
 
 
 def _torch() -> dict:
     import torch
 
-    facts = {
+    facts: dict[str, Any] = {
         "version": torch.__version__,
         "file": torch.__file__,
         "cuda_build": torch.version.cuda,

@@ -57,15 +57,16 @@ class BackwardTwice(CrashExplanation):
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
         evidence: dict[str, Any] = {}
         message = "backward() reached part of a graph that an earlier backward() had already freed."
-        state = getattr(crash.session, "state", None) if crash.session is not None else None
-        if state is not None:
+        session = crash.session
+        if session is not None:
+            state = session.state
             evidence["backwards_since_last_step"] = state.backwards_since_step
-            evidence["optimizer_steps"] = crash.session.step
+            evidence["optimizer_steps"] = session.step
             if state.backwards_since_step >= 2:
                 message += (f" This was backward call {state.backwards_since_step} since the last optimizer step:"
                             " the same loss (or a tensor shared by both losses) was backpropagated again.")
-            elif crash.session.step >= 1:
-                message += (f" It failed after {crash.session.step} optimizer step(s): a tensor computed in an"
+            elif session.step >= 1:
+                message += (f" It failed after {session.step} optimizer step(s): a tensor computed in an"
                             " earlier iteration (a hidden state, a cached feature) is reused without .detach().")
         return cls.make(crash, message, evidence=evidence)
 
@@ -131,7 +132,7 @@ class InplaceModified(CrashExplanation):
 
 
 def _inplace_modules(crash: Crash) -> list[str]:
-    state = getattr(crash.session, "state", None) if crash.session is not None else None
+    state = crash.session.state if crash.session is not None else None
     if state is None:
         return []
     names: list[str] = []
@@ -193,7 +194,7 @@ class NoGradFn(CrashExplanation):
                 evidence["no_grad_block_line"] = block
                 message += f" The backward() call is inside the `with` block at line {block} (no_grad/inference_mode)."
                 fix = f"move the loss computation and backward() out of the no_grad block at line {block}"
-        state = getattr(crash.session, "state", None) if crash.session is not None else None
+        state = crash.session.state if crash.session is not None else None
         if state is not None:
             for root in list(state.roots):
                 params = list(root.parameters())

@@ -60,7 +60,7 @@ class CrashExplanation(Check):
         finding = cls.finding(message, location=crash.location, evidence=evidence, fix=fix)
         step = crash.context.get("step")
         if step is None and crash.session is not None:
-            step = getattr(crash.session, "step", None)
+            step = crash.session.step
         finding.first_step = step
         return finding
 

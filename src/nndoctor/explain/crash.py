@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.explain.frames import Frame, worker_traceback_frames
 from nndoctor.findings import Location
 from nndoctor.user_code import display_path, is_user_code
+
+if TYPE_CHECKING:
+    from nndoctor.engine import Session
 
 
 @dataclass
@@ -32,7 +35,7 @@ class Crash:
     # -- live only ---------------------------------------------------------------------
     context: dict[str, Any] = field(default_factory=dict)  # the engine's crash context
     error: BaseException | None = None
-    session: Any = None
+    session: Session | None = None
     # Weak references to the innermost module that was running and to its root model.
     module_ref: Any = None
     root_ref: Any = None
@@ -111,7 +114,7 @@ def message_of(error: BaseException) -> str:
     return text
 
 
-def from_exception(error: BaseException, *, context: dict[str, Any] | None = None, session: Any = None) -> Crash:
+def from_exception(error: BaseException, *, context: dict[str, Any] | None = None, session: Session | None = None) -> Crash:
     """A live crash: the innermost exception of the chain is what the user sees last."""
     import traceback
 

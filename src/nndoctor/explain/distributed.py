@@ -256,7 +256,8 @@ class CollectiveShapeMismatch(CrashExplanation):
     @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
         if "bytes_a" in facts:
-            evidence = {"bytes_received": int(facts["bytes_a"]), "bytes_expected": int(facts["bytes_b"])}
+            evidence: dict[str, Any] = {"bytes_received": int(facts["bytes_a"]),
+                                        "bytes_expected": int(facts["bytes_b"])}
             message = (f"gloo received {facts['bytes_a']} bytes for a collective whose buffer on this rank "
                        f"holds {facts['bytes_b']}: the ranks passed tensors of different sizes to the same call.")
             return cls.make(crash, message, evidence=evidence)

@@ -97,7 +97,8 @@ class ModuleNotFoundShadowing(CrashExplanation):
         facts = super().match(crash)
         if facts is None:
             return None
-        module = facts.get("shadow") or facts.get("module") or facts.get("module2") or facts.get("module3")
+        # One of the patterns' groups matched: a module name.
+        module: Any = facts.get("shadow") or facts.get("module") or facts.get("module2") or facts.get("module3")
         path = facts.get("path") or _module_file(module)
         if path is None or not os.path.basename(path).startswith(module.split(".")[0]):
             if "shadow" not in facts:

@@ -35,7 +35,7 @@ def attach_indices(error: BaseException, indices: Any) -> None:
         if hasattr(error, "add_note"):
             error.add_note(batch_note(indices))
         else:  # Python 3.10: kept for this process only (tracebacks print notes from 3.11 on)
-            error.__notes__ = [*getattr(error, "__notes__", []), batch_note(indices)]
+            error.__notes__ = [*getattr(error, "__notes__", []), batch_note(indices)]  # type: ignore[attr-defined]  # 3.11+ in the stubs
     except Exception:  # noqa: BLE001 - an exception type that refuses attributes keeps its message
         pass
 

@@ -8,13 +8,16 @@ explanation falls back to what the message alone says.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.crash_context import crash_context
 from nndoctor.explain.base import explain
 from nndoctor.explain.crash import Crash, from_exception
 from nndoctor.explain.evidence import module_context_from_traceback
 from nndoctor.findings import Finding
+
+if TYPE_CHECKING:
+    from nndoctor.engine import Session
 
 _MAX_CHAIN = 4
 
@@ -29,14 +32,14 @@ def exception_chain(error: BaseException) -> list[BaseException]:
     return chain
 
 
-def _engine_context(error: BaseException, session: Any) -> dict[str, Any]:
+def _engine_context(error: BaseException, session: Session) -> dict[str, Any]:
     """The engine's crash context, only if it was recorded for this very exception (a context
     left by an exception the user caught earlier would describe the wrong module)."""
     record = crash_context(session)
     return record.for_exception(error) if record is not None else {}
 
 
-def live_crash(error: BaseException, session: Any) -> Crash:
+def live_crash(error: BaseException, session: Session) -> Crash:
     """A ``Crash`` for ``error`` with the module context read from its own traceback (exact
     for this exception), completed by the engine's context (the step) when it matches."""
     engine = _engine_context(error, session)
@@ -44,15 +47,14 @@ def live_crash(error: BaseException, session: Any) -> Crash:
     found = module_context_from_traceback(error)
     if found is not None:
         context, crash.module_ref, crash.root_ref = found
-        context.setdefault("step", engine.get("step", getattr(session, "step", None)))
+        context.setdefault("step", engine.get("step", session.step))
         crash.context = context
     return crash
 
 
-def explain_crash(error: BaseException, session: Any) -> list[Finding]:
+def explain_crash(error: BaseException, session: Session) -> list[Finding]:
     """The explanation finding for ``error`` (empty when the cause is unknown)."""
-    select = list(getattr(session, "select", ()) or ())
-    ignore = list(getattr(session, "ignore", ()) or ())
+    select, ignore = list(session.select), list(session.ignore)
     failures: list[tuple[str, BaseException]] = []
     first: Crash | None = None
     finding = None
@@ -64,9 +66,8 @@ def explain_crash(error: BaseException, session: Any) -> list[Finding]:
             break
     for where, failure in failures:
         session.internal_error(where, failure)
-    report = getattr(session, "report", None)
-    if report is not None and first is not None:
-        report.extra["crash"] = {
+    if first is not None:
+        session.report.extra["crash"] = {
             "type": first.exc_type,
             "message": first.message.splitlines()[0] if first.message else "",
             "location": str(first.location) if first.location else None,

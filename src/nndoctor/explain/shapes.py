@@ -324,7 +324,7 @@ class LinearShapeMismatch(CrashExplanation):
 
 def _loaders(crash: Crash) -> list[Any]:
     loaders: list[Any] = []
-    state = getattr(crash.session, "state", None) if crash.session is not None else None
+    state = crash.session.state if crash.session is not None else None
     if state is not None:
         loaders.extend(list(state.loader_lengths.keys()))
     if crash.is_live:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+from typing import Any
 
 _NO_GRADIENT_CALLS = {"argmax", "argmin", "round", "floor", "ceil", "sign", "stop_gradient", "numpy_function",
                       "equal", "not_equal", "greater", "less", "greater_equal", "less_equal", "top_k",
@@ -119,13 +120,13 @@ def analyse(source: str, line: int) -> TapeFacts | None:
         return None
     scope = _scope_of(tree, line)
     nodes = list(_walk_scope(scope))
-    tapes = {}
+    tapes: dict[str | None, ast.With | ast.AsyncWith] = {}
     for node in nodes:
         if isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
                 if _is_tape(item.context_expr) and isinstance(item.optional_vars, ast.Name):
                     tapes[item.optional_vars.id] = node
-    gradients = [n for n in nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    gradients: list[Any] = [n for n in nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                  and n.func.attr == "gradient" and _root(n.func.value) in tapes and len(n.args) >= 2
                  and n.lineno <= line]
     if not gradients:

@@ -85,11 +85,11 @@ def verdict(key: str, profile: dict[str, Any], spec_length: int | None, kind: st
                 return (f"every record holds {only} values for '{key}' and the spec expects {spec_length}",
                         f"declare tf.io.FixedLenFeature([{only}], …) for '{key}' (or reshape after parsing)")
         else:
-            odd = {n: c for n, c in lengths.items() if n != spec_length}
-            examples = [r for n in odd for r in profile["length_records"].get(str(n), [])][:3]
-            shown = ", ".join(f"{c} with {n}" for n, c in sorted(odd.items()))
+            odd_lengths = {n: c for n, c in lengths.items() if n != spec_length}
+            examples = [r for n in odd_lengths for r in profile["length_records"].get(str(n), [])][:3]
+            shown = ", ".join(f"{c} with {n}" for n, c in sorted(odd_lengths.items()))
             return (f"'{key}' has {spec_length} values in {lengths.get(spec_length, 0)} records but other lengths in "
-                    f"{sum(odd.values())} ({shown}; e.g. {', '.join(examples)}): the records are inconsistent (F202)",
+                    f"{sum(odd_lengths.values())} ({shown}; e.g. {', '.join(examples)}): the records are inconsistent (F202)",
                     f"regenerate those records, or parse '{key}' as tf.io.VarLenFeature / RaggedFeature and pad; "
                     "`nndoctor data DIR` lists every such record")
     return (f"the records' '{key}' does not match the feature spec", _FIX)

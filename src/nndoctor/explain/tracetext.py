@@ -39,10 +39,11 @@ _CHAIN_CONTEXT_CHARS = 4096
 
 def _parse_block(block: str, preamble: str) -> Crash | None:
     lines = block.splitlines()
-    header = next((i for i, line in enumerate(lines) if _TRACEBACK_START.match(line)), None)
-    if header is None:
+    header, start = next(((i, m) for i, line in enumerate(lines) if (m := _TRACEBACK_START.match(line))),
+                         (None, None))
+    if header is None or start is None:
         return None
-    indent = len(_TRACEBACK_START.match(lines[header]).group("indent"))
+    indent = len(start.group("indent"))
     body = [line[indent:] if line[:indent].strip() == "" else line for line in lines[header + 1:]]
     frames, end = parse_frames(body)
     rest = body[end:]

@@ -91,7 +91,7 @@ def install(installation: Any) -> None:
     patcher = installation.patcher
     ddp_registry = registry(session)
 
-    original_init = patcher.patch(DistributedDataParallel, "__init__", None)
+    original_init = DistributedDataParallel.__init__
 
     @functools.wraps(original_init)
     def ddp_init(self, module, *args, **kwargs):
@@ -108,7 +108,7 @@ def install(installation: Any) -> None:
             except Exception as error:  # noqa: BLE001 - observer rule
                 session.internal_error("DDP wrap record", error)
 
-    DistributedDataParallel.__init__ = ddp_init
+    patcher.patch(DistributedDataParallel, "__init__", ddp_init)
     _patch_collectives(session, patcher, dist)
     _patch_init_process_group(session, patcher, dist)
 
@@ -140,7 +140,7 @@ def _patch_collectives(session: Any, patcher: Any, dist: Any) -> None:
 
 
 def _patch_init_process_group(session: Any, patcher: Any, dist: Any) -> None:
-    original = patcher.patch(dist, "init_process_group", None)
+    original = dist.init_process_group
 
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
@@ -154,4 +154,4 @@ def _patch_init_process_group(session: Any, patcher: Any, dist: Any) -> None:
             session.internal_error("init_process_group record", error)
         return result
 
-    dist.init_process_group = init_process_group
+    patcher.patch(dist, "init_process_group", init_process_group)

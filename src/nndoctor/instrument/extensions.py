@@ -30,9 +30,11 @@ def plain_features() -> tuple[Feature, ...]:
     from nndoctor.tfdata import instrument as tfdata_instrument
 
     return (
-        # Keras 3 fit/evaluate (K checks, step counting)
+        # Keras 3 fit/evaluate: step counting and --max-steps for every Keras run (like
+        # manual_steps), and the K checks; only an import hook until the script imports keras
         Feature("keras", keras_instrument.install),
-        # tf.data fetch times and pipelines (K106/K107)
+        # tf.data fetch times and pipelines (K106/K107); returns at once when neither is enabled
+        # (they are tfdata-scope checks the observer builds, not the session's run checks)
         Feature("tfdata", tfdata_instrument.install),
     )
 
@@ -66,8 +68,8 @@ def torch_features() -> tuple[Feature, ...]:
         Feature("seed_calls", numerics_probe.install_seed_calls, needed=True),
         # crash context: failing batch indices (E checks); costs nothing unless a fetch raises
         Feature("batch_indices", crash_context.install),
-        # step-time breakdown (P checks); returns at once unless the session is a perf session
-        Feature("perf_timers", perf_instrument.install),
+        # step-time breakdown of `nndoctor perf`: needed by the perf recorder, not by a check
+        Feature("perf_timers", perf_instrument.install, needed=True),
         # torch's warnings shown at the user's line, not ours
         Feature("warning_relay", warning_relay.install),
         # steps of loops that update parameters without torch.optim (sampling, --max-steps)

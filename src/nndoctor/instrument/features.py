@@ -2,12 +2,12 @@
 
 Every feature says when it is installed:
 
-- ``needed=True``: only when an enabled check lists the feature's name in its ``needs``
-  (the names are the probes of ``nndoctor.probes``);
+- ``needed=True``: only when an enabled check, or a subscriber such as the perf recorder,
+  lists the feature's name in its ``needs`` (the names are the probes of ``nndoctor.probes``);
 - ``events=(...)``: only when some check or listener subscribes to one of those event kinds
   (the patch exists to emit them);
-- neither: for every run (cheap hooks that keep the run's own bookkeeping: steps, crash
-  context, warnings, distributed children).
+- neither: for every run (cheap hooks that keep the run's own bookkeeping: steps, Keras steps
+  and ``--max-steps``, crash context, warnings, distributed children).
 """
 
 from __future__ import annotations

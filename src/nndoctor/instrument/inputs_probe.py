@@ -216,7 +216,8 @@ def summarize_class_axis(tensor: torch.Tensor) -> ClassAxisSummary | None:
         values = torch.stack([
             x.amin(), x.amax(), (x.sum(dim) - 1).abs().amax(), torch.logsumexp(x, dim).abs().amax(),
         ]).cpu().tolist()
-    return ClassAxisSummary(*[float(v) for v in values], classes=classes)
+    low, high, sum_deviation, logsumexp_deviation = (float(v) for v in values)
+    return ClassAxisSummary(low, high, sum_deviation, logsumexp_deviation, classes=classes)
 
 
 def class_axis_summary(event: Any, key: str, tensor: torch.Tensor | None) -> ClassAxisSummary | None:

@@ -24,6 +24,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from nndoctor.stash import StashKey
+
 GATHERED_KEY = "nndoctor.gathered_device_losses"
 
 
@@ -47,8 +49,11 @@ class LossSumFacts:
     summed: list[SummedLoss] = field(default_factory=list)
 
 
+LOSS_SUM_FACTS = StashKey[LossSumFacts]("losses summed across devices or ranks")
+
+
 def facts(session: Any) -> LossSumFacts:
-    return session.__dict__.setdefault("_loss_sum_facts", LossSumFacts())
+    return session.stash.get_or_create(LOSS_SUM_FACTS, LossSumFacts)
 
 
 def scalar_positions(per_device: list[Any], gathered: Any) -> list[Any]:
@@ -88,7 +93,7 @@ def install(installation: Any) -> None:
     patcher = installation.patcher
     state = facts(session)
 
-    original_gather = patcher.patch(DataParallel, "gather", None)
+    original_gather = DataParallel.gather
 
     @functools.wraps(original_gather)
     def gather(self, outputs, output_device):
@@ -107,11 +112,11 @@ def install(installation: Any) -> None:
                 session.internal_error("DataParallel gather record", error)
         return result
 
-    DataParallel.gather = gather
+    patcher.patch(DataParallel, "gather", gather)
 
     if not dist.is_available():
         return
-    original_all_reduce = patcher.patch(dist, "all_reduce", None)
+    original_all_reduce = dist.all_reduce
 
     @functools.wraps(original_all_reduce)
     def all_reduce(tensor, op=None, group=None, async_op=False):
@@ -131,7 +136,7 @@ def install(installation: Any) -> None:
                 session.internal_error("all_reduce loss record", error)
         return result
 
-    dist.all_reduce = all_reduce
+    patcher.patch(dist, "all_reduce", all_reduce)
     _patch_functional_all_reduce(session, patcher, state)
 
 
@@ -140,7 +145,7 @@ def _patch_functional_all_reduce(session: Any, patcher: Any, state: LossSumFacts
         import torch.distributed.nn.functional as functional
     except ImportError:  # pragma: no cover - torch without distributed autograd functions
         return
-    original = patcher.patch(functional, "all_reduce", None)
+    original = functional.all_reduce
 
     @functools.wraps(original)
     def all_reduce(tensor, op=None, group=None):
@@ -159,7 +164,7 @@ def _patch_functional_all_reduce(session: Any, patcher: Any, state: LossSumFacts
                 session.internal_error("all_reduce loss record", error)
         return result
 
-    functional.all_reduce = all_reduce
+    patcher.patch(functional, "all_reduce", all_reduce)
 
 
 def _loss_before_reduce(session: Any, state: LossSumFacts, tensor: Any, op: Any, group: Any) -> tuple | None:
@@ -194,6 +199,7 @@ def _record_sum(session: Any, state: LossSumFacts, source: Any, summed: Any, can
 def pending_for(state: LossSumFacts, tensor: Any) -> SummedLoss | None:
     """The summed-loss record of ``tensor`` if it still holds the undivided sum."""
     for record in state.summed:
-        if not record.reported and record.tensor() is tensor:
-            return record if tensor._version == record.version else None
+        alive = record.tensor()
+        if not record.reported and alive is not None and alive is tensor:
+            return record if alive._version == record.version else None
     return None

@@ -29,7 +29,7 @@ import functools
 import math
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,7 @@ def gradient_stats(params: list[torch.Tensor], names: dict[int, str]) -> Gradien
     with_grads = [p for p in params if p.grad is not None and not p.grad.is_sparse]
     if not with_grads:
         return None
-    grads = [p.grad.detach() for p in with_grads]
+    grads = [p.grad.detach() for p in with_grads if p.grad is not None]
     with torch.no_grad():
         by_device: dict[tuple[torch.device, torch.dtype], list[int]] = {}
         for i, g in enumerate(grads):
@@ -81,6 +81,7 @@ def gradient_stats(params: list[torch.Tensor], names: dict[int, str]) -> Gradien
         parts, order = [], []
         for indices in by_device.values():
             group = [grads[i] for i in indices]
+            values: Sequence[torch.Tensor]
             try:
                 values = torch._foreach_norm(group)
             except (RuntimeError, AttributeError):  # pragma: no cover - exotic tensor types
@@ -183,7 +184,7 @@ def params_finite(module: Any) -> bool:
 
 
 def observe_module(qualname: str, module: Any, inputs: Any, output: Any,
-                   recent: list[ModuleRecord] = ()) -> ModuleRecord | None:
+                   recent: Sequence[ModuleRecord] = ()) -> ModuleRecord | None:
     """A finiteness record of one module call (None when the output holds no float tensor).
 
     When the input is the unchanged output of one of the last ``recent`` records (the usual

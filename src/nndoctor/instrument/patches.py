@@ -1,4 +1,17 @@
-"""Reversible attribute patches: every patch is recorded and undone in reverse order."""
+"""Reversible attribute patches: every patch is recorded and undone in reverse order.
+
+An installer reads the original, defines the wrapper that calls it, then patches::
+
+    original = torch.nn.Module.train
+
+    @functools.wraps(original)
+    def train(module, mode=True): ...
+
+    installation.patcher.patch(torch.nn.Module, "train", train)
+
+(never ``torch.nn.Module.train = train``: that is not undone at uninstall, and mypy rejects
+an assignment to a method).
+"""
 
 from __future__ import annotations
 

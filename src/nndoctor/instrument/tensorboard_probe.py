@@ -63,7 +63,7 @@ def writer_log(session: Any) -> WriterLog | None:
 
 def patch_writer_class(cls: type, log: WriterLog, session: Any, patcher: Any) -> None:
     """Wrap ``cls.__init__``, every ``add_*`` method, ``flush`` and ``close`` to keep ``log``."""
-    original_init = patcher.patch(cls, "__init__", None)
+    original_init = cls.__init__  # type: ignore[misc]  # whichever __init__ the class has, wrapped
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
@@ -71,7 +71,7 @@ def patch_writer_class(cls: type, log: WriterLog, session: Any, patcher: Any) ->
         if session.active and log.of(self) is None:  # a subclass's __init__ calling ours: once
             log.created(self, user_location(sys._getframe(1)))
 
-    cls.__init__ = __init__  # type: ignore[misc]  # patching the class itself, undone by the patcher
+    patcher.patch(cls, "__init__", __init__)
     for name in [n for n in vars(cls) if n.startswith("add_") and callable(vars(cls)[n])]:
         _wrap_add(cls, name, log, patcher)
     _wrap_flush(cls, "flush", log, patcher, closing=False)
@@ -79,7 +79,7 @@ def patch_writer_class(cls: type, log: WriterLog, session: Any, patcher: Any) ->
 
 
 def _wrap_add(cls: type, name: str, log: WriterLog, patcher: Any) -> None:
-    original = patcher.patch(cls, name, None)
+    original = getattr(cls, name)
 
     @functools.wraps(original)
     def add(self, *args, **kwargs):
@@ -95,11 +95,11 @@ def _wrap_add(cls: type, name: str, log: WriterLog, patcher: Any) -> None:
                 record.adds += 1
                 record.adds_since_flush += 1
 
-    setattr(cls, name, add)
+    patcher.patch(cls, name, add)
 
 
 def _wrap_flush(cls: type, name: str, log: WriterLog, patcher: Any, *, closing: bool) -> None:
-    original = patcher.patch(cls, name, None)
+    original = getattr(cls, name)
 
     @functools.wraps(original)
     def flush(self, *args, **kwargs):
@@ -113,7 +113,7 @@ def _wrap_flush(cls: type, name: str, log: WriterLog, patcher: Any, *, closing: 
                 record.flushes += 1
         return result
 
-    setattr(cls, name, flush)
+    patcher.patch(cls, name, flush)
 
 
 def install(installation: Any) -> None:

@@ -132,8 +132,10 @@ class Installation:
         # left deeper entries behind).
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is module:
-                if output is None and sys.exc_info()[1] is not None:
-                    self._record_crash_context(stack[: i + 1], args, sys.exc_info()[1])
+                error = sys.exc_info()[1]
+                if output is None and error is not None:
+                    self._record_crash_context(stack[: i + 1], args, error)
+                del error
                 del stack[i:]
                 break
         is_loss = isinstance(module, _Loss)
@@ -273,7 +275,7 @@ class Installation:
         """Know every optimizer from its construction (not only once it steps), so a GAN's
         second optimizer is known before its first step."""
         inst = self
-        original = self.patcher.patch(torch.optim.Optimizer, "add_param_group", None)
+        original = torch.optim.Optimizer.add_param_group
 
         @functools.wraps(original)
         def add_param_group(optimizer, param_group):
@@ -282,11 +284,11 @@ class Installation:
                 inst.session.state.optimizers.add(optimizer)
             return result
 
-        torch.optim.Optimizer.add_param_group = add_param_group
+        self.patcher.patch(torch.optim.Optimizer, "add_param_group", add_param_group)
 
     def _patch_train(self) -> None:
         inst = self
-        original = self.patcher.patch(torch.nn.Module, "train", None)
+        original = torch.nn.Module.train
 
         @functools.wraps(original)
         def train(module, mode: bool = True):
@@ -304,7 +306,7 @@ class Installation:
                                            frame=sys._getframe(1), module=module, training=bool(mode)))
             return result
 
-        torch.nn.Module.train = train
+        self.patcher.patch(torch.nn.Module, "train", train)
 
     def _patch_zero_grad(self) -> None:
         inst = self
@@ -324,13 +326,13 @@ class Installation:
             return zero_grad
 
         for owner in (torch.optim.Optimizer, torch.nn.Module):
-            original = self.patcher.patch(owner, "zero_grad", None)
-            owner.zero_grad = make(original)
+            original = owner.zero_grad
+            self.patcher.patch(owner, "zero_grad", make(original))
 
     def _patch_backward(self) -> None:
         inst = self
-        original_tensor_backward = self.patcher.patch(torch.Tensor, "backward", None)
-        original_autograd_backward = self.patcher.patch(torch.autograd, "backward", None)
+        original_tensor_backward = torch.Tensor.backward
+        original_autograd_backward = torch.autograd.backward
 
         def before(tensor, retain_graph, frame) -> None:
             session = inst.session
@@ -384,8 +386,8 @@ class Installation:
             inst._safe(after, first, frame)
             return result
 
-        torch.Tensor.backward = tensor_backward
-        torch.autograd.backward = autograd_backward
+        self.patcher.patch(torch.Tensor, "backward", tensor_backward)
+        self.patcher.patch(torch.autograd, "backward", autograd_backward)
 
     def _safe(self, fn, *args) -> None:
         """Run instrumentation code; an internal failure is recorded, never raised."""
@@ -409,8 +411,8 @@ class Installation:
         from torch.utils.data.dataloader import _BaseDataLoaderIter
 
         inst = self
-        original_iter = self.patcher.patch(DataLoader, "__iter__", None)
-        original_next = self.patcher.patch(_BaseDataLoaderIter, "__next__", None)
+        original_iter = DataLoader.__iter__
+        original_next = _BaseDataLoaderIter.__next__
 
         @functools.wraps(original_iter)
         def loader_iter(loader):
@@ -431,8 +433,8 @@ class Installation:
             inst._safe(inst._batch_fetched, iterator, batch, waited)
             return batch
 
-        DataLoader.__iter__ = loader_iter
-        _BaseDataLoaderIter.__next__ = loader_next
+        self.patcher.patch(DataLoader, "__iter__", loader_iter)
+        self.patcher.patch(_BaseDataLoaderIter, "__next__", loader_next)
 
     def _epoch_start(self, loader: Any, iterator: Any) -> None:
         session = self.session
@@ -474,12 +476,12 @@ class Installation:
             and cls is not lr_scheduler.LRScheduler and "step" in cls.__dict__
         ]
         for cls in classes:
-            original = self.patcher.patch(cls, "step", None)
-            cls.step = _make_scheduler_wrapper(inst, original)
+            original = cls.step
+            self.patcher.patch(cls, "step", _make_scheduler_wrapper(inst, original))
 
     def _patch_state_dict(self) -> None:
         inst = self
-        original = self.patcher.patch(torch.nn.Module, "load_state_dict", None)
+        original = torch.nn.Module.load_state_dict
 
         @functools.wraps(original)
         def load_state_dict(module, state_dict, strict: bool = True, assign: bool = False):
@@ -496,12 +498,12 @@ class Installation:
                 inst._safe(emit)
             return result
 
-        torch.nn.Module.load_state_dict = load_state_dict
+        self.patcher.patch(torch.nn.Module, "load_state_dict", load_state_dict)
 
     def _patch_save_load(self) -> None:
         inst = self
-        original_save = self.patcher.patch(torch, "save", None)
-        original_load = self.patcher.patch(torch, "load", None)
+        original_save = torch.save
+        original_load = torch.load
 
         @functools.wraps(original_save)
         def save(obj, f, *args, **kwargs):
@@ -534,8 +536,8 @@ class Installation:
                     weights_only=weights_only, seconds=seconds)))
             return result
 
-        torch.save = save
-        torch.load = load
+        self.patcher.patch(torch, "save", save)
+        self.patcher.patch(torch, "load", load)
 
     def _patch_grad_scaler(self) -> None:
         try:
@@ -543,7 +545,7 @@ class Installation:
         except ImportError:  # pragma: no cover - very old torch
             return
         inst = self
-        original = self.patcher.patch(GradScaler, "scale", None)
+        original = GradScaler.scale
 
         @functools.wraps(original)
         def scale(scaler, outputs):
@@ -551,7 +553,7 @@ class Installation:
                 inst.session.state.scaler = weakref.ref(scaler)
             return original(scaler, outputs)
 
-        GradScaler.scale = scale
+        self.patcher.patch(GradScaler, "scale", scale)
 
 
 def _without_values(value: Any) -> bool:

@@ -114,7 +114,7 @@ def install_scaler_step(installation: Any) -> None:
     except ImportError:  # pragma: no cover - very old torch
         return
     session = installation.session
-    original = installation.patcher.patch(GradScaler, "step", None)
+    original = GradScaler.step
 
     @functools.wraps(original)
     def step(scaler, optimizer, *args, **kwargs):
@@ -131,7 +131,7 @@ def install_scaler_step(installation: Any) -> None:
                 optimizer=optimizer, skipped=skipped)))
         return result
 
-    GradScaler.step = step
+    installation.patcher.patch(GradScaler, "step", step)
 
 
 # -- activation checkpointing ---------------------------------------------------------------------
@@ -185,7 +185,7 @@ def install_checkpoint(installation: Any) -> None:
     import torch.utils.checkpoint as checkpoint_module
 
     session = installation.session
-    original = installation.patcher.patch(checkpoint_module, "checkpoint", None)
+    original = checkpoint_module.checkpoint
 
     @functools.wraps(original)
     def checkpoint(function=None, *args, use_reentrant=None, **kwargs):
@@ -204,7 +204,7 @@ def install_checkpoint(installation: Any) -> None:
             installation._safe(emit)
         return original(function, *args, use_reentrant=use_reentrant, **kwargs)
 
-    checkpoint_module.checkpoint = checkpoint
+    installation.patcher.patch(checkpoint_module, "checkpoint", checkpoint)
 
 
 def _callable_name(function: Any) -> str:
@@ -223,7 +223,7 @@ def install_debug_modes(installation: Any) -> None:
 
     session = installation.session
     set_class = anomaly_mode.set_detect_anomaly
-    original_init = installation.patcher.patch(set_class, "__init__", None)
+    original_init = set_class.__init__
 
     @functools.wraps(original_init)
     def set_init(self, mode: bool, *args, **kwargs):
@@ -234,10 +234,10 @@ def install_debug_modes(installation: Any) -> None:
                 step=session.step, sampled=session.sampled, frame=frame, mode="anomaly",
                 enabled=bool(mode))))
 
-    set_class.__init__ = set_init
+    installation.patcher.patch(set_class, "__init__", set_init)
 
     context_class = anomaly_mode.detect_anomaly
-    original_enter = installation.patcher.patch(context_class, "__enter__", None)
+    original_enter = context_class.__enter__
 
     @functools.wraps(original_enter)
     def enter(self):
@@ -248,13 +248,13 @@ def install_debug_modes(installation: Any) -> None:
                 step=session.step, sampled=session.sampled, frame=frame, mode="anomaly", enabled=True)))
         return result
 
-    context_class.__enter__ = enter
+    installation.patcher.patch(context_class, "__enter__", enter)
 
     try:
         from torch.profiler import profile as profiler_class
     except ImportError:  # pragma: no cover - torch without kineto
         return
-    original_start = installation.patcher.patch(profiler_class, "start", None)
+    original_start = profiler_class.start
 
     @functools.wraps(original_start)
     def start(self, *args, **kwargs):
@@ -265,7 +265,7 @@ def install_debug_modes(installation: Any) -> None:
                 step=session.step, sampled=session.sampled, frame=frame, mode="profiler", enabled=True)))
         return result
 
-    profiler_class.start = start
+    installation.patcher.patch(profiler_class, "start", start)
     _patch_gradcheck(installation)
 
 

@@ -23,6 +23,9 @@ from typing import Any
 
 from nndoctor.user_code import is_own_file
 
+# ``warnings`` with its private ``_showwarnmsg`` hook (not in the stubs), read and replaced here.
+_warnings_module: Any = warnings
+
 
 def caller_past_wrappers(filename: str, lineno: int, frame: Any) -> tuple[str, int] | None:
     """Where a warning located at our ``filename:lineno`` would point without our frames.
@@ -72,10 +75,10 @@ def install(installation: Any) -> None:
             msg.line = None  # read from the new location
         return previous(msg)
 
-    warnings._showwarnmsg = _showwarnmsg
+    _warnings_module._showwarnmsg = _showwarnmsg
 
     def restore() -> None:
-        if warnings._showwarnmsg is _showwarnmsg:  # not if someone replaced it since
-            warnings._showwarnmsg = previous
+        if _warnings_module._showwarnmsg is _showwarnmsg:  # not if someone replaced it since
+            _warnings_module._showwarnmsg = previous
 
     installation.patcher.on_undo(restore)

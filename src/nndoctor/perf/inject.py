@@ -16,6 +16,7 @@ because the user's loop runs as written.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 # Changes that act on the step (as opposed to ``loader``), in the order they are tried.
@@ -55,9 +56,9 @@ class ChangeInjector:
 
     subscriber_name = "perf --try change injector"
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, changes: Iterable[str] = ()) -> None:
         self.session = session
-        self.changes = frozenset(getattr(session, "perf_changes", ()))
+        self.changes = frozenset(changes)
         self._models: set[int] = set()
         self._optimizers: set[int] = set()
         self.applied: list[str] = []

@@ -1,8 +1,8 @@
 """Perf-only instrumentation: forward start times, host-to-device copies, host-device syncs.
 
-Installed for every session (it is listed in ``instrument/extensions.py``) but returns at
-once unless the session is a perf session (its ``perf`` run has a recorder), so plain
-``nndoctor run`` pays nothing for it. Everything here passes straight through once the
+Installed only when a subscriber needs the ``perf_timers`` probe: the perf recorder of a
+perf session declares it (``instrument/extensions.py``), so plain ``nndoctor run`` never
+patches these. Everything here passes straight through once the
 measured window is over, so the ``--try`` experiments run uninstrumented.
 
 Host-device syncs are counted where user code reads a device tensor back on the host:

@@ -97,6 +97,7 @@ class PerfRecorder:
     """Internal subscriber of a perf session (an event subscriber, not a catalog check)."""
 
     subscriber_name = "perf recorder"
+    needs = frozenset({"perf_timers"})  # perf/instrument.py, installed only for this subscriber
 
     def __init__(self, session: Any) -> None:
         self.session = session

@@ -64,12 +64,12 @@ class StepClock:
 
     subscriber_name = "perf --try step clock"
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, window: tuple[int, int], min_steps: int | None = None) -> None:
         self.session = session
-        self.warmup, self.steps = session.clock_window
+        self.warmup, self.steps = window
         # A script that ends before the window is complete still gives a timing once this
         # many steps were measured (--min-steps; windows are lengthened for very short steps).
-        self.min_steps = getattr(session, "clock_min_steps", self.steps)
+        self.min_steps = min(min_steps or self.steps, self.steps)
         self.last_end: float | None = None
         self._last_loss: Any = None
         self.lead: int | None = None
@@ -126,7 +126,8 @@ class StepClock:
         """The script ended inside the window: time the steps it ran when there are enough
         (to the last step's end on the host, the device drained only now — the few steps
         still queued then are the error, small against a window of many steps)."""
-        if self.seconds_per_step is not None or self.last_end is None or self.measured_steps < self.min_steps:
+        if (self.seconds_per_step is not None or self.last_end is None or self.started is None
+                or self.measured_steps < self.min_steps):
             return False
         _sync()
         self.seconds_per_step = (self.last_end - self.started) / self.measured_steps
@@ -155,11 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     rest = args.target[1:] if args.target[:1] == ["--"] else args.target
     target = Target(args.module, rest, is_module=True) if args.module else Target(rest[0], rest[1:])
     session = Session(checks=[])
-    session.perf_changes = [c for c in args.changes.split(",") if c]
-    session.clock_window = (max(1, args.warmup), args.steps)
-    session.clock_min_steps = min(args.min_steps or args.steps, args.steps)
-    injector = ChangeInjector(session)
-    clock = StepClock(session)
+    injector = ChangeInjector(session, [c for c in args.changes.split(",") if c])
+    clock = StepClock(session, (max(1, args.warmup), args.steps), args.min_steps)
     session.subscribe(injector)
     session.subscribe(clock)
     out_path = os.path.abspath(args.out)

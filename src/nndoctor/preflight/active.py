@@ -238,6 +238,7 @@ def batch_independence(recipe: StepRecipe) -> TestResult:
                 result.detail = "no floating-point input or activation with a batch dimension to differentiate"
                 return result
             probe_dim, out_dim = batch_dim(probe, batch), batch_dim(output, batch)
+            assert probe_dim is not None  # the probe was chosen for having a batch dimension
             if out_dim is None:
                 result.detail = f"the output {list(output.shape)} has no batch dimension of size {batch}"
                 return result
@@ -291,7 +292,7 @@ def _overfit_attempt(recipe: StepRecipe, lr_scale: float, deadline: float) -> li
 
     with torch.enable_grad():
         for _ in range(OVERFIT_STEPS):
-            loss = optimizer.step(closure)
+            loss: Any = optimizer.step(closure)  # the closure's loss tensor
             value = float(loss.detach())
             losses.append(value)
             if (not math.isfinite(value) or time.perf_counter() > deadline or _overfitted(losses)
@@ -380,9 +381,10 @@ def custom_functions(loss: torch.Tensor, limit: int = 10_000) -> list[type]:
     return found
 
 
-def _record_calls(classes: list[type], run: Callable[[], Any]) -> dict[type, tuple]:
-    """Run ``run`` with each class's ``apply`` recording its first call's arguments."""
-    calls: dict[type, tuple] = {}
+def _record_calls(classes: list[Any], run: Callable[[], Any]) -> dict[Any, tuple]:
+    """Run ``run`` with each class's ``apply`` recording its first call's arguments (the
+    classes are the user's Function subclasses, patched for the call and restored)."""
+    calls: dict[Any, tuple] = {}
     patched = []
     for cls in classes:
         original = cls.apply
@@ -406,7 +408,7 @@ def _record_calls(classes: list[type], run: Callable[[], Any]) -> dict[type, tup
     return calls
 
 
-def directional_error(function: type, args: tuple, generator: torch.Generator) -> float | None:
+def directional_error(function: type[torch.autograd.Function], args: tuple, generator: torch.Generator) -> float | None:
     """|numerical − analytical| directional derivative, relative, in float64 (None: not testable)."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
     if not positions:
@@ -425,8 +427,9 @@ def directional_error(function: type, args: tuple, generator: torch.Generator) -
         return None  # the Function casts internally: float64 finite differences would not be comparable
     weights = [_random_like(o, generator) for o in outputs]
     direction = {i: _random_like(base[i], generator) for i in positions}
-    grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(outputs, weights, strict=True)),
-                                [leaves[i] for i in positions], allow_unused=True)
+    # A tensor (outputs is not empty), though sum() is typed as possibly returning its start, 0.
+    objective: torch.Tensor = sum((o * w).sum() for o, w in zip(outputs, weights, strict=True))  # type: ignore[assignment]
+    grads = torch.autograd.grad(objective, [leaves[i] for i in positions], allow_unused=True)
     analytical = sum(float((g * direction[i]).sum()) for g, i in zip(grads, positions, strict=True) if g is not None)
     with torch.no_grad():
         plus = call([a + GRADCHECK_EPS * direction[i] if i in direction else a for i, a in enumerate(base)])
@@ -464,7 +467,7 @@ def check_custom_functions(recipe: StepRecipe) -> tuple[TestResult, list[dict[st
             if any(e is None for e in errors):
                 untestable.append(f"{cls.__qualname__} (not float64-clean)")
                 continue
-            worst = max(errors)
+            worst = max(e for e in errors if e is not None)  # all of them (checked above)
             checked.append(cls.__qualname__)
             if worst > GRADCHECK_TOLERANCE:
                 shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]

@@ -13,6 +13,7 @@ import random
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from nndoctor.engine import StopRun
@@ -44,7 +45,7 @@ class _Capture:
         if own_loss is None and isinstance(output, dict):
             own_loss = output.get("loss")
         self.own_loss_ref = weakref.ref(own_loss) if isinstance(own_loss, torch.Tensor) else None
-        self.loss_of_output = None
+        self.loss_of_output: Callable[[Any], Any] | None = None
         self.loss_description = ""
         self.target = None
         self.loss_location: Location | None = None
@@ -56,10 +57,10 @@ class PreflightProbe:
 
     subscriber_name = "preflight probe"
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, *, stop: bool = False, budget_s: float = OVERFIT_BUDGET_S) -> None:
         self.session = session
-        self.stop_after = getattr(session, "preflight_stop", False)
-        self.budget_s = getattr(session, "preflight_budget_s", OVERFIT_BUDGET_S)
+        self.stop_after = stop
+        self.budget_s = budget_s
         self.captures: list[_Capture] = []
         self.done = False
         self._attempts = 0
@@ -280,7 +281,10 @@ def _loss_function(event: Any, target: Any, reshape: tuple | None) -> Any:
 
     def loss_of_output(output: Any) -> Any:
         prediction = output.reshape(reshape) if reshape else output
-        return module(prediction, target) if module is not None else function(prediction, target, **options)
+        if module is not None:
+            return module(prediction, target)
+        assert function is not None  # checked above: one of the two exists
+        return function(prediction, target, **options)
 
     return loss_of_output
 
@@ -298,6 +302,8 @@ def _function_location(qualified: str) -> Location | None:
     owner = sys.modules.get(module_name)
     cls = getattr(owner, name.split(".")[0], None) if owner else None
     backward = getattr(cls, "backward", None)
+    if backward is None:
+        return None
     try:
         path = inspect.getsourcefile(backward)
         lines, first = inspect.getsourcelines(backward)
@@ -341,6 +347,4 @@ class _rng_preserved:
 def attach(session: Any, *, stop: bool, budget_s: float = OVERFIT_BUDGET_S) -> None:
     """Add the preflight probe to a session (``stop``: end the run once the tests ran;
     ``budget_s``: the time the overfit test may take)."""
-    session.preflight_stop = stop
-    session.preflight_budget_s = budget_s
-    session.subscribe(PreflightProbe(session))
+    session.subscribe(PreflightProbe(session, stop=stop, budget_s=budget_s))

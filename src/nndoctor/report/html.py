@@ -37,7 +37,7 @@ _PLOTS = (
 
 
 def _asset(name: str) -> str:
-    return resources.files("nndoctor.report").joinpath("assets", name).read_text(encoding="utf-8")
+    return resources.files("nndoctor.report").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
 
 
 def _value(value: Any) -> str:

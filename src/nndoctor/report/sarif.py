@@ -67,7 +67,7 @@ def _result(finding: Finding, rule_index: int, suppression: str | None) -> dict[
 
 
 def sarif_log(report: Report) -> dict[str, Any]:
-    entries = [(f, None) for f in report.sorted_findings()]
+    entries: list[tuple[Finding, str | None]] = [(f, None) for f in report.sorted_findings()]
     entries += [(s.finding, s.reason) for s in report.suppressed]
     rules: list[dict[str, Any]] = []
     index: dict[str, int] = {}
