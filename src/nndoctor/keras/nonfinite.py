@@ -42,6 +42,7 @@ class Origin:
     exact: bool  # run on the failing batch with the weights it met (before the update)
     layer: LayerOutcome | None
     samples: int = 0
+    batch_seen: bool = True  # the model and the batch it was given are known
 
 
 def _finite(value: Any) -> bool:
@@ -117,13 +118,19 @@ def _no_grad() -> Any:
 def explain(origin: Origin, where: str) -> str:
     """The N101 message for a Keras/TensorFlow run (``where``: "fit" or "the training loop")."""
     head = f"The loss became non-finite (NaN/Inf) at step {origin.step} of {where}."
+    if not origin.batch_seen:
+        return head + (" The batch given to the model was not seen (a model called outside the GradientTape, "
+                       "or data given to fit as a dataset or generator), so the layer that produced it is not "
+                       "known: run with tf.debugging.enable_check_numerics() to stop at the first op whose "
+                       "output is non-finite.")
     if not origin.walked:
         return head + (" The model has no layer graph to run again (a subclassed model, or several inputs), so "
                        "the layer that produced it is not known: run with tf.debugging.enable_check_numerics() "
                        "to stop at the first op whose output is non-finite.")
     layer = origin.layer
-    ran = f"the failing batch ({origin.samples} samples) run again through the layers" if origin.exact else (
-        f"{origin.samples} samples of the data given to fit run again through the layers after the step")
+    ran = (f"checked on the failing batch of {origin.samples} samples, run again through the layers" if origin.exact
+           else f"checked on {origin.samples} samples of the data given to fit, run again through the layers after "
+                "the update")
     if layer is None:
         return head + (f" On {ran}, no layer output was non-finite: the NaN/Inf is produced in the loss computation "
                        "(log(0), division by zero, a hand-written loss) or by the sample weights.")

@@ -183,6 +183,9 @@ class SharedCodes:
     def wants_nonfinite(self, key: object) -> bool:
         return "N101" in self.checks and ("N101", key) not in self._seen
 
+    def wants_nonfinite_anywhere(self) -> bool:
+        return "N101" in self.checks
+
     def nonfinite_loss(self, key: object, step: int, location: Any, where: str, model: Any, x: Any,
                        *, exact: bool) -> None:
         """N101 once per model/loop: the step, and the first layer whose output is non-finite on ``x``."""
@@ -195,7 +198,8 @@ class SharedCodes:
         except Exception as error:  # noqa: BLE001 - a layer that cannot run alone: report without it
             self.session.internal_error("N101 layer walk", error)
         layer, samples = walked if walked is not None else (None, 0)
-        origin = nonfinite.Origin(step=step, walked=walked is not None, exact=exact, layer=layer, samples=samples)
+        origin = nonfinite.Origin(step=step, walked=walked is not None, exact=exact, layer=layer, samples=samples,
+                                  batch_seen=model is not None and x is not None)
         self._emit("N101", nonfinite.explain(origin, where), location, {
             "step": step, "layer": layer.name if layer else None, "layer_class": layer.class_name if layer else None,
             "layer_inputs_finite": layer.inputs_finite if layer else None,

@@ -9,8 +9,9 @@ of the run:
   of that function counts one step. The variables it updates tie model calls to training.
 * ``tf.GradientTape.__enter__/__exit__``: is a tape recording? ``tf.GradientTape.gradient``:
   its target is the loss; run eagerly, its value is read (one scalar) for N101 and L106,
-  and a NaN/Inf loss has the batch of the model call under the tape (held weakly) run again
-  through the layers before the optimizer updates them. Inside ``tf.function`` the target is
+  and a NaN/Inf loss has the batch of the model call under the tape run again through the
+  layers before the optimizer updates them. That batch is held from the model call to the
+  step's ``tape.gradient`` or optimizer step, no longer (the model weakly). Inside ``tf.function`` the target is
   symbolic and nothing is read (an extra reader in the graph can change the user's numbers).
 * ``keras.layers.Layer.__call__`` (outermost calls from the user's code only): the
   ``training`` argument, for K105. Inside ``tf.function`` this runs while tracing, once per
@@ -63,8 +64,9 @@ class LoopObserver:
         self.trained: weakref.WeakSet[Any] = weakref.WeakSet()
         # Model calls under the current tape, waiting for the optimizer step that shows what is trained.
         self.pending: list[tuple[weakref.ref, ModelCall]] = []
-        # The last model called from the user's code under a tape, and its input (both weakly): N101.
-        self.last_input: tuple[weakref.ref, weakref.ref] | None = None
+        # The last model called from the user's code under a tape (weakly) and its input, held
+        # until the step's tape.gradient or optimizer step: N101 runs it again.
+        self.last_input: tuple[weakref.ref, Any] | None = None
         self.optimizers: set[int] = set()  # optimizers stepped outside fit (L106 skips GANs)
         self._session_pid = session.pid
 
@@ -154,10 +156,8 @@ class LoopObserver:
 
     def _remember_input(self, layer: Any, x: Any, caller: Any) -> None:
         try:
-            if called_from_user(caller):
-                self.last_input = (weakref.ref(layer), weakref.ref(x))
-        except TypeError:  # an input that cannot be referenced weakly (a Python list): not kept
-            self.last_input = None
+            if called_from_user(caller) and self.observer.shared.wants_nonfinite_anywhere():
+                self.last_input = (weakref.ref(layer), x)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
 
@@ -168,6 +168,7 @@ class LoopObserver:
                 self._loss(args[0], sys._getframe(2))
             except Exception as error:  # noqa: BLE001 - observer rule
                 self.session.internal_error("keras loop loss", error)
+        self.last_input = None
         return original(tape, *args, **kwargs)
 
     def _loss(self, target: Any, caller: Any) -> None:
@@ -188,7 +189,7 @@ class LoopObserver:
             series.add(value, step)
             series.optimizers |= self.optimizers
         if not math.isfinite(value) and shared.wants_nonfinite(key):
-            model, x = (ref() for ref in self.last_input) if self.last_input else (None, None)
+            model, x = (self.last_input[0](), self.last_input[1]) if self.last_input else (None, None)
             shared.nonfinite_loss(key, step, location, "the training loop", model, x, exact=True)
 
     def _mode_layers(self, layer: Any) -> tuple[str, ...]:
@@ -231,6 +232,7 @@ class LoopObserver:
                     if self.flags is not None:
                         self.flags.training_without_flag(call, count)
             self.pending.clear()
+            self.last_input = None
             if not self.inside_fit:
                 self.optimizers.add(id(optimizer))
             grads = kwargs.get("grads", args[0] if args else None)
