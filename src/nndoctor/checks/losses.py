@@ -557,6 +557,12 @@ class LossNotDecreasing(Check):
     negative (log-likelihoods) are not examined. Known false positives: a run resumed at a
     plateau, reinforcement-learning objectives, a learning-rate warm-up longer than the run.
 
+    On Keras 3 and TensorFlow the same test runs on the losses of ``fit`` — each batch's loss
+    recovered from the running epoch mean that Keras gives its callbacks in ``logs["loss"]``
+    (batch *b*'s loss is (b + 1)·mean_b − b·mean_(b−1)) — and on the losses given to
+    ``tape.gradient`` in eager custom loops (loops inside ``tf.function`` are not read).
+    The finding names the ``model.fit(...)`` or ``tape.gradient(...)`` line.
+
     ## Why is this bad?
     A loss that does not go down means nothing is being learned: learning rate far too low
     or too high, labels shuffled independently of the inputs, a frozen model, a bug
@@ -575,6 +581,7 @@ class LossNotDecreasing(Check):
 
     ## References
     - H. B. Mann, "Nonparametric tests against trend", Econometrica 1945; M. G. Kendall, Rank Correlation Methods, 1975.
+    - Keras, ``Callback`` (``on_train_batch_end`` logs): https://keras.io/api/callbacks/base_callback/
     """
 
     code = "L106"
