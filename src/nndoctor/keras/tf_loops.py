@@ -156,7 +156,8 @@ class LoopObserver:
 
     def _remember_input(self, layer: Any, x: Any, caller: Any) -> None:
         try:
-            if called_from_user(caller) and self.observer.shared.wants_nonfinite_anywhere():
+            shared = self.observer.shared
+            if shared is not None and shared.wants_nonfinite_anywhere() and called_from_user(caller):
                 self.last_input = (weakref.ref(layer), x)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
