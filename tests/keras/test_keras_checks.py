@@ -195,3 +195,15 @@ def test_n101_message_names_the_layer_and_the_fit_line():
     assert "`log_counts` (Lambda)" in finding.message and "step 0 of fit" in finding.message
     assert finding.evidence["failing_batch"] is True and finding.evidence["layer_inputs_finite"] is True
     assert finding.location.line == 19
+
+
+def test_d105_on_tfdata_counts_only_batches_followed_by_an_optimizer_step():
+    from types import SimpleNamespace
+
+    from nndoctor.tfdata.unshuffled import training_batches
+
+    batches = [(0, 1.0, 16), (0, 1.0, 16), (1, 1.0, 16), (1, 1.0, 16)]
+    trained = SimpleNamespace(label_batches=batches, label_steps=[0, 1, 2, 3])
+    assert training_batches(trained, final_step=4) == batches
+    validated = SimpleNamespace(label_batches=batches, label_steps=[5, 5, 5, 5])  # an eager evaluation loop
+    assert training_batches(validated, final_step=5) == []

@@ -33,11 +33,11 @@ from nndoctor.catalog_table import rule
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
 from nndoctor.registry import all_checks, is_enabled
-from nndoctor.tfdata.checks import unshuffled_pipeline
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
 from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
 from nndoctor.tfdata.timing import FetchClock
+from nndoctor.tfdata.unshuffled import unshuffled_pipeline
 
 STAGE_METHODS = ("map", "shuffle", "batch", "padded_batch", "prefetch", "cache", "interleave", "repeat",
                  "filter", "take", "unbatch")
