@@ -17,7 +17,9 @@ What is patched, and why:
   eagerly on the CPU (the torch backend, ``run_eagerly=True``) it also reads whether the
   training loss is finite, so N101 can run the failing batch again before its update;
 * the callback reads ``logs["loss"]`` (Keras has already turned it into a Python float) for
-  N101 and L106, and ``fit(x, y, shuffle=False)`` has its labels read for D105.
+  N101 and L106, and ``fit(x, y, shuffle=False)`` has its labels read for D105; after ``fit``
+  the first training samples are run through the layers (``Layer.stateless_call``, nothing
+  assigned) to see which ReLU units are ever active, for N103.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class _Call:
     x_ref: Any = None  # weak reference to the x array given to fit (N101 runs a few rows again)
     first_step: int = 0
     means: list[tuple[int, float]] | None = None  # (batch, logs["loss"]) of fit: L106
+    validation_split: float = 0.0
 
 
 class KerasObserver:
@@ -211,6 +214,7 @@ class KerasObserver:
     def _before_fit(self, record: _Call, given: dict) -> None:
         record.first_step = self.session.step
         record.means = []
+        record.validation_split = float(given.get("validation_split") or 0.0)
         x = given.get("x")
         if x is not None and hasattr(x, "shape") and hasattr(x, "__getitem__"):
             try:
@@ -248,7 +252,11 @@ class KerasObserver:
             call.means.append((int(batch), float(value)))
 
     def _after_fit(self, model: Any, record: _Call) -> None:
-        if self.shared is None or not record.means:
+        if self.shared is None:
+            return
+        x = record.x_ref() if record.x_ref is not None else None
+        self.shared.dead_relu_after_fit(model, x, record.validation_split, record.location)
+        if not record.means:
             return
         series = self.shared.loss_series(("fit", id(model)), record.location, record.first_step, "fit")
         if series is not None:

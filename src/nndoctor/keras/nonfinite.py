@@ -1,4 +1,5 @@
-"""N101 on Keras: the first layer whose output is non-finite, found after the fact.
+"""N101 on Keras: the first layer whose output is non-finite, found after the fact (and N103's
+ReLU activity after ``fit``, by the same walk).
 
 The batch is run again through the model's layers one by one with ``Layer.stateless_call``
 on the current values of each layer's variables. Nothing is assigned: BatchNormalization's
@@ -61,9 +62,10 @@ def _all_finite(values: Any) -> bool:
     return all(_finite(v) for v in tree.flatten(values) if hasattr(v, "shape"))
 
 
-def first_nonfinite_layer(model: Any, x: Any) -> tuple[LayerOutcome | None, int] | None:
-    """(the first layer with a non-finite output or None, samples run); None when the model
-    cannot be walked (subclassed, several inputs) or ``x`` is not one array/tensor."""
+def walk_layers(model: Any, x: Any, visit: Any, rows: int = MAX_ROWS) -> int | None:
+    """Run ``x[:rows]`` through the model's layers one by one, calling ``visit(layer, args, kwargs,
+    output, weights)`` after each; the samples run, or None when the model cannot be walked
+    (subclassed, several inputs) or ``x`` is not one array/tensor."""
     import keras
 
     if x is None or isinstance(x, (dict, list, tuple)) or not hasattr(x, "shape") or not hasattr(x, "__getitem__"):
@@ -72,11 +74,9 @@ def first_nonfinite_layer(model: Any, x: Any) -> tuple[LayerOutcome | None, int]
     walkable = hasattr(graph, "_run_through_graph") and len(getattr(graph, "inputs", ()) or ()) == 1
     if not walkable and not isinstance(model, keras.Sequential):
         return None
-    rows = x[:MAX_ROWS]
-    if not hasattr(rows, "device"):  # NumPy: as the backend's own tensor, like fit does
-        rows = keras.ops.convert_to_tensor(rows)
-    found: list[LayerOutcome] = []
-    ran = [0]
+    batch = x[:rows]
+    if not hasattr(batch, "device"):  # NumPy: as the backend's own tensor, like fit does
+        batch = keras.ops.convert_to_tensor(batch)
 
     def run(layer: Any, *args: Any, **kwargs: Any) -> Any:
         if "training" in kwargs or _takes_training(layer):
@@ -84,21 +84,36 @@ def first_nonfinite_layer(model: Any, x: Any) -> tuple[LayerOutcome | None, int]
         trainable = [v.value for v in layer.trainable_variables]
         non_trainable = [v.value for v in layer.non_trainable_variables]
         output, _ = layer.stateless_call(trainable, non_trainable, *args, **kwargs)
-        ran[0] += 1
-        if not found and not _all_finite(output):
-            found.append(LayerOutcome(
-                name=str(layer.name), class_name=type(layer).__name__, first_layer=ran[0] == 1,
-                inputs_finite=_all_finite((args, kwargs)), weights_finite=_all_finite(trainable + non_trainable)))
+        visit(layer, args, kwargs, output, trainable + non_trainable)
         return output
 
     with _no_grad():
         if walkable:
-            graph._run_through_graph(rows, operation_fn=lambda layer: lambda *a, **k: run(layer, *a, **k))
+            graph._run_through_graph(batch, operation_fn=lambda layer: lambda *a, **k: run(layer, *a, **k))
         else:  # a Sequential built without an Input: its call is the layers in turn
-            output = rows
+            output = batch
             for layer in model.layers:
                 output = run(layer, output)
-    return (found[0] if found else None), int(rows.shape[0])
+    return int(batch.shape[0])
+
+
+def first_nonfinite_layer(model: Any, x: Any) -> tuple[LayerOutcome | None, int] | None:
+    """(the first layer with a non-finite output or None, samples run); None when the model
+    cannot be walked (subclassed, several inputs) or ``x`` is not one array/tensor."""
+    found: list[LayerOutcome] = []
+    ran = [0]
+
+    def visit(layer: Any, args: tuple, kwargs: dict, output: Any, weights: list) -> None:
+        ran[0] += 1
+        if not found and not _all_finite(output):
+            found.append(LayerOutcome(
+                name=str(layer.name), class_name=type(layer).__name__, first_layer=ran[0] == 1,
+                inputs_finite=_all_finite((args, kwargs)), weights_finite=_all_finite(weights)))
+
+    samples = walk_layers(model, x, visit)
+    if samples is None:
+        return None
+    return (found[0] if found else None), samples
 
 
 def _takes_training(layer: Any) -> bool:
@@ -132,8 +147,8 @@ def explain(origin: Origin, where: str) -> str:
            else f"checked on {origin.samples} samples of the data given to fit, run again through the layers after "
                 "the update")
     if layer is None:
-        return head + (f" On {ran}, no layer output was non-finite: the NaN/Inf is produced in the loss computation "
-                       "(log(0), division by zero, a hand-written loss) or by the sample weights.")
+        return head + (f" No layer output was non-finite ({ran}): the NaN/Inf is produced in the loss computation "
+                       "(an overflow, log(0), division by zero in a hand-written loss) or by the sample weights.")
     named = f"`{layer.name}` ({layer.class_name})"
     if not layer.inputs_finite and layer.first_layer:
         return head + f" The input batch already held NaN/Inf: the first layer, {named}, received it ({ran})."

@@ -45,13 +45,25 @@ _SCALE_PRESERVING = {"Reshape", "Permute", "Flatten", "Cropping2D", "ZeroPadding
 _KERAS_FIX = ("scale pixels to 0–1 (keras.layers.Rescaling(1/255) as the first layer, or x / 255) and "
               "normalize with the mean/std of your data or of the pretrained weights")
 _LEARNED = {"Conv1D", "Conv2D", "Conv3D", "SeparableConv2D", "DepthwiseConv2D", "Dense"}
-SHARED = ("D101", "D107", "O104", "N101", "L106", "D105")
+SHARED = ("D101", "D107", "O104", "N101", "L106", "D105", "N103")
+# N103's thresholds (the PyTorch check's): ≥ 90% of a ReLU layer's units never active over at least
+# 64 samples in 4 batches; a batch is 32 samples (the PyTorch check reads the first 32 of each batch).
+_DEAD_FRACTION, _MIN_RELU_SAMPLES, _MIN_RELU_BATCHES, _RELU_BATCH = 0.9, 64, 4, 32
 # L106 keeps at most this many losses per series (halving the resolution beyond, like the PyTorch check).
 _MAX_LOSSES = 4096
 # D105 reads the labels of this many first batches of fit(shuffle=False).
 _LABEL_BATCHES = 16
 # O104's thresholds (the PyTorch check's): growth over the first steps' median, or huge outright.
 _GROWTH, _HUGE = 1e3, 1e5
+
+
+def _is_relu(layer: Any) -> bool:
+    """A ReLU layer, or a layer with a relu/relu6 activation (Dense(activation="relu"), Activation)."""
+    if type(layer).__name__ == "ReLU":
+        return getattr(layer, "negative_slope", 0) in (0, 0.0, None)
+    activation = getattr(layer, "activation", None)
+    name = activation if isinstance(activation, str) else getattr(activation, "__name__", None)
+    return name in ("relu", "relu6")
 
 
 class LossSeries:
@@ -208,6 +220,52 @@ class SharedCodes:
             fix="fix the layer named in the message (clamp before log/sqrt, e.g. keras.ops.log(keras.ops.maximum(t, "
                 "1e-6)); add an epsilon to divisions; a loss with from_logits=True instead of log of a softmax), "
                 "lower the learning rate or clip gradients (the optimizer's clipnorm=/global_clipnorm=)")
+
+    # -- N103 ------------------------------------------------------------------------------
+    def dead_relu_after_fit(self, model: Any, x: Any, validation_split: float, location: Any) -> None:
+        """N103: ReLU layers whose units stay at 0 on the first training samples, run after ``fit``."""
+        if "N103" not in self.checks or x is None:
+            return
+        import numpy as np
+        from keras import ops
+
+        limit = len(x) if not validation_split else int(math.floor(len(x) * (1.0 - validation_split)))
+        layers: dict[str, list[Any]] = {}  # name -> [class, units seen active, batches, samples]
+
+        def visit(layer: Any, args: tuple, kwargs: dict, output: Any, weights: list) -> None:
+            if not _is_relu(layer):
+                return
+            out = np.asarray(ops.convert_to_numpy(output))
+            if out.ndim < 2 or not np.isfinite(out).all():
+                return  # NaN weights or inputs are N101's story, not dead units
+            active = (out > 0).reshape(-1, out.shape[-1]).any(axis=0)
+            entry = layers.setdefault(str(layer.name), [type(layer).__name__, np.zeros_like(active), 0, 0])
+            if entry[1].shape != active.shape:
+                return
+            entry[1] |= active
+            entry[2] += 1
+            entry[3] += out.shape[0]
+
+        for start in range(0, _MIN_RELU_BATCHES * _RELU_BATCH, _RELU_BATCH):
+            rows = x[start:min(start + _RELU_BATCH, limit)]
+            if len(rows) < _RELU_BATCH // 2 or nonfinite.walk_layers(model, rows, visit) is None:
+                break
+        for name, (kind, union, batches, samples) in layers.items():
+            units = int(union.size)
+            dead = units - int(union.sum())
+            key = ("N103", id(model), name)
+            if batches < _MIN_RELU_BATCHES or samples < _MIN_RELU_SAMPLES or not units \
+                    or dead / units < _DEAD_FRACTION or key in self._seen:
+                continue
+            self._seen.add(key)
+            self._emit("N103", (
+                f"`{name}` ({kind}): {dead} of {units} units ({dead / units:.0%}) were never active (output 0 for "
+                f"every sample) on {samples} training samples in {batches} batches, run through the layers after "
+                f"fit — threshold {_DEAD_FRACTION:.0%}. These units get no gradient and cannot recover."),
+                location, {"layer": name, "dead_units": dead, "units": units, "batches": batches,
+                           "samples": samples, "threshold": _DEAD_FRACTION},
+                fix="lower the learning rate, use he_normal initialisation or LeakyReLU/GELU, or add "
+                    "BatchNormalization before the ReLU")
 
     # -- L106 ------------------------------------------------------------------------------
     def loss_series(self, key: object, location: Any, step: int, where: str) -> LossSeries | None:

@@ -181,6 +181,8 @@ class LoopObserver:
         if not tf.executing_eagerly() or not isinstance(target, tf.Tensor) or target.shape.rank != 0 \
                 or not target.dtype.is_floating:
             return  # traced (tf.function), or not one scalar loss
+        if "CPU" not in str(target.device).upper() and not self.session.is_sampled(self.session.step):
+            return  # reading an accelerator's loss waits for the step: sampled steps only
         location = tf_user_location(caller)
         key = ("loop", location)
         value = float(target.numpy())
