@@ -221,7 +221,9 @@ class KerasObserver:
                 record.x_ref = weakref.ref(x)
             except TypeError:
                 record.x_ref = None
-        if self.shared is not None and given.get("y") is not None and hasattr(x, "shape"):
+        stateful = any(getattr(layer, "stateful", False) for layer in _layers(given["self"])) \
+            if "self" in given else False  # a stateful RNN needs the order: shuffle=False is required there
+        if self.shared is not None and given.get("y") is not None and hasattr(x, "shape") and not stateful:
             batch_size = given.get("batch_size") or 32
             self.shared.unshuffled_fit(given["y"], given.get("shuffle", True), int(batch_size),
                                        float(given.get("validation_split") or 0.0), record.location)
