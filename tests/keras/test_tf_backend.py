@@ -80,12 +80,15 @@ def test_custom_loop_steps_are_counted_and_max_steps_stops_a_tf_function_loop(re
     assert loop["steps"] == 4 * 6  # 4 epochs of 6 tf.function steps
 
 
-@pytest.mark.parametrize("script", ["observer_training.py", "observer_custom_loop.py"])
+@pytest.mark.parametrize("script", ["observer_training.py", "observer_custom_loop.py", "observer_nan_loop.py"])
 def test_seeded_tensorflow_runs_are_identical_under_nndoctor(results, script):
     result = results["observer"][script]
     assert result["report"]["status"] == "completed" and result["report"]["steps"] > 0
     assert not result["report"]["internal_errors"], result["report"]["internal_errors"]
     assert result["arrays"] > 5 and result["different"] == []
+    if script == "observer_nan_loop.py":  # the N101 layer walk ran on the failing batch
+        (nan,) = [f for f in result["report"]["findings"] if f["code"] == "N101"]
+        assert nan["evidence"]["failing_batch"] is True and nan["evidence"]["layer_inputs_finite"] is False
 
 
 def test_patches_are_undone_after_tensorflow_runs(results):

@@ -24,7 +24,7 @@ from tests.conftest import FIXTURES, expected_lines, run_script  # noqa: E402
 
 SHARED = FIXTURES / "keras"  # run on both backends
 TF_ONLY = FIXTURES / "keras_tf"  # custom loops: TensorFlow only
-OBSERVED = ("observer_training.py", "observer_custom_loop.py")
+OBSERVED = ("observer_training.py", "observer_custom_loop.py", "observer_nan_loop.py")
 
 
 def fixtures() -> list[Path]:

@@ -611,11 +611,20 @@ class UnshuffledTrainingData(Check):
     batches of the *same* class, which the two-labels rule excludes. Validation loaders
     (`shuffle=False` is right there) are not followed by `backward()` and are ignored.
 
+    On Keras 3 and TensorFlow the same rule fires for ``model.fit(x, y, shuffle=False)`` (or
+    ``shuffle="batch"``, which shuffles whole batches only) on labels stored in class order —
+    the batches ``fit`` will draw are read from ``y`` when ``fit`` is called — and for a
+    ``tf.data`` pipeline with no ``shuffle`` at all whose training batches (those followed
+    by an optimizer step, in ``fit`` or a custom loop) arrive in label order. A pipeline that
+    does shuffle, with a buffer too small to mix sorted data, is K107 instead (never both).
+    ``fit(validation_split=…)`` on sorted arrays with the default ``shuffle=True`` is not
+    D105: the training batches are shuffled; the split itself takes the *last* samples
+    before any shuffling, so the validation set holds only the last classes (Keras docs).
+
     ## Why is this bad?
     SGD then sees one class for many consecutive steps: the model swings toward each class
-    in turn, and BatchNorm's running statistics are dominated by the last classes (seed
-    000: "the batch's data are unevenly distributed … the kept moving mean leans toward one
-    class; fix: shuffle within batches too").
+    in turn, and BatchNorm's running statistics are dominated by the last classes, so the
+    model evaluates with statistics of one class.
 
     ## Example
     ```python
@@ -630,6 +639,8 @@ class UnshuffledTrainingData(Check):
     ## References
     - PyTorch docs, `DataLoader` (`shuffle=True` reshuffles every epoch): https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader
     - Bengio, "Practical recommendations for gradient-based training of deep architectures" (2012), on shuffling: https://arxiv.org/abs/1206.5533
+    - Keras, ``Model.fit`` (``shuffle``, ``validation_split``): https://keras.io/api/models/model_training_apis/#fit-method
+    - tf.data.Dataset.shuffle: https://www.tensorflow.org/api_docs/python/tf/data/Dataset#shuffle
     """
 
     code = "D105"

@@ -14,6 +14,17 @@ import torch
 from nndoctor.events import Backward, LossComputed, RunEnd, StepEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
+from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
+    DIVERGING_RATIO,
+    DIVERGING_Z,
+    NOT_DECREASING_RATIO,
+    NOT_DECREASING_Z,
+    TREND_MIN_POINTS,
+    TREND_MIN_STEPS,
+    loss_trend,
+    mann_kendall_z,
+    thirds_ratio,
+)
 from nndoctor.registry import Check, register
 
 # -- pure functions ---------------------------------------------------------------------
@@ -156,53 +167,7 @@ def expected_excess(classes: int, sigma: float = INITIAL_LOGIT_STD, values: int 
     return float(ce.mean()) - math.log(classes)
 
 
-# L106: Mann–Kendall trend test over the observed training losses.
-TREND_MIN_POINTS = 30
-TREND_MIN_STEPS = 30  # optimizer steps the observed losses must span
-NOT_DECREASING_Z = -1.645  # no decrease significant at 5% (one-sided)
-NOT_DECREASING_RATIO = 0.99  # and the last third's median is not 1% below the first third's
-DIVERGING_Z = 2.326  # increase significant at 1% (one-sided)
-DIVERGING_RATIO = 1.5
-
-
-def mann_kendall_z(values: Sequence[float]) -> float:
-    """Mann–Kendall trend statistic (normal approximation, continuity-corrected)."""
-    import numpy as np
-
-    x = np.asarray(values, dtype=np.float64)
-    n = len(x)
-    if n < 3:
-        return 0.0
-    diff = np.sign(x[None, :] - x[:, None])
-    s = float(np.triu(diff, k=1).sum())
-    var = n * (n - 1) * (2 * n + 5) / 18.0
-    if s == 0 or var <= 0:
-        return 0.0
-    return (s - math.copysign(1.0, s)) / math.sqrt(var)
-
-
-def thirds_ratio(values: Sequence[float]) -> float:
-    """Median of the last third over the median of the first third."""
-    import statistics
-
-    third = max(1, len(values) // 3)
-    first, last = statistics.median(values[:third]), statistics.median(values[-third:])
-    if first == 0:
-        return 1.0 if last == 0 else math.inf
-    return last / first
-
-
-def loss_trend(values: Sequence[float]) -> tuple[str, float, float] | None:
-    """("not-decreasing" | "diverging", z, ratio) or None when the loss goes down."""
-    finite = [v for v in values if math.isfinite(v)]
-    if len(finite) < TREND_MIN_POINTS or min(finite) < 0:
-        return None  # negative losses (log-likelihoods, GAN objectives) have no "down" to test
-    z, ratio = mann_kendall_z(finite), thirds_ratio(finite)
-    if z > DIVERGING_Z and ratio > DIVERGING_RATIO:
-        return "diverging", z, ratio
-    if z > NOT_DECREASING_Z and ratio > NOT_DECREASING_RATIO:
-        return "not-decreasing", z, ratio
-    return None
+# L106: Mann–Kendall trend test over the observed training losses (shared with Keras/TensorFlow).
 
 
 # -- checks -----------------------------------------------------------------------------
@@ -592,6 +557,12 @@ class LossNotDecreasing(Check):
     negative (log-likelihoods) are not examined. Known false positives: a run resumed at a
     plateau, reinforcement-learning objectives, a learning-rate warm-up longer than the run.
 
+    On Keras 3 and TensorFlow the same test runs on the losses of ``fit`` — each batch's loss
+    recovered from the running epoch mean that Keras gives its callbacks in ``logs["loss"]``
+    (batch *b*'s loss is (b + 1)·mean_b − b·mean_(b−1)) — and on the losses given to
+    ``tape.gradient`` in eager custom loops (loops inside ``tf.function`` are not read).
+    The finding names the ``model.fit(...)`` or ``tape.gradient(...)`` line.
+
     ## Why is this bad?
     A loss that does not go down means nothing is being learned: learning rate far too low
     or too high, labels shuffled independently of the inputs, a frozen model, a bug
@@ -610,6 +581,7 @@ class LossNotDecreasing(Check):
 
     ## References
     - H. B. Mann, "Nonparametric tests against trend", Econometrica 1945; M. G. Kendall, Rank Correlation Methods, 1975.
+    - Keras, ``Callback`` (``on_train_batch_end`` logs): https://keras.io/api/callbacks/base_callback/
     """
 
     code = "L106"

@@ -124,6 +124,20 @@ class NonfiniteLoss(Check):
       comes from one batch and is gone by the next forward is reported with its step but
       without a module; ``NNDOCTOR_FULL_WINDOW`` traces it.
 
+    On Keras 3 and TensorFlow the same code fires, naming the first *layer* whose output is
+    non-finite (by name and class). ``fit`` reports the first NaN/Inf ``loss`` its callbacks
+    see (the same value ``keras.callbacks.TerminateOnNaN`` reads); when the training step runs
+    eagerly on the CPU (the torch backend, or ``run_eagerly=True``) the loss is read inside
+    the step, before the update, and the failing batch is run again through the layers one
+    by one with ``Layer.stateless_call`` (no variable is assigned, random layers run in
+    inference mode: the model is not changed). On a compiled TensorFlow step the batch is
+    not visible, so a few samples of the data given to ``fit`` are run after the update and
+    the message says whether the layer's weights were already non-finite. Eager custom
+    ``GradientTape`` loops are checked at ``tape.gradient(loss, ...)``: the batch given to
+    the model under the tape is run again before the optimizer step. Inside ``tf.function``
+    nothing is read (an extra reader in the graph can change the computed numbers);
+    ``tf.debugging.enable_check_numerics()`` is the exact but slow alternative there.
+
     ## Why is this bad?
     Once the loss is NaN, every gradient and then every weight becomes NaN; training is
     over while the loop keeps running . The traceback-free symptom gives no hint of the cause; the first
@@ -149,6 +163,9 @@ class NonfiniteLoss(Check):
 
     ## References
     - PyTorch docs, ``torch.autograd.detect_anomaly`` (the exact but slow alternative): https://pytorch.org/docs/stable/autograd.html#anomaly-detection
+    - Keras, ``TerminateOnNaN`` callback: https://keras.io/api/callbacks/terminate_on_nan/
+    - Keras, ``Layer.stateless_call``: https://keras.io/api/layers/base_layer/#statelesscall-method
+    - TensorFlow, ``tf.debugging.enable_check_numerics``: https://www.tensorflow.org/api_docs/python/tf/debugging/enable_check_numerics
     """
 
     code = "N101"

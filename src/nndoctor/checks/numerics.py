@@ -141,6 +141,14 @@ class DeadRelu(Check):
     so a ``Conv1d`` + ``ReLU`` counts positions instead of channels; a layer whose input
     is legitimately almost always negative (rare by design) would be reported.
 
+    On Keras 3 (torch and TensorFlow backends) the same thresholds apply after each
+    ``fit(x, ...)`` on arrays: the first 4 batches of 32 training samples are run through the
+    model's layers with ``Layer.stateless_call`` (nothing is assigned; random layers run in
+    inference mode), and the units (last axis: channels-last) of every ``ReLU`` layer and
+    every layer built with ``activation="relu"``/``"relu6"`` that stay at 0 are counted. Models
+    without a layer graph (subclassed), ``fit`` on a dataset or generator, and custom
+    ``GradientTape`` loops are not covered.
+
     ## Why is this bad?
     A ReLU unit that outputs 0 for every input gets zero gradient and never recovers: the
     layer's capacity is gone. It happens after a too-large learning rate step pushed the
@@ -169,6 +177,7 @@ class DeadRelu(Check):
     - Amazon SageMaker Debugger, ``DeadRelu`` rule (``threshold_layer`` 50%): https://docs.aws.amazon.com/sagemaker/latest/dg/debugger-built-in-rules.html#dead-relu
     - Lu et al., "Dying ReLU and Initialization: Theory and Numerical Examples" (2019): https://arxiv.org/abs/1903.06733
     - CS231n notes, "Neural Networks Part 1" (dead ReLUs, "as much as 40% of your network can be dead"): https://cs231n.github.io/neural-networks-1/
+    - Keras, ``Layer.stateless_call``: https://keras.io/api/layers/base_layer/#statelesscall-method
     """
 
     code = "N103"

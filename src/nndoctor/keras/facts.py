@@ -162,6 +162,27 @@ def summarize(value: Any) -> ArraySummary | None:
     )
 
 
+def is_symbolic_value(value: Any) -> bool:
+    """A torch "meta" tensor or a tensor of a TensorFlow graph being traced: no values to read."""
+    return getattr(value, "is_meta", False) or type(value).__name__ in ("SymbolicTensor", "KerasTensor")
+
+
+def scalar_finite_on_cpu(value: Any) -> bool | None:
+    """Whether a loss tensor is finite, read only where that costs no device sync (CPU); else None."""
+    import math
+
+    device = getattr(value, "device", None)
+    device_type = getattr(device, "type", None) if device is not None and not isinstance(device, str) else device
+    if device_type is not None and "cpu" not in str(device_type).lower():
+        return None
+    if hasattr(value, "detach"):
+        value = value.detach()
+    try:
+        return all(math.isfinite(float(v)) for v in (value.reshape(-1) if hasattr(value, "reshape") else [value]))
+    except (TypeError, ValueError):
+        return None
+
+
 def looks_like_probabilities(summary: ArraySummary) -> bool:
     """Every value in [0, 1] and rows summing to 1 over ≥ 2 classes (a softmax output)."""
     return (

@@ -13,13 +13,20 @@ What is patched, and why:
   extra callback that counts optimizer steps (``--max-steps`` stops the run there);
 * ``Model._compute_loss`` sees x, y and the predictions of the first batch of each call,
   *before* the loss runs (a label mismatch may crash the loss itself). Reading them copies
-  at most a few hundred rows to NumPy; nothing the model computes changes.
+  at most a few hundred rows to NumPy; nothing the model computes changes. When it runs
+  eagerly on the CPU (the torch backend, ``run_eagerly=True``) it also reads whether the
+  training loss is finite, so N101 can run the failing batch again before its update;
+* the callback reads ``logs["loss"]`` (Keras has already turned it into a Python float) for
+  N101 and L106, and ``fit(x, y, shuffle=False)`` has its labels read for D105; after ``fit``
+  the first training samples are run through the layers (``Layer.stateless_call``, nothing
+  assigned) to see which ReLU units are ever active, for N103.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import inspect
+import math
 import os
 import sys
 import weakref
@@ -41,6 +48,10 @@ class _Call:
     x: kf.ArraySummary | None = None  # the arrays given to the call, when they are arrays
     y: kf.ArraySummary | None = None
     observed: bool = False  # a batch with real values was seen
+    x_ref: Any = None  # weak reference to the x array given to fit (N101 runs a few rows again)
+    first_step: int = 0
+    means: list[tuple[int, float]] | None = None  # (batch, logs["loss"]) of fit: L106
+    validation_split: float = 0.0
 
 
 class KerasObserver:
@@ -103,13 +114,19 @@ class KerasObserver:
                 except Exception as error:  # noqa: BLE001 - observer rule
                     call.observed = True  # do not retry every batch
                     self.session.internal_error("keras instrumentation", error)
-            return original_loss(model, *args, **kwargs)
+            loss = original_loss(model, *args, **kwargs)
+            if call is not None and call.phase == "fit" and self.shared is not None and self.enabled:
+                self._guard(lambda: self._check_loss(model, call, loss, args, kwargs))
+            return loss
 
         patcher.patch(model_cls, loss_name, compute_loss)
+        self._loss_signature = inspect.signature(original_loss)
         self._callback_cls = _make_callback_class(keras, self)
         self._patch_keras_owned(keras.layers.Layer, "__call__")
         self._patch_keras_owned(model_cls, "predict")
         patcher.on_undo(self._disable)
+        if self.shared is not None:
+            patcher.on_undo(lambda: self._guard(self.shared.conclude))
         if self.backend == "tensorflow":
             from nndoctor.keras import tf_loops
 
@@ -166,6 +183,7 @@ class KerasObserver:
                 given = signature.bind(model, *args, **kwargs).arguments
                 record.x, record.y = kf.summarize(given.get("x")), kf.summarize(given.get("y"))
                 if phase == "fit":
+                    self._before_fit(record, given)
                     args, kwargs = self._with_callback(signature, model, args, kwargs)
             except Exception as error:  # noqa: BLE001 - observer rule: run the user's call as written
                 self.session.internal_error(f"keras {phase}", error)
@@ -178,6 +196,8 @@ class KerasObserver:
                 self.calls.pop()
                 if self.backend == "tensorflow":
                     self._guard(lambda: self._observe_probe(model, record))
+                if phase == "fit":
+                    self._guard(lambda: self._after_fit(model, record))
 
         call.__wrapped__ = original  # keeps inspect.signature(model.fit) as Keras wrote it
         self.installation.patcher.patch(model_cls, phase, call)
@@ -189,6 +209,62 @@ class KerasObserver:
             return args, kwargs  # a CallbackList the user built: leave it alone
         bound.arguments["callbacks"] = [*(callbacks or ()), self._callback_cls()]
         return bound.args[1:], bound.kwargs
+
+    # -- shared codes: D105 at fit, N101 and L106 from the training losses --------------------
+    def _before_fit(self, record: _Call, given: dict) -> None:
+        record.first_step = self.session.step
+        record.means = []
+        record.validation_split = float(given.get("validation_split") or 0.0)
+        x = given.get("x")
+        if x is not None and hasattr(x, "shape") and hasattr(x, "__getitem__"):
+            try:
+                record.x_ref = weakref.ref(x)
+            except TypeError:
+                record.x_ref = None
+        stateful = any(getattr(layer, "stateful", False) for layer in _layers(given["self"])) \
+            if "self" in given else False  # a stateful RNN needs the order: shuffle=False is required there
+        if self.shared is not None and given.get("y") is not None and hasattr(x, "shape") and not stateful:
+            batch_size = given.get("batch_size") or 32
+            self.shared.unshuffled_fit(given["y"], given.get("shuffle", True), int(batch_size),
+                                       float(given.get("validation_split") or 0.0), record.location)
+
+    def _check_loss(self, model: Any, call: _Call, loss: Any, args: tuple, kwargs: dict) -> None:
+        """N101 before the update: an eager CPU training loss that is NaN/Inf, its batch run again."""
+        shared = self.shared
+        if shared is None or not shared.wants_nonfinite(id(model)) or kf.is_symbolic_value(loss):
+            return
+        values = self._loss_signature.bind(model, *args, **kwargs).arguments
+        if not values.get("training", True):
+            return  # fit's validation pass
+        finite = kf.scalar_finite_on_cpu(loss)
+        if finite is False:
+            shared.nonfinite_loss(id(model), self.session.step, call.location, "fit", model, values.get("x"),
+                                  exact=True)
+
+    def training_loss(self, model: Any, batch: int, logs: Any) -> None:
+        """The callback's view of one training batch: ``logs["loss"]``, the epoch's running mean."""
+        call = self.calls[-1] if self.calls else None
+        value = logs.get("loss") if isinstance(logs, dict) else None
+        if self.shared is None or call is None or call.phase != "fit" or not isinstance(value, (int, float)):
+            return
+        if not math.isfinite(value) and self.shared.wants_nonfinite(id(model)):
+            x = call.x_ref() if call.x_ref is not None else None
+            self.shared.nonfinite_loss(id(model), self.session.step, call.location, "fit", model, x, exact=False)
+        if call.means is not None:
+            call.means.append((int(batch), float(value)))
+
+    def _after_fit(self, model: Any, record: _Call) -> None:
+        if self.shared is None:
+            return
+        x = record.x_ref() if record.x_ref is not None else None
+        self.shared.dead_relu_after_fit(model, x, record.validation_split, record.location)
+        if not record.means:
+            return
+        series = self.shared.loss_series(("fit", id(model)), record.location, record.first_step, "fit")
+        if series is not None:
+            for value in shared_codes.batch_losses_from_means(record.means):
+                series.add(value, self.session.step)
+            series.last_step = self.session.step
 
     # -- observing ---------------------------------------------------------------------
     def _observe(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> bool:
@@ -348,6 +424,7 @@ def _make_callback_class(keras: Any, observer: KerasObserver) -> type:
             if not observer.enabled or os.getpid() != session.pid:
                 return
             try:
+                observer.training_loss(self.model, batch, logs)
                 observer.count_step(self.model)
             except Exception as error:  # noqa: BLE001 - observer rule
                 session.internal_error("keras callback", error)

@@ -7,7 +7,12 @@ of the run:
   step (counted, ``--max-steps`` stops the run after it). Called while a ``tf.function`` is
   traced, it marks the outermost traced function as a training step, and each later call
   of that function counts one step. The variables it updates tie model calls to training.
-* ``tf.GradientTape.__enter__/__exit__``: is a tape recording?
+* ``tf.GradientTape.__enter__/__exit__``: is a tape recording? ``tf.GradientTape.gradient``:
+  its target is the loss; run eagerly, its value is read (one scalar) for N101 and L106,
+  and a NaN/Inf loss has the batch of the model call under the tape run again through the
+  layers before the optimizer updates them. That batch is held from the model call to the
+  step's ``tape.gradient`` or optimizer step, no longer (the model weakly). Inside ``tf.function`` the target is
+  symbolic and nothing is read (an extra reader in the graph can change the user's numbers).
 * ``keras.layers.Layer.__call__`` (outermost calls from the user's code only): the
   ``training`` argument, for K105. Inside ``tf.function`` this runs while tracing, once per
   graph, which is enough: the flag is a Python value fixed in the graph.
@@ -59,6 +64,10 @@ class LoopObserver:
         self.trained: weakref.WeakSet[Any] = weakref.WeakSet()
         # Model calls under the current tape, waiting for the optimizer step that shows what is trained.
         self.pending: list[tuple[weakref.ref, ModelCall]] = []
+        # The last model called from the user's code under a tape (weakly) and its input, held
+        # until the step's tape.gradient or optimizer step: N101 runs it again.
+        self.last_input: tuple[weakref.ref, Any] | None = None
+        self.optimizers: set[int] = set()  # optimizers stepped outside fit (L106 skips GANs)
         self._session_pid = session.pid
 
     def _check(self, cls: type) -> Any:
@@ -100,6 +109,8 @@ class LoopObserver:
 
         patcher.patch(tape, "__enter__", __enter__)
         patcher.patch(tape, "__exit__", __exit__)
+        if self.observer.shared is not None:
+            self._wrap(patcher, tape, "gradient", self._gradient)
 
     @staticmethod
     def _wrap(patcher: Any, owner: Any, name: str, around: Any) -> None:
@@ -113,11 +124,14 @@ class LoopObserver:
 
     # -- model calls (K105) ----------------------------------------------------------------
     def _layer_call(self, original: Any, layer: Any, args: tuple, kwargs: dict) -> Any:
-        if self.layer_depth or not self.watching or self.flags is None:
+        if self.layer_depth or not self.watching or (self.flags is None and self.observer.shared is None):
             return original(layer, *args, **kwargs)
         self.layer_depth += 1
         try:
-            self._record_call(layer, kwargs, sys._getframe(2))
+            if self.tape_depth and args and not self.inside_fit:
+                self._remember_input(layer, args[0], sys._getframe(2))
+            if self.flags is not None:
+                self._record_call(layer, kwargs, sys._getframe(2))
             return original(layer, *args, **kwargs)
         finally:
             self.layer_depth -= 1
@@ -139,6 +153,47 @@ class LoopObserver:
                 self.flags.evaluation_with_flag(call, self.session.step)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
+
+    def _remember_input(self, layer: Any, x: Any, caller: Any) -> None:
+        try:
+            shared = self.observer.shared
+            if shared is not None and shared.wants_nonfinite_anywhere() and called_from_user(caller):
+                self.last_input = (weakref.ref(layer), x)
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("keras model call", error)
+
+    # -- the loss (N101, L106) ----------------------------------------------------------------
+    def _gradient(self, original: Any, tape: Any, args: tuple, kwargs: dict) -> Any:
+        if self.watching and not self.inside_fit and args:
+            try:
+                self._loss(args[0], sys._getframe(2))
+            except Exception as error:  # noqa: BLE001 - observer rule
+                self.session.internal_error("keras loop loss", error)
+        self.last_input = None
+        return original(tape, *args, **kwargs)
+
+    def _loss(self, target: Any, caller: Any) -> None:
+        import math
+
+        import tensorflow as tf
+
+        shared = self.observer.shared
+        if not tf.executing_eagerly() or not isinstance(target, tf.Tensor) or target.shape.rank != 0 \
+                or not target.dtype.is_floating:
+            return  # traced (tf.function), or not one scalar loss
+        if "CPU" not in str(target.device).upper() and not self.session.is_sampled(self.session.step):
+            return  # reading an accelerator's loss waits for the step: sampled steps only
+        location = tf_user_location(caller)
+        key = ("loop", location)
+        value = float(target.numpy())
+        step = self.session.step
+        series = shared.loss_series(key, location, step, "the training loop")
+        if series is not None:
+            series.add(value, step)
+            series.optimizers |= self.optimizers
+        if not math.isfinite(value) and shared.wants_nonfinite(key):
+            model, x = (self.last_input[0](), self.last_input[1]) if self.last_input else (None, None)
+            shared.nonfinite_loss(key, step, location, "the training loop", model, x, exact=True)
 
     def _mode_layers(self, layer: Any) -> tuple[str, ...]:
         cached = self.mode_layers.get(layer)
@@ -180,6 +235,9 @@ class LoopObserver:
                     if self.flags is not None:
                         self.flags.training_without_flag(call, count)
             self.pending.clear()
+            self.last_input = None
+            if not self.inside_fit:
+                self.optimizers.add(id(optimizer))
             grads = kwargs.get("grads", args[0] if args else None)
             if self.observer.shared is not None and not self.inside_fit and grads is not None:
                 self._gradient_norms(optimizer, list(grads), list(variables))

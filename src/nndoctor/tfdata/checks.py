@@ -1,5 +1,6 @@
 """K checks of ``tf.data`` input pipelines: K106 (the step waits for its input), K107 (a shuffle
-buffer far below the dataset size on data that arrives in label order).
+buffer far below the dataset size on data that arrives in label order; ``tfdata.unshuffled``
+reports D105 for a pipeline with no shuffle at all: never both).
 
 Each check reads one ``DatasetRecord`` (fetch timings, the pipeline's stages, the first
 batches' labels) through ``inspect`` at the end of the run. Importing this module never
@@ -193,4 +194,5 @@ class TfDataShuffleBufferTooSmall(TfDataCheck):
             "buffer_size": buffer, "elements": elements, "single_class_batches": single,
             "batches": usable, "dominant_labels": distinct,
             "batch_summaries": [list(b) for b in record.label_batches]})
+
 

@@ -1,4 +1,4 @@
-"""Zero-code-change instrumentation of ``tf.data`` (K106, K107).
+"""Zero-code-change instrumentation of ``tf.data`` (K106, K107, and D105 for a pipeline with no shuffle).
 
 Nothing here imports TensorFlow: the patches are applied right after the user's script
 imports it (``hooks.when_imported``) and undone at the end of the run.
@@ -11,8 +11,9 @@ What is patched, and why:
 * ``Dataset.__iter__`` ties each new iterator to its dataset (one iterator per epoch);
 * ``OwnedIterator.__next__`` times each eager fetch — how long the loop waited for the
   element — and reads the labels of a dataset's first batches when the pipeline shuffles
-  with a small buffer (K107). Elements are returned as produced; nothing is drawn from any
-  random stream;
+  with a small buffer (K107) or does not shuffle at all (D105, with the optimizer steps done
+  at each fetch: only batches followed by a step are training batches). Elements are
+  returned as produced; nothing is drawn from any random stream;
 * Keras on the TensorFlow backend fetches its batches *inside* the compiled train function,
   where no Python call can be timed. For ``steps_per_execution == 1`` the train function is
   wrapped so the batch is fetched eagerly (timed) and handed to Keras's own per-batch path
@@ -27,6 +28,8 @@ import time
 import weakref
 from typing import Any
 
+from nndoctor.catalog_table import is_enabled as rule_enabled
+from nndoctor.catalog_table import rule
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
 from nndoctor.registry import all_checks, is_enabled
@@ -34,6 +37,7 @@ from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
 from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
 from nndoctor.tfdata.timing import FetchClock
+from nndoctor.tfdata.unshuffled import unshuffled_pipeline
 
 STAGE_METHODS = ("map", "shuffle", "batch", "padded_batch", "prefetch", "cache", "interleave", "repeat",
                  "filter", "take", "unbatch")
@@ -53,7 +57,8 @@ class DatasetRecord:
         self.location = location  # the line that iterated it first (fit, a for loop)
         self.clock = FetchClock()
         self.label_batches: list[tuple[int, float, int]] = []
-        self.wants_labels = small_shuffle(pipeline) is not None
+        self.label_steps: list[int] = []  # the optimizer steps done when each of them was fetched
+        self.wants_labels = small_shuffle(pipeline) is not None or not pipeline.has("shuffle")
         self.element_bytes: int | None = None
 
 
@@ -77,11 +82,13 @@ class TfDataObserver:
         self.iterators: weakref.WeakKeyDictionary[Any, DatasetRecord] = weakref.WeakKeyDictionary()
         self.checks = [cls(self.session) for cls in all_checks("tfdata")
                        if is_enabled(cls, self.session.select, self.session.ignore)]
+        found = rule("D105")  # a PyTorch code: reported from the catalog table
+        self.unshuffled = found if rule_enabled(found, self.session.select, self.session.ignore) else None
         self._tf: Any = None
 
     # -- patching ----------------------------------------------------------------------
     def patch_tensorflow(self, tf: Any) -> None:
-        if not self.checks or not hasattr(tf, "data"):
+        if not (self.checks or self.unshuffled) or not hasattr(tf, "data"):
             return
         from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
@@ -182,6 +189,7 @@ class TfDataObserver:
             record.wants_labels = False  # no (x, y) integer labels: nothing to read
             return
         record.label_batches.append(batch_summary(labels))
+        record.label_steps.append(self.session.step)
 
     def _conclude(self) -> None:
         self.enabled = False
@@ -192,6 +200,8 @@ class TfDataObserver:
                 except Exception as error:  # noqa: BLE001 - a broken check must not break the run
                     self.session.internal_error(f"{check.code} {check.name} on tf.data", error)
                     self.checks.remove(check)
+            if self.unshuffled is not None:
+                self._guard(lambda record=record: unshuffled_pipeline(self.session, self.unshuffled, record))
 
     def _guard(self, action: Any) -> None:
         try:
@@ -242,7 +252,7 @@ def _eager_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
 
 def install(installation: Any) -> None:
     observer = TfDataObserver(installation)
-    if not observer.checks:
+    if not observer.checks and observer.unshuffled is None:
         return
     installation.patcher.on_undo(observer._disable)
     when_imported("tensorflow", lambda tf: observer._guard(lambda: observer.patch_tensorflow(tf)),
