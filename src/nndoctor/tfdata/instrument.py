@@ -14,9 +14,12 @@ What is patched, and why:
   with a small buffer (K107). Elements are returned as produced; nothing is drawn from any
   random stream;
 * Keras on the TensorFlow backend fetches its batches *inside* the compiled train function,
-  where no Python call can be timed. For ``steps_per_execution == 1`` the train function is
-  wrapped so the batch is fetched eagerly (timed) and handed to Keras's own per-batch path
-  (the same compiled ``train_step`` on the same batch: same weights).
+  where no Python call can be timed. For ``steps_per_execution == 1``, while Keras traces
+  that function, ``OwnedIterator.get_next`` is wrapped in two ``tf.timestamp`` ops that the
+  graph writes into nndoctor's own variables (``GraphFetchClock``): the fetch stays where
+  Keras put it, the batch and the compiled step are untouched, and Python reads the times
+  once per iterator (epoch), not per step. A model compiled with ``run_eagerly=True`` has no
+  graph: its batch is fetched eagerly (timed) and handed to Keras's own per-batch path.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from nndoctor.registry import all_checks, is_enabled
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
 from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
-from nndoctor.tfdata.timing import FetchClock
+from nndoctor.tfdata.timing import FetchClock, GraphFetchClock
 
 STAGE_METHODS = ("map", "shuffle", "batch", "padded_batch", "prefetch", "cache", "interleave", "repeat",
                  "filter", "take", "unbatch")
@@ -78,6 +81,11 @@ class TfDataObserver:
         self.checks = [cls(self.session) for cls in all_checks("tfdata")
                        if is_enabled(cls, self.session.select, self.session.ignore)]
         self._tf: Any = None
+        # Keras's compiled train functions (TensorFlow backend): fetch times written by the graph.
+        self.graph_clock: GraphFetchClock | None = None
+        self.timing_trace = False  # True while nndoctor's train-function wrapper runs (traces time get_next)
+        # The iterator the compiled train function is fetching from: (weak iterator, record, first fetch index).
+        self._segment: tuple[Any, DatasetRecord | None, int] | None = None
 
     # -- patching ----------------------------------------------------------------------
     def patch_tensorflow(self, tf: Any) -> None:
@@ -118,6 +126,16 @@ class TfDataObserver:
             return element
 
         patcher.patch(iterator_ops.OwnedIterator, "__next__", __next__)
+        original_get_next = patcher.patch(iterator_ops.OwnedIterator, "get_next", None)
+
+        def get_next(iterator):
+            # Only while a Keras train function wrapped below is traced: the graph times its own fetch.
+            clock = self.graph_clock  # created eagerly by that wrapper
+            if clock is not None and self.timing_trace and self.enabled and not tf.executing_eagerly():
+                return clock.timed(lambda: original_get_next(iterator))
+            return original_get_next(iterator)
+
+        patcher.patch(iterator_ops.OwnedIterator, "get_next", get_next)
         patcher.on_undo(self._conclude)
         when_imported(TRAINER_MODULE, lambda module: self._guard(lambda: self.patch_keras_trainer(module)),
                       patcher)
@@ -134,8 +152,8 @@ class TfDataObserver:
         def make_train_function(model, force=False):
             result = original(model, force)
             function = getattr(model, "train_function", None)
-            if function is not None and not getattr(function, "_nndoctor_fetches_eagerly", False):
-                model.train_function = _eager_fetch(function, model, observer, iterator_ops.OwnedIterator)
+            if function is not None and not getattr(function, "_nndoctor_timed_fetch", False):
+                model.train_function = _timed_fetch(function, model, observer, iterator_ops.OwnedIterator)
                 return model.train_function if result is function else result
             return result
 
@@ -176,6 +194,27 @@ class TfDataObserver:
         record.clock.new_iterator()
         self.iterators[iterator] = record
 
+    def graph_fetch(self, iterator: Any) -> None:
+        """A compiled train function is about to fetch from ``iterator``: a new iterator closes the
+        previous one's span of graph-timed fetches (one variable read per iterator, not per step)."""
+        segment = self._segment
+        if segment is not None and segment[0]() is iterator:
+            return
+        self._close_segment()
+        start = self.graph_clock.count() if self.graph_clock is not None else 0
+        self._segment = (weakref.ref(iterator), self.iterators.get(iterator), start)
+
+    def _close_segment(self) -> None:
+        """Hand the fetch times the graph wrote for the current iterator to its dataset's clock."""
+        segment, self._segment = self._segment, None
+        if segment is None or segment[1] is None or self.graph_clock is None:
+            return
+        _, record, start = segment
+        record.clock.new_iterator()
+        for began, ended in self.graph_clock.read(start):
+            record.clock.fetched(began, ended)
+        record.clock.stopped()
+
     def _read_labels(self, record: DatasetRecord, element: Any) -> None:
         labels = label_values(element)
         if labels is None:
@@ -184,6 +223,7 @@ class TfDataObserver:
         record.label_batches.append(batch_summary(labels))
 
     def _conclude(self) -> None:
+        self._guard(self._close_segment)
         self.enabled = False
         for record in self.records.values():
             for check in list(self.checks):
@@ -224,18 +264,34 @@ def label_values(element: Any) -> list[int] | None:
     return [int(v) for v in values]
 
 
-def _eager_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iterator: type) -> Any:
-    """Keras's train function, fetching each batch eagerly so the fetch can be timed."""
+def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iterator: type) -> Any:
+    """Keras's train function, its fetches timed: by the graph itself (compiled), or eagerly
+    (``run_eagerly=True``: no graph to time in)."""
 
     def train_function(iterator):
-        if observer.enabled and isinstance(iterator, owned_iterator) and iterator in observer.iterators \
-                and getattr(model, "steps_per_execution", 1) == 1:
+        if not observer.enabled or not isinstance(iterator, owned_iterator) \
+                or getattr(model, "steps_per_execution", 1) != 1:
+            return function(iterator)
+        if getattr(model, "run_eagerly", False):
+            if iterator not in observer.iterators:
+                return function(iterator)
             element = next(iterator)  # timed by the __next__ patch; StopIteration ends the epoch
-            # A plain Python iterator takes Keras's per-batch path: the same compiled step.
+            # A plain Python iterator takes Keras's per-batch path: the same step on the same batch.
             return function(iter((element,)))
-        return function(iterator)
+        try:
+            if observer.graph_clock is None:  # eagerly: a tf.function creates variables on its first call only
+                observer.graph_clock = GraphFetchClock(observer._tf)
+            observer.graph_fetch(iterator)
+        except Exception as error:  # noqa: BLE001 - observer rule
+            observer.session.internal_error("tf.data instrumentation", error)
+            return function(iterator)
+        observer.timing_trace = True  # a trace of this call times its get_next
+        try:
+            return function(iterator)
+        finally:
+            observer.timing_trace = False
 
-    train_function._nndoctor_fetches_eagerly = True
+    train_function._nndoctor_timed_fetch = True
     train_function.__wrapped__ = function
     return train_function
 
