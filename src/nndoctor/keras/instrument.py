@@ -218,8 +218,7 @@ class KerasObserver:
                 probe = probes[call.phase] = GraphProbe()  # a tf.function creates variables in its first trace only
         if call.phase == "fit" and _builds_optimizer(model):
             return  # a trace TensorFlow discards (see _builds_optimizer): the probe goes into the next one
-        for name in TENSORS:
-            probe.record(name, values.get(name))
+        probe.record({name: values.get(name) for name in TENSORS})
 
     def _observe_probe(self, model: Any, call: _Call) -> None:
         """After a TensorFlow-backend fit/evaluate: the K checks on the values the probe kept."""
