@@ -132,7 +132,7 @@ class TfDataObserver:
             # Only while a Keras train function wrapped below is traced: the graph times its own fetch.
             clock = self.graph_clock  # created eagerly by that wrapper
             if clock is not None and self.timing_trace and self.enabled and not tf.executing_eagerly():
-                return clock.timed(lambda: original_get_next(iterator))
+                return clock.timed(lambda: original_get_next(iterator), label_tensor, self.graph_labels)
             return original_get_next(iterator)
 
         patcher.patch(iterator_ops.OwnedIterator, "get_next", get_next)
@@ -201,8 +201,11 @@ class TfDataObserver:
         if segment is not None and segment[0]() is iterator:
             return
         self._close_segment()
-        start = self.graph_clock.count() if self.graph_clock is not None else 0
-        self._segment = (weakref.ref(iterator), self.iterators.get(iterator), start)
+        clock = self.graph_clock
+        record = self.iterators.get(iterator)
+        self._segment = (weakref.ref(iterator), record, clock.count() if clock is not None else 0)
+        if clock is not None:
+            clock.want_labels(_wants_labels(record))
 
     def _close_segment(self) -> None:
         """Hand the fetch times the graph wrote for the current iterator to its dataset's clock."""
@@ -214,6 +217,25 @@ class TfDataObserver:
         for began, ended in self.graph_clock.read(start):
             record.clock.fetched(began, ended)
         record.clock.stopped()
+
+    def graph_labels(self, array: Any) -> Any:
+        """Called by the compiled train function (``tf.numpy_function``) with the labels of a batch
+        while the current iterator's dataset wants them (K107); returns whether it still does."""
+        import numpy as np
+
+        segment = self._segment
+        record = segment[1] if segment is not None else None
+        try:
+            if record is not None and record.wants_labels and len(record.label_batches) < LABEL_BATCHES:
+                labels = labels_of(array)
+                if labels is None:
+                    record.wants_labels = False
+                else:
+                    record.label_batches.append(batch_summary(labels))
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("tf.data instrumentation", error)
+            record = None
+        return np.bool_(_wants_labels(record))
 
     def _read_labels(self, record: DatasetRecord, element: Any) -> None:
         labels = label_values(element)
@@ -240,19 +262,34 @@ class TfDataObserver:
             self.session.internal_error("tf.data instrumentation", error)
 
 
-def label_values(element: Any) -> list[int] | None:
-    """The integer class labels of an ``(x, y)`` / ``(x, y, w)`` batch or a ``label`` key:
-    a 1-D integer tensor, an ``(N, 1)`` one, or one-hot rows (their argmax)."""
-    import numpy as np
+def _wants_labels(record: DatasetRecord | None) -> bool:
+    return record is not None and record.wants_labels and len(record.label_batches) < LABEL_BATCHES
 
+
+def label_tensor(element: Any) -> Any:
+    """The label part of an ``(x, y)`` / ``(x, y, w)`` element or a dict's ``label`` key (None: none)."""
     candidate = None
     if isinstance(element, (tuple, list)) and len(element) >= 2:
         candidate = element[1]
     elif isinstance(element, dict):
         candidate = next((element[k] for k in ("label", "labels", "target", "y") if k in element), None)
+    return candidate
+
+
+def label_values(element: Any) -> list[int] | None:
+    """The integer class labels of an ``(x, y)`` / ``(x, y, w)`` batch or a ``label`` key."""
+    candidate = label_tensor(element)
     if candidate is None or not hasattr(candidate, "numpy"):
         return None
-    values = np.asarray(candidate.numpy())
+    return labels_of(candidate.numpy())
+
+
+def labels_of(array: Any) -> list[int] | None:
+    """Integer class labels from a batch's label array: a 1-D integer array, an ``(N, 1)`` one,
+    or one-hot rows (their argmax)."""
+    import numpy as np
+
+    values = np.asarray(array)
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
     if values.ndim == 2 and values.shape[1] >= 2 and np.all((values == 0) | (values == 1)) \

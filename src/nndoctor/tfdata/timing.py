@@ -94,7 +94,10 @@ class GraphFetchClock:
     the fetch and one after the element is produced (control dependencies only: the element
     goes to the step unchanged) and writes both into row ``count`` of nndoctor's variable,
     then counts the fetch. A fetch that fails (the end of the data) writes nothing. Rows past
-    ``GRAPH_FETCHES`` go to one spare row that is never read.
+    ``GRAPH_FETCHES`` go to one spare row that is never read. While the ``wants_labels``
+    variable is true (set per iterator: its dataset is a K107 suspect and fewer than 16
+    batches were read), a ``tf.numpy_function`` hands the batch's labels to Python, which
+    answers whether it wants more; otherwise the step pays one variable read and a branch.
     """
 
     def __init__(self, tf: Any) -> None:
@@ -103,8 +106,9 @@ class GraphFetchClock:
             self.times = tf.Variable(tf.zeros((GRAPH_FETCHES + 1, 2), tf.float64), trainable=False,
                                      name="nndoctor_fetch_times")
             self.fetches = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nndoctor_fetches")
+            self.wants_labels = tf.Variable(False, trainable=False, name="nndoctor_wants_labels")
 
-    def timed(self, get_next: Any) -> Any:
+    def timed(self, get_next: Any, label_tensor: Any = None, on_labels: Any = None) -> Any:
         tf = self._tf
         began = tf.timestamp()
         with tf.control_dependencies([began]):
@@ -114,7 +118,18 @@ class GraphFetchClock:
         row = tf.minimum(self.fetches.read_value(), GRAPH_FETCHES)
         self.times.scatter_nd_update(tf.reshape(row, (1, 1)), tf.reshape(tf.stack([began, ended]), (1, 2)))
         self.fetches.assign_add(1)
+        labels = label_tensor(element) if label_tensor is not None else None
+        if on_labels is not None and isinstance(labels, tf.Tensor):
+            def read() -> Any:
+                more = tf.numpy_function(on_labels, [labels], tf.bool, stateful=True)
+                self.wants_labels.assign(tf.reshape(more, []))
+                return tf.constant(0)
+
+            tf.cond(self.wants_labels.read_value(), read, lambda: tf.constant(0))
         return element
+
+    def want_labels(self, wanted: bool) -> None:
+        self.wants_labels.assign(wanted)
 
     def count(self) -> int:
         return int(self.fetches.numpy())
