@@ -78,9 +78,8 @@ def main() -> None:
                              "shared machine does not inflate")
     parser.add_argument("--json")
     args = parser.parse_args()
-    import tensorflow as tf
-
     import keras
+    import tensorflow as tf
 
     ds = build_data(tf, args.samples, args.batch)
     train(keras, ds, 1)  # warm-up: the framework's one-time start-up costs out of both columns

@@ -11,10 +11,9 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import keras  # noqa: E402
 
 SAMPLES, BATCH = 200, 16  # 13 batches per pass, the last one partial
 

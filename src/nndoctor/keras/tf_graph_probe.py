@@ -3,7 +3,7 @@
 On the TensorFlow backend ``fit``/``evaluate`` trace the train/test step into a graph once;
 Python sees only symbolic tensors there. The probe adds a few read-only reductions (min,
 max, integrality, row sums over at most ``MAX_ROWS`` rows) of x, y and the predictions and
-writes them into nndoctor's own variables, which are read after the call. Nothing the
+writes them into nndoctor's own variable, which is read after the call. Nothing the
 model computes reads them back, so the user's numbers are unchanged; variable writes are
 XLA-compatible, unlike ``tf.py_function``.
 """
@@ -103,9 +103,9 @@ class GraphProbe:
     def read(self, name: str) -> ArraySummary | None:
         """The statistics the last executed step wrote (None before any step ran)."""
         if name in self.shape_only:
-            shape, dtype = self.shape_only[name]
+            traced, dtype = self.shape_only[name]
             nan = math.nan
-            return ArraySummary(shape, nan, nan, False, False, nan, dtype=dtype, has_values=False)
+            return ArraySummary(traced, nan, nan, False, False, nan, dtype=dtype, has_values=False)
         written = self.variable.numpy()[TENSORS.index(name)]
         values = dict(zip(_FIELDS, (float(v) for v in written), strict=True))
         shape = self.shapes.get(name)

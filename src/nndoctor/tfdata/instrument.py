@@ -13,13 +13,18 @@ What is patched, and why:
   element — and reads the labels of a dataset's first batches when the pipeline shuffles
   with a small buffer (K107). Elements are returned as produced; nothing is drawn from any
   random stream;
+* ``OwnedIterator.get_next`` (graph mode, only while a wrapped Keras train function is
+  traced): see the last point;
 * Keras on the TensorFlow backend fetches its batches *inside* the compiled train function,
   where no Python call can be timed. For ``steps_per_execution == 1``, while Keras traces
   that function, ``OwnedIterator.get_next`` is wrapped in two ``tf.timestamp`` ops that the
   graph writes into nndoctor's own variables (``GraphFetchClock``): the fetch stays where
   Keras put it, the batch and the compiled step are untouched, and Python reads the times
-  once per iterator (epoch), not per step. A model compiled with ``run_eagerly=True`` has no
-  graph: its batch is fetched eagerly (timed) and handed to Keras's own per-batch path.
+  once per iterator (epoch), not per step; a K107 suspect's first label batches reach Python
+  through a ``tf.numpy_function`` behind a branch on nndoctor's variable. (Fetching eagerly
+  instead, as before, cost about 20% of a small model's ``fit`` on CPU: an eager ``next()``
+  and Keras's per-batch Python path each step.) A model compiled with ``run_eagerly=True``
+  has no graph: its batch is fetched eagerly (timed) and handed to Keras's own per-batch path.
 """
 
 from __future__ import annotations
