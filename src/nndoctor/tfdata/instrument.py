@@ -21,7 +21,9 @@ What is patched, and why:
   graph writes into nndoctor's own variables (``GraphFetchClock``): the fetch stays where
   Keras put it, the batch and the compiled step are untouched, and Python reads the times
   once per iterator (epoch), not per step; a K107 suspect's first label batches reach Python
-  through a ``tf.numpy_function`` behind a branch on nndoctor's variable. (Fetching eagerly
+  through a ``tf.numpy_function`` behind a branch on nndoctor's variable (built into the graph
+  only when the dataset traced with is a suspect: a model's train function traced on a
+  well-shuffled dataset and reused, untraced, on a suspect one does not read its labels). (Fetching eagerly
   instead, as before, cost about 20% of a small model's ``fit`` on CPU: an eager ``next()``
   and Keras's per-batch Python path each step.) A model compiled with ``run_eagerly=True``
   has no graph: its batch is fetched eagerly (timed) and handed to Keras's own per-batch path.
@@ -137,7 +139,11 @@ class TfDataObserver:
             # Only while a Keras train function wrapped below is traced: the graph times its own fetch.
             clock = self.graph_clock  # created eagerly by that wrapper
             if clock is not None and self.timing_trace and self.enabled and not tf.executing_eagerly():
-                return clock.timed(lambda: original_get_next(iterator), label_tensor, self.graph_labels)
+                # The labels branch only where the dataset being traced is a K107 suspect: a
+                # graph with it costs a cond and a numpy_function op to trace.
+                wanted = self._segment is not None and _wants_labels(self._segment[1])
+                return clock.timed(lambda: original_get_next(iterator), label_tensor,
+                                   self.graph_labels if wanted else None)
             return original_get_next(iterator)
 
         patcher.patch(iterator_ops.OwnedIterator, "get_next", get_next)
