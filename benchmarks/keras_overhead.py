@@ -11,7 +11,7 @@ their ratio on each clock (target ≤ 1.10), and writes the JSON with ``--json``
 
     KERAS_BACKEND=tensorflow python benchmarks/keras_overhead.py --rounds 5
     KERAS_BACKEND=tensorflow python benchmarks/keras_overhead.py --rounds 5 --clock cpu
-    KERAS_BACKEND=torch python benchmarks/keras_overhead.py --rounds 5
+    KERAS_BACKEND=torch python benchmarks/keras_overhead.py --rounds 5 --threads 1
 
 The same ``tf.data`` pipeline feeds every backend (Keras iterates it eagerly off TensorFlow).
 """
@@ -76,10 +76,23 @@ def main() -> None:
                         help="the clock of the headline ratio (both are measured and written): wall time, or "
                              "cpu: the process's CPU time over all threads, which time other jobs take from a "
                              "shared machine does not inflate")
+    parser.add_argument("--threads", type=int,
+                        help="intra-op threads of the backend (torch.set_num_threads / TensorFlow's intra- and "
+                             "inter-op pools); default: the framework's own. On a shared machine the torch "
+                             "backend's spinning OpenMP threads make whole fits vary 10x: use --threads 1 there")
     parser.add_argument("--json")
     args = parser.parse_args()
-    import keras
+    import keras  # first: on the torch backend it imports torch, which crashes if TensorFlow came first
+
+    if args.threads and keras.config.backend() == "torch":
+        import torch
+
+        torch.set_num_threads(args.threads)
     import tensorflow as tf
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
     ds = build_data(tf, args.samples, args.batch)
     train(keras, ds, 1)  # warm-up: the framework's one-time start-up costs out of both columns
@@ -94,7 +107,8 @@ def main() -> None:
                 times[side][c].append(measured[c])
     result = {
         "backend": keras.config.backend(), "tensorflow": tf.__version__, "keras": keras.__version__,
-        "cpu_threads": os.cpu_count(), "load_average": os.getloadavg(), "rounds": args.rounds,
+        "cpu_threads": os.cpu_count(), "threads": args.threads, "load_average": os.getloadavg(),
+        "rounds": args.rounds,
         "samples": args.samples, "batch": args.batch, "epochs": args.epochs,
         "steps_per_fit": args.epochs * -(-args.samples // args.batch), "headline_clock": args.clock,
         "seconds_measuring": round(time.perf_counter() - started, 1),
