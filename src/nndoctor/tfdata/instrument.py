@@ -21,12 +21,12 @@ What is patched, and why:
   graph writes into nndoctor's own variables (``GraphFetchClock``): the fetch stays where
   Keras put it, the batch and the compiled step are untouched, and Python reads the times
   once per iterator (epoch), not per step; a K107 suspect's first label batches reach Python
-  through a ``tf.numpy_function`` behind a branch on nndoctor's variable (built into the graph
-  only when the dataset traced with is a suspect: a model's train function traced on a
-  well-shuffled dataset and reused, untraced, on a suspect one does not read its labels). (Fetching eagerly
-  instead, as before, cost about 20% of a small model's ``fit`` on CPU: an eager ``next()``
-  and Keras's per-batch Python path each step.) A model compiled with ``run_eagerly=True``
-  has no graph: its batch is fetched eagerly (timed) and handed to Keras's own per-batch path.
+  through a ``tf.numpy_function`` behind a branch on nndoctor's variable, built into the graph
+  only when the dataset traced with is a suspect (a train function traced on a well-shuffled
+  dataset and reused, untraced, on a suspect one does not read its labels). Fetching eagerly
+  instead, as nndoctor did before, made every step pay an eager ``next()`` and Keras's
+  per-batch Python path. A model compiled with ``run_eagerly=True`` has no graph: its batch is
+  fetched eagerly (timed) and handed to Keras's own per-batch path.
 """
 
 from __future__ import annotations
@@ -257,6 +257,8 @@ class TfDataObserver:
 
     def _conclude(self) -> None:
         self._guard(self._close_segment)
+        if self.graph_clock is not None:  # a model trained again after the run calls no Python of ours
+            self._guard(lambda: self.graph_clock.want_labels(False))
         self.enabled = False
         for record in self.records.values():
             for check in list(self.checks):
