@@ -241,6 +241,22 @@ class KerasObserver:
             shared.nonfinite_loss(id(model), self.session.step, call.location, "fit", model, values.get("x"),
                                   exact=True)
 
+    def loss_logs(self, model: Any) -> dict[str, float] | None:
+        """``logs["loss"]`` as a batch-end hook would see it, read when the next batch begins
+        (or the epoch, validation or training ends): the running mean of Keras's loss tracker,
+        which validation resets only after ``on_test_begin``. One small read per step, and
+        only while N101 or L106 is enabled: a batch-end hook would turn off Keras's
+        asynchronous batch-end dispatch instead."""
+        call = self.calls[-1] if self.calls else None
+        tracker = getattr(model, "_loss_tracker", None)
+        if self.shared is None or call is None or call.phase != "fit" or tracker is None:
+            return None
+        if call.means is None and not self.shared.wants_nonfinite(id(model)):
+            return None
+        import keras
+
+        return {"loss": float(keras.ops.convert_to_numpy(tracker.result()))}
+
     def training_loss(self, model: Any, batch: int, logs: Any) -> None:
         """The callback's view of one training batch: ``logs["loss"]``, the epoch's running mean."""
         call = self.calls[-1] if self.calls else None
@@ -291,9 +307,10 @@ class KerasObserver:
         probe = probes.get(call.phase)
         if probe is None:
             with tf.init_scope():  # nndoctor's variables are created eagerly, outside the user's graph
-                probe = probes[call.phase] = GraphProbe()
-        for name in TENSORS:
-            probe.record(name, values.get(name))
+                probe = probes[call.phase] = GraphProbe()  # a tf.function creates variables in its first trace only
+        if call.phase == "fit" and _builds_optimizer(model):
+            return  # a trace TensorFlow discards (see _builds_optimizer): the probe goes into the next one
+        probe.record({name: values.get(name) for name in TENSORS})
 
     def _observe_probe(self, model: Any, call: _Call) -> None:
         """After a TensorFlow-backend fit/evaluate: the K checks on the values the probe kept."""
@@ -377,6 +394,20 @@ class KerasObserver:
             self.session.internal_error("keras instrumentation", error)
 
 
+def _builds_optimizer(model: Any) -> bool:
+    """Keras's own ``train_step`` traced before the optimizer has its variables: this first trace
+    creates them, and TensorFlow then traces the step again and runs only that second graph
+    (``tf.function`` retraces a function whose first trace created variables), so probe ops in
+    the first one would be built for nothing. Tracing them is a measurable part of a small
+    model's ``fit``."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or getattr(optimizer, "built", True) or not getattr(model, "trainable_weights", None):
+        return False
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return getattr(type(model), "train_step", None) is TensorFlowTrainer.train_step
+
+
 def _layers(model: Any) -> list[Any]:
     flatten = getattr(model, "_flatten_layers", None)
     if flatten is not None:
@@ -417,14 +448,42 @@ def _make_callback_class(keras: Any, observer: KerasObserver) -> type:
     from nndoctor.engine import StopRun  # noqa: F401 - raised below
 
     class NndoctorCallback(keras.callbacks.Callback):
-        """Counts optimizer steps; stops the run at ``--max-steps``."""
+        """Counts optimizer steps; stops the run at ``--max-steps``.
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        A step is counted when the next batch begins, or when validation, the epoch or the
+        training ends, never in a batch-end hook: a callback that overrides
+        ``on_train_batch_end`` turns off Keras's asynchronous dispatch of batch-end callbacks
+        (each step's logs would be converted to Python numbers on the training thread).
+        The step that reaches the limit is the last one run, as with a batch-end hook.
+        """
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._pending = False  # a batch began and is not counted yet
+            self._batch = 0  # its index in the epoch
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self._settle()
+            self._pending, self._batch = True, batch
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self._settle()  # fit's validation pass: the epoch's steps are done
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self._settle()
+
+        def on_train_end(self, logs: Any = None) -> None:
+            self._settle()
+
+        def _settle(self) -> None:
+            if not self._pending:
+                return
+            self._pending = False
             session = observer.session
             if not observer.enabled or os.getpid() != session.pid:
                 return
             try:
-                observer.training_loss(self.model, batch, logs)
+                observer.training_loss(self.model, self._batch, observer.loss_logs(self.model))
                 observer.count_step(self.model)
             except Exception as error:  # noqa: BLE001 - observer rule
                 session.internal_error("keras callback", error)

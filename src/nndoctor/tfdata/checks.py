@@ -70,14 +70,18 @@ class TfDataInputBound(TfDataCheck):
     """The training loop waits for its ``tf.data`` input more than 20% of the step time.
 
     ## What it does
-    Times every fetch of the next element from a ``tf.data`` iterator — a custom loop's
+    Times each fetch of the next element from a ``tf.data`` iterator — a custom loop's
     ``for x, y in dataset``, Keras ``fit`` on any backend — and the time from one fetch to
-    the next (one training step). Fires when the waiting is more than 20% of the step time
-    and the median step waits more than 1 ms (below that the wait is the fixed cost of an
-    eager fetch, 0.1–0.5 ms), over at least 8 measured steps (the first two fetches, which
-    start the pipeline and trace the compiled step, are left out). The message gives the
-    measured share and reads the pipeline's stages to say what it lacks: a final
-    ``prefetch``, ``num_parallel_calls`` on ``map``, a ``cache`` for a pipeline re-read every epoch.
+    the next (one training step). Keras ``fit`` on the TensorFlow backend fetches inside its
+    compiled train function: there the graph times its own fetch (two ``tf.timestamp`` ops
+    around ``get_next``, read back once per epoch), over a window of the first 4096 steps of
+    the run; Python loops are timed on every fetch (up to 2000 steps per dataset). Fires when
+    the waiting is more than 20% of the step time and the median step waits more than 1 ms
+    (below that the wait is the fixed cost of a fetch from a ready buffer, 0.1–0.5 ms eagerly),
+    over at least 8 measured steps (the first two fetches, which start the pipeline and trace
+    the compiled step, are left out). The message gives the measured share and reads the
+    pipeline's stages to say what it lacks: a final ``prefetch``, ``num_parallel_calls`` on
+    ``map``, a ``cache`` for a pipeline re-read every epoch.
 
     ## Why is this bad?
     While the model waits for data, the accelerator (or the CPU cores the model uses) is

@@ -14,10 +14,20 @@ What is patched, and why:
   with a small buffer (K107) or does not shuffle at all (D105, with the optimizer steps done
   at each fetch: only batches followed by a step are training batches). Elements are
   returned as produced; nothing is drawn from any random stream;
+* ``OwnedIterator.get_next`` (graph mode, only while a wrapped Keras train function is
+  traced): see the last point;
 * Keras on the TensorFlow backend fetches its batches *inside* the compiled train function,
-  where no Python call can be timed. For ``steps_per_execution == 1`` the train function is
-  wrapped so the batch is fetched eagerly (timed) and handed to Keras's own per-batch path
-  (the same compiled ``train_step`` on the same batch: same weights).
+  where no Python call can be timed. For ``steps_per_execution == 1``, while Keras traces
+  that function, ``OwnedIterator.get_next`` is wrapped in two ``tf.timestamp`` ops that the
+  graph writes into nndoctor's own variables (``GraphFetchClock``): the fetch stays where
+  Keras put it, the batch and the compiled step are untouched, and Python reads the times
+  once per iterator (epoch), not per step; a K107 suspect's first label batches reach Python
+  through a ``tf.numpy_function`` behind a branch on nndoctor's variable, built into the graph
+  only when the dataset traced with is a suspect (a train function traced on a well-shuffled
+  dataset and reused, untraced, on a suspect one does not read its labels). Fetching eagerly
+  instead, as nndoctor did before, made every step pay an eager ``next()`` and Keras's
+  per-batch Python path. A model compiled with ``run_eagerly=True`` has no graph: its batch is
+  fetched eagerly (timed) and handed to Keras's own per-batch path.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from nndoctor.registry import all_checks, is_enabled
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
 from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
-from nndoctor.tfdata.timing import FetchClock
+from nndoctor.tfdata.timing import FetchClock, GraphFetchClock
 from nndoctor.tfdata.unshuffled import unshuffled_pipeline
 
 STAGE_METHODS = ("map", "shuffle", "batch", "padded_batch", "prefetch", "cache", "interleave", "repeat",
@@ -85,6 +95,11 @@ class TfDataObserver:
         found = rule("D105")  # a PyTorch code: reported from the catalog table
         self.unshuffled = found if rule_enabled(found, self.session.select, self.session.ignore) else None
         self._tf: Any = None
+        # Keras's compiled train functions (TensorFlow backend): fetch times written by the graph.
+        self.graph_clock: GraphFetchClock | None = None
+        self.timing_trace = False  # True while nndoctor's train-function wrapper runs (traces time get_next)
+        # The iterator the compiled train function is fetching from: (weak iterator, record, first fetch index).
+        self._segment: tuple[Any, DatasetRecord | None, int] | None = None
 
     # -- patching ----------------------------------------------------------------------
     def patch_tensorflow(self, tf: Any) -> None:
@@ -125,6 +140,20 @@ class TfDataObserver:
             return element
 
         patcher.patch(iterator_ops.OwnedIterator, "__next__", __next__)
+        original_get_next = patcher.patch(iterator_ops.OwnedIterator, "get_next", None)
+
+        def get_next(iterator):
+            # Only while a Keras train function wrapped below is traced: the graph times its own fetch.
+            clock = self.graph_clock  # created eagerly by that wrapper
+            if clock is not None and self.timing_trace and self.enabled and not tf.executing_eagerly():
+                # The labels branch only where the dataset being traced is a K107 suspect: a
+                # graph with it costs a cond and a numpy_function op to trace.
+                wanted = self._segment is not None and _wants_labels(self._segment[1])
+                return clock.timed(lambda: original_get_next(iterator), label_tensor,
+                                   self.graph_labels if wanted else None)
+            return original_get_next(iterator)
+
+        patcher.patch(iterator_ops.OwnedIterator, "get_next", get_next)
         patcher.on_undo(self._conclude)
         when_imported(TRAINER_MODULE, lambda module: self._guard(lambda: self.patch_keras_trainer(module)),
                       patcher)
@@ -141,8 +170,8 @@ class TfDataObserver:
         def make_train_function(model, force=False):
             result = original(model, force)
             function = getattr(model, "train_function", None)
-            if function is not None and not getattr(function, "_nndoctor_fetches_eagerly", False):
-                model.train_function = _eager_fetch(function, model, observer, iterator_ops.OwnedIterator)
+            if function is not None and not getattr(function, "_nndoctor_timed_fetch", False):
+                model.train_function = _timed_fetch(function, model, observer, iterator_ops.OwnedIterator)
                 return model.train_function if result is function else result
             return result
 
@@ -183,6 +212,50 @@ class TfDataObserver:
         record.clock.new_iterator()
         self.iterators[iterator] = record
 
+    def graph_fetch(self, iterator: Any) -> None:
+        """A compiled train function is about to fetch from ``iterator``: a new iterator closes the
+        previous one's span of graph-timed fetches (one variable read per iterator, not per step)."""
+        segment = self._segment
+        if segment is not None and segment[0]() is iterator:
+            return
+        self._close_segment()
+        clock = self.graph_clock
+        record = self.iterators.get(iterator)
+        self._segment = (weakref.ref(iterator), record, clock.count() if clock is not None else 0)
+        if clock is not None:
+            clock.want_labels(_wants_labels(record))
+
+    def _close_segment(self) -> None:
+        """Hand the fetch times the graph wrote for the current iterator to its dataset's clock."""
+        segment, self._segment = self._segment, None
+        if segment is None or segment[1] is None or self.graph_clock is None:
+            return
+        _, record, start = segment
+        record.clock.new_iterator()
+        for began, ended in self.graph_clock.read(start):
+            record.clock.fetched(began, ended)
+        record.clock.stopped()
+
+    def graph_labels(self, array: Any) -> Any:
+        """Called by the compiled train function (``tf.numpy_function``) with the labels of a batch
+        while the current iterator's dataset wants them (K107, D105); returns whether it still does."""
+        import numpy as np
+
+        segment = self._segment
+        record = segment[1] if segment is not None else None
+        try:
+            if record is not None and record.wants_labels and len(record.label_batches) < LABEL_BATCHES:
+                labels = labels_of(array)
+                if labels is None:
+                    record.wants_labels = False
+                else:
+                    record.label_batches.append(batch_summary(labels))
+                    record.label_steps.append(self.session.step)
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("tf.data instrumentation", error)
+            record = None
+        return np.bool_(_wants_labels(record))
+
     def _read_labels(self, record: DatasetRecord, element: Any) -> None:
         labels = label_values(element)
         if labels is None:
@@ -192,6 +265,9 @@ class TfDataObserver:
         record.label_steps.append(self.session.step)
 
     def _conclude(self) -> None:
+        self._guard(self._close_segment)
+        if self.graph_clock is not None:  # a model trained again after the run calls no Python of ours
+            self._guard(lambda: self.graph_clock.want_labels(False))
         self.enabled = False
         for record in self.records.values():
             for check in list(self.checks):
@@ -210,19 +286,34 @@ class TfDataObserver:
             self.session.internal_error("tf.data instrumentation", error)
 
 
-def label_values(element: Any) -> list[int] | None:
-    """The integer class labels of an ``(x, y)`` / ``(x, y, w)`` batch or a ``label`` key:
-    a 1-D integer tensor, an ``(N, 1)`` one, or one-hot rows (their argmax)."""
-    import numpy as np
+def _wants_labels(record: DatasetRecord | None) -> bool:
+    return record is not None and record.wants_labels and len(record.label_batches) < LABEL_BATCHES
 
+
+def label_tensor(element: Any) -> Any:
+    """The label part of an ``(x, y)`` / ``(x, y, w)`` element or a dict's ``label`` key (None: none)."""
     candidate = None
     if isinstance(element, (tuple, list)) and len(element) >= 2:
         candidate = element[1]
     elif isinstance(element, dict):
         candidate = next((element[k] for k in ("label", "labels", "target", "y") if k in element), None)
+    return candidate
+
+
+def label_values(element: Any) -> list[int] | None:
+    """The integer class labels of an ``(x, y)`` / ``(x, y, w)`` batch or a ``label`` key."""
+    candidate = label_tensor(element)
     if candidate is None or not hasattr(candidate, "numpy"):
         return None
-    values = np.asarray(candidate.numpy())
+    return labels_of(candidate.numpy())
+
+
+def labels_of(array: Any) -> list[int] | None:
+    """Integer class labels from a batch's label array: a 1-D integer array, an ``(N, 1)`` one,
+    or one-hot rows (their argmax)."""
+    import numpy as np
+
+    values = np.asarray(array)
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
     if values.ndim == 2 and values.shape[1] >= 2 and np.all((values == 0) | (values == 1)) \
@@ -234,18 +325,34 @@ def label_values(element: Any) -> list[int] | None:
     return [int(v) for v in values]
 
 
-def _eager_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iterator: type) -> Any:
-    """Keras's train function, fetching each batch eagerly so the fetch can be timed."""
+def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iterator: type) -> Any:
+    """Keras's train function, its fetches timed: by the graph itself (compiled), or eagerly
+    (``run_eagerly=True``: no graph to time in)."""
 
     def train_function(iterator):
-        if observer.enabled and isinstance(iterator, owned_iterator) and iterator in observer.iterators \
-                and getattr(model, "steps_per_execution", 1) == 1:
+        if not observer.enabled or not isinstance(iterator, owned_iterator) \
+                or getattr(model, "steps_per_execution", 1) != 1:
+            return function(iterator)
+        if getattr(model, "run_eagerly", False):
+            if iterator not in observer.iterators:
+                return function(iterator)
             element = next(iterator)  # timed by the __next__ patch; StopIteration ends the epoch
-            # A plain Python iterator takes Keras's per-batch path: the same compiled step.
+            # A plain Python iterator takes Keras's per-batch path: the same step on the same batch.
             return function(iter((element,)))
-        return function(iterator)
+        try:
+            if observer.graph_clock is None:  # eagerly: a tf.function creates variables on its first call only
+                observer.graph_clock = GraphFetchClock(observer._tf)
+            observer.graph_fetch(iterator)
+        except Exception as error:  # noqa: BLE001 - observer rule
+            observer.session.internal_error("tf.data instrumentation", error)
+            return function(iterator)
+        observer.timing_trace = True  # a trace of this call times its get_next
+        try:
+            return function(iterator)
+        finally:
+            observer.timing_trace = False
 
-    train_function._nndoctor_fetches_eagerly = True
+    train_function._nndoctor_timed_fetch = True
     train_function.__wrapped__ = function
     return train_function
 

@@ -5,17 +5,23 @@ it took. The step period is the time from one fetch to the next (waiting + every
 training loop did with the element); the input-bound share is total waiting over total
 period. The first fetches of a dataset are left out: they start the pipeline's threads and
 include tracing the user's compiled step, neither of which repeats.
+
+Keras on the TensorFlow backend fetches inside its compiled train function: there the graph
+itself takes the times (``GraphFetchClock``), for the first ``GRAPH_FETCHES`` fetches of the run.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 # Fetches of a dataset that are not measured (pipeline start-up, the step's first trace).
 SKIPPED_FETCHES = 2
 # Periods kept per dataset: enough for a stable share, bounded memory.
 MAX_PERIODS = 2000
+# Fetches of compiled Keras train functions timed per run (the window K106 measures them on).
+GRAPH_FETCHES = 4096
 
 
 @dataclass
@@ -79,3 +85,58 @@ class FetchClock:
     @property
     def mean_step_ms(self) -> float:
         return 1000 * self.step_seconds / self.measured if self.measured else 0.0
+
+
+class GraphFetchClock:
+    """Fetch times taken by a compiled function itself (TensorFlow graph, no Python per step).
+
+    ``timed(get_next)``, called while the function is traced, puts a ``tf.timestamp`` before
+    the fetch and one after the element is produced (control dependencies only: the element
+    goes to the step unchanged) and writes both into row ``count`` of nndoctor's variable,
+    then counts the fetch. A fetch that fails (the end of the data) writes nothing. Rows past
+    ``GRAPH_FETCHES`` go to one spare row that is never read. While the ``wants_labels``
+    variable is true (set per iterator: its dataset is a K107 suspect and fewer than 16
+    batches were read), a ``tf.numpy_function`` hands the batch's labels to Python, which
+    answers whether it wants more; otherwise the step pays one variable read and a branch.
+    """
+
+    def __init__(self, tf: Any) -> None:
+        self._tf = tf
+        with tf.init_scope():  # nndoctor's variables live outside the user's graph
+            self.times = tf.Variable(tf.zeros((GRAPH_FETCHES + 1, 2), tf.float64), trainable=False,
+                                     name="nndoctor_fetch_times")
+            self.fetches = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nndoctor_fetches")
+            self.wants_labels = tf.Variable(False, trainable=False, name="nndoctor_wants_labels")
+
+    def timed(self, get_next: Any, label_tensor: Any = None, on_labels: Any = None) -> Any:
+        tf = self._tf
+        began = tf.timestamp()
+        with tf.control_dependencies([began]):
+            element = get_next()
+        with tf.control_dependencies(tf.nest.flatten(element, expand_composites=True)):
+            ended = tf.timestamp()
+        row = tf.minimum(self.fetches.read_value(), GRAPH_FETCHES)
+        self.times.scatter_nd_update(tf.reshape(row, (1, 1)), tf.reshape(tf.stack([began, ended]), (1, 2)))
+        self.fetches.assign_add(1)
+        labels = label_tensor(element) if label_tensor is not None else None
+        if on_labels is not None and isinstance(labels, tf.Tensor):
+            def read() -> Any:
+                more = tf.numpy_function(on_labels, [labels], tf.bool, stateful=True)
+                self.wants_labels.assign(tf.reshape(more, []))
+                return tf.constant(0)
+
+            tf.cond(self.wants_labels.read_value(), read, lambda: tf.constant(0))
+        return element
+
+    def want_labels(self, wanted: bool) -> None:
+        self.wants_labels.assign(wanted)
+
+    def count(self) -> int:
+        return int(self.fetches.numpy())
+
+    def read(self, start: int) -> list[tuple[float, float]]:
+        """(start, end) of the fetches from index ``start`` on, within the timed window."""
+        end = min(self.count(), GRAPH_FETCHES)
+        if start >= end:
+            return []
+        return [(float(a), float(b)) for a, b in self.times.numpy()[start:end]]

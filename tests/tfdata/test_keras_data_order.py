@@ -1,0 +1,49 @@
+"""Keras ``fit`` on the TensorFlow backend sees the same batches, in the same order, with and
+without nndoctor (whose compiled train function times its tf.data fetches, K106): across
+epochs, with ``steps_per_epoch`` below the dataset (finite or ``repeat()``), with
+``steps_per_execution > 1``, with and without XLA (``jit_compile``), and with ``run_eagerly``.
+One subprocess (Keras fixes its backend at import; this session imports it on torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("keras_order_child.py"))],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+BATCHES = {"epochs": 3 * 13, "steps_per_epoch_repeat": 15, "steps_per_epoch_finite": 12,
+           "steps_per_execution_3": 2 * 13, "jit_compile_off": 2 * 13, "run_eagerly": 2 * 13}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BATCHES))
+def test_model_sees_the_same_batches_in_the_same_order(cases, name):
+    case = cases[name]
+    assert not case["internal_errors"], case["internal_errors"]
+    assert case["observed"] == case["plain"]  # batches, samples, id sum, order-sensitive checksum
+    assert case["plain"][0] == BATCHES[name] and case["identical_weights"]
+    # Steps counted once per train-function call: 2 epochs of ceil(13 / 3) calls with steps_per_execution=3.
+    assert case["steps"] == (10 if name == "steps_per_execution_3" else BATCHES[name])
+
+
+@pytest.mark.slow
+def test_fetches_are_timed_on_the_compiled_and_the_eager_path(cases):
+    for name in ("epochs", "steps_per_epoch_repeat", "steps_per_epoch_finite", "jit_compile_off", "run_eagerly"):
+        assert sum(cases[name]["timed_fetches"]) >= BATCHES[name], (name, cases[name]["timed_fetches"])
