@@ -22,6 +22,19 @@ from nndoctor.run_end import finish
 from nndoctor.run_guards import ProcessState, ThreadStops
 
 
+def release_stopped_pipelines() -> None:
+    """Collect the frames a stopped run left in reference cycles, while Python is still whole.
+
+    A ``tf.data`` iterator stopped mid-epoch (``fit`` stopped by ``--max-steps``) whose ``map``
+    runs a ``tf.numpy_function``/``py_function`` otherwise outlives the script: at interpreter
+    exit TensorFlow's worker threads wait for the GIL of a finalizing interpreter and the process
+    hangs (measured: ``nndoctor run --max-steps 10`` on such a pipeline never exited)."""
+    if "tensorflow" in sys.modules:
+        import gc
+
+        gc.collect()
+
+
 @dataclass
 class Target:
     """What to run: a script path or a module name, with its arguments."""
@@ -105,6 +118,7 @@ def run_target(target: Target, session: Session, *,
                 runpy.run_path(target.name, run_name="__main__")
     except StopRun:
         status = "stopped"
+        release_stopped_pipelines()
     except SystemExit as exit_:
         code = exit_.code
         if code is None or code == 0:
