@@ -47,7 +47,8 @@ class TfChangeInjector:
         self.locations: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self.loss: Any = None  # the last step's loss (a tensor or number, read only outside the window)
         self._when("tensorflow", self._patch_tensorflow)  # the loss readers, whatever the change
-        self._when("keras", self._patch_keras)
+        self._when("keras.src.dtype_policies.dtype_policy", self._patch_policy)
+        self._when("keras.src.callbacks.callback_list", self._patch_callbacks)
 
     def _when(self, name: str, then: Any) -> None:
         injector = self
@@ -152,16 +153,21 @@ class TfChangeInjector:
         return __call__
 
     # -- Keras -------------------------------------------------------------------------------
-    def _patch_keras(self, keras: Any) -> None:
-        if "mixed-precision" in self.changes:
-            import tensorflow as tf
+    # Hooked on Keras's own submodules, not on ``keras``: nndoctor's Keras instrumentation
+    # already waits for ``import keras``, and two import hooks on one name would wrap each other.
+    def _patch_policy(self, module: Any) -> None:
+        if "mixed-precision" not in self.changes:
+            return
+        import tensorflow as tf
 
-            policy = mixed_policy(tf.config.list_physical_devices("GPU"))
-            before = keras.mixed_precision.global_policy().name
-            keras.mixed_precision.set_global_policy(policy)
-            self._undo.append(lambda: keras.mixed_precision.set_global_policy(before))
-            self._note_applied(f"keras.mixed_precision.set_global_policy({policy!r}) before the model is built "
-                               f"(was {before!r})")
+        policy = mixed_policy(tf.config.list_physical_devices("GPU"))
+        before = module.dtype_policy().name
+        module.set_dtype_policy(policy)
+        self._undo.append(lambda: module.set_dtype_policy(before))
+        self._note_applied(f"keras.mixed_precision.set_global_policy({policy!r}) before the model is built "
+                           f"(was {before!r})")
+
+    def _patch_callbacks(self, module: Any) -> None:
         injector = self
 
         def make(original: Any) -> Any:
@@ -173,7 +179,7 @@ class TfChangeInjector:
             on_train_batch_end.__wrapped__ = original
             return on_train_batch_end
 
-        self._patch(keras.callbacks.CallbackList, "on_train_batch_end", make)
+        self._patch(module.CallbackList, "on_train_batch_end", make)
 
     def on_run_end(self, event: Any) -> None:
         while self._undo:
