@@ -130,6 +130,19 @@ class PerfSession(Session):
             self.active = active
 
 
+def tensorflow_result(run: PerfRun, session: PerfSession) -> PerfResult:
+    """A Keras/TensorFlow window: input wait vs compute per step, and the TF --try re-runs."""
+    from nndoctor.perf.tf_diagnosis import tf_breakdown
+    from nndoctor.perf.tf_trials import tensorflow_trials
+
+    recorder = run.tf_recorder
+    facts = recorder.facts
+    return PerfResult(config=run.config, breakdown=tf_breakdown(recorder.records), facts=LoopFacts(),
+                      device=DeviceInfo(name=facts.gpus[0] if facts.gpus else "cpu"),
+                      trials=tensorflow_trials(run, session), steps_run=session.step, framework="tensorflow",
+                      tf_facts=facts)
+
+
 def tensorflow_run(run: PerfRun) -> bool:
     """Did the steps come from Keras/TensorFlow (no PyTorch optimizer step was timed)?"""
     tf_recorder = run.tf_recorder
@@ -141,14 +154,12 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                announce: Callable[[str], None] | None = None) -> dict[str, Any]:
     import torch
 
-    from nndoctor.perf import trials as trials_mod
-
     from nndoctor.perf import loader_trials, rerun, step_trials, trials
 
     results: dict[str, Any] = {
         name: {"skipped": f"--try {name} is a Keras/TensorFlow change and this script trains with PyTorch; "
-                          f"{trials_mod.TF_EQUIVALENTS[name]}"}
-        for name in config.tries if name in trials_mod.TF_TRIALS and not config.try_all}
+                          f"{trials.TF_EQUIVALENTS[name]}"}
+        for name in config.tries if name in trials.TF_TRIALS and not config.try_all}
     facts = recorder.facts
     cuda = facts.device == "cuda"
     device = facts.device if cuda else "cpu"
@@ -268,8 +279,6 @@ def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
                  f"then timing {config.steps}")
     report = run_target(target, session)
     if tensorflow_run(run):
-        from nndoctor.perf.tf_trials import tensorflow_result
-
         return report, tensorflow_result(run, session)
     recorder = run.recorder
     breakdown = summarize(recorder.records)

@@ -97,12 +97,12 @@ def tf_diagnose(result: Any) -> list[Finding]:
                    f"by nndoctor perf): an input that kept up would make steps up to {data['max_speedup']:.2f}× "
                    f"faster (Amdahl bound); " + "; ".join(_measured(trials, n) for n in INPUT_CHANGES))
         paying = [n for n in INPUT_CHANGES if (trial_outcome(trials, n) or {}).get("pays_off")]
-        fix = ("; ".join(text for n in paying for text in _applied(trials, n)) or None) if paying else None
+        fix = "; ".join(text for n in paying for text in _applied(trials, n))
+        speedups = {f"speedup_{n}": round(o["speedup"], 3) for n in INPUT_CHANGES
+                    if (o := trial_outcome(trials, n)) is not None}
         findings.append(TfDataInputBound.finding(
             message, location=facts.iterated_at, fix=f"measured to pay off: {fix}" if fix else None,
-            evidence={**data, "median_wait_ms": round(1000 * wait, 3), "measured_by": "nndoctor perf",
-                      **{f"speedup_{n}": round(trial_outcome(trials, n)["speedup"], 3)
-                         for n in INPUT_CHANGES if trial_outcome(trials, n)}}))
+            evidence={**data, "median_wait_ms": round(1000 * wait, 3), "measured_by": "nndoctor perf", **speedups}))
     outcome = trial_outcome(trials, "mixed-precision")
     if facts.gpus and "mixed" not in facts.policy:
         if outcome is None or outcome.get("pays_off"):

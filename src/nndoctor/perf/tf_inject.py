@@ -100,7 +100,7 @@ class TfChangeInjector:
                     injector.locations[result] = where
                 return result
 
-            stage_call.__wrapped__ = original
+            stage_call.__wrapped__ = original  # type: ignore[attr-defined]
             return stage_call
 
         return make
@@ -120,7 +120,7 @@ class TfChangeInjector:
                 injector._note_applied(f".prefetch(tf.data.AUTOTUNE) {after}")
                 return original(dataset.prefetch(tf.data.AUTOTUNE))
 
-            __iter__.__wrapped__ = original
+            __iter__.__wrapped__ = original  # type: ignore[attr-defined]
             return __iter__
 
         return make
@@ -134,7 +134,7 @@ class TfChangeInjector:
                 injector.loss = target
             return original(tape, target, *args, **kwargs)
 
-        gradient.__wrapped__ = original
+        gradient.__wrapped__ = original  # type: ignore[attr-defined]
         return gradient
 
     def _loss_reader_function(self, original: Any) -> Any:
@@ -149,7 +149,7 @@ class TfChangeInjector:
                 injector.loss = first  # a compiled train step returning its loss
             return result
 
-        __call__.__wrapped__ = original
+        __call__.__wrapped__ = original  # type: ignore[attr-defined]
         return __call__
 
     # -- Keras -------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ class TfChangeInjector:
                     injector.loss = logs["loss"]  # read after the window only
                 return original(callbacks, batch, logs)
 
-            on_train_batch_end.__wrapped__ = original
+            on_train_batch_end.__wrapped__ = original  # type: ignore[attr-defined]
             return on_train_batch_end
 
         self._patch(module.CallbackList, "on_train_batch_end", make)

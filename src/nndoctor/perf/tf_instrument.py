@@ -115,7 +115,7 @@ class TfPerfPatches:
             recorder.fetched(clock() - start, element)
             return element
 
-        __next__.__wrapped__ = original_next
+        __next__.__wrapped__ = original_next  # type: ignore[attr-defined]
         patcher.patch(iterator_ops.OwnedIterator, "__next__", __next__)
         original_iter = patcher.patch(dataset_ops.DatasetV2, "__iter__", None)
 
@@ -124,7 +124,7 @@ class TfPerfPatches:
                 self._guard(lambda: setattr(recorder.facts, "iterated_at", user_location(sys._getframe(2))))
             return original_iter(dataset)
 
-        __iter__.__wrapped__ = original_iter
+        __iter__.__wrapped__ = original_iter  # type: ignore[attr-defined]
         patcher.patch(dataset_ops.DatasetV2, "__iter__", __iter__)
         patcher.on_undo(lambda: self._guard(lambda: self._conclude(tf)))
         when_imported(TRAINER_MODULE, lambda module: self._guard(lambda: self.patch_trainer(module, iterator_ops)),
@@ -146,7 +146,7 @@ class TfPerfPatches:
                 return model.train_function if result is function else result
             return result
 
-        make_train_function.__wrapped__ = original
+        make_train_function.__wrapped__ = original  # type: ignore[attr-defined]
         patcher.patch(trainer, "make_train_function", make_train_function)
 
     def _conclude(self, tf: Any) -> None:
@@ -178,8 +178,8 @@ def _eager_fetch(function: Any, model: Any, patches: TfPerfPatches, owned_iterat
         element = next(iterator)  # StopIteration ends the epoch, as Keras's own fetch would
         return function(iter((element,)))  # a Python iterator takes Keras's per-batch path
 
-    train_function._nndoctor_perf_fetch = True
-    train_function.__wrapped__ = function
+    train_function._nndoctor_perf_fetch = True  # type: ignore[attr-defined]
+    train_function.__wrapped__ = function  # type: ignore[attr-defined]
     return train_function
 
 

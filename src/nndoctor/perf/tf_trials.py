@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from nndoctor.perf.recorder import LoopFacts
-from nndoctor.perf.tf_diagnosis import tf_breakdown
 from nndoctor.perf.tf_inject import TF_CHANGES
 from nndoctor.perf.trials import TORCH_EQUIVALENTS
 
@@ -35,29 +33,25 @@ def split_tries(tries: tuple[str, ...], try_all: bool) -> tuple[tuple[str, ...],
     return tuple(dict.fromkeys(wanted)), answers
 
 
-def tensorflow_result(run: Any, session: Any) -> Any:
+def tensorflow_trials(run: Any, session: Any) -> dict[str, Any]:
+    """The ``--try`` results of a Keras/TensorFlow perf run (re-runs of the script)."""
     from nndoctor.perf import rerun
-    from nndoctor.perf.session import DeviceInfo, PerfResult
 
     recorder = run.tf_recorder
     config = run.config
-    facts = recorder.facts
-    device = DeviceInfo(name=facts.gpus[0] if facts.gpus else "cpu")
-    trials: dict[str, Any] = {}
-    wanted, answers = split_tries(config.tries, getattr(config, "try_all", False))
-    trials.update(answers)
+    gpus = recorder.facts.gpus
+    wanted, trials = split_tries(config.tries, config.try_all)
     if wanted and recorder.records:
         run.announce(f"re-running the script with {', '.join(wanted)} injected, against the baseline "
                      f"({config.try_repeats}× each, interleaved)")
         try:
             trials.update(rerun.try_changes(run.target, wanted, warmup=config.warmup, steps=config.steps,
                                             repeats=config.try_repeats, cwd=run.cwd,
-                                            device="gpu" if facts.gpus else "cpu", child=TF_CHILD))
+                                            device="gpu" if gpus else "cpu", child=TF_CHILD))
         except Exception as error:  # noqa: BLE001 - observer rule: the breakdown is still reported
             session.internal_error("perf --try (tensorflow)", error)
     elif wanted:
         for name in wanted:
             trials[name] = {"skipped": f"the script ran {recorder.steps_seen} optimizer steps, fewer than the "
                                        f"{config.warmup} + 2 a timed window needs"}
-    return PerfResult(config=config, breakdown=tf_breakdown(recorder.records), facts=LoopFacts(), device=device,
-                      trials=trials, steps_run=session.step, framework="tensorflow", tf_facts=facts)
+    return trials
