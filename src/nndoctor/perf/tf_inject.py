@@ -22,7 +22,7 @@ from typing import Any
 from nndoctor.engine import Session
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.pipeline import read_pipeline
-from nndoctor.user_code import user_location
+from nndoctor.user_code import is_user_code, user_location
 
 TF_CHANGES = ("prefetch", "parallel-map", "mixed-precision")
 _STAGES = ("map", "batch", "padded_batch", "shuffle", "cache", "repeat", "filter", "interleave", "unbatch", "take")
@@ -88,13 +88,15 @@ class TfChangeInjector:
 
         def make(original: Any) -> Any:
             def stage_call(dataset, *args, **kwargs):
-                where = user_location(sys._getframe(1))
+                caller = sys._getframe(1)
+                where = user_location(caller)
                 if stage == "map" and "parallel-map" in injector.changes and where is not None \
                         and len(args) < 2 and kwargs.get("num_parallel_calls") is None:
                     import tensorflow as tf
 
                     kwargs["num_parallel_calls"] = tf.data.AUTOTUNE
-                    injector._note_applied(f"num_parallel_calls=tf.data.AUTOTUNE on the map at {where}")
+                    whose = "the map" if is_user_code(caller.f_code) else "a map Keras builds for the call"
+                    injector._note_applied(f"num_parallel_calls=tf.data.AUTOTUNE on {whose} at {where}")
                 result = original(dataset, *args, **kwargs)
                 if where is not None:
                     injector.locations[result] = where
