@@ -45,6 +45,8 @@ def test_tf_classification_input_vs_compute():
     assert classify_tf(fed, 0.0003)["class"] == "compute-bound"
     # A 25% share made of sub-millisecond fetches is the eager fetch's fixed cost, not a slow pipeline.
     assert classify_tf(tf_breakdown(_records(0.0005, 0.0015)), 0.0005)["class"] == "compute-bound"
+    # No tf.data fetch timed (Keras fit on the torch backend feeds its own loader): not a measurement.
+    assert classify_tf(tf_breakdown(_records(0.0, 0.01)), 0.0, fetches=0)["class"] == "input-unmeasured"
 
 
 def test_tf_breakdown_renders_input_wait_and_compute():

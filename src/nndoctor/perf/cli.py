@@ -53,7 +53,7 @@ def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
 
     # The perf window's own measurement of the input wait replaces the run-time K106 estimate.
     report.findings = [f for f in report.findings if f.code != "K106"]
-    return tf_diagnose(result), classify_tf(result.breakdown, median_wait_s(result)), tf_advice(result)
+    return tf_diagnose(result), classify_tf(result.breakdown, median_wait_s(result), result.tf_facts.fetches), tf_advice(result)
 
 
 def run(args: argparse.Namespace) -> int:

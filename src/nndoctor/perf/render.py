@@ -63,8 +63,9 @@ def tf_input_lines(perf: dict[str, Any]) -> list[str]:
     """Keras/TensorFlow: where the input was iterated, the median wait, the dtype policy."""
     facts = perf.get("input") or {}
     where = f" (iterated at {facts['iterated_at']})" if facts.get("iterated_at") else ""
+    backend = f"Keras {facts['keras_backend']} backend, " if facts.get("keras_backend") else ""
     lines = [f"median input wait {1000 * (facts.get('median_wait_s') or 0):.2f} ms a step{where}; "
-             f"dtype policy {facts.get('dtype_policy') or '?'}; device {perf['device']['name']}"]
+             f"{backend}dtype policy {facts.get('dtype_policy') or '?'}; device {perf['device']['name']}"]
     if (facts.get("steps_per_execution") or 1) > 1:
         lines.append(f"steps_per_execution={facts['steps_per_execution']}: the batches are fetched inside the "
                      "compiled function, so the input wait is inside 'compute' and cannot be told apart")

@@ -36,7 +36,11 @@ def median_wait_s(result: Any) -> float:
     return statistics.median(waits) if waits else 0.0
 
 
-def classify_tf(breakdown: Breakdown, median_wait: float) -> dict[str, Any]:
+def classify_tf(breakdown: Breakdown, median_wait: float, fetches: int = 1) -> dict[str, Any]:
+    if not fetches:
+        return {"class": "input-unmeasured",
+                "reason": "no tf.data fetch was timed in the window (batches not from a tf.data iterator, e.g. "
+                          "Keras fit on the torch backend): the whole step counts as compute"}
     share = breakdown.fraction("data")
     if share >= INPUT_BOUND and 1000 * median_wait >= MIN_MEDIAN_WAIT_MS:
         return {"class": "input-bound",
@@ -61,7 +65,8 @@ def tf_json(result: Any) -> dict[str, Any]:
         "input": {"median_wait_s": median_wait_s(result),
                   "iterated_at": str(facts.iterated_at) if facts.iterated_at else None,
                   "fit": facts.fit, "steps_per_execution": facts.steps_per_execution,
-                  "dtype_policy": facts.policy, "gpus": facts.gpus},
+                  "dtype_policy": facts.policy, "gpus": facts.gpus, "fetches": facts.fetches,
+                  "keras_backend": facts.backend},
         "trials": result.trials,
     }
 

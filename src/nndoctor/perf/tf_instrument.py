@@ -38,6 +38,8 @@ class TfFacts:
     policy: str = ""  # keras.mixed_precision global policy at the end of the window
     notes: list[str] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # input wait of each measured step (seconds)
+    fetches: int = 0  # tf.data fetches timed inside the measured window
+    backend: str = ""  # keras.config.backend()
 
 
 class TfStepRecorder:
@@ -57,6 +59,8 @@ class TfStepRecorder:
         return self.warmup <= self.steps_seen < self.last_step
 
     def fetched(self, seconds: float, element: Any) -> None:
+        if self.measuring():
+            self.facts.fetches += 1
         self._wait += seconds
         self._samples += _batch_size(element)
 
@@ -155,6 +159,7 @@ class TfPerfPatches:
         keras = sys.modules.get("keras")
         if keras is not None and hasattr(keras, "mixed_precision"):
             facts.policy = str(keras.mixed_precision.global_policy().name)
+            facts.backend = str(keras.config.backend())
 
     def _guard(self, action: Any) -> None:
         try:
