@@ -22,7 +22,7 @@ from typing import Any
 from nndoctor.engine import Session
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.pipeline import read_pipeline
-from nndoctor.user_code import is_user_code, user_location
+from nndoctor.user_code import is_own_file, is_user_code, user_location
 
 TF_CHANGES = ("prefetch", "parallel-map", "mixed-precision")
 _STAGES = ("map", "batch", "padded_batch", "shuffle", "cache", "repeat", "filter", "interleave", "unbatch", "take")
@@ -95,7 +95,7 @@ class TfChangeInjector:
                     import tensorflow as tf
 
                     kwargs["num_parallel_calls"] = tf.data.AUTOTUNE
-                    whose = "the map" if is_user_code(caller.f_code) else "a map Keras builds for the call"
+                    whose = "the map" if _called_by_user(caller) else "a map Keras builds for the call"
                     injector._note_applied(f"num_parallel_calls=tf.data.AUTOTUNE on {whose} at {where}")
                 result = original(dataset, *args, **kwargs)
                 if where is not None:
@@ -186,6 +186,13 @@ class TfChangeInjector:
     def on_run_end(self, event: Any) -> None:
         while self._undo:
             self._undo.pop()()
+
+
+def _called_by_user(frame: Any) -> bool:
+    """Is the first frame outside nndoctor (another patch may wrap the same method) the user's?"""
+    while frame is not None and is_own_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame is not None and is_user_code(frame.f_code)
 
 
 def _scalar_float(value: Any) -> bool:
