@@ -28,7 +28,10 @@ def release_stopped_pipelines() -> None:
     A ``tf.data`` iterator stopped mid-epoch (``fit`` stopped by ``--max-steps``) whose ``map``
     runs a ``tf.numpy_function``/``py_function`` otherwise outlives the script: at interpreter
     exit TensorFlow's worker threads wait for the GIL of a finalizing interpreter and the process
-    hangs (measured: ``nndoctor run --max-steps 10`` on such a pipeline never exited)."""
+    hangs (measured on a from_tensor_slices → map(numpy_function) → batch pipeline stopped at
+    step 10: it never exited; with this collection it exits at once). A pipeline that also
+    shuffles (tests/fixtures/tfdata/keras_tf_backend_fit.py) still hangs at exit under
+    ``nndoctor run --max-steps``: not solved here."""
     if "tensorflow" in sys.modules:
         import gc
 
