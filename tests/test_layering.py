@@ -309,6 +309,8 @@ STRING_IMPORTERS = {
     # Named, not imported in this process:
     "perf.rerun": "runs `python -m nndoctor.perf.rerun_child` in a subprocess",
     "perf.rerun_child": "its argparse prog name",
+    "perf.tf_trials": "runs `python -m nndoctor.perf.tf_rerun_child` in a subprocess",
+    "perf.tf_rerun_child": "its argparse prog name",
     "report.html": "reads the report's assets with importlib.resources",
 }
 

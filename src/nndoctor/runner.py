@@ -22,6 +22,22 @@ from nndoctor.run_end import finish
 from nndoctor.run_guards import ProcessState, ThreadStops
 
 
+def release_stopped_pipelines() -> None:
+    """Collect the frames a stopped run left in reference cycles, while Python is still whole.
+
+    A ``tf.data`` iterator stopped mid-epoch (``fit`` stopped by ``--max-steps``) whose ``map``
+    runs a ``tf.numpy_function``/``py_function`` otherwise outlives the script: at interpreter
+    exit TensorFlow's worker threads wait for the GIL of a finalizing interpreter and the process
+    hangs (measured on a from_tensor_slices → map(numpy_function) → batch pipeline stopped at
+    step 10: it never exited; with this collection it exits at once). A pipeline that also
+    shuffles (tests/fixtures/tfdata/keras_tf_backend_fit.py) still hangs at exit under
+    ``nndoctor run --max-steps``: not solved here."""
+    if "tensorflow" in sys.modules:
+        import gc
+
+        gc.collect()
+
+
 @dataclass
 class Target:
     """What to run: a script path or a module name, with its arguments."""
@@ -105,6 +121,7 @@ def run_target(target: Target, session: Session, *,
                 runpy.run_path(target.name, run_name="__main__")
     except StopRun:
         status = "stopped"
+        release_stopped_pipelines()
     except SystemExit as exit_:
         code = exit_.code
         if code is None or code == 0:

@@ -27,6 +27,7 @@ def torch_available() -> bool:
 def plain_features() -> tuple[Feature, ...]:
     """Features that need no PyTorch: each patches Keras / tf.data only once the script imports it."""
     from nndoctor.keras import instrument as keras_instrument
+    from nndoctor.perf import tf_instrument as perf_tf_instrument
     from nndoctor.tfdata import instrument as tfdata_instrument
 
     return (
@@ -36,6 +37,8 @@ def plain_features() -> tuple[Feature, ...]:
         # tf.data fetch times and pipelines (K106/K107); returns at once when neither is enabled
         # (they are tfdata-scope checks the observer builds, not the session's run checks)
         Feature("tfdata", tfdata_instrument.install),
+        # nndoctor perf on TensorFlow: input wait vs compute per step (returns at once outside perf)
+        Feature("perf_tf_timers", perf_tf_instrument.install),
     )
 
 

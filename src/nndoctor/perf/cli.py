@@ -14,7 +14,6 @@ import sys
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
 from nndoctor.perf.classify import classify_step, order_advice
-from nndoctor.perf.diagnosis import advice, diagnose
 from nndoctor.perf.recorder import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.session import run_perf
@@ -34,8 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="optimizer steps run before measuring (default 5)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="CHANGES",
                         help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, tf32, "
-                             "fused-optimizer, sdpa, cuda-graphs, batch-size, all (comma-separated or "
-                             "repeated); step changes re-run your script with the change injected")
+                             "fused-optimizer, sdpa, cuda-graphs, batch-size (PyTorch); prefetch, "
+                             "parallel-map, mixed-precision (Keras/TensorFlow; amp means mixed-precision "
+                             "there); all (comma-separated or repeated); step changes re-run your script "
+                             "with the change injected")
     parser.add_argument("--try-seconds", type=float, default=2.0, metavar="S",
                         help="seconds timed per --try loader setting and per end-to-end timing of its "
                              "best candidates; a whole epoch is timed instead when it fits in 4×S "
@@ -44,6 +45,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="re-runs of the script per step change and for the baseline, interleaved (default 3)")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
+
+
+def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
+    """Findings, step class and advice of a Keras/TensorFlow window (perf/tf_diagnosis.py)."""
+    from nndoctor.perf.tf_diagnosis import classify_tf, median_wait_s, tf_advice, tf_diagnose
+
+    # The perf window's own measurement of the input wait replaces the run-time K106 estimate.
+    report.findings = [f for f in report.findings if f.code != "K106"]
+    return tf_diagnose(result), classify_tf(result.breakdown, median_wait_s(result), result.tf_facts.fetches), tf_advice(result)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,22 +68,29 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     select, ignore = selectors(args)
     config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds,
-                        try_repeats=args.try_repeats)
+                        try_repeats=args.try_repeats,
+                        try_all=any(p.strip().lower() == "all" for v in args.tries for p in v.split(",")))
     output = ReportDelivery.from_args(args, also_scan=[] if target.is_module else [target.name])
     shows_text = not args.quiet and args.output_format == "text"
     announce = (lambda line: print(f"nndoctor perf: {line}", file=sys.stderr, flush=True)) if shows_text else None
     with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
         report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce)
-    measured = diagnose(result)
-    if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
-        report.findings = [f for f in report.findings if f.code != "P102"]
+    if result.framework == "tensorflow":
+        measured, step_class, advised = tensorflow_diagnosis(report, result)
+    else:
+        from nndoctor.perf.diagnosis import advice, diagnose  # imports the PyTorch checks
+
+        measured = diagnose(result)
+        if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
+            report.findings = [f for f in report.findings if f.code != "P102"]
+        step_class = classify_step(result.breakdown.fraction("data"), result.breakdown.gpu_busy_fraction,
+                                   result.device.cuda, kernel=result.facts.kernel_timeline)
+        advised = advice(result)
     for finding in measured:
         report.add(finding)
     filter_findings(report, select, ignore)
-    step_class = classify_step(result.breakdown.fraction("data"), result.breakdown.gpu_busy_fraction,
-                               result.device.cuda, kernel=result.facts.kernel_timeline)
     report.extra["perf"] = {**result.to_json(), "step_class": step_class,
-                            "advice": order_advice(advice(result), step_class["class"])}
+                            "advice": order_advice(advised, step_class["class"])}
     perf = report.extra["perf"]
 
     def show(stream, json_path) -> None:

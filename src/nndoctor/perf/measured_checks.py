@@ -138,7 +138,10 @@ class NoMixedPrecision(Check):
     7.0 or newer). With `--try amp` it times the step under
     `torch.autocast("cuda", dtype=torch.bfloat16)` against the baseline (interleaved
     repeats) and checks that the loss on the same batch moves less than 5%; a measured gain
-    makes it a warning, no gain removes it.
+    makes it a warning, no gain removes it. On Keras/TensorFlow (a GPU with a float32 dtype
+    policy) `--try mixed-precision` (or `amp`) re-runs the script with
+    `keras.mixed_precision.set_global_policy("mixed_float16")` set before the model is built,
+    and compares the loss after the window the same way.
 
     ## Why is this bad?
     Tensor cores run bf16/fp16 matrix products many times faster than fp32, and half the
@@ -155,10 +158,13 @@ class NoMixedPrecision(Check):
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
         loss = criterion(model(x), y)
     ```
+    Keras: `keras.mixed_precision.set_global_policy("mixed_float16")` before building the model
+    (`fit` then scales the loss; a custom loop wraps its optimizer in `LossScaleOptimizer`).
 
     ## References
     - PyTorch AMP recipe: https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html
     - NVIDIA DeepLearningExamples ResNet-50 (AMP on A100: 2,470 images/s): https://github.com/NVIDIA/DeepLearningExamples
+    - Keras mixed precision (dtype policies, loss scaling): https://keras.io/api/mixed_precision/
     """
 
     code = "P105"

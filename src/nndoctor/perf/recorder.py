@@ -29,6 +29,7 @@ class PerfConfig:
     sync_device_types: frozenset[str] = frozenset({"cuda"})
     try_seconds: float = 2.0  # time box of one --try loader configuration
     try_repeats: int = 3  # interleaved re-runs of the script per step change (and of the baseline)
+    try_all: bool = False  # --try all: the other framework's changes are left out silently
 
     @property
     def last_step(self) -> int:

@@ -6,6 +6,9 @@ from typing import Any
 
 from nndoctor.perf.timeline import PHASE_LABELS
 
+TF_TRIAL_NAMES = ("prefetch", "parallel-map", "mixed-precision")
+TF_PHASE_LABELS = {"data": "input wait (tf.data iterator)", "compute": "compute (rest of the step)"}
+
 
 def _bar(fraction: float, width: int = 30) -> str:
     filled = int(round(max(0.0, min(1.0, fraction)) * width))
@@ -21,13 +24,14 @@ def breakdown_lines(perf: dict[str, Any]) -> list[str]:
         lines.append(f"no step measured: the script ran fewer than {window['warmup'] + 2} optimizer steps "
                      f"(warm-up {window['warmup']}); lower --warmup or let it run longer")
         return lines
+    labels = {**PHASE_LABELS, **TF_PHASE_LABELS} if perf.get("framework") == "tensorflow" else PHASE_LABELS
     rate = f", {b['samples_per_s']:.1f} samples/s" if b.get("samples_per_s") else ""
     lines.append(f"step time over {b['steps']} measured steps (after {window['warmup']} warm-up): "
                  f"median {1000 * b['median_step_s']:.1f} ms{rate}")
     for name, seconds in b["phases_s"].items():
         fraction = b["fractions"][name]
         per_step = 1000 * seconds / b["steps"]
-        lines.append(f"  {PHASE_LABELS.get(name, name):<30} {per_step:9.2f} ms  {fraction:6.1%}  {_bar(fraction)}")
+        lines.append(f"  {labels.get(name, name):<30} {per_step:9.2f} ms  {fraction:6.1%}  {_bar(fraction)}")
     device = perf["device"]
     if perf.get("step_class"):
         lines.append(f"step class: {perf['step_class']['class']} — {perf['step_class']['reason']}")
@@ -43,6 +47,8 @@ def breakdown_lines(perf: dict[str, Any]) -> list[str]:
         lines.append(f"kernel timeline: not measured ({kernel['error']})")
     if perf.get("peak_memory_bytes"):
         lines.append(f"peak GPU memory allocated: {perf['peak_memory_bytes'] / 2**30:.2f} GiB")
+    if perf.get("framework") == "tensorflow":
+        return lines + tf_input_lines(perf)
     lines.append(f"host-device syncs: {b['syncs_per_step']:.1f} per step"
                  + (f" ({', '.join(f'{k} {v}' for k, v in perf['syncs']['by_location'].items())})"
                     if perf["syncs"]["by_location"] else ""))
@@ -50,6 +56,19 @@ def breakdown_lines(perf: dict[str, Any]) -> list[str]:
         others = device.get("other_processes") or []
         lines.append(f"other processes on the GPU: {len(others)}" + ("" if device.get("nvml") == "ok"
                                                                       else f" ({device.get('nvml')})"))
+    return lines
+
+
+def tf_input_lines(perf: dict[str, Any]) -> list[str]:
+    """Keras/TensorFlow: where the input was iterated, the median wait, the dtype policy."""
+    facts = perf.get("input") or {}
+    where = f" (iterated at {facts['iterated_at']})" if facts.get("iterated_at") else ""
+    backend = f"Keras {facts['keras_backend']} backend, " if facts.get("keras_backend") else ""
+    lines = [f"median input wait {1000 * (facts.get('median_wait_s') or 0):.2f} ms a step{where}; "
+             f"{backend}dtype policy {facts.get('dtype_policy') or '?'}; device {perf['device']['name']}"]
+    if (facts.get("steps_per_execution") or 1) > 1:
+        lines.append(f"steps_per_execution={facts['steps_per_execution']}: the batches are fetched inside the "
+                     "compiled function, so the input wait is inside 'compute' and cannot be told apart")
     return lines
 
 
@@ -87,7 +106,7 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
                      f"the baseline, each change injected ({baseline['warmup']} warm-up + {baseline['steps']} "
                      "measured steps a run):")
     for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
-                 "cuda-graphs", "batch-size"):
+                 "cuda-graphs", "batch-size", *TF_TRIAL_NAMES):
         result = trials.get(name)
         if not isinstance(result, dict):
             continue
@@ -98,9 +117,11 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
             lines.append(f"--try {name}: {result.get('skipped') or result.get('error')}")
             continue
         verdict = "pays off" if result["pays_off"] else ("changes the loss" if not result["loss_ok"] else "no gain")
+        loss = f"{result['loss_change']:.2%}" if result.get("loss_change") is not None else "not read"
         lines.append(f"--try {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → "
                      f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}, "
-                     f"loss change {result['loss_change']:.2%}): {verdict}")
+                     f"loss change {loss}): {verdict}")
+        lines += [f"  applied: {text}" for text in result.get("applied") or [] if name in TF_TRIAL_NAMES]
     return lines + combined_lines(trials.get("combined"))
 
 

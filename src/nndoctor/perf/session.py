@@ -44,9 +44,15 @@ class PerfResult:
     device: DeviceInfo
     trials: dict[str, Any]
     steps_run: int
+    framework: str = "torch"  # "tensorflow": the breakdown is input wait vs compute (perf/tf_*.py)
+    tf_facts: Any = None
 
     def to_json(self) -> dict[str, Any]:
         facts = self.facts
+        if self.framework == "tensorflow":
+            from nndoctor.perf.tf_diagnosis import tf_json
+
+            return tf_json(self)
         return {
             "window": {"warmup": self.config.warmup, "steps": self.config.steps, "measured": self.breakdown.steps},
             "breakdown": self.breakdown.to_json(),
@@ -76,6 +82,7 @@ class PerfRun:
     announce: Callable[[str], None] = _silent
     recorder: PerfRecorder | None = None
     trials: dict[str, Any] = field(default_factory=dict)
+    tf_recorder: Any = None  # perf/tf_instrument.py's TfStepRecorder, once the script imports TensorFlow
 
 
 class PerfSession(Session):
@@ -96,6 +103,13 @@ class PerfSession(Session):
                 self._add_check(check)
         run.recorder.on_window_end = self._window_end
 
+    def count_step(self, optimizer: Any) -> None:
+        super().count_step(optimizer)
+        tf_recorder = self.perf.tf_recorder
+        if tf_recorder is not None and tf_recorder.active:
+            # Keras/TF steps arrive here only (no step events): the TF step clock closes a step.
+            tf_recorder.step_counted(self.step)
+
     @property
     def perf_config(self) -> PerfConfig:
         """``perf/recorder.py`` reads the configuration here."""
@@ -103,8 +117,8 @@ class PerfSession(Session):
 
     def _window_end(self, recorder: PerfRecorder) -> None:
         run = self.perf
-        if not run.config.tries:
-            return
+        if not run.config.tries or tensorflow_run(run):
+            return  # TensorFlow's trials run after the script (tf_trials.py)
         # The trials call optimizer.step() and the loss functions: keep every hook quiet.
         active, self.active = self.active, False
         run.announce(f"measured {run.config.steps} steps; now trying "
@@ -117,13 +131,36 @@ class PerfSession(Session):
             self.active = active
 
 
+def tensorflow_result(run: PerfRun, session: PerfSession) -> PerfResult:
+    """A Keras/TensorFlow window: input wait vs compute per step, and the TF --try re-runs."""
+    from nndoctor.perf.tf_diagnosis import tf_breakdown
+    from nndoctor.perf.tf_trials import tensorflow_trials
+
+    recorder = run.tf_recorder
+    facts = recorder.facts
+    return PerfResult(config=run.config, breakdown=tf_breakdown(recorder.records), facts=LoopFacts(),
+                      device=DeviceInfo(name=facts.gpus[0] if facts.gpus else "cpu"),
+                      trials=tensorflow_trials(run, session), steps_run=session.step, framework="tensorflow",
+                      tf_facts=facts)
+
+
+def tensorflow_run(run: PerfRun) -> bool:
+    """Did the steps come from Keras/TensorFlow (no PyTorch optimizer step was timed)?"""
+    tf_recorder = run.tf_recorder
+    torch_steps = run.recorder is not None and (run.recorder.records or run.recorder.facts.steps_seen)
+    return bool(tf_recorder is not None and tf_recorder.active and tf_recorder.steps_seen and not torch_steps)
+
+
 def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: str,
                announce: Callable[[str], None] | None = None) -> dict[str, Any]:
     import torch
 
     from nndoctor.perf import loader_trials, rerun, step_trials, trials
 
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {
+        name: {"skipped": f"--try {name} is a Keras/TensorFlow change and this script trains with PyTorch; "
+                          f"{trials.TF_EQUIVALENTS[name]}"}
+        for name in config.tries if name in trials.TF_TRIALS and not config.try_all}
     facts = recorder.facts
     cuda = facts.device == "cuda"
     device = facts.device if cuda else "cpu"
@@ -250,6 +287,8 @@ def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
     run.announce(f"running {' '.join(target.command)}: {config.warmup} warm-up optimizer steps, "
                  f"then timing {config.steps}")
     report = run_target(target, session)
+    if tensorflow_run(run):
+        return report, tensorflow_result(run, session)
     recorder = run.recorder
     breakdown = summarize(recorder.records)
     try:

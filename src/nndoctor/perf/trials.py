@@ -7,7 +7,8 @@ training step on a copy of the model), which decides the advice: pinned memory a
 CPU cores the main process needs only show there. The step changes (``amp``,
 ``channels_last``, ``compile``, ``cudnn-benchmark``, ``tf32``, ``fused-optimizer``, ``sdpa``,
 ``cuda-graphs``, ``batch-size``) are measured on the user's own loop, re-run with the change
-injected: see ``rerun.py`` and ``inject.py``.
+injected: see ``rerun.py`` and ``inject.py``. On Keras/TensorFlow the changes are ``prefetch``,
+``parallel-map`` and ``mixed-precision`` (``tf_inject.py``, ``tf_trials.py``).
 
 Trials run after the measured window, on copies: the user's model, optimizer and RNG
 streams are left as they were (``torch.random.fork_rng``).
@@ -17,7 +18,16 @@ from __future__ import annotations
 
 STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
                "cuda-graphs", "batch-size")
-ALL_TRIALS = ("loader", *STEP_TRIALS)
+# Keras/TensorFlow changes (perf/tf_inject.py); ``amp`` means mixed-precision there.
+TF_TRIALS = ("prefetch", "parallel-map", "mixed-precision")
+ALL_TRIALS = ("loader", *STEP_TRIALS, *TF_TRIALS)
+# What a PyTorch change asked of a TensorFlow script would be there (and the reverse).
+TORCH_EQUIVALENTS = {"loader": "for a tf.data pipeline try prefetch and parallel-map",
+                     "compile": "Keras compiles fit's step already (jit_compile=True adds XLA)",
+                     "channels_last": "Keras sets the layout per layer (data_format)"}
+TF_EQUIVALENTS = {"prefetch": "for a DataLoader try loader (workers, pinned memory, prefetch_factor)",
+                  "parallel-map": "for a DataLoader try loader (num_workers)",
+                  "mixed-precision": "on PyTorch try amp (autocast)"}
 
 
 def parse_tries(values: list[str] | None) -> tuple[str, ...]:
@@ -31,7 +41,7 @@ def parse_tries(values: list[str] | None) -> tuple[str, ...]:
                 names.extend(ALL_TRIALS)
                 continue
             part = {"channels-last": "channels_last", "cudagraphs": "cuda-graphs", "batch": "batch-size",
-                    "fused": "fused-optimizer"}.get(part, part)
+                    "fused": "fused-optimizer", "mixed": "mixed-precision", "map": "parallel-map"}.get(part, part)
             if part not in ALL_TRIALS:
                 raise ValueError(f"unknown --try {part!r} (choose from {', '.join(ALL_TRIALS)}, all)")
             names.append(part)

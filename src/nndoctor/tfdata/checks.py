@@ -82,6 +82,10 @@ class TfDataInputBound(TfDataCheck):
     the compiled step, are left out). The message gives the measured share and reads the
     pipeline's stages to say what it lacks: a final ``prefetch``, ``num_parallel_calls`` on
     ``map``, a ``cache`` for a pipeline re-read every epoch.
+    Under `nndoctor perf` the same share comes from the measured window (input wait vs compute
+    per step, the median step waiting at least 1 ms) and `--try prefetch,parallel-map` re-runs the
+    unchanged script with each change injected, reporting the measured speed-up and the line of
+    the `map` or dataset it changed.
 
     ## Why is this bad?
     While the model waits for data, the accelerator (or the CPU cores the model uses) is
@@ -104,6 +108,7 @@ class TfDataInputBound(TfDataCheck):
     ## References
     - TensorFlow guide, Better performance with the tf.data API: https://www.tensorflow.org/guide/data_performance
     - tf.data.Dataset.prefetch / map(num_parallel_calls): https://www.tensorflow.org/api_docs/python/tf/data/Dataset
+    - TensorFlow Profiler, input pipeline analysis ("input-bound" steps): https://www.tensorflow.org/guide/profiler
     """
 
     code = "K106"
