@@ -1,10 +1,9 @@
-"""Child of test_no_torch.py: a TensorFlow-only environment simulated by an import blocker.
+"""Child of test_no_torch.py, run by the interpreter of a virtual environment without torch.
 
-``import torch`` (and torchvision) raise ModuleNotFoundError as if torch were not installed;
-then the Keras script runs once as plain Python and once under ``nndoctor run`` (the CLI
-entry, in this process). Prints one JSON line: exit status, finding codes and lines, whether
-the weights are bit-identical, whether torch got imported."""
-import importlib.abc
+The Keras script runs once as plain Python and once under ``nndoctor run`` (the CLI entry, in
+this process). Prints one JSON line: exit status, finding codes and lines, whether the weights
+are bit-identical, whether torch could be imported at all and whether it got imported."""
+import importlib.util
 import json
 import os
 import runpy
@@ -12,16 +11,9 @@ import sys
 import tempfile
 
 
-class BlockTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("torch", "torchvision"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
 def main() -> None:
     script = sys.argv[1]
-    sys.meta_path.insert(0, BlockTorch())
+    torch_installed = importlib.util.find_spec("torch") is not None
     folder = tempfile.mkdtemp(prefix="nndoctor-notorch-")
     plain, observed, report = (os.path.join(folder, n) for n in ("plain.npz", "observed.npz", "report.json"))
     saved = sys.argv[:]
@@ -41,6 +33,7 @@ def main() -> None:
         "status": status, "run_status": data["status"], "identical_weights": identical,
         "findings": [[f["code"], (f.get("location") or {}).get("line"), f["message"]] for f in data["findings"]],
         "internal_errors": data["internal_errors"], "torch_imported": "torch" in sys.modules,
+        "torch_installed": torch_installed, "prefix": sys.prefix, "base_prefix": sys.base_prefix,
     }))
 
 
