@@ -29,9 +29,10 @@ def release_stopped_pipelines() -> None:
     runs a ``tf.numpy_function``/``py_function`` otherwise outlives the script: at interpreter
     exit TensorFlow's worker threads wait for the GIL of a finalizing interpreter and the process
     hangs (measured on a from_tensor_slices → map(numpy_function) → batch pipeline stopped at
-    step 10: it never exited; with this collection it exits at once). A pipeline that also
-    shuffles (tests/fixtures/tfdata/keras_tf_backend_fit.py) still hangs at exit under
-    ``nndoctor run --max-steps``: not solved here."""
+    step 10: it never exited; with this collection it exits at once). The collection must run
+    once the ``StopRun`` exception is gone: inside its handler the traceback's frames still hold
+    the iterators (tests/fixtures/tfdata/keras_tf_backend_fit.py, shuffle + numpy_function map,
+    hung at exit that way; tests/tfdata/test_stopped_pipeline_exit.py)."""
     if "tensorflow" in sys.modules:
         import gc
 
@@ -121,7 +122,6 @@ def run_target(target: Target, session: Session, *,
                 runpy.run_path(target.name, run_name="__main__")
     except StopRun:
         status = "stopped"
-        release_stopped_pipelines()
     except SystemExit as exit_:
         code = exit_.code
         if code is None or code == 0:
@@ -147,6 +147,11 @@ def run_target(target: Target, session: Session, *,
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
+    if status != "completed":
+        # Only now, with no exception and no traceback of the run left: their frames hold the
+        # stopped pipeline's iterators, which a collection inside the handler cannot free.
+        crash = process_state.uncaught = None
+        release_stopped_pipelines()
     return report
 
 
