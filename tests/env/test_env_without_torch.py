@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# One worker runs the module-scoped subprocess, not each (pytest -n with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("env_without_torch")
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 PURE_DEPENDENCIES = ("rich", "pygments", "markdown_it", "mdurl", "packaging")
 

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# One worker runs the module-scoped subprocess, not each (pytest -n with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("keras_data_order")
+
 pytest.importorskip("tensorflow")
 ROOT = Path(__file__).resolve().parents[2]
 
