@@ -19,6 +19,15 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 with contextlib.suppress(ImportError):
     import torch._dynamo  # noqa: F401
 
+# dynamo's recompile limits as torch ships them: a library may change them at import (timm's
+# optimizers set cache_size_limit to 1,000,000), which would change what P113 reports for every
+# later fixture in the same worker.
+_DYNAMO_LIMITS = {name: getattr(sys.modules["torch._dynamo"].config, name)
+                  for name in ("recompile_limit", "accumulated_recompile_limit")
+                  if "torch._dynamo" in sys.modules and hasattr(sys.modules["torch._dynamo"].config, name)}
+
+
+
 FIXTURES = Path(__file__).parent / "fixtures"
 BUGGY = FIXTURES / "buggy"
 CORRECT = FIXTURES / "correct"
@@ -35,6 +44,8 @@ def run_script(path, args=(), *, select=(), ignore=(), max_steps=None, **session
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
+        for name, value in _DYNAMO_LIMITS.items():
+            setattr(dynamo.config, name, value)
     forget_keras_names()
     session = Session(select=select, ignore=ignore, max_steps=max_steps, **session_kwargs)
     cwd = os.getcwd()
@@ -81,7 +92,19 @@ def pytest_addoption(parser):
                      help="rewrite tests/snapshots/ with what users read now (see tests/snapshot.py)")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["nndoctor_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
+
+
 def pytest_configure(config):
+    # ``pytest -n N`` distributes with ``loadgroup``: a module marked ``xdist_group`` runs on one
+    # worker, so its module-scoped subprocess (the TensorFlow runners) runs once, not per worker.
+    # (A worker parses the command line again: it learns it from its workerinput, below.)
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("nndoctor_loadgroup"):
+        config.option.loadgroup = True  # what xdist sets in a worker started with --dist loadgroup
     # One switch for every way of running the tests (xdist workers inherit the environment).
     if config.getoption("--snapshot-update", default=False):
         from tests.snapshot import UPDATE_ENV

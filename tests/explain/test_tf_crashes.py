@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import FIXTURES, expected_lines
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow not installed"),
-              # one worker runs the module-scoped subprocess, not each (pytest -n with --dist loadgroup)
+              # one worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group)
               pytest.mark.xdist_group("tf_crash_runner")]
 
 TF_CRASH = FIXTURES / "crash" / "tensorflow"

@@ -21,7 +21,7 @@ from nndoctor.findings import Severity
 from nndoctor.registry import all_checks
 from tests.conftest import FIXTURES, expected_lines
 
-# One worker runs the module-scoped subprocess, not each (pytest -n with --dist loadgroup).
+# One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
 pytestmark = pytest.mark.xdist_group("tf_backend_runner")
 
 pytest.importorskip("tensorflow")

@@ -21,7 +21,7 @@ from nndoctor.perf.timeline import StepRecord
 from nndoctor.perf.trials import parse_tries
 from tests.conftest import FIXTURES
 
-# One worker runs the module-scoped subprocess, not each (pytest -n with --dist loadgroup).
+# One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
 pytestmark = pytest.mark.xdist_group("tf_perf_runner")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-# One worker runs the module-scoped subprocess, not each (pytest -n with --dist loadgroup).
+# One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
 pytestmark = pytest.mark.xdist_group("keras_data_order")
 
 pytest.importorskip("tensorflow")
