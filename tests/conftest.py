@@ -101,10 +101,11 @@ def pytest_configure(config):
     # ``pytest -n N`` distributes with ``loadgroup``: a module marked ``xdist_group`` runs on one
     # worker, so its module-scoped subprocess (the TensorFlow runners) runs once, not per worker.
     # (A worker parses the command line again: it learns it from its workerinput, below.)
-    if getattr(config.option, "dist", None) == "load":
-        config.option.dist = "loadgroup"
+    option = getattr(config, "option", None)
+    if getattr(option, "dist", None) == "load":
+        option.dist = "loadgroup"
     if getattr(config, "workerinput", {}).get("nndoctor_loadgroup"):
-        config.option.loadgroup = True  # what xdist sets in a worker started with --dist loadgroup
+        option.loadgroup = True  # what xdist sets in a worker started with --dist loadgroup
     # One switch for every way of running the tests (xdist workers inherit the environment).
     if config.getoption("--snapshot-update", default=False):
         from tests.snapshot import UPDATE_ENV

@@ -2,14 +2,15 @@
 
 Measured on sampled optimizer steps only. On CUDA the allocator's counter is read
 (``torch.cuda.memory_allocated``: a host-side number, no synchronisation). On CPU, where
-torch keeps no allocator statistics, the process's resident memory is read
-(``/proc/self/statm``, microseconds); only when it grows steadily are live tensors counted —
+torch keeps no allocator statistics, the bytes malloc has in use are read (glibc
+``mallinfo2``, microseconds; the resident memory elsewhere); only when they grow steadily are live tensors counted —
 one pass over the garbage collector's objects on two sampled steps — to confirm that
 tensors hold the growth and to name the list/dict that keeps them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import re
 import sys
@@ -65,6 +66,36 @@ def scan_live_tensors(min_container: int = 4) -> MemorySample:
             if tensors >= min_container:
                 containers[id(obj)] = (tensors, with_graph)
     return MemorySample(step=0, bytes=sum(storages.values()), graph_tensors=graph_tensors, containers=containers)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+        "keepcost")]
+
+
+def _load_mallinfo2() -> Any:
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc < 2.33
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+_MALLINFO2 = _load_mallinfo2() if sys.platform.startswith("linux") else None
+
+
+def heap_in_use_bytes() -> int | None:
+    """Bytes malloc has handed out and not taken back (glibc ``mallinfo2``: ``uordblks`` +
+    ``hblkhd``), where torch's CPU tensors live. Unlike the resident memory it grows when new
+    tensors reuse heap that earlier work freed (resident memory then stays flat, and a growth
+    went unseen when the process had freed memory before). The resident memory where glibc's
+    counters are missing."""
+    if _MALLINFO2 is None:
+        return resident_bytes()
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
 
 
 def resident_bytes() -> int | None:
@@ -182,7 +213,8 @@ class MemoryGrowth(Check):
     ## What it does
     On sampled optimizer steps from step 3 on, measures memory: on CUDA the caching
     allocator's allocated bytes (a host-side counter, no synchronisation); on CPU the
-    process's resident memory (``/proc/self/statm``). When at least 6 samples rise
+    bytes malloc has in use (glibc ``mallinfo2``; the resident memory from ``/proc/self/statm``
+    where it is missing — resident memory stays flat while new tensors reuse freed heap). When at least 6 samples rise
     steadily (in ≥ 80% of the intervals) by **≥ 0.5 MB per step** and ≥ 5% overall — on
     CPU, and when the bytes of the distinct storages of live tensors, counted on that
     sampled step and the next (one pass over the garbage collector's objects each), grow
@@ -275,12 +307,12 @@ class MemoryGrowth(Check):
             else:  # the resident memory grew, but not through tensors: start over
                 self._samples, self._scans = [], []
             return
-        rss = resident_bytes()
-        if rss is None:
+        in_use = heap_in_use_bytes()
+        if in_use is None:
             return
-        self._samples.append(MemorySample(step=event.step, bytes=rss))
+        self._samples.append(MemorySample(step=event.step, bytes=in_use))
         del self._samples[:-self.MAX_SAMPLES]
-        # The resident memory includes the interpreter and libraries (~0.5 GB with torch):
+        # The heap includes the interpreter's and the libraries' (hundreds of MB with torch):
         # no relative threshold here; the tensor count below applies it.
         if growth_verdict(self._samples, min_relative=0.0) is not None:
             scan = scan_live_tensors()
