@@ -54,3 +54,12 @@ def loss_trend(values: Sequence[float]) -> tuple[str, float, float] | None:
     return None
 
 
+def trend_sentence(kind: str, z: float, ratio: float, n: int, subject: str = "the training loss") -> str:
+    """L106's statement of a ``loss_trend`` verdict with its numbers and thresholds (PyTorch
+    and Keras say it the same way; ``subject`` names whose loss it is)."""
+    if kind == "diverging":
+        return (f"{subject} rises: Mann–Kendall z = {z:.2f} over {n} losses (threshold > {DIVERGING_Z}), "
+                f"last-third median {ratio:.2f}× the first third's (threshold {DIVERGING_RATIO}×)")
+    return (f"{subject} does not go down: Mann–Kendall z = {z:.2f} over {n} losses (a decrease "
+            f"needs z < {NOT_DECREASING_Z}), last-third median {ratio:.3f}× the first third's "
+            f"(needs < {NOT_DECREASING_RATIO})")

@@ -24,6 +24,7 @@ from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
     loss_trend,
     mann_kendall_z,
     thirds_ratio,
+    trend_sentence,
 )
 from nndoctor.registry import Check, register
 
@@ -641,13 +642,7 @@ class LossNotDecreasing(Check):
             return
         kind, z, ratio = verdict
         n = len(self._values)
-        if kind == "diverging":
-            what = (f"the training loss rises: Mann–Kendall z = {z:.2f} over {n} losses (threshold > {DIVERGING_Z}), "
-                    f"last-third median {ratio:.2f}× the first third's (threshold {DIVERGING_RATIO}×)")
-        else:
-            what = (f"the training loss does not go down: Mann–Kendall z = {z:.2f} over {n} losses (a decrease "
-                    f"needs z < {NOT_DECREASING_Z}), last-third median {ratio:.3f}× the first third's "
-                    f"(needs < {NOT_DECREASING_RATIO})")
+        what = trend_sentence(kind, z, ratio, n)
         self.report(
             what + ".",
             location=self._location,

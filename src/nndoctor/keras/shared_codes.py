@@ -23,14 +23,7 @@ from nndoctor.catalog_table import Rule, is_enabled, rule
 from nndoctor.image_batches import image_layout, unnormalized_pixels
 from nndoctor.keras import nonfinite
 from nndoctor.keras.facts import BatchFacts
-from nndoctor.loss_trend import (
-    DIVERGING_RATIO,
-    DIVERGING_Z,
-    NOT_DECREASING_RATIO,
-    NOT_DECREASING_Z,
-    TREND_MIN_STEPS,
-    loss_trend,
-)
+from nndoctor.loss_trend import TREND_MIN_STEPS, loss_trend, trend_sentence
 from nndoctor.tfdata.labels import (
     DOMINANT_SHARE,
     MIN_BATCH_SIZE,
@@ -293,13 +286,7 @@ class SharedCodes:
             return
         kind, z, ratio = verdict
         n = len(series.values)
-        if kind == "diverging":
-            what = (f"the training loss of {series.where} rises: Mann–Kendall z = {z:.2f} over {n} losses (threshold "
-                    f"> {DIVERGING_Z}), last-third median {ratio:.2f}× the first third's (threshold {DIVERGING_RATIO}×)")
-        else:
-            what = (f"the training loss of {series.where} does not go down: Mann–Kendall z = {z:.2f} over {n} losses "
-                    f"(a decrease needs z < {NOT_DECREASING_Z}), last-third median {ratio:.3f}× the first third's "
-                    f"(needs < {NOT_DECREASING_RATIO})")
+        what = trend_sentence(kind, z, ratio, n, subject=f"the training loss of {series.where}")
         self._emit("L106", what + ".", series.location, {
             "trend": kind, "mann_kendall_z": z, "thirds_ratio": ratio, "losses_observed": n,
             "first": series.values[:3], "last": series.values[-3:]}, step=series.first_step)
