@@ -396,8 +396,12 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="lm / mlp: CPU-sized smoke test")
     parser.add_argument("--try-repeats", type=int, default=2, help="lm / mlp: nndoctor perf --try-repeats")
     parser.add_argument("--perf-timeout", type=int, default=560, help="lm / mlp: seconds for the nndoctor perf run")
-    parser.add_argument("--stage", choices=("perf", "grid", "all"), default="all",
-                        help="lm / mlp: nndoctor perf only, the timed grid only (with --perf-report), or both")
+    parser.add_argument("--stage", choices=("perf", "grid", "all", "confirm"), default="all",
+                        help="lm / mlp: nndoctor perf only, the timed grid only (with --perf-report), or both; "
+                             "confirm: re-measure the advised flags and the grid's best points (--grid-result)")
+    parser.add_argument("--grid-result", help="--stage confirm: the perf_advice_<patient>_grid.json of --stage grid")
+    parser.add_argument("--confirm-top", type=int, default=3, help="--stage confirm: the grid's best points re-measured")
+    parser.add_argument("--confirm-repeats", type=int, default=5, help="--stage confirm: interleaved rounds")
     parser.add_argument("--perf-report", help="lm / mlp --stage grid: the perf_<patient>_report.json of --stage perf")
     parser.add_argument("--grid-repeats", type=int, default=3,
                         help="lm / mlp: rounds over naive, advised and the grid (median per configuration)")
@@ -415,10 +419,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="nndoctor_perf_bench_"))
     if args.patient != "resnet50":
-        from perf_patients import run_patient
+        from perf_patients import confirm, run_patient
 
         try:
-            results = run_patient(args, out, work)
+            results = confirm(args, out, work) if args.stage == "confirm" else run_patient(args, out, work)
             suffix = ("_tiny" if args.tiny else "") + ("" if args.stage == "all" else f"_{args.stage}")
             (out / f"perf_advice_{args.patient}{suffix}.json").write_text(
                 json.dumps(results, indent=1, default=str))

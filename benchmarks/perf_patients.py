@@ -450,6 +450,53 @@ def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
     return results
 
 
+def confirm(args: argparse.Namespace, out: Path, work: Path) -> dict:
+    """``--stage confirm``: the grid's best point was picked as the highest of many noisy medians,
+    so its median is biased upwards (the winner's curse: on a host-bound step one
+    configuration's runs spread ±20%). Re-measure, on fresh runs, the advised flags and the
+    grid's ``--confirm-top`` best points, interleaved (odd rounds reversed), and compare
+    advised with the best of them by these medians only."""
+    grid_result = json.loads(Path(args.grid_result).read_text())
+    patient = grid_result["patient"]
+    script = work / f"{patient}.py"
+    script.write_text(LM_SCRIPT if patient == "lm" else MLP_SCRIPT)
+    base = grid_result["base_flags"]
+    advised = grid_result["advised_flags"]
+    grid_rows = [r for r in grid_result["rows"] if r["samples_per_s"]]
+    by_flags: dict[frozenset[str], list[float]] = {}
+    labels: dict[frozenset[str], list[str]] = {}
+    for row in grid_rows:
+        key = _key(row["flags"])
+        labels.setdefault(key, row["flags"])
+        by_flags.setdefault(key, []).append(row["samples_per_s"])
+    ranked = sorted(by_flags, key=lambda key: statistics.median(by_flags[key]), reverse=True)
+    candidates = [("advised", advised)] + [("grid", labels[key]) for key in ranked[:args.confirm_top]
+                                           if key != _key(advised)]
+    rows: list[dict] = []
+    for round_index in range(args.confirm_repeats):
+        order = candidates if round_index % 2 == 0 else candidates[::-1]
+        for label, flags in order:
+            rate = measure_in_process(script, patient, base, flags)
+            rows.append({"label": label, "flags": flags, "round": round_index, "samples_per_s": rate})
+            print(json.dumps(rows[-1]), flush=True)
+    medians = {" ".join(flags) or "(naive)": statistics.median(r["samples_per_s"] for r in rows
+                                                                if _key(r["flags"]) == _key(flags))
+               for _, flags in candidates}
+    advised_median = medians[" ".join(advised) or "(naive)"]
+    best_flags = max(medians, key=medians.get)
+    summary = {
+        "statistic": f"median over {args.confirm_repeats} fresh interleaved rounds",
+        "advised_flags": advised, "advised_samples_per_s": advised_median,
+        "best_flags": best_flags, "best_samples_per_s": medians[best_flags],
+        "advised_over_best": advised_median / medians[best_flags], "medians": medians,
+        "grid_selection": grid_result.get("summary"),
+    }
+    summary["advised_within_90pct_of_best"] = summary["advised_over_best"] >= 0.9
+    print(json.dumps(summary, indent=1), flush=True)
+    return {"patient": patient, "card": grid_result.get("card"), "base_flags": base, "rows": rows,
+            "summary": summary}
+
+
 def summarize(rows: list[dict]) -> dict:
     """Each configuration's median samples/s over the rounds (and its spread); the best
     configuration of the grid and advice; the ratios the benchmark asks about. When the

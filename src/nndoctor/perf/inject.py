@@ -2,7 +2,7 @@
 
 Each change is applied where the user's code meets torch, the first time it is seen: a
 model's first training forward (autocast around its forward, channels_last for it and its
-4-D inputs, ``module.compile()`` in place, ``mode="reduce-overhead"`` for CUDA graphs, the
+4-D inputs, its ``forward`` compiled in place, ``mode="reduce-overhead"`` for CUDA graphs, the
 modules whose hand-written attention that forward ran compiled with the SDPA rewrite of
 ``sdpa.py``), the first ``optimizer.step()`` (fused kernels, before any optimizer state
 exists), the construction of batch samplers (``batch-size=K``: every ``BatchSampler``, the
@@ -100,14 +100,13 @@ class ChangeInjector:
             device_type = _device_type(module)
             self._wrap_forward(module, lambda forward: _autocast(forward, device_type))
             self.applied.append(f"autocast({autocast_dtype(device_type)}) on {type(module).__name__}")
-        if "compile" in self.changes:
-            # In place: the user's variable keeps pointing at this module.
-            module.compile()
-            self.applied.append(f"compile on {type(module).__name__}")
         if "cuda-graphs" in self.changes:
             # torch.compile's CUDA graphs: one graph replay instead of a launch per kernel.
-            module.compile(mode="reduce-overhead")
+            _compile_forward(module, "reduce-overhead")
             self.applied.append(f"compile(mode='reduce-overhead') on {type(module).__name__}")
+        elif "compile" in self.changes:  # reduce-overhead is torch.compile too: one compile
+            _compile_forward(module, None)
+            self.applied.append(f"compile on {type(module).__name__}")
 
     def on_step_start(self, event: Any) -> None:
         optimizer = event.optimizer
@@ -200,6 +199,18 @@ def _autocast(forward: Any, device_type: str) -> Any:
             return forward(*args, **kwargs)
 
     return forward_in_autocast
+
+
+def _compile_forward(module: Any, mode: str | None) -> None:
+    """Compile the module as ``torch.compile(model)`` runs it: its ``forward``, in place (the
+    user's variable keeps pointing at this module), with the module-call hooks around it run
+    eagerly. ``module.compile()`` instead compiles the whole call, nndoctor's global forward
+    hooks included; on a 2 ms step (a small MLP at batch 256 on an H100) CUDA graphs
+    injected that way ran at 0.79× of this, and gained nothing over eager, where the script's
+    own ``torch.compile(model, mode="reduce-overhead")`` gained 1.16×."""
+    import torch
+
+    module.forward = torch.compile(module.forward, mode=mode)
 
 
 def _channels_last_inputs(forward: Any) -> Any:
