@@ -62,3 +62,32 @@ def test_the_grids_hold_the_options_the_issue_names(patients):
     assert ["--sync-every", "100", "--amp", "--sdpa", "--fused", "--compile"] in lm and len(lm) == 9
     mlp = patients.mlp_grid(tiny=False, batch=32)
     assert any("reduce-overhead" in flags and "256" in flags and "--fused" in flags for flags in mlp)
+
+
+def test_confirm_remeasures_advised_and_the_grids_best_points(patients, tmp_path, monkeypatch):
+    """--stage confirm: fresh runs of the advised flags and the grid's top points decide
+    advised/best, not the grid's (upward-biased) best median."""
+    rows = [{"label": "grid", "flags": flags, "round": r, "samples_per_s": rate}
+            for flags, rates in ((["--fused"], (200, 210, 190)), (["--amp"], (150, 150, 150)),
+                                 (["--sdpa"], (100, 100, 100)), ([], (50, 50, 50)))
+            for r, rate in enumerate(rates)]
+    grid = {"patient": "mlp", "card": "test", "base_flags": ["--steps", "1"], "advised_flags": ["--amp"],
+            "rows": rows, "summary": {"advised_over_best": 0.75}}
+    (tmp_path / "grid.json").write_text(patients.json.dumps(grid))
+    fresh = {("--fused",): 160.0, ("--amp",): 150.0, ("--sdpa",): 100.0}
+    measured: list[tuple[str, ...]] = []
+
+    def fake_measure(script, patient, base, flags):
+        measured.append(tuple(flags))
+        return fresh[tuple(flags)]
+
+    monkeypatch.setattr(patients, "measure_in_process", fake_measure)
+    args = patients.argparse.Namespace(grid_result=str(tmp_path / "grid.json"), confirm_top=2, confirm_repeats=3)
+    result = patients.confirm(args, tmp_path, tmp_path)
+    summary = result["summary"]
+    # advised (--amp) is among the grid's top 2, so it is measured once per round, not twice
+    assert sorted(set(measured)) == [("--amp",), ("--fused",)] and len(measured) == 6
+    assert summary["best_flags"] == "--fused"
+    assert summary["advised_over_best"] == pytest.approx(150 / 160)
+    assert summary["advised_within_90pct_of_best"] is True
+    assert summary["grid_selection"] == {"advised_over_best": 0.75}
