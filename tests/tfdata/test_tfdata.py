@@ -40,6 +40,47 @@ def test_clock_does_not_count_the_gap_between_epochs():
     assert clock.epochs == 2
 
 
+def test_graph_timed_windows_of_one_iterator_count_one_epoch_and_no_period_across_a_gap():
+    # A compiled Keras train function past its first calls times windows of fetches: each window
+    # is handed to the dataset's clock as a span, the later spans of the same iterator resumed.
+    from types import SimpleNamespace
+
+    from nndoctor.tfdata.instrument import TfDataObserver
+
+    class Rows:  # the graph's variable: (start, end) of every timed fetch, in order
+        def __init__(self):
+            self.rows = []
+
+        def count(self):
+            return len(self.rows)
+
+        def read(self, start):
+            return self.rows[start:]
+
+        def want_labels(self, wanted):
+            pass
+
+    observer = TfDataObserver.__new__(TfDataObserver)
+    observer._segment, observer._last_timed, observer.graph_clock = None, None, Rows()
+    record = SimpleNamespace(clock=FetchClock(), wants_labels=False, label_batches=[])
+
+    class Iterator:
+        pass
+
+    iterator = Iterator()
+    observer.iterators = {iterator: record}
+    t = 0.0
+    for call in range(40):
+        skippable = 10 <= call < 30  # calls 10..29 run untimed
+        if observer.graph_fetch(iterator, skippable):
+            observer.graph_clock.rows.append((t, t + 0.001))
+        t += 0.004
+    observer._close_segment()
+    assert record.clock.fetches == 20 and record.clock.epochs == 1
+    assert all(p == pytest.approx(0.004) for p in record.clock.periods)  # none spans the untimed calls
+    assert record.clock.measured == 20 - 3 - 1  # skipped start-up, and one period lost per span end
+
+
 def test_label_order_rule():
     sorted_batches = [batch_summary([c] * 32) for c in (0, 0, 1, 1, 2)]
     assert ordered_evidence(sorted_batches) == (5, 5, 3)

@@ -74,8 +74,9 @@ class TfDataInputBound(TfDataCheck):
     ``for x, y in dataset``, Keras ``fit`` on any backend — and the time from one fetch to
     the next (one training step). Keras ``fit`` on the TensorFlow backend fetches inside its
     compiled train function: there the graph times its own fetch (two ``tf.timestamp`` ops
-    around ``get_next``, read back once per epoch), over a window of the first 4096 steps of
-    the run; Python loops are timed on every fetch (up to 2000 steps per dataset). Fires when
+    around ``get_next``, read back once per epoch): every fetch of its first 1024 steps, then
+    windows of 32 consecutive steps every 512 (at most 4096 timed steps per run); Python loops
+    are timed on every fetch (up to 2000 steps per dataset). Fires when
     the waiting is more than 20% of the step time and the median step waits more than 1 ms
     (below that the wait is the fixed cost of a fetch from a ready buffer, 0.1–0.5 ms eagerly),
     over at least 8 measured steps (the first two fetches, which start the pipeline and trace

@@ -32,6 +32,7 @@ What is patched, and why:
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -46,7 +47,13 @@ from nndoctor.registry import all_checks, is_enabled
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
 from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
-from nndoctor.tfdata.timing import FetchClock, GraphFetchClock
+from nndoctor.tfdata.timing import (
+    ALWAYS_TIMED,
+    WINDOW_EVERY,
+    WINDOW_FETCHES,
+    FetchClock,
+    GraphFetchClock,
+)
 from nndoctor.tfdata.unshuffled import unshuffled_pipeline
 
 STAGE_METHODS = ("map", "shuffle", "batch", "padded_batch", "prefetch", "cache", "interleave", "repeat",
@@ -98,8 +105,10 @@ class TfDataObserver:
         # Keras's compiled train functions (TensorFlow backend): fetch times written by the graph.
         self.graph_clock: GraphFetchClock | None = None
         self.timing_trace = False  # True while nndoctor's train-function wrapper runs (traces time get_next)
-        # The iterator the compiled train function is fetching from: (weak iterator, record, first fetch index).
-        self._segment: tuple[Any, DatasetRecord | None, int] | None = None
+        # The iterator the compiled train function is fetching from, timed: (weak iterator, record,
+        # first fetch index, whether an earlier window of the same iterator was timed).
+        self._segment: tuple[Any, DatasetRecord | None, int, bool] | None = None
+        self._last_timed: Any = None  # weak reference to the iterator of the last timed window
 
     # -- patching ----------------------------------------------------------------------
     def patch_tensorflow(self, tf: Any) -> None:
@@ -212,26 +221,39 @@ class TfDataObserver:
         record.clock.new_iterator()
         self.iterators[iterator] = record
 
-    def graph_fetch(self, iterator: Any) -> None:
-        """A compiled train function is about to fetch from ``iterator``: a new iterator closes the
-        previous one's span of graph-timed fetches (one variable read per iterator, not per step)."""
-        segment = self._segment
-        if segment is not None and segment[0]() is iterator:
-            return
-        self._close_segment()
-        clock = self.graph_clock
+    def graph_fetch(self, iterator: Any, skippable: bool) -> bool:
+        """A compiled train function is about to fetch from ``iterator``: is this fetch timed?
+
+        ``skippable``: the train function can leave this fetch untimed (outside its windows, see
+        ``timing.ALWAYS_TIMED``); a dataset whose labels are still wanted (K107, D105) is read
+        anyway. A new iterator, or the end of a window, closes the previous span of graph-timed
+        fetches (one variable read per span, not per step)."""
         record = self.iterators.get(iterator)
-        self._segment = (weakref.ref(iterator), record, clock.count() if clock is not None else 0)
+        timed = not skippable or _wants_labels(record)
+        segment = self._segment
+        if timed and segment is not None and segment[0]() is iterator:
+            return True
+        self._close_segment()
+        if not timed:
+            return False
+        clock = self.graph_clock
+        continued = self._last_timed is not None and self._last_timed() is iterator
+        self._last_timed = weakref.ref(iterator)
+        self._segment = (weakref.ref(iterator), record, clock.count() if clock is not None else 0, continued)
         if clock is not None:
             clock.want_labels(_wants_labels(record))
+        return True
 
     def _close_segment(self) -> None:
         """Hand the fetch times the graph wrote for the current iterator to its dataset's clock."""
         segment, self._segment = self._segment, None
         if segment is None or segment[1] is None or self.graph_clock is None:
             return
-        _, record, start = segment
-        record.clock.new_iterator()
+        _, record, start, continued = segment
+        if continued:
+            record.clock.resumed()
+        else:
+            record.clock.new_iterator()
         for began, ended in self.graph_clock.read(start):
             record.clock.fetched(began, ended)
         record.clock.stopped()
@@ -327,7 +349,14 @@ def labels_of(array: Any) -> list[int] | None:
 
 def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iterator: type) -> Any:
     """Keras's train function, its fetches timed: by the graph itself (compiled), or eagerly
-    (``run_eagerly=True``: no graph to time in)."""
+    (``run_eagerly=True``: no graph to time in).
+
+    Compiled, Keras's own train function is traced with its fetch timed. Past its first
+    ``ALWAYS_TIMED`` calls, the calls outside the timing windows go through an untimed twin
+    (``_untimed_twin``): a second trace of Keras's outer ``tf.function`` calling the same traced
+    step. Where Keras's train function is not shaped as expected, every fetch stays timed."""
+    calls = itertools.count()
+    twins: list[Any] = []  # the untimed twin, once made (None: Keras's function is not as expected)
 
     def train_function(iterator):
         if not observer.enabled or not isinstance(iterator, owned_iterator) \
@@ -339,13 +368,25 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
             element = next(iterator)  # timed by the __next__ patch; StopIteration ends the epoch
             # A plain Python iterator takes Keras's per-batch path: the same step on the same batch.
             return function(iter((element,)))
+        call = next(calls)
         try:
             if observer.graph_clock is None:  # eagerly: a tf.function creates variables on its first call only
                 observer.graph_clock = GraphFetchClock(observer._tf)
-            observer.graph_fetch(iterator)
+            if call >= ALWAYS_TIMED and not twins:
+                twins.append(_untimed_twin(function))
+            skippable = call >= ALWAYS_TIMED and twins[0] is not None and call % WINDOW_EVERY >= WINDOW_FETCHES
+            timed = observer.graph_fetch(iterator, skippable)
         except Exception as error:  # noqa: BLE001 - observer rule
             observer.session.internal_error("tf.data instrumentation", error)
             return function(iterator)
+        if not timed:
+            try:
+                return twins[0](iterator)
+            except (StopIteration, observer._tf.errors.OpError):
+                raise  # the data ran out, or the user's step failed: as Keras's own would
+            except Exception as error:  # noqa: BLE001 - observer rule: our trace failed, Keras's runs
+                observer.session.internal_error("tf.data instrumentation", error)
+                twins[0] = None
         observer.timing_trace = True  # a trace of this call times its get_next
         try:
             return function(iterator)
@@ -355,6 +396,36 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
     train_function._nndoctor_timed_fetch = True
     train_function.__wrapped__ = function
     return train_function
+
+
+def _untimed_twin(function: Any) -> Any:
+    """Keras 3's compiled train function is a Python closure ``function(iterator)`` around the
+    ``tf.function`` ``multi_step_on_iterator``: the twin calls a second ``tf.function`` of the
+    same Python function (traced apart, without the timed fetch) and does what Keras's closure
+    does with its result. None where the closure is not that one (another Keras version)."""
+    import tensorflow as tf
+
+    if getattr(function, "__name__", None) != "function" or not function.__closure__:
+        return None
+    cells = []
+    for cell in function.__closure__:
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            continue
+    outer = [c for c in cells if isinstance(c, tf.types.experimental.PolymorphicFunction)
+             and getattr(c.python_function, "__name__", None) == "multi_step_on_iterator"]
+    if len(outer) != 1:
+        return None
+    untimed = tf.function(outer[0].python_function, reduce_retracing=True)
+
+    def twin(iterator):
+        optional = untimed(iterator)
+        if not optional.has_value():
+            raise StopIteration
+        return optional.get_value()
+
+    return twin
 
 
 def install(installation: Any) -> None:
