@@ -56,7 +56,7 @@ CASES = {
 }
 
 
-def train(case: dict) -> tuple[list[int], list[np.ndarray]]:
+def train(case: dict) -> tuple[list[int], list[np.ndarray], keras.Model]:
     keras.utils.set_random_seed(0)
     seen = SeenIds()
     model = keras.Sequential([keras.Input((5,)), seen, keras.layers.Dense(8, activation="relu"),
@@ -64,7 +64,7 @@ def train(case: dict) -> tuple[list[int], list[np.ndarray]]:
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   **case.get("compile", {}))
     model.fit(dataset(case.get("repeat", False)), verbose=0, **case["fit"])
-    return [int(v) for v in seen.seen.numpy()], [w.numpy() for w in model.weights]
+    return [int(v) for v in seen.seen.numpy()], [w.numpy() for w in model.weights], model
 
 
 def main() -> None:
@@ -82,19 +82,22 @@ def main() -> None:
     tfdata_instrument.TfDataObserver.__init__ = remember
     out = {}
     for name, case in CASES.items():
-        plain, plain_weights = train(case)
+        plain, plain_weights, _ = train(case)
         session = Session(command=["keras_order_child"])
         installation = install(session)
         try:
-            observed, observed_weights = train(case)
+            observed, observed_weights, model = train(case)
         finally:
             installation.uninstall()
         timed = [record.clock.fetches for record in observers[-1].records.values()] if observers else []
+        # Keras's own outer tf.function of the observed model: traced only where nndoctor's did not replace it.
+        keras_outer = tfdata_instrument._keras_outer(getattr(model.train_function, "__wrapped__", None))
         out[name] = {
             "plain": plain, "observed": observed, "timed_fetches": timed,
             "identical_weights": all(np.array_equal(a, b) for a, b in zip(plain_weights, observed_weights)),
             "internal_errors": [f"{e.where}: {e.error}" for e in session.report.internal_errors],
             "steps": session.step,
+            "keras_outer_traces": keras_outer.experimental_get_tracing_count() if keras_outer else None,
         }
     print(json.dumps(out))
 

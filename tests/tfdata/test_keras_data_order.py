@@ -50,3 +50,12 @@ def test_model_sees_the_same_batches_in_the_same_order(cases, name):
 def test_fetches_are_timed_on_the_compiled_and_the_eager_path(cases):
     for name in ("epochs", "steps_per_epoch_repeat", "steps_per_epoch_finite", "jit_compile_off", "run_eagerly"):
         assert sum(cases[name]["timed_fetches"]) >= BATCHES[name], (name, cases[name]["timed_fetches"])
+
+
+@pytest.mark.slow
+def test_keras_outer_function_is_replaced_not_traced_beside_nndoctors(cases):
+    # nndoctor runs its own tf.function of Keras's multi_step_on_iterator (the times as outputs):
+    # Keras's own is never traced, so the compiled step is traced and compiled once, as plain.
+    for name in ("epochs", "steps_per_epoch_repeat", "steps_per_epoch_finite", "jit_compile_off"):
+        assert cases[name]["keras_outer_traces"] == 0, (name, cases[name]["keras_outer_traces"])
+    assert cases["steps_per_execution_3"]["keras_outer_traces"] >= 1  # left to Keras

@@ -17,11 +17,14 @@ What is patched, and why:
 * ``OwnedIterator.get_next`` (graph mode, only while a wrapped Keras train function is
   traced): see the last point;
 * Keras on the TensorFlow backend fetches its batches *inside* the compiled train function,
-  where no Python call can be timed. For ``steps_per_execution == 1``, while Keras traces
-  that function, ``OwnedIterator.get_next`` is wrapped in two ``tf.timestamp`` ops that the
-  graph writes into nndoctor's own variables (``GraphFetchClock``): the fetch stays where
-  Keras put it, the batch and the compiled step are untouched, and Python reads the times
-  once per iterator (epoch), not per step; a K107 suspect's first label batches reach Python
+  where no Python call can be timed. For ``steps_per_execution == 1``, nndoctor runs its own
+  ``tf.function`` of Keras's ``multi_step_on_iterator`` in place of Keras's (the compiled step
+  inside is Keras's, traced and compiled once), with ``OwnedIterator.get_next`` wrapped in two
+  ``tf.timestamp`` ops returned as an extra output that Python strips off before Keras sees
+  the result (``GraphFetchClock``): the fetch stays where Keras put it, the batch and the
+  compiled step are untouched, and Python reads the times once per iterator (epoch), not per
+  step (where Keras's train function is not shaped as expected, Keras's own is traced with the
+  times written into nndoctor's variables instead); a K107 suspect's first label batches reach Python
   through a ``tf.numpy_function`` behind a branch on nndoctor's variable, built into the graph
   only when the dataset traced with is a suspect (a train function traced on a well-shuffled
   dataset and reused, untraced, on a suspect one does not read its labels). Fetching eagerly
@@ -49,6 +52,7 @@ from nndoctor.tfdata.labels import batch_summary
 from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
 from nndoctor.tfdata.timing import (
     ALWAYS_TIMED,
+    GRAPH_FETCHES,
     WINDOW_EVERY,
     WINDOW_FETCHES,
     FetchClock,
@@ -105,9 +109,14 @@ class TfDataObserver:
         # Keras's compiled train functions (TensorFlow backend): fetch times written by the graph.
         self.graph_clock: GraphFetchClock | None = None
         self.timing_trace = False  # True while nndoctor's train-function wrapper runs (traces time get_next)
+        # While nndoctor's own outer function (``_own_outer``) is traced: the list its timed
+        # get_next appends its two times to (returned as outputs, no variable written).
+        self.trace_stamps: list[Any] | None = None
         # The iterator the compiled train function is fetching from, timed: (weak iterator, record,
-        # first fetch index, whether an earlier window of the same iterator was timed).
-        self._segment: tuple[Any, DatasetRecord | None, int, bool] | None = None
+        # first fetch index, whether an earlier window of the same iterator was timed, the times
+        # returned by nndoctor's own outer function: eager tensors, read when the span closes).
+        self._segment: tuple[Any, DatasetRecord | None, int, bool, list[Any]] | None = None
+        self._stamps_kept = 0  # times returned by outer functions kept in this run (at most GRAPH_FETCHES)
         self._last_timed: Any = None  # weak reference to the iterator of the last timed window
 
     # -- patching ----------------------------------------------------------------------
@@ -154,12 +163,14 @@ class TfDataObserver:
         def get_next(iterator):
             # Only while a Keras train function wrapped below is traced: the graph times its own fetch.
             clock = self.graph_clock  # created eagerly by that wrapper
-            if clock is not None and self.timing_trace and self.enabled and not tf.executing_eagerly():
+            stamps = self.trace_stamps
+            if clock is not None and (self.timing_trace or stamps is not None) and self.enabled \
+                    and not tf.executing_eagerly():
                 # The labels branch only where the dataset being traced is a K107 suspect: a
                 # graph with it costs a cond and a numpy_function op to trace.
                 wanted = self._segment is not None and _wants_labels(self._segment[1])
                 return clock.timed(lambda: original_get_next(iterator), label_tensor,
-                                   self.graph_labels if wanted else None)
+                                   self.graph_labels if wanted else None, stamps)
             return original_get_next(iterator)
 
         patcher.patch(iterator_ops.OwnedIterator, "get_next", get_next)
@@ -239,7 +250,7 @@ class TfDataObserver:
         clock = self.graph_clock
         continued = self._last_timed is not None and self._last_timed() is iterator
         self._last_timed = weakref.ref(iterator)
-        self._segment = (weakref.ref(iterator), record, clock.count() if clock is not None else 0, continued)
+        self._segment = (weakref.ref(iterator), record, clock.count() if clock is not None else 0, continued, [])
         if clock is not None:
             clock.want_labels(_wants_labels(record))
         return True
@@ -249,14 +260,25 @@ class TfDataObserver:
         segment, self._segment = self._segment, None
         if segment is None or segment[1] is None or self.graph_clock is None:
             return
-        _, record, start, continued = segment
+        _, record, start, continued, stamps = segment
         if continued:
             record.clock.resumed()
         else:
             record.clock.new_iterator()
         for began, ended in self.graph_clock.read(start):
             record.clock.fetched(began, ended)
+        for times in stamps:  # eager tensors, computed long ago: no wait
+            began, ended = times.numpy()
+            record.clock.fetched(float(began), float(ended))
         record.clock.stopped()
+
+    def graph_stamps(self, times: Any) -> None:
+        """The (start, end) of a fetch, returned by nndoctor's own outer function (an eager tensor,
+        not read here: reading it would wait for the step)."""
+        segment = self._segment
+        if segment is not None and self._stamps_kept < GRAPH_FETCHES:
+            segment[4].append(times)
+            self._stamps_kept += 1
 
     def graph_labels(self, array: Any) -> Any:
         """Called by the compiled train function (``tf.numpy_function``) with the labels of a batch
@@ -351,11 +373,18 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
     """Keras's train function, its fetches timed: by the graph itself (compiled), or eagerly
     (``run_eagerly=True``: no graph to time in).
 
-    Compiled, Keras's own train function is traced with its fetch timed. Past its first
-    ``ALWAYS_TIMED`` calls, the calls outside the timing windows go through an untimed twin
-    (``_untimed_twin``): a second trace of Keras's outer ``tf.function`` calling the same traced
-    step. Where Keras's train function is not shaped as expected, every fetch stays timed."""
+    Compiled, Keras's train function is run through nndoctor's own outer ``tf.function``
+    (``_own_outer``): Keras's ``multi_step_on_iterator`` traced with its fetch timed, the two
+    times returned as an extra output that never reaches Keras (kept as eager tensors, read
+    when the span of fetches closes). Keras's own outer function is then never traced, so the
+    compiled step is traced and compiled once, as in a plain fit. Its first ``ALWAYS_TIMED``
+    calls are timed, then windows (``timing.WINDOW_EVERY``); the calls in between run the same
+    function, their times dropped. Where Keras's train function is not shaped as expected, it is
+    traced itself with the times written to nndoctor's variables (``GraphFetchClock``), and past
+    ``ALWAYS_TIMED`` calls the calls outside the windows go through an untimed twin
+    (``_untimed_twin``); where no twin can be made either, every fetch stays timed."""
     calls = itertools.count()
+    outers: list[Any] = []  # nndoctor's outer function, once made (None: Keras's is not as expected)
     twins: list[Any] = []  # the untimed twin, once made (None: Keras's function is not as expected)
 
     def train_function(iterator):
@@ -372,14 +401,39 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
         try:
             if observer.graph_clock is None:  # eagerly: a tf.function creates variables on its first call only
                 observer.graph_clock = GraphFetchClock(observer._tf)
-            if call >= ALWAYS_TIMED and not twins:
+            if not outers:
+                outers.append(_own_outer(function, observer))
+            if outers[0] is None and call >= ALWAYS_TIMED and not twins:
                 twins.append(_untimed_twin(function))
-            skippable = call >= ALWAYS_TIMED and twins[0] is not None and call % WINDOW_EVERY >= WINDOW_FETCHES
+            windowed = outers[0] is not None or (bool(twins) and twins[0] is not None)
+            skippable = call >= ALWAYS_TIMED and windowed and call % WINDOW_EVERY >= WINDOW_FETCHES
             timed = observer.graph_fetch(iterator, skippable)
         except Exception as error:  # noqa: BLE001 - observer rule
             observer.session.internal_error("tf.data instrumentation", error)
             return function(iterator)
-        if not timed:
+        failure = None
+        if outers[0] is not None:
+            try:
+                optional, times = outers[0](iterator)
+            except (StopIteration, observer._tf.errors.OpError):
+                raise  # the data ran out, or the user's step failed: as Keras's own would
+            except Exception as error:  # noqa: BLE001 - observer rule: our trace failed, Keras's runs
+                outers[0], failure = None, error
+            else:
+                if timed:
+                    observer.graph_stamps(times)
+                if not optional.has_value():  # what Keras's closure does with its function's result
+                    raise StopIteration
+                return optional.get_value()
+        if failure is not None:
+            observer.timing_trace = True  # Keras's own function, traced with its fetch timed
+            try:
+                result = function(iterator)  # the user's own error, where it was one, raised as Keras raises it
+            finally:
+                observer.timing_trace = False
+            observer.session.internal_error("tf.data instrumentation", failure)
+            return result
+        if not timed and twins and twins[0] is not None:
             try:
                 return twins[0](iterator)
             except (StopIteration, observer._tf.errors.OpError):
@@ -398,11 +452,10 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
     return train_function
 
 
-def _untimed_twin(function: Any) -> Any:
+def _keras_outer(function: Any) -> Any:
     """Keras 3's compiled train function is a Python closure ``function(iterator)`` around the
-    ``tf.function`` ``multi_step_on_iterator``: the twin calls a second ``tf.function`` of the
-    same Python function (traced apart, without the timed fetch) and does what Keras's closure
-    does with its result. None where the closure is not that one (another Keras version)."""
+    ``tf.function`` ``multi_step_on_iterator``: that ``tf.function``, or None where the closure
+    is not that one (another Keras version)."""
     import tensorflow as tf
 
     if getattr(function, "__name__", None) != "function" or not function.__closure__:
@@ -415,9 +468,45 @@ def _untimed_twin(function: Any) -> Any:
             continue
     outer = [c for c in cells if isinstance(c, tf.types.experimental.PolymorphicFunction)
              and getattr(c.python_function, "__name__", None) == "multi_step_on_iterator"]
-    if len(outer) != 1:
+    return outer[0] if len(outer) == 1 else None
+
+
+def _own_outer(function: Any, observer: TfDataObserver) -> Any:
+    """nndoctor's ``tf.function`` in place of Keras's ``multi_step_on_iterator``: the same Python
+    function traced with its fetch timed (the timed ``get_next`` appends the two times to
+    ``observer.trace_stamps``), returning ``(Keras's optional outputs, [start, end])``. None
+    where Keras's train function is not as expected."""
+    import tensorflow as tf
+
+    outer = _keras_outer(function)
+    if outer is None:
         return None
-    untimed = tf.function(outer[0].python_function, reduce_retracing=True)
+    python_function = outer.python_function
+
+    def timed_step_on_iterator(iterator):
+        stamps: list[Any] = []
+        observer.trace_stamps = stamps
+        try:
+            optional = python_function(iterator)
+        finally:
+            observer.trace_stamps = None
+        if len(stamps) != 1:  # not one timed fetch (not traced the way it was expected)
+            raise RuntimeError(f"Keras's train function fetched {len(stamps)} times in one step")
+        return optional, stamps[0]
+
+    return tf.function(timed_step_on_iterator, reduce_retracing=True, autograph=False)
+
+
+def _untimed_twin(function: Any) -> Any:
+    """A twin of Keras's train function that calls a second ``tf.function`` of Keras's
+    ``multi_step_on_iterator`` (traced apart, without the timed fetch) and does what Keras's
+    closure does with its result. None where the closure is not as expected."""
+    import tensorflow as tf
+
+    outer = _keras_outer(function)
+    if outer is None:
+        return None
+    untimed = tf.function(outer.python_function, reduce_retracing=True)
 
     def twin(iterator):
         optional = untimed(iterator)

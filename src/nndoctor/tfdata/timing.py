@@ -7,7 +7,9 @@ period. The first fetches of a dataset are left out: they start the pipeline's t
 include tracing the user's compiled step, neither of which repeats.
 
 Keras on the TensorFlow backend fetches inside its compiled train function: there the graph
-itself takes the times (``GraphFetchClock``): every fetch of a train function's first
+itself takes the times (``GraphFetchClock``), returned as an extra output of nndoctor's own
+outer function (or, where Keras's train function is not as expected, written to nndoctor's
+variables): every fetch of a train function's first
 ``ALWAYS_TIMED`` calls, then windows of ``WINDOW_FETCHES`` consecutive fetches every
 ``WINDOW_EVERY`` (at most ``GRAPH_FETCHES`` fetches per run).
 """
@@ -22,12 +24,15 @@ from typing import Any
 SKIPPED_FETCHES = 2
 # Periods kept per dataset: enough for a stable share, bounded memory.
 MAX_PERIODS = 2000
-# Fetches of compiled Keras train functions timed per run (the rows of the graph's variable).
+# Fetches of compiled Keras train functions timed per run (the rows of the graph's variable, or
+# the times returned by nndoctor's outer functions kept).
 GRAPH_FETCHES = 4096
 # A compiled train function's first ALWAYS_TIMED calls are timed, then WINDOW_FETCHES consecutive
 # calls every WINDOW_EVERY. The timed ops cost ~0.1-0.3 ms a step on a 2-core CPU (measured in
-# fit), a tenth of a small model's step; the untimed calls need a second trace of Keras's
-# train function, whose first call compiles the step again (~130 ms measured): worth it in
+# fit), a tenth of a small model's step. Through nndoctor's own outer function the calls in
+# between run the same function, their times dropped (bounded memory, spread-out samples);
+# through Keras's own (variable writes) they take an untimed twin, a second trace of Keras's
+# train function whose first call compiles the step again (~130 ms measured): worth it in
 # long runs only. K106's share is still taken on consecutive steps.
 ALWAYS_TIMED = 1024
 WINDOW_FETCHES = 32
@@ -106,7 +111,8 @@ class GraphFetchClock:
 
     ``timed(get_next)``, called while the function is traced, puts a ``tf.timestamp`` before
     the fetch and one after the element is produced (control dependencies only: the element
-    goes to the step unchanged) and writes both into row ``count`` of nndoctor's variable,
+    goes to the step unchanged) and hands both to the traced function as a tensor to return
+    (``stamps``: no variable written) or, without ``stamps``, writes both into row ``count`` of nndoctor's variable,
     then counts the fetch. A fetch that fails (the end of the data) writes nothing. Rows past
     ``GRAPH_FETCHES`` go to one spare row that is never read. While the ``wants_labels``
     variable is true (set per iterator: its dataset is a K107 suspect and fewer than 16
@@ -122,16 +128,23 @@ class GraphFetchClock:
             self.fetches = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nndoctor_fetches")
             self.wants_labels = tf.Variable(False, trainable=False, name="nndoctor_wants_labels")
 
-    def timed(self, get_next: Any, label_tensor: Any = None, on_labels: Any = None) -> Any:
+    def timed(self, get_next: Any, label_tensor: Any = None, on_labels: Any = None,
+              stamps: list[Any] | None = None) -> Any:
+        """``stamps``: a list of the function being traced, which returns the two times as outputs
+        (nndoctor's own outer function, see ``instrument._own_outer``): they are appended to it and
+        nothing is written to the variables."""
         tf = self._tf
         began = tf.timestamp()
         with tf.control_dependencies([began]):
             element = get_next()
         with tf.control_dependencies(tf.nest.flatten(element, expand_composites=True)):
             ended = tf.timestamp()
-        row = tf.minimum(self.fetches.read_value(), GRAPH_FETCHES)
-        self.times.scatter_nd_update(tf.reshape(row, (1, 1)), tf.reshape(tf.stack([began, ended]), (1, 2)))
-        self.fetches.assign_add(1)
+        if stamps is not None:
+            stamps.append(tf.stack([began, ended]))
+        else:
+            row = tf.minimum(self.fetches.read_value(), GRAPH_FETCHES)
+            self.times.scatter_nd_update(tf.reshape(row, (1, 1)), tf.reshape(tf.stack([began, ended]), (1, 2)))
+            self.fetches.assign_add(1)
         labels = label_tensor(element) if label_tensor is not None else None
         if on_labels is not None and isinstance(labels, tf.Tensor):
             def read() -> Any:
