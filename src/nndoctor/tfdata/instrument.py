@@ -379,13 +379,11 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
     when the span of fetches closes). Keras's own outer function is then never traced, so the
     compiled step is traced and compiled once, as in a plain fit. Its first ``ALWAYS_TIMED``
     calls are timed, then windows (``timing.WINDOW_EVERY``); the calls in between run the same
-    function, their times dropped. Where Keras's train function is not shaped as expected, it is
-    traced itself with the times written to nndoctor's variables (``GraphFetchClock``), and past
-    ``ALWAYS_TIMED`` calls the calls outside the windows go through an untimed twin
-    (``_untimed_twin``); where no twin can be made either, every fetch stays timed."""
+    function, their times dropped. Where Keras's train function is not shaped as expected (or
+    nndoctor's trace of it failed), Keras's own is traced with every fetch's times written to
+    nndoctor's variables (``GraphFetchClock``)."""
     calls = itertools.count()
     outers: list[Any] = []  # nndoctor's outer function, once made (None: Keras's is not as expected)
-    twins: list[Any] = []  # the untimed twin, once made (None: Keras's function is not as expected)
 
     def train_function(iterator):
         if not observer.enabled or not isinstance(iterator, owned_iterator) \
@@ -403,10 +401,7 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
                 observer.graph_clock = GraphFetchClock(observer._tf)
             if not outers:
                 outers.append(_own_outer(function, observer))
-            if outers[0] is None and call >= ALWAYS_TIMED and not twins:
-                twins.append(_untimed_twin(function))
-            windowed = outers[0] is not None or (bool(twins) and twins[0] is not None)
-            skippable = call >= ALWAYS_TIMED and windowed and call % WINDOW_EVERY >= WINDOW_FETCHES
+            skippable = outers[0] is not None and call >= ALWAYS_TIMED and call % WINDOW_EVERY >= WINDOW_FETCHES
             timed = observer.graph_fetch(iterator, skippable)
         except Exception as error:  # noqa: BLE001 - observer rule
             observer.session.internal_error("tf.data instrumentation", error)
@@ -433,14 +428,6 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
                 observer.timing_trace = False
             observer.session.internal_error("tf.data instrumentation", failure)
             return result
-        if not timed and twins and twins[0] is not None:
-            try:
-                return twins[0](iterator)
-            except (StopIteration, observer._tf.errors.OpError):
-                raise  # the data ran out, or the user's step failed: as Keras's own would
-            except Exception as error:  # noqa: BLE001 - observer rule: our trace failed, Keras's runs
-                observer.session.internal_error("tf.data instrumentation", error)
-                twins[0] = None
         observer.timing_trace = True  # a trace of this call times its get_next
         try:
             return function(iterator)
@@ -495,26 +482,6 @@ def _own_outer(function: Any, observer: TfDataObserver) -> Any:
         return optional, stamps[0]
 
     return tf.function(timed_step_on_iterator, reduce_retracing=True, autograph=False)
-
-
-def _untimed_twin(function: Any) -> Any:
-    """A twin of Keras's train function that calls a second ``tf.function`` of Keras's
-    ``multi_step_on_iterator`` (traced apart, without the timed fetch) and does what Keras's
-    closure does with its result. None where the closure is not as expected."""
-    import tensorflow as tf
-
-    outer = _keras_outer(function)
-    if outer is None:
-        return None
-    untimed = tf.function(outer.python_function, reduce_retracing=True)
-
-    def twin(iterator):
-        optional = untimed(iterator)
-        if not optional.has_value():
-            raise StopIteration
-        return optional.get_value()
-
-    return twin
 
 
 def install(installation: Any) -> None:

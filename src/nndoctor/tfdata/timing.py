@@ -30,10 +30,9 @@ GRAPH_FETCHES = 4096
 # A compiled train function's first ALWAYS_TIMED calls are timed, then WINDOW_FETCHES consecutive
 # calls every WINDOW_EVERY. The timed ops cost ~0.1-0.3 ms a step on a 2-core CPU (measured in
 # fit), a tenth of a small model's step. Through nndoctor's own outer function the calls in
-# between run the same function, their times dropped (bounded memory, spread-out samples);
-# through Keras's own (variable writes) they take an untimed twin, a second trace of Keras's
-# train function whose first call compiles the step again (~130 ms measured): worth it in
-# long runs only. K106's share is still taken on consecutive steps.
+# between run the same function, their times dropped (bounded memory, spread-out samples); the
+# fallback through Keras's own function (variable writes) times every call. K106's share is
+# still taken on consecutive steps.
 ALWAYS_TIMED = 1024
 WINDOW_FETCHES = 32
 WINDOW_EVERY = 512
