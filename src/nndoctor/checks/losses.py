@@ -561,8 +561,12 @@ class LossNotDecreasing(Check):
     On Keras 3 and TensorFlow the same test runs on the losses of ``fit`` — each batch's loss
     recovered from the running epoch mean that Keras gives its callbacks in ``logs["loss"]``
     (batch *b*'s loss is (b + 1)·mean_b − b·mean_(b−1)) — and on the losses given to
-    ``tape.gradient`` in eager custom loops (loops inside ``tf.function`` are not read).
-    The finding names the ``model.fit(...)`` or ``tape.gradient(...)`` line.
+    ``tape.gradient`` in eager custom loops; a compiled training step (a ``tf.function`` that
+    applies the optimizer) contributes the scalar loss it returns (the value, the first item of
+    a tuple, or a dict's ``"loss"``), read after each call (on a GPU, on sampled steps only); a
+    compiled step that returns no loss is not read. The finding names the ``model.fit(...)``,
+    ``tape.gradient(...)`` or step-calling line. Keras guide, "Writing a training loop from
+    scratch in TensorFlow": https://keras.io/guides/writing_a_custom_training_loop_in_tensorflow/
 
     ## Why is this bad?
     A loss that does not go down means nothing is being learned: learning rate far too low

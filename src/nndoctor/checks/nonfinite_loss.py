@@ -135,8 +135,12 @@ class NonfiniteLoss(Check):
     the message says whether the layer's weights were already non-finite. Eager custom
     ``GradientTape`` loops are checked at ``tape.gradient(loss, ...)``: the batch given to
     the model under the tape is run again before the optimizer step. Inside ``tf.function``
-    nothing is read (an extra reader in the graph can change the computed numbers);
-    ``tf.debugging.enable_check_numerics()`` is the exact but slow alternative there.
+    nothing is read (an extra reader in the graph can change the computed numbers): a
+    compiled training step (a ``tf.function`` that applies the optimizer) is checked on the
+    loss it returns (the value itself, the first item of a tuple, or a dict's ``"loss"``), after
+    the call, so the step and the calling line are named but not the layer; the message says to
+    run it again with ``tf.config.run_functions_eagerly(True)`` (the eager path above then names
+    the layer) or with ``tf.debugging.enable_check_numerics()``, the exact but slow alternative.
 
     ## Why is this bad?
     Once the loss is NaN, every gradient and then every weight becomes NaN; training is

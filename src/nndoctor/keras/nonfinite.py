@@ -44,6 +44,7 @@ class Origin:
     layer: LayerOutcome | None
     samples: int = 0
     batch_seen: bool = True  # the model and the batch it was given are known
+    compiled: bool = False  # the loss a tf.function training step returned: its insides were not seen
 
 
 def _finite(value: Any) -> bool:
@@ -133,6 +134,11 @@ def _no_grad() -> Any:
 def explain(origin: Origin, where: str) -> str:
     """The N101 message for a Keras/TensorFlow run (``where``: "fit" or "the training loop")."""
     head = f"The loss became non-finite (NaN/Inf) at step {origin.step} of {where}."
+    if origin.compiled:
+        return head + (" The step runs as a compiled tf.function, whose batch and layer outputs nndoctor does not "
+                       "read, so the layer that produced it is not known: run it again under nndoctor with "
+                       "tf.config.run_functions_eagerly(True) to have the layer named, or with "
+                       "tf.debugging.enable_check_numerics() to stop at the first op whose output is non-finite.")
     if not origin.batch_seen:
         return head + (" The batch given to the model was not seen (a model called outside the GradientTape, "
                        "or data given to fit as a dataset or generator), so the layer that produced it is not "

@@ -192,7 +192,7 @@ class SharedCodes:
         return "N101" in self.checks
 
     def nonfinite_loss(self, key: object, step: int, location: Any, where: str, model: Any, x: Any,
-                       *, exact: bool) -> None:
+                       *, exact: bool, compiled: bool = False) -> None:
         """N101 once per model/loop: the step, and the first layer whose output is non-finite on ``x``."""
         if not self.wants_nonfinite(key):
             return
@@ -204,12 +204,12 @@ class SharedCodes:
             self.session.internal_error("N101 layer walk", error)
         layer, samples = walked if walked is not None else (None, 0)
         origin = nonfinite.Origin(step=step, walked=walked is not None, exact=exact, layer=layer, samples=samples,
-                                  batch_seen=model is not None and x is not None)
+                                  batch_seen=model is not None and x is not None, compiled=compiled)
         self._emit("N101", nonfinite.explain(origin, where), location, {
             "step": step, "layer": layer.name if layer else None, "layer_class": layer.class_name if layer else None,
             "layer_inputs_finite": layer.inputs_finite if layer else None,
             "layer_weights_finite": layer.weights_finite if layer else None,
-            "failing_batch": exact, "samples_run": samples}, step=step,
+            "failing_batch": exact, "samples_run": samples, "compiled_step": compiled}, step=step,
             fix="fix the layer named in the message (clamp before log/sqrt, e.g. keras.ops.log(keras.ops.maximum(t, "
                 "1e-6)); add an epsilon to divisions; a loss with from_logits=True instead of log of a softmax), "
                 "lower the learning rate or clip gradients (the optimizer's clipnorm=/global_clipnorm=)")

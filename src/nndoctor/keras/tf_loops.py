@@ -172,7 +172,10 @@ class LoopObserver:
         self.last_input = None
         return original(tape, *args, **kwargs)
 
-    def _loss(self, target: Any, caller: Any) -> None:
+    def _loss(self, target: Any, caller: Any, *, compiled: bool = False) -> None:
+        """One training step's scalar loss for L106's series and N101: the target of
+        ``tape.gradient`` in an eager step, or (``compiled``) the scalar a ``tf.function`` training
+        step returned, read after the call."""
         import math
 
         import tensorflow as tf
@@ -192,8 +195,8 @@ class LoopObserver:
             series.add(value, step)
             series.optimizers |= self.optimizers
         if not math.isfinite(value) and shared.wants_nonfinite(key):
-            model, x = (self.last_input[0](), self.last_input[1]) if self.last_input else (None, None)
-            shared.nonfinite_loss(key, step, location, "the training loop", model, x, exact=True)
+            model, x = (self.last_input[0](), self.last_input[1]) if self.last_input and not compiled else (None, None)
+            shared.nonfinite_loss(key, step, location, "the training loop", model, x, exact=True, compiled=compiled)
 
     def _mode_layers(self, layer: Any) -> tuple[str, ...]:
         cached = self.mode_layers.get(layer)
@@ -286,7 +289,7 @@ class LoopObserver:
             result = original(function, *args, **kwargs)
         finally:
             self.functions.pop()
-        self._after_function(function, before, args, kwargs, sys._getframe(2))
+        self._after_function(function, before, args, kwargs, sys._getframe(2), result)
         return result
 
     @staticmethod
@@ -296,7 +299,8 @@ class LoopObserver:
         except Exception:  # noqa: BLE001 - an older or unusual Function: no retracing facts
             return -1
 
-    def _after_function(self, function: Any, before: int, args: tuple, kwargs: dict, caller: Any) -> None:
+    def _after_function(self, function: Any, before: int, args: tuple, kwargs: dict, caller: Any,
+                        result: Any) -> None:
         stop = False
         try:
             if self.retracing is not None and before >= 0:
@@ -304,6 +308,9 @@ class LoopObserver:
             ref = self.step_functions.get(function)
             optimizer = ref() if ref is not None else None
             if optimizer is not None:
+                loss = _returned_loss(result) if self.observer.shared is not None else None
+                if loss is not None:  # before the step is counted, as tape.gradient's target in an eager step
+                    self._loss(loss, caller, compiled=True)
                 self.session.count_step(optimizer)
                 stop = self.session.should_stop()
         except Exception as error:  # noqa: BLE001 - observer rule
@@ -341,6 +348,19 @@ class LoopObserver:
         if not named:
             named = {f"#{i}": value for i, value in enumerate(args)} | dict(kwargs)
         return {name: _describe_value(value) for name, value in named.items()}
+
+
+def _returned_loss(result: Any) -> Any:
+    """The loss a compiled training step returned: the result itself, the first item of a tuple or
+    list, or a dict's ``"loss"``, when that is one scalar float tensor; None otherwise."""
+    if isinstance(result, dict):
+        result = result.get("loss")
+    elif isinstance(result, (tuple, list)) and result:
+        result = result[0]
+    shape, dtype = getattr(result, "shape", None), getattr(result, "dtype", None)
+    if shape is None or getattr(shape, "rank", None) != 0 or not getattr(dtype, "is_floating", False):
+        return None
+    return result
 
 
 def _dense(gradient: Any) -> Any:
