@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--data", choices=("tfdata", "numpy"), default="tfdata")
     parser.add_argument("--model", choices=tuple(INPUT_SHAPES), default="mlp")
+    parser.add_argument("--image-size", type=int, default=32, help="the CNN's input side (images are N×S×S×3)")
     parser.add_argument("--clock", choices=CLOCKS, default="wall",
                         help="the clock of the headline ratio (both are measured and written): wall time, or "
                              "cpu: the process's CPU time over all threads, which time other jobs take from a "
@@ -139,6 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     global MODEL
     MODEL = args.model
+    INPUT_SHAPES["cnn"] = (args.image_size, args.image_size, 3)
     import keras  # first: on the torch backend it imports torch, which crashes if TensorFlow came first
 
     device = "CPU"
@@ -175,6 +177,7 @@ def main() -> None:
     result = {
         "backend": keras.config.backend(), "tensorflow": tf.__version__ if tf is not None else None,
         "keras": keras.__version__, "device": device, "data": args.data, "model": args.model,
+        "input_shape": INPUT_SHAPES[args.model],
         "cpu_threads": os.cpu_count(), "threads": args.threads, "load_average": os.getloadavg(),
         "rounds": args.rounds,
         "samples": args.samples, "batch": args.batch, "epochs": args.epochs,
