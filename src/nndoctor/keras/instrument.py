@@ -272,7 +272,7 @@ class KerasObserver:
         keep = LOSS_LAG if not flush and value is not None and _on_accelerator(value) else 0
         while len(call.lagged) > keep:
             batch_, step, loss = call.lagged.pop(0)
-            self.training_loss(model, batch_, {"loss": float(loss)}, step)
+            self.training_loss(model, batch_, float(loss), step)
 
     def _batch_loss(self, model: Any, call: _Call) -> Any:
         """The running mean of the loss after the batch just finished: the scalar fit's train function
@@ -321,17 +321,16 @@ class KerasObserver:
         if getattr(getattr(model, "train_function", None), "__wrapped__", None) is original:
             model.train_function = original
 
-    def training_loss(self, model: Any, batch: int, logs: Any, step: int) -> None:
+    def training_loss(self, model: Any, batch: int, value: float, step: int) -> None:
         """One training batch's ``logs["loss"]`` (the epoch's running mean), after ``step`` steps."""
         call = self.calls[-1] if self.calls else None
-        value = logs.get("loss") if isinstance(logs, dict) else None
-        if self.shared is None or call is None or call.phase != "fit" or not isinstance(value, (int, float)):
+        if self.shared is None or call is None or call.phase != "fit":
             return
         if not math.isfinite(value) and self.shared.wants_nonfinite(id(model)):
             x = call.x_ref() if call.x_ref is not None else None
             self.shared.nonfinite_loss(id(model), step, call.location, "fit", model, x, exact=False)
         if call.means is not None:
-            call.means.append((int(batch), float(value)))
+            call.means.append((int(batch), value))
 
     def _after_fit(self, model: Any, record: _Call) -> None:
         if self.shared is None:

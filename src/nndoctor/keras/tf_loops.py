@@ -351,15 +351,12 @@ class LoopObserver:
 
 
 def _returned_loss(result: Any) -> Any:
-    """The loss a compiled training step returned: the result itself, the first item of a tuple or
-    list, or a dict's ``"loss"``, when that is one scalar float tensor; None otherwise."""
+    """Where a compiled training step returns its loss: the result itself, the first item of a tuple
+    or list, or a dict's ``"loss"`` (``_loss`` keeps it only when it is one scalar float tensor)."""
     if isinstance(result, dict):
-        result = result.get("loss")
-    elif isinstance(result, (tuple, list)) and result:
-        result = result[0]
-    shape, dtype = getattr(result, "shape", None), getattr(result, "dtype", None)
-    if shape is None or getattr(shape, "rank", None) != 0 or not getattr(dtype, "is_floating", False):
-        return None
+        return result.get("loss")
+    if isinstance(result, (tuple, list)):
+        return result[0] if result else None
     return result
 
 
