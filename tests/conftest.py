@@ -12,12 +12,24 @@ import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
+# One intra-op thread in every test process and the processes it starts. A float reduction split
+# over N threads adds its partial sums in an order that depends on N (and on the machine's core
+# count), and a snapshot prints those digits: pinned, `OMP_NUM_THREADS=4 pytest` and a 2-core CI
+# machine print the same text. It is also the fastest setting for `pytest -n 2` on 2 cores (each
+# worker's threads would otherwise compete with the other worker's).
+TEST_THREADS = "1"
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = TEST_THREADS
+
 # Import order guard: with TensorFlow 2.21 and triton in one process, importing triton *after*
 # TensorFlow crashes the interpreter (segmentation fault in triton/knobs.py), while the other
 # order works. Keras on the torch backend and torch.compile import torch._dynamo, hence triton;
 # so every test worker imports it before any test brings TensorFlow in.
 with contextlib.suppress(ImportError):
     import torch._dynamo  # noqa: F401
+with contextlib.suppress(ImportError):
+    import torch
+
+    torch.set_num_threads(int(TEST_THREADS))
 
 # dynamo's recompile limits as torch ships them: a library may change them at import (timm's
 # optimizers set cache_size_limit to 1,000,000), which would change what P113 reports for every

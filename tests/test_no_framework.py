@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests import childproc
 
 CHILD = textwrap.dedent(r'''
     import contextlib, io, json, sys
@@ -86,8 +87,7 @@ CHILD = textwrap.dedent(r'''
 def test_commands_without_any_framework(tmp_path):
     log = Path(__file__).parent / "explain" / "pasted" / "backtick_oom_no_space.txt"
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(log)], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=tmp_path)
+    done = childproc.run([sys.executable, "-c", CHILD, str(tmp_path), str(log)], timeout=300, env=env, cwd=tmp_path)
     marker = next((line for line in done.stdout.splitlines() if line.startswith("RESULTS")), None)
     assert marker is not None, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(marker[len("RESULTS"):])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 from conftest import codes, sha256
+
+from tests import childproc
 
 
 def test_container_recognised(tmp_path, net, run_json):
@@ -117,8 +118,7 @@ def test_keras_weights_inspected_with_h5py_only(tmp_path):
     path = tmp_path / "w.weights.h5"
     _write_keras3_weights(path)
     before = sha256(path)
-    result = subprocess.run([sys.executable, "-c", _keras_free_script(str(path))], capture_output=True,
-                            text=True, env={**os.environ, "KERAS_BACKEND": "torch"}, timeout=120)
+    result = childproc.run([sys.executable, "-c", _keras_free_script(str(path))], env={**os.environ, "KERAS_BACKEND": "torch"}, timeout=120)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     keys = data["extra"]["checkpoint"]["state_dicts"][0]["keys"]

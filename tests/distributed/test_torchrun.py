@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import childproc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -27,7 +28,7 @@ def torchrun(tmp_path, script, *options, nproc=2, script_args=(), no_python=Fals
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                *nndoctor, "run", "--json", str(tmp_path / "report.json"), *options,
                str(FIXTURES / script), *script_args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    result = childproc.run(command, cwd=tmp_path, env=env, timeout=300)
     report = json.loads((tmp_path / "report.json").read_text()) if (tmp_path / "report.json").exists() else None
     return result, report
 
@@ -81,7 +82,7 @@ def test_fail_on_is_decided_once_by_rank_zero(tmp_path):
 def test_wrapping_the_launcher_is_refused_with_the_supported_form(tmp_path):
     command = [sys.executable, "-m", "nndoctor", "run", "-m", "torch.distributed.run",
                "--nproc_per_node", "2", "train.py"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    result = childproc.run(command, cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert "torchrun --nproc_per_node N -m nndoctor run" in result.stderr
     assert "No problems found" not in result.stderr

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 from nndoctor.watchdog import format_stack
+from tests import childproc
 
 PAUSING = textwrap.dedent('''
     import time
@@ -46,10 +46,10 @@ def test_stall_is_reported_and_the_run_goes_on(tmp_path):
     script.write_text(PAUSING)
     env = dict(os.environ)
     env.pop("NNDOCTOR_STALL_SECONDS", None)
-    result = subprocess.run(
+    result = childproc.run(
         [sys.executable, "-m", "nndoctor", "run", "--stall-seconds", "1.5", "--select", "R104",
          "--json", str(tmp_path / "r.json"), str(script)],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+        cwd=tmp_path, env=env, timeout=300)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "completed" and report["steps"] == 6  # it kept waiting, then finished
     (stall,) = report["findings"]

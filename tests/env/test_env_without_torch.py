@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import childproc
+
 # One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
 pytestmark = pytest.mark.xdist_group("env_without_torch")
 
@@ -42,8 +44,7 @@ def torchless_python(tmp_path_factory):
 def test_env_runs_and_reports_without_pytorch(torchless_python, tmp_path):
     python, path = torchless_python
     env = {**os.environ, "PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([str(python), "-m", "nndoctor", "env", "--json", "-"], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=120)
+    done = childproc.run([str(python), "-m", "nndoctor", "env", "--json", "-"], env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     frameworks = report["extra"]["environment"]["frameworks"]
@@ -58,7 +59,6 @@ def test_explain_and_checks_run_without_pytorch(torchless_python, tmp_path):
     env = {**os.environ, "PYTHONPATH": path}
     log = tmp_path / "log.txt"
     log.write_text("AssertionError: Torch not compiled with CUDA enabled\n")
-    done = subprocess.run([str(python), "-m", "nndoctor", "explain", str(log)], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = childproc.run([str(python), "-m", "nndoctor", "explain", str(log)], env=env, timeout=120)
     assert "V102 cpu-only-build" in done.stdout, done.stdout + done.stderr
     assert sys.version_info >= (3, 10)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import childproc
 from tests.conftest import FIXTURES, expected_lines
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow not installed"),
@@ -57,8 +57,8 @@ EVIDENCE = {
 def results() -> dict:
     paths = [str(p) for p in tf_crash_fixtures() + CORRECT]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "tests.explain.tf_crash_runner", *paths], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = childproc.run([sys.executable, "-m", "tests.explain.tf_crash_runner", *paths], cwd=ROOT, env=env,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import childproc
+
 # ---------------------------------------------------------------------------------------------
 # Pickle payloads written opcode by opcode, for every protocol.
 
@@ -122,8 +124,8 @@ def prove_payloads(files: dict[str, Path], tmp: Path) -> dict[str, str]:
     """Unpickle each file in a throwaway subprocess (cwd ``tmp``); only ever for self-tests."""
     listing = tmp / "payloads.json"
     listing.write_text(json.dumps({k: str(v) for k, v in files.items()}))
-    done = subprocess.run([sys.executable, "-c", PROVE_SCRIPT, str(listing), str(EXT_CODE)], cwd=tmp,
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    done = childproc.run([sys.executable, "-c", PROVE_SCRIPT, str(listing), str(EXT_CODE)], cwd=tmp,
+                          timeout=60, stdin=subprocess.DEVNULL)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,6 +24,7 @@ from nndoctor.errors import UsageError
 from nndoctor.findings import Finding, InternalError, Location, Report, Severity
 from nndoctor.report import render_json, render_text, write_json
 from nndoctor.report.terminal import render_to
+from tests import childproc
 from tests.conftest import FIXTURES
 
 # Every raw control character a terminal acts on, besides the newline and tab nndoctor prints.
@@ -166,7 +166,7 @@ def test_dev_stdout_redirected_to_a_file_gets_the_report_appended(capfd):
 def test_dev_stdout_as_a_pipe_receives_the_json():
     code = ("from nndoctor.findings import Report; from nndoctor.report import write_json; "
             "write_json(Report(command=['piped']), '/dev/stdout')")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = childproc.run([sys.executable, "-c", code], timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["command"] == ["piped"]
 
@@ -177,7 +177,7 @@ def test_closed_stdout_path_is_an_error_not_a_new_file_in_dev():
             "os.close(1)\n"
             "try:\n    write_json(Report(), '/dev/stdout')\n"
             "except OSError as error:\n    print('refused:', error, file=sys.stderr)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = childproc.run([sys.executable, "-c", code], timeout=60)
     assert "refused:" in result.stderr and "the stream is closed" in result.stderr, result.stderr
     assert os.path.islink("/dev/stdout")
     assert not [p for p in os.listdir("/dev") if p.startswith(".stdout.")]

@@ -25,6 +25,7 @@ from nndoctor.report import render_json, render_text
 from nndoctor.runner import Target, run_target
 from nndoctor.runner_cli import exit_status
 from nndoctor.tracebacks import strip_own_frames
+from tests import childproc
 from tests.conftest import run_script
 
 RAW_CONTROLS = {chr(c) for c in range(0x20) if chr(c) not in "\n\t"} | {"\x7f"}
@@ -71,12 +72,14 @@ def _spawn(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path]:
     process = subprocess.Popen(
         [sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script), mode],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=childproc.child_env(),
     )
     return process, out
 
 
 def _wait_for_line(process: subprocess.Popen, expected: str, timeout: float = 120) -> list[str]:
     lines: list[str] = []
+    timeout = childproc.scaled(timeout)
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
@@ -89,21 +92,21 @@ def _wait_for_line(process: subprocess.Popen, expected: str, timeout: float = 12
             lines.append(line)
             if line.strip() == expected:
                 return lines
-    process.kill()
-    raise AssertionError(f"the script never printed {expected!r}: {lines} {process.stderr.read()}")
+    raise AssertionError(f"the script never printed {expected!r} (printed {lines})") from \
+        childproc.explain_timeout(process, timeout, process.args)
 
 
 def _finish(process: subprocess.Popen, since: float, limit: float = 60) -> tuple[str, str]:
     """Wait for the process (bounded), check its terminal output is clean; (stdout, stderr)."""
-    stdout, err = process.communicate(timeout=limit)
-    assert time.monotonic() - since < limit
+    stdout, err = childproc.communicate(process, limit)
+    assert time.monotonic() - since < childproc.scaled(limit)
     assert not RAW_CONTROLS & set(err) and "Traceback" not in err, err
     return stdout, err
 
 
 def _assert_sound(report: Report, status: str, exit_code: int, since: float, limit: float = 60) -> None:
     """Bounded time, the documented exit status, a valid JSON report, a clean terminal report."""
-    assert time.monotonic() - since < limit
+    assert time.monotonic() - since < childproc.scaled(limit)
     assert report.status == status, report.traceback
     assert exit_status(report, None) == exit_code
     assert json.loads(render_json(report))["status"] == status
@@ -178,8 +181,8 @@ def test_a_raw_fork_that_runs_on_does_not_overwrite_the_report(tmp_path):
     out = tmp_path / "r.json"
     started = time.monotonic()
     # capture_output waits for the child too: it holds the same pipes until it exits.
-    result = subprocess.run([sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script)],
-                            capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    result = childproc.run([sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script)],
+                           timeout=180, cwd=tmp_path)
     assert time.monotonic() - started < 180
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("nndoctor ·") == 1, result.stderr  # one report, the parent's
@@ -224,7 +227,7 @@ def test_ignored_signals_stay_ignored_for_the_programs_the_script_starts(tmp_pat
         import json, signal, subprocess, sys
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         probe = "import signal; print(int(signal.getsignal(signal.SIGHUP)), int(signal.getsignal(signal.SIGTERM)))"
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+        out = childproc.run([sys.executable, "-c", probe], timeout=60).stdout
         json.dump({{"here": repr(signal.getsignal(signal.SIGHUP)), "child": out.split()}}, open({str(seen)!r}, "w"))
     '''))
     hup_before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
@@ -372,8 +375,8 @@ def test_closed_stdout_and_none_stderr_do_not_crash_or_redirect_the_report(tmp_p
             opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
     '''))
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "nndoctor", "run", "--json", "-", str(script)],
-                            capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    result = childproc.run([sys.executable, "-m", "nndoctor", "run", "--json", "-", str(script)],
+                           timeout=180, cwd=tmp_path)
     assert time.monotonic() - started < 180
     assert result.returncode == 0, result.stderr
     assert not RAW_CONTROLS & set(result.stderr)

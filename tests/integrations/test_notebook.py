@@ -10,11 +10,12 @@ from __future__ import annotations
 import html
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests import childproc
 
 pytest.importorskip("IPython")
 
@@ -64,8 +65,7 @@ def test_watch_renders_one_html_block_with_cell_locations(tmp_path):
     driver.write_text(DRIVER)
     env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython"),
            "JPY_SESSION_NAME": "/home/me/work/train-mnist.ipynb"}
-    result = subprocess.run([sys.executable, str(driver), str(tmp_path)], capture_output=True, text=True,
-                            timeout=300, env=env)
+    result = childproc.run([sys.executable, str(driver), str(tmp_path)], timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert "L101" in data["codes"]

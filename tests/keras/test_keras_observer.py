@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import runpy
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests import childproc
 from tests.conftest import FIXTURES, run_script
 
 pytest.importorskip("keras")
@@ -52,7 +52,7 @@ def test_nndoctor_does_not_import_keras_for_a_script_that_does_not(tmp_path):
     code = ("import sys; from tests.conftest import run_script; "
             f"r = run_script({str(script)!r}); "
             "print('keras' in sys.modules, r.status)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(),
+    result = childproc.run([sys.executable, "-c", code], env=_env(),
                             cwd=FIXTURES.parents[1], timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "completed"]
@@ -63,8 +63,8 @@ def test_cli_patches_keras_imported_by_the_script(tmp_path):
     """`nndoctor run` on a script that imports Keras itself (the post-import hook path)."""
     out = tmp_path / "report.json"
     script = FIXTURES / "keras" / "buggy_softmax_from_logits.py"
-    result = subprocess.run([sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script)],
-                            capture_output=True, text=True, env=_env(), timeout=300)
+    result = childproc.run([sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script)],
+                            env=_env(), timeout=300)
     data = json.loads(out.read_text())
     assert result.returncode == 1, result.stderr
     assert [f["code"] for f in data["findings"]] == ["K101"]

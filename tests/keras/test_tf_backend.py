@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from nndoctor.findings import Severity
 from nndoctor.registry import all_checks
+from tests import childproc
 from tests.conftest import FIXTURES, expected_lines
 
 # One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
@@ -38,8 +38,8 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tf") / "results.json"
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
-    done = subprocess.run([sys.executable, "-m", "tests.keras.tf_backend_runner", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    done = childproc.run([sys.executable, "-m", "tests.keras.tf_backend_runner", str(out)], cwd=ROOT, env=env,
+                          timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     data = json.loads(out.read_text())
     assert data["backend"] == "tensorflow"

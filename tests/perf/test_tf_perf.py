@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from nndoctor.perf.tf_diagnosis import classify_tf, tf_breakdown
 from nndoctor.perf.tf_trials import split_tries
 from nndoctor.perf.timeline import StepRecord
 from nndoctor.perf.trials import parse_tries
+from tests import childproc
 from tests.conftest import FIXTURES
 
 # One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
@@ -74,8 +74,8 @@ def tf_perf():
     pytest.importorskip("tensorflow")
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("tf_perf_runner.py")),
-                           str(FIXTURES / "perf_tf")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    done = childproc.run([sys.executable, str(Path(__file__).with_name("tf_perf_runner.py")),
+                           str(FIXTURES / "perf_tf")], env=env, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout.strip().splitlines()[-1])
     assert data["torch_imported"] is False  # nothing in the TensorFlow perf path imports torch

@@ -4,7 +4,6 @@ official OASIS schema shipped in tests/report/schemas), and the CLI wiring of al
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from nndoctor.findings import Finding, Location, Report, Severity, Suppressed
 from nndoctor.report.concise import render_concise
 from nndoctor.report.github import github_line, render_github
 from nndoctor.report.sarif import sarif_log
+from tests import childproc
 
 SCHEMA = Path(__file__).parent / "schemas" / "sarif-schema-2.1.0.json"
 
@@ -81,8 +81,7 @@ def nndoctor(*args, cwd=None, env=None):
     import os
 
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "nndoctor", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, env=full_env)
+    return childproc.run([sys.executable, "-m", "nndoctor", *args], cwd=cwd, timeout=300, env=full_env)
 
 
 SCRIPT = '''\

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
+from tests import childproc
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.e2e
 
 
 def nndoctor(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "nndoctor", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return childproc.run([sys.executable, "-m", "nndoctor", *args], cwd=cwd, timeout=300)
 
 
 def test_run_reports_findings_writes_json_and_fails_on_error(tmp_path):

@@ -4,10 +4,11 @@ must see the sys.path plain `python` gives it, and R102 must still name the shad
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
+
+from tests import childproc
 
 pytestmark = pytest.mark.e2e
 
@@ -23,8 +24,8 @@ def test_start_from_a_folder_with_inspect_py(tmp_path):
     (sub / "inspect.py").write_text(POISON.format(name="inspect"))
     (sub / "train.py").write_text("import os, sys\nprint('path0', sys.path[0])\n"
                                   "print('cwd on path', os.getcwd() in sys.path or '' in sys.path)\n")
-    result = subprocess.run([sys.executable, "-m", "nndoctor", "run", "--fail-on", "never", "sub/train.py"],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    result = childproc.run([sys.executable, "-m", "nndoctor", "run", "--fail-on", "never", "sub/train.py"],
+                            cwd=tmp_path, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "was imported" not in output

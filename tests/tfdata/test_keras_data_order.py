@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import childproc
 
 # One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
 pytestmark = pytest.mark.xdist_group("keras_data_order")
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def cases():
     env = {**os.environ, "KERAS_BACKEND": "tensorflow",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("keras_order_child.py"))],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    done = childproc.run([sys.executable, str(Path(__file__).with_name("keras_order_child.py"))],
+                          env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

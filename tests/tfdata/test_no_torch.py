@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import childproc
 from tests.conftest import FIXTURES
 
 pytest.importorskip("tensorflow")
@@ -57,8 +58,8 @@ def test_keras_doctor_runs_without_torch(tmp_path):
     python = venv_without_torch(tmp_path)
     env = {**os.environ, "KERAS_BACKEND": "tensorflow",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    done = subprocess.run([str(python), str(Path(__file__).with_name("no_torch_child.py")), str(SCRIPT)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    done = childproc.run([str(python), str(Path(__file__).with_name("no_torch_child.py")), str(SCRIPT)],
+                          env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["prefix"] != result["base_prefix"]  # really the venv's interpreter

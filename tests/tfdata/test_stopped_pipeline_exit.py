@@ -6,12 +6,12 @@ stopped iterator was still held by the ``StopRun`` traceback when nndoctor colle
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import childproc
 from tests.conftest import FIXTURES
 
 pytest.importorskip("tensorflow")
@@ -25,10 +25,10 @@ def test_a_run_stopped_inside_a_numpy_function_pipeline_exits(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     script = FIXTURES / "tfdata" / "keras_tf_backend_fit.py"
     try:
-        done = subprocess.run([sys.executable, "-m", "nndoctor", "run", "--max-steps", "5", "--json",
-                               str(tmp_path / "report.json"), str(script), str(tmp_path / "weights.npz")],
-                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=150)
-    except subprocess.TimeoutExpired:
-        pytest.fail("nndoctor run --max-steps did not exit after a stopped tf.data pipeline")
+        done = childproc.run([sys.executable, "-m", "nndoctor", "run", "--max-steps", "5", "--json",
+                              str(tmp_path / "report.json"), str(script), str(tmp_path / "weights.npz")],
+                             env=env, cwd=tmp_path, timeout=150)
+    except childproc.ChildTimedOut as hung:
+        pytest.fail(f"nndoctor run --max-steps did not exit after a stopped tf.data pipeline: {hung}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "stopped after 5 optimizer steps" in done.stderr + done.stdout
