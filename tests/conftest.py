@@ -109,6 +109,7 @@ def pytest_configure_node(node):
     node.workerinput["nndoctor_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads --dist and --max-worker-restart
 def pytest_configure(config):
     # ``pytest -n N`` distributes with ``loadgroup``: a module marked ``xdist_group`` runs on one
     # worker, so its module-scoped subprocess (the TensorFlow runners) runs once, not per worker.
@@ -118,6 +119,12 @@ def pytest_configure(config):
         option.dist = "loadgroup"
     if getattr(config, "workerinput", {}).get("nndoctor_loadgroup"):
         option.loadgroup = True  # what xdist sets in a worker started with --dist loadgroup
+    # A worker that dies (a segfault, the OOM killer) ends the run, naming the test it was running.
+    # xdist's default is to replace it, and with --dist loadgroup the replacement hangs the
+    # controller forever (pytest-dev/pytest-xdist#1323, #1327: it is re-sent work units whose
+    # tests all ran; the fixes are not in a release as of 3.8.0).
+    if hasattr(option, "maxworkerrestart") and option.maxworkerrestart is None:
+        option.maxworkerrestart = "0"
     # One switch for every way of running the tests (xdist workers inherit the environment).
     if config.getoption("--snapshot-update", default=False):
         from tests.snapshot import UPDATE_ENV

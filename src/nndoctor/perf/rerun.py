@@ -18,6 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
+from nndoctor.perf import warm_launcher
 from nndoctor.perf.timeline import speedup_verdict
 
 # Relative change of the final loss allowed for each change beyond the baseline's own
@@ -71,20 +72,32 @@ def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str
     with tempfile.TemporaryDirectory(prefix="nndoctor-try-") as folder:
         out = os.path.join(folder, "result.json")
         log = os.path.join(folder, "log.txt")
-        with open(log, "w") as handle:
-            try:
-                done = subprocess.run(child_command(target, changes, warmup, steps, out, min_steps, child), cwd=cwd,
-                                      stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      timeout=CHILD_TIMEOUT_S, check=False)
-            except subprocess.TimeoutExpired:
-                return {"error": f"the re-run did not finish within {CHILD_TIMEOUT_S:.0f} s "
-                                 "(NNDOCTOR_TRY_TIMEOUT)"}
+        command = child_command(target, changes, warmup, steps, out, min_steps, child)
+        try:
+            returncode = _launch(command, child, cwd, log)
+        except subprocess.TimeoutExpired:
+            return {"error": f"the re-run did not finish within {CHILD_TIMEOUT_S:.0f} s "
+                             "(NNDOCTOR_TRY_TIMEOUT)"}
         if os.path.exists(out):
             with open(out) as handle:
                 return json.load(handle)
         with open(log, errors="replace") as handle:
             tail = handle.read()[-_STDERR_TAIL:].strip().splitlines()
-        return {"error": f"the re-run exited with status {done.returncode}: {tail[-1] if tail else 'no output'}"}
+        return {"error": f"the re-run exited with status {returncode}: {tail[-1] if tail else 'no output'}"}
+
+
+def _launch(command: list[str], child: str, cwd: str, log: str) -> int:
+    """Run ``python -m child ARGS`` (``command``): forked from a warm helper that has torch
+    imported when it can be (warm_launcher), else in a fresh process; its return code."""
+    if warm_launcher.enabled(child):
+        try:
+            return warm_launcher.launcher_for(child).run(command[3:], cwd, log, CHILD_TIMEOUT_S)
+        except warm_launcher.LauncherFailed:
+            pass  # the same re-run in a fresh process
+    with open(log, "w") as handle:
+        done = subprocess.run(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=CHILD_TIMEOUT_S, check=False)
+    return done.returncode
 
 
 def _median(values: list[float | None]) -> float | None:
