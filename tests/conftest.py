@@ -102,6 +102,61 @@ def run():
 def pytest_addoption(parser):
     parser.addoption("--snapshot-update", action="store_true", default=False,
                      help="rewrite tests/snapshots/ with what users read now (see tests/snapshot.py)")
+    parser.addoption("--record-durations", action="store_true", default=False,
+                     help=f"store each test's time in {DURATIONS.name} (which marks tests slow)")
+
+
+# -- slow tests ------------------------------------------------------------------------------------
+# The inner loop is ``pytest -m "not slow"``. Which tests are slow is measured, not guessed: a run
+# with --record-durations (on a quiet 2-core machine, `pytest -n 2`) stores every test's setup +
+# call + teardown seconds in tests/durations.json; a test over SLOW_S there is marked ``slow``, and
+# so is every test of a module whose setups add up to over SLOW_S (a module-scoped subprocess or
+# model that any of its tests would pay). Tests missing from the file are not marked.
+DURATIONS = Path(__file__).parent / "durations.json"
+SLOW_S = 5.0
+_recorded: dict[str, dict[str, float]] = {}
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    if not DURATIONS.exists():
+        return
+    import json
+
+    durations = json.loads(DURATIONS.read_text())
+    slow_modules = {module for module, total in _setup_totals(durations).items() if total > SLOW_S}
+    for item in items:
+        if durations.get(item.nodeid, {}).get("total", 0.0) > SLOW_S or _module_of(item.nodeid) in slow_modules:
+            item.add_marker(pytest.mark.slow)
+
+
+def _setup_totals(durations: dict) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for nodeid, times in durations.items():
+        totals[_module_of(nodeid)] = totals.get(_module_of(nodeid), 0.0) + times.get("setup", 0.0)
+    return totals
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call", "teardown"):
+        _recorded.setdefault(report.nodeid, {})[report.when] = report.duration
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    if not config.getoption("--record-durations") or hasattr(config, "workerinput"):
+        return  # the controller (or a run without xdist) writes the file
+    import json
+
+    durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    for nodeid, times in _recorded.items():
+        durations[nodeid] = {"setup": round(times.get("setup", 0.0), 2), "total": round(sum(times.values()), 2)}
+    # one test a line: a re-recording reads as a diff of the tests whose time changed
+    lines = [f"{json.dumps(nodeid)}: {json.dumps(times)}" for nodeid, times in sorted(durations.items())]
+    DURATIONS.write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
 
 @pytest.hookimpl(optionalhook=True)
