@@ -77,7 +77,7 @@ def rerun_quietly(target: Target, args: argparse.Namespace, edited: list[str]) -
 
 def _summary(edits: list[Edit], *, wrote: bool, verified: bool) -> list[str]:
     lines = []
-    for edit in edits:
+    for edit in sorted(edits, key=lambda e: (e.display_path, e.line_range)):
         start, _ = edit.line_range
         where = f"{edit.display_path}:{start}"
         if edit.is_suggestion:
@@ -140,16 +140,26 @@ def fix_files(edits: list[Edit], baseline: Report, *, write: bool, verify: bool,
 
     Returns the report that judges the result: the verification run, or the first run without
     the findings whose edits were written."""
-    from nndoctor.fix.verify import verify as verify_edits
-
     active = [e for e in edits if not e.is_suggestion]
     paths = sorted({e.path for e in active})
     originals = {path: read_source(path) for path in paths}
-    for path in paths:
-        mine = [e for e in active if e.path == path]
-        diff = unified_diff(path, originals[path], patched(originals[path], mine), mine[0].display_path)
-        if stream is not None and diff:
-            stream.write(diff)
+    try:
+        return _apply(active, paths, originals, baseline, write=write, verify=verify, keep_backup=keep_backup,
+                      rerun=rerun)
+    finally:
+        # The diff of what is proposed, or (after --verify) of what was kept.
+        for path in paths:
+            mine = [e for e in active if e.path == path and e.status != ROLLED_BACK]
+            diff = unified_diff(path, originals[path], patched(originals[path], mine), active[0].display_path
+                                if not mine else mine[0].display_path)
+            if stream is not None and diff:
+                stream.write(diff)
+
+
+def _apply(active: list[Edit], paths: list[str], originals: dict[str, str], baseline: Report, *,
+           write: bool, verify: bool, keep_backup: bool, rerun) -> Report:
+    from nndoctor.fix.verify import verify as verify_edits
+
     if not write or not active:
         return baseline
     for path in paths:

@@ -30,17 +30,20 @@ def loss_call(ctx: FixContext, statement: Any, functions: set[str], classes: set
 
 def activation_input(ctx: FixContext, node: Any, activations: set[str]) -> Any | None:
     """For ``F.softmax(x, …)``, ``torch.softmax(x, …)`` or ``x.softmax(…)``: the node ``x``."""
-    if not isinstance(node, ctx.cst.Call):
+    cst = ctx.cst
+    if not isinstance(node, cst.Call):
         return None
-    name = call_name(node) or ""
-    last = name.rsplit(".", 1)[-1]
-    if last not in activations:
+    first = node.args[0].value if node.args and node.args[0].keyword is None else None
+    if isinstance(node.func, cst.Name):
+        return first if node.func.value in activations else None
+    if not (isinstance(node.func, cst.Attribute) and node.func.attr.value in activations):
         return None
-    prefix = name.rsplit(".", 1)[0] if "." in name else ""
-    if prefix in ("F", "torch", "nn.functional", "torch.nn.functional", "functional") or not prefix:
-        return node.args[0].value if node.args and node.args[0].keyword is None else None
-    # a method on a tensor: model(x).softmax(dim=1)
-    return node.func.value if isinstance(node.func, ctx.cst.Attribute) else None
+    if dotted(node.func.value) in _FUNCTION_MODULES:
+        return first
+    return node.func.value  # a tensor method: model(x).softmax(dim=1)
+
+
+_FUNCTION_MODULES = {"F", "torch", "nn.functional", "torch.nn.functional", "functional", "torch.special"}
 
 
 def _only_monotone_uses(ctx: FixContext, model: str, loss: Any) -> None:

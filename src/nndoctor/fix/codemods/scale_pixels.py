@@ -18,7 +18,7 @@ def _becomes_float(ctx: FixContext, node: Any) -> bool:
     method = node.func.attr.value
     if method == "float" and not node.args:
         return True
-    return method in ("to", "type") and any("float" in ctx.code(a.value) for a in node.args)
+    return method in ("to", "type", "astype") and any("float" in ctx.code(a.value) for a in node.args)
 
 
 def _divided(ctx: FixContext, node: Any) -> Any:
@@ -29,6 +29,10 @@ def propose(ctx: FixContext) -> tuple[str, str]:
     statement = ctx.statement_at()
     models = ctx.model_names()
     calls = [c for c in ctx.calls(statement) if dotted(c.func) in models and c.args]
+    if not calls:  # Keras: model.fit(x, y, ...)
+        calls = [c for c in ctx.calls(statement) if isinstance(c.func, ctx.cst.Attribute)
+                 and c.func.attr.value in ("fit", "train_on_batch") and c.args]
+        models = {dotted(c.func.value) for c in calls}
     if len(calls) != 1:
         raise Uncertain(f"{'no' if not calls else 'more than one'} call of the trained model on this line")
     arg = calls[0].args[0]
@@ -59,7 +63,9 @@ def propose(ctx: FixContext) -> tuple[str, str]:
                         "scale the pixels to 0..1 in the Dataset's __getitem__, where they become floats")
             if len(made) > 1:
                 raise Uncertain("more than one value becomes float in __getitem__: which are the pixels?")
-    other_calls = [c for c in ctx.calls() if dotted(c.func) in models and c is not calls[0]]
+    other_calls = [c for c in ctx.calls() if c is not calls[0] and (
+        dotted(c.func) in models or (isinstance(c.func, ctx.cst.Attribute) and dotted(c.func.value) in models
+                                     and c.func.attr.value in ("fit", "predict", "evaluate")))]
     if other_calls:
         raise Uncertain(f"the model is also called at line {ctx.start(other_calls[0])}: scaling this input "
                         "alone would give it two input ranges; scale where the data is loaded")

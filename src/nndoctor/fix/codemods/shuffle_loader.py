@@ -13,6 +13,9 @@ SAFE = True
 def _loader_call(ctx: FixContext, statement: Any) -> Any:
     cst = ctx.cst
     here = [c for c in ctx.calls(statement) if (call_name(c) or "").endswith("DataLoader")]
+    # Keras: model.fit(x, y, shuffle=False)
+    here += [c for c in ctx.calls(statement) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "fit"
+             and keyword(c, "shuffle") is not None]
     if len(here) == 1:
         return here[0]
     if not isinstance(statement, cst.For):
@@ -42,5 +45,7 @@ def propose(ctx: FixContext) -> tuple[str, str]:
     if isinstance(shuffle.value, ctx.cst.Name) and shuffle.value.value == "False":
         new = call.with_changes(args=[a.with_changes(value=ctx.cst.Name("True")) if a is shuffle else a
                                       for a in call.args])
-        return ctx.replace(call, new), "shuffle the training DataLoader"
+        what = "fit's batches" if isinstance(call.func, ctx.cst.Attribute) and call.func.attr.value == "fit" \
+            else "the training DataLoader"
+        return ctx.replace(call, new), f"shuffle {what}"
     raise Uncertain(f"shuffle={ctx.code(shuffle.value)} is computed: set it to True for training")
