@@ -16,6 +16,9 @@ def loss_call(ctx: FixContext, statement: Any, functions: set[str], classes: set
         if name.rsplit(".", 1)[-1] in functions:
             found.append(call)
             continue
+        if (call_name(call.func) or "").rsplit(".", 1)[-1] in classes:  # nn.CrossEntropyLoss()(out, y)
+            found.append(call)
+            continue
         if isinstance(call.func, ctx.cst.Name):
             try:
                 built = ctx.assignment_before(call.func.value, ctx.start(call))
