@@ -10,7 +10,14 @@ import jsonschema
 
 from nndoctor.findings import Finding, Location, Report, Severity
 from nndoctor.fix.cli import fix_files
-from nndoctor.fix.edit import ROLLED_BACK, SUGGESTION, VERIFIED, apply_hunks, hunks_between, map_line
+from nndoctor.fix.edit import (
+    ROLLED_BACK,
+    SUGGESTION,
+    VERIFIED,
+    apply_hunks,
+    hunks_between,
+    map_line,
+)
 from nndoctor.fix.plan import plan_edits, refusal
 from nndoctor.report.sarif import sarif_log
 

@@ -27,7 +27,14 @@ from nndoctor.engine import Session
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
 from nndoctor.fix.edit import APPLIED, ROLLED_BACK, VERIFIED, Edit
-from nndoctor.fix.files import BACKUP_SUFFIX, backup, patched, read_source, unified_diff, write_source
+from nndoctor.fix.files import (
+    BACKUP_SUFFIX,
+    backup,
+    patched,
+    read_source,
+    unified_diff,
+    write_source,
+)
 from nndoctor.report.delivery import ReportDelivery
 from nndoctor.report.outputs import stdout_to_stderr
 from nndoctor.runner import Target, run_target

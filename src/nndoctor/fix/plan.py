@@ -7,7 +7,6 @@ original; edits that touch the same lines as an earlier one wait for the next ``
 from __future__ import annotations
 
 import os
-
 import sysconfig
 from collections.abc import Iterable
 

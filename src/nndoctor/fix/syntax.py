@@ -49,7 +49,7 @@ def call_name(node: Any) -> str | None:
     return dotted(node.func) if isinstance(node, cst.Call) else None
 
 
-def keyword(call: Any, name: str) -> Any | None:
+def keyword(call: Any, name: str) -> Any:
     """The ``name=`` argument of ``call``, or None."""
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == name:

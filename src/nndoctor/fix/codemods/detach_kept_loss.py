@@ -40,8 +40,8 @@ def propose(ctx: FixContext) -> tuple[str, str]:
         loops = ctx.loops(statement)
         kept = _kept(ctx, loops[0] if loops else ctx.scope_of(statement), small.targets[0].target.value)
     else:  # the line that keeps it: losses.append(loss)
-        names = {n.value for n in ctx.nodes(cst.Name, statement)}
-        kept = [n for name in sorted(names) for n in _kept(ctx, statement, name)]
+        seen = {n.value for n in ctx.nodes(cst.Name, statement)}
+        kept = [n for name in sorted(seen) for n in _kept(ctx, statement, name)]
     if not kept:
         raise Uncertain("the loss is kept somewhere this file does not show (a call into another function?)")
     new_module = ctx.module

@@ -14,7 +14,7 @@ def propose(ctx: FixContext) -> tuple[str, str]:
     cst = ctx.cst
     statement = ctx.statement_at()
     blocks = [w for w in ctx.enclosing(statement, cst.With)
-              if any((dotted(i.item.func) if isinstance(i.item, cst.Call) else dotted(i.item) or "")
+              if any(((dotted(i.item.func) if isinstance(i.item, cst.Call) else dotted(i.item)) or "")
                      .endswith(_NO_GRAD) for i in w.items)]
     if not blocks:
         raise Uncertain("the evaluation is not inside a `with torch.no_grad()` block: "

@@ -19,7 +19,7 @@ def propose(ctx: FixContext) -> tuple[str, str]:
     step = ctx.statement_at()
     owner = ctx.parent(step)
     body = list(getattr(owner, "body", ()))
-    if step not in body:
+    if owner is None or step not in body:
         raise Uncertain("step() is not a statement of a block")
     index = body.index(step)
     zero = [s for s in body[:index] if _calls_method(ctx, s, "zero_grad")]

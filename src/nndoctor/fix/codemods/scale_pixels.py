@@ -32,7 +32,7 @@ def propose(ctx: FixContext) -> tuple[str, str]:
     if not calls:  # Keras: model.fit(x, y, ...)
         calls = [c for c in ctx.calls(statement) if isinstance(c.func, ctx.cst.Attribute)
                  and c.func.attr.value in ("fit", "train_on_batch") and c.args]
-        models = {dotted(c.func.value) for c in calls}
+        models = {name for c in calls if (name := dotted(c.func.value))}
     if len(calls) != 1:
         raise Uncertain(f"{'no' if not calls else 'more than one'} call of the trained model on this line")
     arg = calls[0].args[0]
