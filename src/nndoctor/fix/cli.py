@@ -18,7 +18,7 @@ import io
 import linecache
 import os
 import sys
-from typing import IO
+from typing import IO, Any
 
 from nndoctor import watchdog
 from nndoctor.cli import add_common_options
@@ -84,8 +84,8 @@ def rerun_quietly(target: Target, args: argparse.Namespace, edited: list[str]) -
 
 def _summary(edits: list[Edit], *, wrote: bool, verified: bool) -> list[str]:
     lines = []
-    for edit in sorted(edits, key=lambda e: (e.display_path, e.line_range)):
-        start, _ = edit.line_range
+    for edit in sorted(edits, key=lambda e: (e.display_path, e.shown_range)):
+        start, _ = edit.shown_range
         where = f"{edit.display_path}:{start}"
         if edit.is_suggestion:
             lines.append(f"  suggestion {edit.code} {where}: {edit.title} — not applied: {edit.reason}")
@@ -108,7 +108,6 @@ def _summary(edits: list[Edit], *, wrote: bool, verified: bool) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nndoctor.fix.plan import plan_edits
     from nndoctor.fix.syntax import load_libcst
 
     load_libcst()  # a missing extra is a clear message before a long run
@@ -116,11 +115,18 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     if not target.is_module and target.name.endswith(".ipynb"):
-        from nndoctor.fix.notebook import run_notebook
+        from nndoctor.fix.notebook import script_for
 
-        return run_notebook(target, args)
+        with script_for(target.name) as converted:
+            return _fix(Target(converted.script_path, target.args), args, notebook=converted, shown=target.name)
+    return _fix(target, args)
+
+
+def _fix(target: Target, args: argparse.Namespace, notebook: Any = None, shown: str = "") -> int:
+    from nndoctor.fix.plan import plan_edits
+
     write = args.write or args.verify
-    output = ReportDelivery.from_args(args, also_scan=[] if target.is_module else [target.name])
+    output = ReportDelivery.from_args(args, also_scan=[] if target.is_module or notebook else [target.name])
     to_stdout_json = args.json == "-" or args.output_format == "json"
     stream: IO[str] = sys.stderr if to_stdout_json else sys.stdout
     try:
@@ -129,9 +135,13 @@ def run(args: argparse.Namespace) -> int:
         named = [] if target.is_module else [target.name]
         edits = plan_edits(baseline, project_root=os.getcwd(), named=named, unsafe=args.unsafe_fixes)
         diff = io.StringIO()
-        final = fix_files(edits, baseline, write=write, verify=args.verify, keep_backup=args.backup,
-                          rerun=lambda paths: rerun_quietly(target, args, paths), stream=diff)
+        final = fix_files(edits, baseline, write=write, verify=args.verify,
+                          keep_backup=args.backup and notebook is None,
+                          rerun=lambda paths: rerun_quietly(target, args, paths),
+                          stream=diff if notebook is None else None)
         baseline.edits = edits
+        if notebook is not None:
+            _back_to_notebook(notebook, shown, edits, baseline, write=write, keep_backup=args.backup, diff=diff)
         output.deliver(baseline)
         stream.write(diff.getvalue())
         for line in _summary(edits, wrote=write, verified=args.verify):
@@ -139,6 +149,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         output.close()
     return exit_status(final, fail_threshold(args))
+
+
+def _back_to_notebook(notebook: Any, shown: str, edits: list[Edit], report: Report, *, write: bool,
+                      keep_backup: bool, diff: IO[str]) -> None:
+    """Cell by cell: the diff of each changed cell, and (with --write) the notebook rewritten."""
+    from nndoctor.fix.notebook import show_cells
+
+    kept = [e for e in edits if not e.is_suggestion and e.status != ROLLED_BACK]
+    script = read_source(notebook.script_path) if write else patched(notebook.script, kept)
+    diff.write(notebook.cell_diff(script, shown))
+    if write:
+        notebook.write_back(script, keep_backup)
+    report.command = [shown, *report.command[1:]]
+    show_cells(report, notebook, shown)
 
 
 def fix_files(edits: list[Edit], baseline: Report, *, write: bool, verify: bool, keep_backup: bool,

@@ -83,6 +83,9 @@ class Edit:
     reason: str = ""  # why a suggestion was not made an edit, or why an edit was rolled back
     display_path: str = ""  # the path as the report shows it
     findings: list[Finding] = field(default_factory=list)  # every finding this edit answers
+    # In a notebook: the lines in the cell (display_path names the cell); hunks stay in the
+    # hidden script's lines, so no SARIF fix is offered for them.
+    cell_range: tuple[int, int] | None = None
 
     @property
     def is_suggestion(self) -> bool:
@@ -95,8 +98,12 @@ class Edit:
             return (line or 0, line or 0)
         return (min(h.start for h in self.hunks), max(max(h.end, h.start) for h in self.hunks))
 
+    @property
+    def shown_range(self) -> tuple[int, int]:
+        return self.cell_range or self.line_range
+
     def to_json(self) -> dict[str, Any]:
-        start, end = self.line_range
+        start, end = self.shown_range
         data: dict[str, Any] = {
             "file": self.display_path or self.path,
             "range": {"start_line": start, "end_line": end},
@@ -109,7 +116,7 @@ class Edit:
         }
         if self.reason:
             data["reason"] = self.reason
-        if self.hunks:
+        if self.hunks and self.cell_range is None:
             data["hunks"] = [{"start_line": h.start, "end_line": h.end, "new_text": "".join(h.new_lines)}
                              for h in self.hunks]
         return data

@@ -56,7 +56,7 @@ def _fixes_by_finding(report: Report) -> dict[int, list[dict[str, Any]]]:
     """id(finding) -> the fixes proposed for it (edits rolled back by --verify are left out)."""
     fixes: dict[int, list[dict[str, Any]]] = {}
     for edit in report.edits or ():
-        if edit.hunks and edit.status != "rolled-back":
+        if edit.hunks and edit.status != "rolled-back" and edit.cell_range is None:
             for finding in edit.findings:
                 fixes.setdefault(id(finding), []).append(_fix(edit))
     return fixes
