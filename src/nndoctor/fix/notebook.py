@@ -94,7 +94,7 @@ class NotebookScript:
                 if code.rstrip("\n") != _source(self.notebook["cells"][i]).rstrip("\n")}
 
     def cell_diff(self, script: str, shown: str) -> str:
-        out = []
+        out: list[str] = []
         for index, code in sorted(self.changed_cells(script).items()):
             old = _source(self.notebook["cells"][index]).rstrip("\n").splitlines(keepends=False)
             new = code.rstrip("\n").splitlines(keepends=False)
