@@ -98,6 +98,8 @@ def _summary(edits: list[Edit], *, wrote: bool, verified: bool) -> list[str]:
     kept = [e for e in active if e.status in (APPLIED, VERIFIED)]
     if not edits:
         head = "nndoctor fix: nothing to fix"
+    elif not active:
+        head = f"nndoctor fix: no edit to make ({len(edits)} suggestion(s) to apply by hand)"
     elif not wrote:
         head = f"nndoctor fix: {len(active)} edit(s) proposed (nothing written; --write applies them)"
     else:
