@@ -157,3 +157,16 @@ def test_json_edits_and_sarif_fixes_validate(tmp_path, monkeypatch):
     assert "shuffle=True" in change["replacements"][0]["insertedContent"]["text"]
     # no "edits" key outside nndoctor fix
     assert "edits" not in Report().to_json("0")
+
+
+def test_missing_libcst_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
+    import sys
+
+    from nndoctor.cli import main
+
+    monkeypatch.setitem(sys.modules, "libcst", None)  # what an uninstalled package looks like to import
+    script = tmp_path / "train.py"
+    script.write_text("print('not run')\n")
+    assert main(["fix", "--isolated", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'nndoctor[fix]'" in err and "not run" not in err
