@@ -170,3 +170,17 @@ def test_missing_libcst_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
     assert main(["fix", "--isolated", str(script)]) == 2
     err = capsys.readouterr().err
     assert "pip install 'nndoctor[fix]'" in err and "not run" not in err
+
+
+def test_interrupted_verification_restores_the_files(tmp_path):
+    import pytest
+
+    script, report, edits = _planned(tmp_path)
+
+    def rerun(paths):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fix_files(edits, report, write=True, verify=True, keep_backup=True, rerun=rerun)
+    assert script.read_text() == SCRIPT
+    assert all(e.status in (ROLLED_BACK, SUGGESTION) for e in edits)

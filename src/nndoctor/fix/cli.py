@@ -183,8 +183,8 @@ def fix_files(edits: list[Edit], baseline: Report, *, write: bool, verify: bool,
         # The diff of what is proposed, or (after --verify) of what was kept.
         for path in paths:
             mine = [e for e in active if e.path == path and e.status != ROLLED_BACK]
-            diff = unified_diff(path, originals[path], patched(originals[path], mine), active[0].display_path
-                                if not mine else mine[0].display_path)
+            shown = next(e.display_path for e in active if e.path == path)
+            diff = unified_diff(path, originals[path], patched(originals[path], mine), shown)
             if stream is not None and diff:
                 stream.write(diff)
 
@@ -202,7 +202,15 @@ def _apply(active: list[Edit], paths: list[str], originals: dict[str, str], base
     for edit in active:
         edit.status = APPLIED
     if verify:
-        return verify_edits(active, originals, baseline, rerun=lambda: rerun(paths))
+        try:
+            return verify_edits(active, originals, baseline, rerun=lambda: rerun(paths))
+        except BaseException:
+            # Interrupted (or failed) half-way: no unverified edit stays in the user's files.
+            for path in paths:
+                write_source(path, originals[path])
+            for edit in active:
+                edit.status, edit.reason = ROLLED_BACK, "rolled back: the verification did not finish"
+            raise
     fixed = {id(f) for e in active for f in e.findings}
     return Report(command=baseline.command, status=baseline.status, steps=baseline.steps,
                   findings=[f for f in baseline.findings if id(f) not in fixed],
