@@ -113,6 +113,39 @@ loss = F.cross_entropy(F.softmax(model(x), dim=-1), y)  # expect: L101
 """, TRAIN_HEAD + """\
 loss = F.cross_entropy(model(x), y)  # expect: L101
 """),
+    # A softmax at the end of a submodule the forward returns (as in a public ViT fine-tuning script).
+    ("L101", HEAD + """\
+class Model(nn.Module):
+    def __init__(self, base_model):
+        super(Model, self).__init__()
+        self.base = base_model
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=0.0),
+            nn.Linear(in_features=768, out_features=10),
+            nn.Softmax(dim=1))
+
+    def forward(self, x):
+        return self.classifier(self.base(x))
+
+
+model = Model(base).to(device)
+loss = nn.CrossEntropyLoss()(model(x), y)  # expect: L101
+""", HEAD + """\
+class Model(nn.Module):
+    def __init__(self, base_model):
+        super(Model, self).__init__()
+        self.base = base_model
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=0.0),
+            nn.Linear(in_features=768, out_features=10))
+
+    def forward(self, x):
+        return self.classifier(self.base(x))
+
+
+model = Model(base).to(device)
+loss = nn.CrossEntropyLoss()(model(x), y)  # expect: L101
+"""),
     ("L102", TRAIN_HEAD + """\
 criterion = nn.BCEWithLogitsLoss()
 prob = torch.sigmoid(model(x))

@@ -46,6 +46,7 @@ def activation_input(ctx: FixContext, node: Any, activations: set[str]) -> Any |
     return node.func.value  # a tensor method: model(x).softmax(dim=1)
 
 
+_MOVES = {"to", "float", "double", "half", "bfloat16", "cuda", "cpu", "train"}
 _FUNCTION_MODULES = {"F", "torch", "nn.functional", "torch.nn.functional", "functional", "torch.special"}
 
 
@@ -101,6 +102,10 @@ def _drop_from_model(ctx: FixContext, model: str, statement: Any, activations: s
     except Uncertain:
         assign = ctx.assignment_before(model, ctx.start(statement))
     built = assign.value
+    # Model(...).to(device) / .float() / .cuda(): the model is what the chain starts from.
+    while (isinstance(built, ctx.cst.Call) and isinstance(built.func, ctx.cst.Attribute)
+           and built.func.attr.value in _MOVES and isinstance(built.func.value, ctx.cst.Call)):
+        built = built.func.value
     name = call_name(built) or ""
     if name.endswith("Sequential") and built.args:
         last = built.args[-1].value
@@ -118,6 +123,24 @@ def _drop_from_model(ctx: FixContext, model: str, statement: Any, activations: s
         raise Uncertain(f"{name}.forward has {len(returns)} return statements")
     inner = activation_input(ctx, returns[0].value, activations)
     if inner is None:
+        # return self.classifier(x), where self.classifier = nn.Sequential(..., nn.Softmax(dim=1))
+        submodule = _self_sequential(ctx, cls[0], returns[0].value)
+        if submodule is not None and (call_name(submodule.args[-1].value) or "").rsplit(".", 1)[-1] in modules:
+            return (ctx.replace(submodule, without_last_element(submodule)),
+                    f"remove the final {ctx.code(submodule.args[-1].value)} from {name}: the loss applies it itself")
         raise Uncertain(f"{name}.forward does not return an activation's output")
     return (ctx.replace(returns[0].value, inner),
             f"return the logits from {name}.forward: the loss applies the activation itself")
+
+
+def _self_sequential(ctx: FixContext, cls: Any, returned: Any) -> Any | None:
+    """For ``return self.head(x)``: the ``nn.Sequential(...)`` call assigned to ``self.head``."""
+    if not (isinstance(returned, ctx.cst.Call) and isinstance(returned.func, ctx.cst.Attribute)
+            and dotted(returned.func.value) == "self"):
+        return None
+    target = f"self.{returned.func.attr.value}"
+    built = [a.value for a in ctx.nodes(ctx.cst.Assign, cls)
+             if len(a.targets) == 1 and dotted(a.targets[0].target) == target]
+    if len(built) != 1 or not (call_name(built[0]) or "").endswith("Sequential") or not built[0].args:
+        return None
+    return built[0]
