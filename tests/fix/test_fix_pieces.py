@@ -184,3 +184,14 @@ def test_interrupted_verification_restores_the_files(tmp_path):
         fix_files(edits, report, write=True, verify=True, keep_backup=True, rerun=rerun)
     assert script.read_text() == SCRIPT
     assert all(e.status in (ROLLED_BACK, SUGGESTION) for e in edits)
+
+
+def test_checks_doc_says_when_nndoctor_fix_can_edit_it(capsys):
+    from nndoctor.cli import main
+
+    main(["checks", "O101"])
+    assert "`nndoctor fix --verify SCRIPT` can make this edit" in capsys.readouterr().out
+    main(["checks", "O109"])
+    assert "--unsafe-fixes" in capsys.readouterr().out
+    main(["checks", "M103"])
+    assert "nndoctor fix" not in capsys.readouterr().out

@@ -60,13 +60,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
 
-def doctor_run(target: Target, args: argparse.Namespace, deliver=None) -> Report:
+def doctor_run(target: Target, args: argparse.Namespace, *, history: bool = False) -> Report:
     """One run of the script under a fresh session, as ``nndoctor run`` would do it."""
     select, ignore = selectors(args)
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps,
                       **session_options(args))
     watchdog.configure(session, args)
-    return run_target(target, session, deliver=deliver)
+    if history:  # the plots of --html / --tensorboard, for the first run's report
+        from nndoctor.history import attach as record_history
+
+        record_history(session)
+    return run_target(target, session)
 
 
 def rerun_quietly(target: Target, args: argparse.Namespace, edited: list[str]) -> Report:
@@ -110,10 +114,14 @@ def _summary(edits: list[Edit], *, wrote: bool, verified: bool) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nndoctor.distributed import context as distributed
     from nndoctor.fix.syntax import load_libcst
 
     load_libcst()  # a missing extra is a clear message before a long run
     target = target_from_args(args)
+    if distributed.torchrun_rank() is not None:
+        # Every rank would edit the same files at once.
+        raise UsageError("nndoctor fix runs the script in one process: run it without torchrun")
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     if not target.is_module and target.name.endswith(".ipynb"):
@@ -133,7 +141,7 @@ def _fix(target: Target, args: argparse.Namespace, notebook: Any = None, shown: 
     stream: IO[str] = sys.stderr if to_stdout_json else sys.stdout
     try:
         with stdout_to_stderr(to_stdout_json):
-            baseline = doctor_run(target, args)
+            baseline = doctor_run(target, args, history=bool(args.html or args.tensorboard))
         named = [] if target.is_module else [target.name]
         edits = plan_edits(baseline, project_root=os.getcwd(), named=named, unsafe=args.unsafe_fixes)
         diff = io.StringIO()
