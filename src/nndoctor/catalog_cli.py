@@ -87,7 +87,7 @@ def _automatic_fix(code: str) -> str:
     if getattr(module, "SAFE", True):
         return "\n`nndoctor fix --verify SCRIPT` can make this edit in your source and check it.\n"
     return ("\n`nndoctor fix --unsafe-fixes --verify SCRIPT` can make this edit in your source "
-            f"(an unsafe fix: {module.UNSAFE_REASON}).\n")
+            f"(an unsafe fix: {getattr(module, 'UNSAFE_REASON', '')}).\n")
 
 
 def run(args: argparse.Namespace) -> int:

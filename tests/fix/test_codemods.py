@@ -270,6 +270,9 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)  #
 """),
     ("R101", '"""Train."""\nimport torch\nimport torch.nn as nn\n\nmodel = nn.Linear(2, 2)  # expect: R101\n',
      '"""Train."""\nimport torch\nimport torch.nn as nn\ntorch.manual_seed(0)\n\nmodel = nn.Linear(2, 2)  # expect: R101\n'),
+    # the seed goes before the first use of the framework, not after a late import
+    ("R101", "import torch as T\nimport os\nos.environ['X'] = '1'\nnet = T.nn.Linear(2, 2)  # expect: R101\nimport json\n",
+     "import torch as T\nimport os\nT.manual_seed(0)\nos.environ['X'] = '1'\nnet = T.nn.Linear(2, 2)  # expect: R101\nimport json\n"),
     ("P108", TRAIN_HEAD + """\
 losses = []
 for x, y in loader:
