@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 
@@ -56,3 +57,15 @@ def test_write_verify_fixes_the_fixture(fixture, code, tmp_path, monkeypatch):
     before = {f["code"] for f in first["findings"] if f["severity"] in ("error", "warning")}
     assert {f["code"] for f in second["findings"] if f["severity"] in ("error", "warning")} <= before
     assert second["status"] == "completed" and second["steps"] > 0
+
+
+def test_module_target_is_fixed_in_the_project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    shutil.copy(BUGGY / "C104_weights_only_false.py", tmp_path / "pkg" / "train.py")
+    _, report = fix(tmp_path, "pkg.train", "--write", "-m")
+    assert [(e["code"], e["status"], e["file"]) for e in report["edits"]] == [("C104", "applied", "pkg/train.py")]
+    assert "torch.load(buffer, weights_only=True)" in (tmp_path / "pkg" / "train.py").read_text()
+    monkeypatch.delitem(sys.modules, "pkg", raising=False)
