@@ -31,15 +31,13 @@ def refusal(path: str, project_root: str, named: Iterable[str]) -> str | None:
     own = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     if real.startswith(own + os.sep):
         return "the code is nndoctor's own"
-    if real in {os.path.realpath(n) for n in named}:
-        return None
-    root = os.path.realpath(project_root)
-    if not real.startswith(root + os.sep):
-        return f"the file is outside the project ({root}); fix it by hand or run nndoctor fix from its project"
     if not os.path.isfile(real):
         return "the file does not exist any more"
     if not os.access(real, os.W_OK):
         return "the file is not writable"
+    root = os.path.realpath(project_root)
+    if not real.startswith(root + os.sep) and real not in {os.path.realpath(n) for n in named}:
+        return f"the file is outside the project ({root}); fix it by hand or run nndoctor fix from its project"
     return None
 
 
