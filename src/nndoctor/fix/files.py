@@ -32,6 +32,7 @@ def backup(path: str, original: str) -> str:
     """Save the text before the first edit beside the file; returns the backup's path."""
     target = path + BACKUP_SUFFIX
     atomic_write_text(target, original)
+    os.chmod(target, stat.S_IMODE(os.stat(path).st_mode))
     return target
 
 
