@@ -45,7 +45,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("registry", "engine", "selection", "config"), ENGINE),
     **dict.fromkeys(
         ("instrument", "checks", "explain", "report", "perf", "data", "ckpt", "env", "keras", "tfdata",
-         "preflight", "distributed", "history", "watchdog", "signals", "run_guards", "run_end", "runner"),
+         "preflight", "distributed", "history", "watchdog", "signals", "run_guards", "run_end", "runner", "fix"),
         FEATURES,
     ),
     **dict.fromkeys(
@@ -53,7 +53,7 @@ LAYERS: dict[str, int] = {
          "transformers", "pytest_plugin", "notebook", "demo",
          # Each command's front end: argument parsing, output, exit status.
          "perf.cli", "data.cli", "data.__main__", "ckpt.cli", "ckpt.convert_cmd", "ckpt.diff_cmd",
-         "ckpt.fix_cmd", "ckpt.inspect_cmd", "explain.cli", "env.cli", "preflight.cli"),
+         "ckpt.fix_cmd", "ckpt.inspect_cmd", "explain.cli", "env.cli", "preflight.cli", "fix.cli"),
         ENTRY,
     ),
 }
@@ -304,6 +304,7 @@ STRING_IMPORTERS = {
     "cli": "each subcommand's module is imported only when that subcommand runs (no torch for `data`)",
     "ckpt.cli": "the ckpt actions, imported when `nndoctor ckpt` builds its parser",
     "registry": "CHECK_MODULES, the check families loaded for the catalog",
+    "fix.codemods": "CODEMODS, one module per code, imported when a finding of that code is fixed",
     "catalog_entries": "the generated table names the module of each check (read with ast, not imported)",
     "catalog_update": "imports every family to regenerate the table",
     # Named, not imported in this process:

@@ -77,6 +77,19 @@ def plain_table(checks) -> str:
                    for c in checks)
 
 
+def _automatic_fix(code: str) -> str:
+    """One line when ``nndoctor fix`` has a codemod for ``code`` (imported without libcst)."""
+    from nndoctor.fix.codemods import CODEMODS, codemod_for
+
+    if code not in CODEMODS:
+        return ""
+    module = codemod_for(code)
+    if getattr(module, "SAFE", True):
+        return "\n`nndoctor fix --verify SCRIPT` can make this edit in your source and check it.\n"
+    return ("\n`nndoctor fix --unsafe-fixes --verify SCRIPT` can make this edit in your source "
+            f"(an unsafe fix: {getattr(module, 'UNSAFE_REASON', '')}).\n")
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(file=sys.stdout, highlight=False, **no_color_options())
     quiet = args.quiet or args.json == "-"
@@ -90,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         header = f"# {cls.code} {cls.name} ({cls.severity.label}, nndoctor {cls.scope})\n\n{cls.summary}\n\n"
         note = cls.heuristic_note()
-        footer = f"\n\n## Fix\n{cls.fix}\n" + (f"\n## Heuristic\n{note}\n" if note else "")
+        footer = f"\n\n## Fix\n{cls.fix}\n" + _automatic_fix(cls.code) + (f"\n## Heuristic\n{note}\n" if note else "")
         footer += f"\n## Source\n`{cls.where()}`\n"
         text = header + cls.documentation() + footer
         if args.markdown or not sys.stdout.isatty():

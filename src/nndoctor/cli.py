@@ -18,6 +18,7 @@ from nndoctor.errors import UsageError
 # name -> (module, one-line help). Order is the order of ``nndoctor --help``.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("nndoctor.runner_cli", "run a training script under the doctor"),
+    "fix": ("nndoctor.fix.cli", "run a training script under the doctor, then edit its source to fix the findings"),
     "demo": ("nndoctor.demo.cli", "run the bundled, deliberately buggy training demo"),
     "checks": ("nndoctor.catalog_cli", "list the catalog, or show one check's documentation"),
     "explain": ("nndoctor.explain.cli", "explain a saved traceback or log"),
@@ -88,7 +89,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 # Subcommands that run a user's script: everything from the script (or ``-m MODULE``) on
 # belongs to the script, even options like ``--lr``.
-SCRIPT_RUNNERS = ("run", "perf", "preflight")
+SCRIPT_RUNNERS = ("run", "fix", "perf", "preflight")
 
 
 def _split_script_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

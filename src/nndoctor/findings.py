@@ -122,6 +122,9 @@ class Report:
     # A merged distributed run: {"world_size": N, "ranks": [per-rank detail]} (top level in JSON).
     distributed: dict[str, Any] | None = None
     suppressed: list[Suppressed] = field(default_factory=list)
+    # ``nndoctor fix``: the edits proposed for the findings (nndoctor.fix.edit.Edit); None
+    # for every other command (no "edits" key in their JSON).
+    edits: list[Any] | None = None
     # What the doctor saw over the steps (nndoctor.history.RunHistory), for the HTML and
     # TensorBoard reports; None when not recorded. Not part of the JSON schema.
     history: Any = field(default=None, repr=False, compare=False)
@@ -183,6 +186,8 @@ class Report:
             data["extra"] = _jsonable(self.extra)
         if self.distributed is not None:
             data.update(_jsonable(self.distributed))
+        if self.edits is not None:
+            data["edits"] = [e.to_json() for e in self.edits]
         return data
 
 

@@ -39,7 +39,31 @@ def _rule(finding: Finding) -> dict[str, Any]:
     return rule
 
 
-def _result(finding: Finding, rule_index: int, suppression: str | None) -> dict[str, Any]:
+def _fix(edit: Any) -> dict[str, Any]:
+    """A SARIF 2.1.0 ``fix`` (§3.55) from an ``nndoctor fix`` edit: replacements of the
+    original file's characters."""
+    return {
+        "description": {"text": f"{edit.title}{'' if edit.safe else ' (unsafe fix)'}"},
+        "artifactChanges": [{
+            "artifactLocation": {"uri": relative_path(edit.display_path or edit.path), "uriBaseId": "%SRCROOT%"},
+            "replacements": [{"deletedRegion": {"charOffset": h.char_offset, "charLength": h.char_length},
+                              "insertedContent": {"text": "".join(h.new_lines)}} for h in edit.hunks],
+        }],
+    }
+
+
+def _fixes_by_finding(report: Report) -> dict[int, list[dict[str, Any]]]:
+    """id(finding) -> the fixes proposed for it (edits rolled back by --verify are left out)."""
+    fixes: dict[int, list[dict[str, Any]]] = {}
+    for edit in report.edits or ():
+        if edit.hunks and edit.status != "rolled-back" and edit.cell_range is None:
+            for finding in edit.findings:
+                fixes.setdefault(id(finding), []).append(_fix(edit))
+    return fixes
+
+
+def _result(finding: Finding, rule_index: int, suppression: str | None,
+            fixes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "ruleId": finding.code,
         "ruleIndex": rule_index,
@@ -60,6 +84,8 @@ def _result(finding: Finding, rule_index: int, suppression: str | None) -> dict[
         if finding.location.line is not None and finding.location.line >= 1:
             physical["region"] = {"startLine": finding.location.line}
         result["locations"] = [{"physicalLocation": physical}]
+    if fixes:
+        result["fixes"] = fixes
     if suppression is not None:
         kind = "inSource" if suppression.startswith("comment") else "external"
         result["suppressions"] = [{"kind": kind, "justification": suppression}]
@@ -72,11 +98,12 @@ def sarif_log(report: Report) -> dict[str, Any]:
     rules: list[dict[str, Any]] = []
     index: dict[str, int] = {}
     results = []
+    fixes = _fixes_by_finding(report)
     for finding, suppression in entries:
         if finding.code not in index:
             index[finding.code] = len(rules)
             rules.append(_rule(finding))
-        results.append(_result(finding, index[finding.code], suppression))
+        results.append(_result(finding, index[finding.code], suppression, fixes.get(id(finding))))
     root_uri = report_root().as_uri().rstrip("/") + "/"
     invocation: dict[str, Any] = {
         "executionSuccessful": report.status in ("completed", "stopped") and not report.exit_code,

@@ -1,0 +1,359 @@
+"""Each codemod on small real-looking scripts: the exact text after, comments kept, and refusals.
+
+No training runs here: a codemod reads only the source and the finding's line (the line marked
+``# expect: CODE``), so these tests are pure and fast. The end-to-end tests
+(test_fix_e2e.py) run the scripts.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from nndoctor.findings import Finding, Location, Severity
+from nndoctor.fix.codemods import CODEMODS, codemod_for
+from nndoctor.fix.syntax import FixContext, Uncertain
+from tests.conftest import expected_lines
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+TRAIN_HEAD = HEAD + ("model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+                     "optimizer = torch.optim.SGD(model.parameters(), lr=0.05)\n")
+
+
+def propose(code: str, source: str, evidence: dict | None = None) -> str:
+    source = textwrap.dedent(source)
+    line = min(expected_lines_of(source)[code])
+    finding = Finding(code, "x", Severity.WARNING, "m", "f", Location("train.py", line), evidence or {})
+    module = codemod_for(code)
+    assert module is not None
+    new, title = module.propose(FixContext(source, line, finding, "train.py"))
+    assert title
+    return new
+
+
+def expected_lines_of(source: str) -> dict[str, set[int]]:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+        handle.write(source)
+    return expected_lines(handle.name)
+
+
+# (code, before, after): ``before`` is a script, ``after`` what the codemod must make of it.
+CASES = [
+    ("D101", TRAIN_HEAD + """\
+images = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+for i in range(0, 64, 16):
+    x = images[i:i + 16].float()  # pixels
+    logits = model(x)  # expect: D101
+""", TRAIN_HEAD + """\
+images = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+for i in range(0, 64, 16):
+    x = images[i:i + 16].float() / 255  # pixels
+    logits = model(x)  # expect: D101
+"""),
+    ("D101", TRAIN_HEAD + """\
+for i in range(4):
+    batch = {"pixel_values": images[i].float(), "mask": masks[i]}
+    out = model(**batch)  # expect: D101
+""", TRAIN_HEAD + """\
+for i in range(4):
+    batch = {"pixel_values": images[i].float() / 255, "mask": masks[i]}
+    out = model(**batch)  # expect: D101
+"""),
+    ("D105", TRAIN_HEAD + """\
+loader = DataLoader(
+    dataset,
+    batch_size=16,
+)
+for x, y in loader:  # expect: D105
+    pass
+""", TRAIN_HEAD + """\
+loader = DataLoader(
+    dataset,
+    batch_size=16,
+    shuffle=True,
+)
+for x, y in loader:  # expect: D105
+    pass
+"""),
+    ("D105", TRAIN_HEAD + """\
+loader = DataLoader(dataset, batch_size=16, shuffle=False)
+for step, (x, y) in enumerate(loader):  # expect: D105
+    pass
+""", TRAIN_HEAD + """\
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+for step, (x, y) in enumerate(loader):  # expect: D105
+    pass
+"""),
+    ("L101", TRAIN_HEAD + """\
+model = nn.Sequential(
+    nn.Linear(8, 4),
+    nn.Softmax(dim=1),  # probabilities
+)
+loss = nn.CrossEntropyLoss()(model(x), y)  # expect: L101
+""", TRAIN_HEAD + """\
+model = nn.Sequential(
+    nn.Linear(8, 4),  # probabilities
+)
+loss = nn.CrossEntropyLoss()(model(x), y)  # expect: L101
+"""),
+    ("L101", TRAIN_HEAD + """\
+with torch.no_grad():
+    probs = model(x).softmax(dim=1)
+    val_loss = F.cross_entropy(probs, y)  # expect: L101
+""", TRAIN_HEAD + """\
+with torch.no_grad():
+    probs = model(x)
+    val_loss = F.cross_entropy(probs, y)  # expect: L101
+"""),
+    ("L101", TRAIN_HEAD + """\
+loss = F.cross_entropy(F.softmax(model(x), dim=-1), y)  # expect: L101
+""", TRAIN_HEAD + """\
+loss = F.cross_entropy(model(x), y)  # expect: L101
+"""),
+    # A softmax at the end of a submodule the forward returns (as in a public ViT fine-tuning script).
+    ("L101", HEAD + """\
+class Model(nn.Module):
+    def __init__(self, base_model):
+        super(Model, self).__init__()
+        self.base = base_model
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=0.0),
+            nn.Linear(in_features=768, out_features=10),
+            nn.Softmax(dim=1))
+
+    def forward(self, x):
+        return self.classifier(self.base(x))
+
+
+model = Model(base).to(device)
+loss = nn.CrossEntropyLoss()(model(x), y)  # expect: L101
+""", HEAD + """\
+class Model(nn.Module):
+    def __init__(self, base_model):
+        super(Model, self).__init__()
+        self.base = base_model
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=0.0),
+            nn.Linear(in_features=768, out_features=10))
+
+    def forward(self, x):
+        return self.classifier(self.base(x))
+
+
+model = Model(base).to(device)
+loss = nn.CrossEntropyLoss()(model(x), y)  # expect: L101
+"""),
+    ("L102", TRAIN_HEAD + """\
+criterion = nn.BCEWithLogitsLoss()
+prob = torch.sigmoid(model(x))
+loss = criterion(prob, y)  # expect: L102
+""", TRAIN_HEAD + """\
+criterion = nn.BCEWithLogitsLoss()
+prob = model(x)
+loss = criterion(prob, y)  # expect: L102
+"""),
+    ("L103", TRAIN_HEAD + """\
+loss = F.nll_loss(model(x), y, ignore_index=-1)  # expect: L103
+""", TRAIN_HEAD + """\
+loss = F.cross_entropy(model(x), y, ignore_index=-1)  # expect: L103
+"""),
+    ("L103", TRAIN_HEAD + """\
+criterion = nn.NLLLoss(weight=w)
+loss = criterion(model(x), y)  # expect: L103
+""", TRAIN_HEAD + """\
+criterion = nn.CrossEntropyLoss(weight=w)
+loss = criterion(model(x), y)  # expect: L103
+"""),
+    ("O101", TRAIN_HEAD + """\
+for x, y in loader:
+    # forward
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()  # expect: O101
+    optimizer.step()
+""", TRAIN_HEAD + """\
+for x, y in loader:
+    # forward
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()  # expect: O101
+    optimizer.step()
+"""),
+    ("O102", TRAIN_HEAD + """\
+for step in range(5):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.zero_grad()
+    optimizer.step()  # expect: O102
+""", TRAIN_HEAD + """\
+for step in range(5):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()  # expect: O102
+"""),
+    ("O108", TRAIN_HEAD + """\
+for i, (x, y) in enumerate(loader):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()  # expect: O108
+    if (i + 1) % cfg.accumulate == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""", TRAIN_HEAD + """\
+for i, (x, y) in enumerate(loader):
+    loss = F.cross_entropy(model(x), y)
+    (loss / cfg.accumulate).backward()  # expect: O108
+    if (i + 1) % cfg.accumulate == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""),
+    ("M101", TRAIN_HEAD + """\
+for epoch in range(2):
+    train_one_epoch(model, optimizer)
+    # validation
+    with torch.no_grad():
+        val_loss = F.cross_entropy(model(xv), yv)  # expect: M101
+    print(val_loss)
+""", TRAIN_HEAD + """\
+for epoch in range(2):
+    train_one_epoch(model, optimizer)
+    # validation
+    model.eval()
+    with torch.no_grad():
+        val_loss = F.cross_entropy(model(xv), yv)  # expect: M101
+    model.train()
+    print(val_loss)
+"""),
+    ("M102", TRAIN_HEAD + """\
+for epoch in range(3):
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)  # expect: M102
+        loss.backward()
+    model.eval()
+    evaluate(model)
+""", TRAIN_HEAD + """\
+for epoch in range(3):
+    model.train()
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)  # expect: M102
+        loss.backward()
+    model.eval()
+    evaluate(model)
+"""),
+    ("B101", HEAD + """\
+model = nn.Sequential(
+    nn.Linear(8, 16),
+    nn.BatchNorm1d(16, momentum=0.99),  # expect: B101
+)
+""", HEAD + """\
+model = nn.Sequential(
+    nn.Linear(8, 16),
+    nn.BatchNorm1d(16, momentum=0.01),  # expect: B101
+)
+"""),
+    ("C103", TRAIN_HEAD + """\
+torch.save(model, "model.pt")  # expect: C103
+""", TRAIN_HEAD + """\
+torch.save(model.state_dict(), "model.pt")  # expect: C103
+"""),
+    ("C104", TRAIN_HEAD + """\
+state = torch.load("ckpt.pt", map_location="cpu", weights_only=False)  # expect: C104
+""", TRAIN_HEAD + """\
+state = torch.load("ckpt.pt", map_location="cpu", weights_only=True)  # expect: C104
+"""),
+    ("O109", HEAD + """\
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=0.01)  # expect: O109
+""", HEAD + """\
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)  # expect: O109
+"""),
+    ("R101", '"""Train."""\nimport torch\nimport torch.nn as nn\n\nmodel = nn.Linear(2, 2)  # expect: R101\n',
+     '"""Train."""\nimport torch\nimport torch.nn as nn\ntorch.manual_seed(0)\n\nmodel = nn.Linear(2, 2)  # expect: R101\n'),
+    # the seed goes before the first use of the framework, not after a late import
+    ("R101", "import torch as T\nimport os\nos.environ['X'] = '1'\nnet = T.nn.Linear(2, 2)  # expect: R101\nimport json\n",
+     "import torch as T\nimport os\nT.manual_seed(0)\nos.environ['X'] = '1'\nnet = T.nn.Linear(2, 2)  # expect: R101\nimport json\n"),
+    ("P108", TRAIN_HEAD + """\
+losses = []
+for x, y in loader:
+    loss = F.cross_entropy(model(x), y)  # expect: P108
+    losses.append(loss)
+""", TRAIN_HEAD + """\
+losses = []
+for x, y in loader:
+    loss = F.cross_entropy(model(x), y)  # expect: P108
+    losses.append(loss.detach())
+"""),
+    ("P108", TRAIN_HEAD + """\
+for x, y in loader:
+    loss = F.cross_entropy(model(x), y)
+    total += loss  # expect: P108
+""", TRAIN_HEAD + """\
+for x, y in loader:
+    loss = F.cross_entropy(model(x), y)
+    total += loss.detach()  # expect: P108
+"""),
+    ("K101", """\
+import keras
+model.compile(optimizer="adam",
+              loss=keras.losses.CategoricalCrossentropy(from_logits=True))  # expect: K101
+""", """\
+import keras
+model.compile(optimizer="adam",
+              loss=keras.losses.CategoricalCrossentropy(from_logits=False))  # expect: K101
+"""),
+    ("D105", "import keras\nmodel.fit(x, y, epochs=2, shuffle=False)  # expect: D105\n",
+     "import keras\nmodel.fit(x, y, epochs=2, shuffle=True)  # expect: D105\n"),
+]
+
+
+@pytest.mark.parametrize(("code", "before", "after"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_codemod_before_after(code, before, after):
+    assert propose(code, before) == after
+
+
+def test_c101_uses_the_prefix_the_run_saw():
+    before = TRAIN_HEAD + 'model = torch.compile(model)\ntorch.save(model.state_dict(), "ckpt.pt")  # expect: C101\n'
+    after = propose("C101", before, {"prefix": "_orig_mod."})
+    assert 'torch.save(model._orig_mod.state_dict(), "ckpt.pt")' in after
+    dp = TRAIN_HEAD + 'model = nn.DataParallel(model)\ntorch.save(model.state_dict(), "ckpt.pt")  # expect: C101\n'
+    assert "model.module.state_dict()" in propose("C101", dp, {"prefix": "module."})
+
+
+UNCERTAIN = [
+    # two optimizers step in the loop: whose gradients to clear?
+    ("O101", TRAIN_HEAD + "for x in loader:\n    loss.backward()  # expect: O101\n    g_opt.step()\n    d_opt.step()\n"
+     "g_opt = torch.optim.SGD(g.parameters())\nd_opt = torch.optim.SGD(d.parameters())\n", "optimizers"),
+    # the probabilities are also used for something else
+    ("L101", TRAIN_HEAD + "probs = model(x).softmax(1)\nloss = F.cross_entropy(probs, y)  # expect: L101\n"
+     "confidence = probs.max(1)\n", "also used"),
+    # the model's probabilities are read elsewhere (not only through argmax)
+    ("L101", TRAIN_HEAD + "model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(1))\n"
+     "loss = F.cross_entropy(model(x), y)  # expect: L101\nprint(model(x)[0])\n", "also used"),
+    # a sampler decides the order
+    ("D105", TRAIN_HEAD + "loader = DataLoader(ds, sampler=s)\nfor x in loader:  # expect: D105\n    pass\n", "sampler"),
+    # the model is called twice: scaling one input gives it two ranges
+    ("D101", TRAIN_HEAD + "for x, y in loader:\n    out = model(x)  # expect: D101\nval = model(xv)\n", "also called"),
+    # the whole model saved, and a load in the same file expects it
+    ("C103", TRAIN_HEAD + "torch.save(model, 'm.pt')  # expect: C103\nm = torch.load('m.pt')\n", "torch.load"),
+    # Adam imported by name: the import must change too
+    ("O109", HEAD + "from torch.optim import Adam\nopt = Adam(p, weight_decay=0.1)  # expect: O109\n", "imported"),
+    # no accumulation test to take the count from
+    ("O108", TRAIN_HEAD + "for x in loader:\n    loss.backward()  # expect: O108\n", "accumulation"),
+]
+
+
+@pytest.mark.parametrize(("code", "source", "reason"), UNCERTAIN, ids=[f"{c[0]}-{i}" for i, c in enumerate(UNCERTAIN)])
+def test_uncertain_edit_is_refused_with_its_reason(code, source, reason):
+    with pytest.raises(Uncertain, match=reason):
+        propose(code, source)
+
+
+def test_every_listed_code_has_a_codemod_with_safety_declared():
+    for code in CODEMODS:
+        module = codemod_for(code)
+        assert module is not None and module.CODE == code
+        assert isinstance(module.SAFE, bool)
+        if not module.SAFE:
+            assert module.UNSAFE_REASON
+    assert not codemod_for("O109").SAFE and not codemod_for("R101").SAFE
