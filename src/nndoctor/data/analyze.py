@@ -187,7 +187,8 @@ def _reference_split(splits: list[Split]) -> Split:
 
 
 def _split_classes(result: ScanResult) -> list[Finding]:
-    splits = [s for s in result.plan.splits if not s.flat]
+    # Record files carry their labels as numbers or names, not folder order: no index shift.
+    splits = [s for s in result.plan.splits if not s.flat and not s.records]
     if len(splits) < 2:
         return []
     reference = _reference_split(splits)
@@ -239,7 +240,8 @@ def _imbalance(result: ScanResult) -> list[Finding]:
             parts.append(f"{plural(len(small), 'class', 'classes')} under 1/{IMBALANCE_RATIO:g} of the largest ({largest:,}): {listing(shown)}")
         out.append(checks.ClassImbalance.finding(
             f"split {split.name}: " + "; ".join(parts),
-            location=Location(display(os.path.join(split.root, (empty + small)[0]))),
+            location=Location(display(split.root if split.records or split.remote is not None
+                                      else os.path.join(split.root, (empty + small)[0]))),
             evidence={"split": split.name, "empty": empty, "under_represented": small,
                       "largest": largest, "counts": counts},
         ))

@@ -1,0 +1,76 @@
+"""HDF5 files (h5py): image arrays or encoded-bytes datasets, with their label arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from nndoctor.data import storage
+from nndoctor.data.readers.arrays import ArrayInfo, choose, label_text
+from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, ranges
+from nndoctor.errors import UsageError
+
+
+def _h5py() -> Any:
+    try:
+        import h5py
+    except ImportError:
+        raise UsageError("reading HDF5 needs h5py: pip install 'nndoctor[hdf5]'") from None
+    return h5py
+
+
+def _open(path: str) -> Any:
+    h5py = _h5py()
+    # A URL is read through a seekable file object: h5py fetches only the chunks it touches.
+    return h5py.File(storage.open_input(path) if storage.is_url(path) else path, "r")
+
+
+def _info(name: str, dataset: Any) -> ArrayInfo:
+    h5py = _h5py()
+    dtype = dataset.dtype
+    vlen = h5py.check_vlen_dtype(dtype)
+    encoded = (vlen in (bytes, np.uint8) or dtype.kind in "SV") and dataset.ndim == 1
+    return ArrayInfo(name=name, shape=tuple(dataset.shape), kind=dtype.kind, encoded=encoded)
+
+
+def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
+    h5py = _h5py()
+    arrays: list[ArrayInfo] = []
+    try:
+        with _open(path) as handle:
+            handle.visititems(lambda name, obj: arrays.append(_info(name, obj))
+                              if isinstance(obj, h5py.Dataset) and obj.shape is not None else None)
+    except OSError as error:
+        raise UsageError(f"{path}: HDF5 file does not open ({error})") from None
+    info = SourceInfo()
+    for pair in choose(path, arrays, options.images, options.labels):
+        name = pair.split or split
+        labels = pair.labels.name if pair.labels else None
+        info.used[pair.images.name] = {"images": pair.images.describe(), "labels": labels, "split": name}
+        info.notes.append(f"{path}: images from '{pair.images.name}' ({pair.images.describe()})"
+                          + (f", labels from '{labels}'" if labels else ", no label array"))
+        for start, stop in ranges(pair.images.shape[0]):
+            info.units.append(Unit("hdf5", path, name, start, stop, (pair.images.name, labels, pair.images.encoded)))
+    return info
+
+
+def read(unit: Unit) -> Iterator[Sample]:
+    images_key, labels_key, encoded = unit.options
+    with _open(unit.path) as handle:
+        images = handle[images_key][unit.start:unit.stop]
+        labels = handle[labels_key][unit.start:unit.stop] if labels_key else None
+    for offset, value in enumerate(images):
+        index = unit.start + offset
+        label = label_text(labels[offset]) if labels is not None else None
+        data = _as_bytes(value) if encoded else value
+        yield Sample(f"{unit.path}:{images_key}[{index}]", label, data)
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, np.ndarray):
+        return value.tobytes()
+    if isinstance(value, np.void):
+        return value.tobytes()
+    return bytes(value)
