@@ -100,7 +100,7 @@ def choose(container: str, arrays: list[ArrayInfo], images: str | None, labels: 
         group, leaf = _parts(info.name)
         _, suffix = _stem_and_split(leaf)
         split = suffix or (group.rsplit("/", 1)[-1] if group.rsplit("/", 1)[-1].lower() in SPLIT_NAMES else None)
-        if split is not None and _rank(leaf, IMAGE_NAMES) < len(IMAGE_NAMES):
+        if split is not None:
             splits.setdefault(split, info)
     if len(splits) > 1:
         return [Pair(split, info, _labels_for(container, info, by_name, arrays, labels))

@@ -36,6 +36,7 @@ def read(unit: Unit) -> Iterator[Sample]:
     inside = False  # True while a member's data is being read
     group: dict[str, bytes] = {}
     key = None
+    ended = 0
     with storage.open_input(unit.path) as raw:
         try:
             with tarfile.open(fileobj=raw, mode="r|*") as archive:
@@ -54,6 +55,9 @@ def read(unit: Unit) -> Iterator[Sample]:
                     handle = archive.extractfile(member)
                     group[ext] = handle.read() if handle is not None else b""
                     inside = False
+                ended = archive.offset
+            if _cut_before_end_blocks(raw, ended):
+                raise tarfile.ReadError("no end-of-archive blocks after the last member: the file was cut")
         except (tarfile.TarError, EOFError, OSError) as error:
             yield from _samples(unit.path, key, group)
             where = "inside" if inside else "after"
@@ -61,6 +65,16 @@ def read(unit: Unit) -> Iterator[Sample]:
                          problem=f"truncated or corrupt tar shard: it breaks {where} this member ({error})")
             return
     yield from _samples(unit.path, key, group)
+
+
+def _cut_before_end_blocks(raw, ended: int) -> bool:
+    """A tar writer ends the archive with two zero blocks; a plain tar without them was cut
+    on a block boundary (which tarfile reads as a clean end)."""
+    raw.seek(0)
+    if raw.read(2) == b"\x1f\x8b":
+        return False  # compressed: the gzip stream's own end is checked by tarfile
+    raw.seek(0, 2)
+    return raw.tell() - ended < 2 * tarfile.BLOCKSIZE
 
 
 def _samples(path: str, key: str | None, group: dict[str, bytes]) -> Iterator[Sample]:
