@@ -12,7 +12,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from conftest import jpeg_bytes, photo
+from conftest import photo
 
 from nndoctor.data.sources import expand_braces, split_name
 

@@ -24,7 +24,13 @@ from pathlib import Path
 from nndoctor.data import storage
 from nndoctor.data.detect import detect_file, detect_folder
 from nndoctor.data.formats import IMAGE_EXTENSIONS
-from nndoctor.data.sources import RecordSource, expand_braces, has_braces, is_record_name, split_name
+from nndoctor.data.sources import (
+    RecordSource,
+    expand_braces,
+    has_braces,
+    is_record_name,
+    split_name,
+)
 from nndoctor.data.tfrecord import is_tfrecord_name
 from nndoctor.errors import UsageError
 

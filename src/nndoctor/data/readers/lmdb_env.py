@@ -175,7 +175,7 @@ def _from_datum(value: bytes) -> tuple[Any, str | None, str | None]:
     """Caffe's Datum: channels=1 height=2 width=3 data=4 label=5 encoded=7."""
     fields: dict[int, Any] = {}
     try:
-        for number, wire, field in _fields(value):
+        for number, _wire, field in _fields(value):
             fields[number] = field
     except NotAnExample:
         return None, None, None
