@@ -4,6 +4,7 @@ finding). Every dataset is built here with h5py, numpy, tarfile, pyarrow, lmdb a
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import pickle
@@ -278,3 +279,19 @@ def test_lmdb_pickled_records_are_read_without_running_code(tmp_path, run_data):
     assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/db:00003"]
     assert result.one("F102")["evidence"]["files"] == [f"{tmp_path}/db:00006"]
     assert result.report["extra"]["scan"]["images_decoded"] == 11
+
+
+def test_gzipped_shard_is_read_and_a_shard_without_images_is_nothing_to_check(tmp_path, run_data):
+    plain = tmp_path / "plain.tar"
+    write_shard(plain, [(f"{i:03d}", {"png": encoded(i, "PNG"), "cls": b"0"}) for i in range(4)]
+                + [("004", {"png": truncated_jpeg(4), "cls": b"0"})])
+    shard = tmp_path / "train-0000.tar.gz"
+    shard.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    result = run_data(shard)
+    assert result.one("F101")["evidence"]["files"] == [f"{shard}:004.png"]
+    assert result.report["extra"]["scan"]["images_decoded"] == 4
+    texts = tmp_path / "captions.tar"
+    write_shard(texts, [(f"{i:03d}", {"txt": b"a caption"}) for i in range(3)])
+    empty = run_data(texts)
+    assert empty.rc == 2 and "the files hold no image records" in empty.err

@@ -15,6 +15,8 @@ boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 h5py = pytest.importorskip("h5py")
 
+pytestmark = pytest.mark.slow  # a real HTTP server and S3 round trips: 1–7 s a test on a loaded VM
+
 BUCKET = "datasets"
 
 

@@ -86,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
     result = scan(layout, options)
     for note in result.notes:
         print(f"nndoctor: note: {printable(note, keep_newlines=False)}", file=sys.stderr)
+    stats = result.stats
+    if layout.records and not stats["records"] and not stats["files_scanned"] and not stats["tfrecord_files"]:
+        result.close()
+        raise UsageError(f"nothing to check in {', '.join(args.paths)}: the files hold no image records "
+                         "(WebDataset shards need key.jpg/.png/… members; HDF5, NumPy, Parquet and LMDB "
+                         "need images)")
     try:
         analysis = AnalysisOptions(crop=args.crop, near_distance=args.near_distance, near_duplicates=near_enabled)
         findings = image_findings(result, analysis) + tfrecord_findings(result.tfrecords)

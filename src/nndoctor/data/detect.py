@@ -9,11 +9,10 @@ keep reading a TFRecord file whose framing is already broken (that is F201's fin
 
 from __future__ import annotations
 
-import gzip
-import io
 import os
 import struct
 import zipfile
+import zlib
 
 from nndoctor.data import storage
 from nndoctor.data.crc32c import masked_crc32c
@@ -66,7 +65,14 @@ def content_kind(path: str, head: bytes) -> str | None:
         return "webdataset"
     if len(head) >= 20 and struct.unpack_from("<I", head, 16)[0] == LMDB_MAGIC:
         return "lmdb"
-    if _tfrecord_framing(head) or (head.startswith(b"\x1f\x8b") and _gzip_tfrecord(head)):
+    if head.startswith(b"\x1f\x8b"):
+        inflated = _inflate_head(head)
+        if is_tar_header(inflated):
+            return "webdataset"  # a .tar.gz / .tgz shard
+        if _tfrecord_framing(inflated):
+            return "tfrecord"
+        return None
+    if _tfrecord_framing(head):
         return "tfrecord"
     return None
 
@@ -123,12 +129,12 @@ def _tfrecord_framing(head: bytes) -> bool:
     return masked_crc32c(head[:8]) == stored
 
 
-def _gzip_tfrecord(head: bytes) -> bool:
+def _inflate_head(head: bytes) -> bytes:
+    """The first bytes of a gzip stream whose compressed start is ``head``."""
     try:
-        inflated = gzip.GzipFile(fileobj=io.BytesIO(head)).read(12)
-    except (OSError, EOFError):
-        inflated = b""
-    return _tfrecord_framing(inflated)
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1024)
+    except zlib.error:
+        return b""
 
 
 def _describe(head: bytes) -> str:
@@ -139,5 +145,5 @@ def _describe(head: bytes) -> str:
     if head.startswith(b"PAR1"):
         return "Parquet file without its footer (truncated)"
     if head.startswith(b"\x1f\x8b"):
-        return "gzip archive (not a gzipped TFRecord)"
+        return "gzip archive (neither a tar shard nor a TFRecord inside)"
     return kind
