@@ -2,8 +2,8 @@
 
 ``RayPool`` has the interface of the local ``WorkerPool`` (``map_batches``), so the scan, the
 cache, the index and the analysis are the same code for both engines and give the same report.
-Batches go to Ray in windows (one Ray Data dataset per window, one block per batch, so the
-tasks spread over the cluster); each task returns the compact per-file rows (sizes, hashes,
+Batches go to Ray in windows (one Ray Data dataset per window, cut into a few blocks per
+worker: one Ray task per block, each running its batches in turn); each task returns the compact per-file rows (sizes, hashes,
 channel moments), which the driver folds into the scan index: sums and counters are
 associative, and duplicates are found by the index's GROUP BY, so nothing is shuffled.
 Paths must be readable from the workers: a shared file system or object-store URLs.
@@ -20,6 +20,8 @@ from typing import Any
 from nndoctor.errors import UsageError
 
 WINDOW = 512  # batches per Ray dataset: amortises its start-up, bounds the driver's memory
+BLOCKS_PER_WORKER = 4  # Ray tasks per worker and window: few enough to amortise a task's cost,
+# enough that a slow task does not leave the other workers idle for long
 
 
 def _ray() -> Any:
@@ -68,7 +70,8 @@ class RayPool:
         iterator = iter(batches)
         while window := list(islice(iterator, WINDOW)):
             items = [{"i": i, "batch": pickle.dumps(batch)} for i, batch in enumerate(window)]
-            dataset = ray.data.from_items(items, override_num_blocks=len(items)).map(_Apply(function))
+            blocks = min(len(items), self.workers * BLOCKS_PER_WORKER)
+            dataset = ray.data.from_items(items, override_num_blocks=blocks).map(_Apply(function))
             results: dict[int, Any] = {}
             for row in dataset.iter_rows():
                 results[row["i"]] = pickle.loads(row["result"])
