@@ -295,3 +295,30 @@ def test_gzipped_shard_is_read_and_a_shard_without_images_is_nothing_to_check(tm
     write_shard(texts, [(f"{i:03d}", {"txt": b"a caption"}) for i in range(3)])
     empty = run_data(texts)
     assert empty.rc == 2 and "the files hold no image records" in empty.err
+
+
+def datum(channels: int, height: int, width: int, data: bytes, label: int, encoded_flag: bool = False) -> bytes:
+    """A Caffe Datum message (channels=1, height=2, width=3, data=4, label=5, encoded=7)."""
+    from conftest import _field, _varint
+
+    message = (_varint(1 << 3) + _varint(channels) + _varint(2 << 3) + _varint(height)
+               + _varint(3 << 3) + _varint(width) + _field(4, data) + _varint(5 << 3) + _varint(label))
+    return message + (_varint(7 << 3) + _varint(1) if encoded_flag else b"")
+
+
+def test_lmdb_caffe_datum_raw_and_encoded(tmp_path, run_data):
+    items = {}
+    for i in range(8):
+        chw = np.ascontiguousarray(np.moveaxis(pixels(i), -1, 0))
+        items[f"{i:08d}".encode()] = datum(3, 32, 32, chw.tobytes(), i % 2)
+    items[b"00000003"] = datum(3, 32, 32, b"\x00" * 100, 1)  # the pixels do not fill 3x32x32
+    items[b"00000005"] = items[b"00000001"]
+    items[b"00000009"] = datum(0, 0, 0, encoded(9), 0, encoded_flag=True)
+    write_lmdb(tmp_path / "caffe_train_lmdb", items)
+    result = run_data(tmp_path / "caffe_train_lmdb")
+    assert result.one("F101")["evidence"]["reasons"] == {
+        f"{tmp_path}/caffe_train_lmdb:00000003": "Caffe Datum of 3x32x32 holds 100 bytes"}
+    assert result.one("F109")["evidence"]["files"] == [f"{tmp_path}/caffe_train_lmdb:00000001",
+                                                       f"{tmp_path}/caffe_train_lmdb:00000005"]
+    assert result.report["extra"]["scan"]["images_decoded"] == 8
+    assert result.report["extra"]["splits"] == ["caffe_train"]
