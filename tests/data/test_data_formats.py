@@ -121,6 +121,24 @@ def test_hdf5_images_and_labels_options(tmp_path, run_data):
     assert wrong.rc == 2 and "--images nope: no image array of that name (arrays: a (6×32×32×3" in wrong.err
 
 
+def test_hdf5_course_layout_class_name_strings_are_not_images(tmp_path, run_data):
+    """The layout of the widely used cat/non-cat course files: train_set_x, train_set_y and
+    list_classes (byte strings) in train_….h5, the same with test_ in test_….h5."""
+    images = np.stack([pixels(i, 24) for i in range(16)])
+    for split, rows in (("train", images[:12]), ("test", images[12:].copy())):
+        if split == "test":
+            rows[1] = images[5]
+        with h5py.File(tmp_path / f"{split}_catvnoncat.h5", "w") as handle:
+            handle[f"{split}_set_x"] = rows
+            handle[f"{split}_set_y"] = np.arange(len(rows)) % 2
+            handle["list_classes"] = np.array([b"non-cat", b"cat"], dtype="S7")
+    result = run_data(tmp_path / "train_catvnoncat.h5", tmp_path / "test_catvnoncat.h5")
+    assert "F101" not in result.codes()
+    assert result.one("F110")["evidence"]["pairs"][0]["duplicate_of"] == f"{tmp_path}/train_catvnoncat.h5:train_set_x[5]"
+    assert "images from 'train_set_x' (12×24×24×3 unsigned integers), labels from 'train_set_y'" in result.err
+    assert sorted(result.report["extra"]["splits"]) == ["test", "train"]
+
+
 def test_clean_hdf5_is_silent(tmp_path, run_data):
     path = tmp_path / "train.h5"
     with h5py.File(path, "w") as handle:
@@ -321,4 +339,4 @@ def test_lmdb_caffe_datum_raw_and_encoded(tmp_path, run_data):
     assert result.one("F109")["evidence"]["files"] == [f"{tmp_path}/caffe_train_lmdb:00000001",
                                                        f"{tmp_path}/caffe_train_lmdb:00000005"]
     assert result.report["extra"]["scan"]["images_decoded"] == 8
-    assert result.report["extra"]["splits"] == ["caffe_train"]
+    assert result.report["extra"]["splits"] == ["train"]

@@ -31,13 +31,10 @@ from nndoctor.data.sources import (
     is_record_name,
     split_name,
 )
+from nndoctor.data.splitnames import SPLIT_NAMES, TRAIN_NAMES  # noqa: F401 - TRAIN_NAMES re-exported
 from nndoctor.data.tfrecord import is_tfrecord_name
 from nndoctor.errors import UsageError
 
-SPLIT_NAMES = frozenset(
-    ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "holdout")
-)
-TRAIN_NAMES = frozenset(("train", "training"))
 # Folders that tools and operating systems create and that ImageFolder would take as classes.
 SYSTEM_DIR_NAMES = frozenset(
     ("__MACOSX", "__pycache__", "@eaDir", "$RECYCLE.BIN", "System Volume Information", "lost+found")

@@ -292,9 +292,14 @@ def _scan_records(
     for split in plan.splits:
         if split.records:
             labels = result.splits[split.name].labels
-            named = [label for label in labels if label]
-            split.classes = sorted(named, key=lambda c: (not c.lstrip("-").isdigit(), int(c) if c.lstrip("-").isdigit() else 0, c))
+            split.classes = sorted((label for label in labels if label), key=_label_order)
             split.flat = not split.classes
+
+
+def _label_order(label: str) -> tuple[bool, int, str]:
+    """Numeric labels in numeric order (2 before 10), then names alphabetically."""
+    numeric = label.lstrip("-").isdigit()
+    return not numeric, int(label) if numeric else 0, label
 
 
 def _ingest_record(

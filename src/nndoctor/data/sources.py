@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from nndoctor.data import storage
+from nndoctor.data.splitnames import SPLIT_NAMES
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -69,6 +70,9 @@ def split_name(path: str) -> str:
             base = base[: -len(suffix)]
             lowered = lowered[: -len(suffix)]
     base = re.sub(r"[-_.]?lmdb$", "", base, flags=re.I) or base
+    named = next((t for t in re.split(r"[-_. ]+", base.lower()) if t in SPLIT_NAMES), None)
+    if named is not None:
+        return named  # train_catvnoncat.h5, cifar10-test-00001.tar
     stem = _SHARD_NUMBER.sub("", base).rstrip("-_.") or base
     if stem.isdigit() or stem == "data":
         parent = path.rstrip("/").rsplit("/", 2)[-2] if storage.is_url(path) else os.path.basename(

@@ -3,7 +3,7 @@
 Shared by the HDF5 and NumPy readers: an image array is N×H×W, N×H×W×C or N×C×H×W (C in
 1, 3, 4) or N encoded-bytes entries; a label array is one value per image. Names decide between
 candidates (``images`` over ``masks``), and ``x_train``/``y_train``, ``train/images`` pair up
-into splits. ``--images`` / ``--labels`` override the choice.
+into splits (``train_set_x``/``train_set_y`` too). ``--images`` / ``--labels`` override the choice.
 """
 
 from __future__ import annotations
@@ -67,17 +67,24 @@ def _parts(name: str) -> tuple[str, str]:
     return group, leaf
 
 
-def _stem_and_split(leaf: str) -> tuple[str, str | None]:
-    """"x_train" → ("x", "train"); "images" → ("images", None)."""
-    match = re.match(r"^(.*?)[_-]?(train|training|val|valid|validation|test|testing|dev|eval)$", leaf, re.I)
-    if match and match.group(1):
-        return match.group(1).lower(), match.group(2).lower()
-    return leaf.lower(), None
+def _tokens(leaf: str) -> list[str]:
+    return [t for t in re.split(r"[_\-. ]+", leaf.lower()) if t]
+
+
+def _split_of(leaf: str) -> str | None:
+    """"x_train" → "train"; "train_set_x" → "train"; "images" → None."""
+    return next((t for t in _tokens(leaf) if t in SPLIT_NAMES), None)
 
 
 def _rank(leaf: str, names: tuple[str, ...]) -> int:
-    stem, _ = _stem_and_split(leaf)
-    return names.index(stem) if stem in names else len(names)
+    """How well a name says what it holds: "images" 0, "train_set_x" the rank of "x", else last."""
+    words = [t for t in _tokens(leaf) if t not in SPLIT_NAMES] or [leaf.lower()]
+    return min((names.index(w) for w in words if w in names), default=len(names))
+
+
+def _split_in(info: ArrayInfo) -> str | None:
+    group, leaf = _parts(info.name)
+    return _split_of(leaf) or _split_of(group.rsplit("/", 1)[-1])
 
 
 def choose(container: str, arrays: list[ArrayInfo], images: str | None, labels: str | None) -> list[Pair]:
@@ -94,19 +101,17 @@ def choose(container: str, arrays: list[ArrayInfo], images: str | None, labels: 
     if not candidates:
         raise UsageError(f"{container}: no image array found (N×H×W[×C] numbers or encoded bytes; "
                          f"arrays: {listing}); pass --images KEY")
-    # One per split-like group or suffix; otherwise the best-named candidate alone.
+    # One per split named by a group or the array's name; otherwise the best-named candidate.
     splits: dict[str, ArrayInfo] = {}
-    for info in sorted(candidates, key=lambda a: _rank(_parts(a.name)[1], IMAGE_NAMES)):
-        group, leaf = _parts(info.name)
-        _, suffix = _stem_and_split(leaf)
-        split = suffix or (group.rsplit("/", 1)[-1] if group.rsplit("/", 1)[-1].lower() in SPLIT_NAMES else None)
+    for info in sorted(candidates, key=lambda a: (_rank(_parts(a.name)[1], IMAGE_NAMES), a.encoded, a.name)):
+        split = _split_in(info)
         if split is not None:
             splits.setdefault(split, info)
     if len(splits) > 1:
         return [Pair(split, info, _labels_for(container, info, by_name, arrays, labels))
                 for split, info in sorted(splits.items())]
-    best = min(candidates, key=lambda a: (_rank(_parts(a.name)[1], IMAGE_NAMES), a.name))
-    return [Pair(None, best, _labels_for(container, best, by_name, arrays, labels))]
+    best = min(candidates, key=lambda a: (_rank(_parts(a.name)[1], IMAGE_NAMES), a.encoded, a.name))
+    return [Pair(_split_in(best), best, _labels_for(container, best, by_name, arrays, labels))]
 
 
 def _labels_for(container: str, images: ArrayInfo, by_name: dict[str, ArrayInfo], arrays: list[ArrayInfo],
@@ -119,10 +124,10 @@ def _labels_for(container: str, images: ArrayInfo, by_name: dict[str, ArrayInfo]
                              f"(arrays: {', '.join(a.name for a in arrays)})")
         return chosen
     group, leaf = _parts(images.name)
-    _, suffix = _stem_and_split(leaf)
+    split = _split_of(leaf)
     found = [a for a in arrays if a is not images and _parts(a.name)[0] == group and is_label_array(a, count)
              and _rank(_parts(a.name)[1], LABEL_NAMES) < len(LABEL_NAMES)
-             and _stem_and_split(_parts(a.name)[1])[1] == suffix]
+             and _split_of(_parts(a.name)[1]) == split]
     return min(found, key=lambda a: _rank(_parts(a.name)[1], LABEL_NAMES)) if found else None
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from nndoctor.data import storage
+from nndoctor.data.formats import IMAGE_FORMATS, sniff
 from nndoctor.data.readers.arrays import ArrayInfo, choose, label_text
 from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, ranges
 from nndoctor.errors import UsageError
@@ -31,8 +32,19 @@ def _info(name: str, dataset: Any) -> ArrayInfo:
     h5py = _h5py()
     dtype = dataset.dtype
     vlen = h5py.check_vlen_dtype(dtype)
-    encoded = (vlen in (bytes, np.uint8) or dtype.kind in "SV") and dataset.ndim == 1
+    encoded = (vlen in (bytes, np.uint8) or dtype.kind in "SV") and dataset.ndim == 1 and _holds_images(dataset)
     return ArrayInfo(name=name, shape=tuple(dataset.shape), kind=dtype.kind, encoded=encoded)
+
+
+def _holds_images(dataset: Any) -> bool:
+    """A bytes dataset is taken for encoded images only if its first entry is one (class-name
+    strings such as ``list_classes`` are bytes too)."""
+    if not dataset.shape or dataset.shape[0] == 0:
+        return False
+    try:
+        return sniff(_as_bytes(dataset[0])[:64]) in IMAGE_FORMATS
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
