@@ -52,6 +52,13 @@ def test_a_zip_that_is_not_npz_is_named_as_what_it_is(tmp_path, run_data):
     assert result.rc == 2 and "unsupported format: ZIP archive" in result.err
 
 
+def test_git_lfs_pointer_is_named(tmp_path, run_data):
+    pointer = tmp_path / "mnist.npz"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:cdec22\nsize 444641002\n")
+    result = run_data(pointer)
+    assert result.rc == 2 and "unsupported format: a Git LFS pointer, not the file's content (run git lfs pull)" in result.err
+
+
 def test_brace_patterns_and_split_names():
     assert expand_braces("shard-{000000..000002}.tar") == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
     assert expand_braces("{train,val}-{0..1}.tar") == ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]

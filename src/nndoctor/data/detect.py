@@ -146,4 +146,6 @@ def _describe(head: bytes) -> str:
         return "Parquet file without its footer (truncated)"
     if head.startswith(b"\x1f\x8b"):
         return "gzip archive (neither a tar shard nor a TFRecord inside)"
+    if head.startswith(b"version https://git-lfs.github.com/spec/"):
+        return "a Git LFS pointer, not the file's content (run git lfs pull)"
     return kind
