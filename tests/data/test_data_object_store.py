@@ -131,3 +131,18 @@ def test_missing_object_and_missing_backend_messages(bucket, run_data, monkeypat
     assert result.rc == 2 and "no such object" in result.err
     unknown = run_data("nosuchproto://bucket/x.tar")
     assert unknown.rc == 2 and "cannot open this URL" in unknown.err
+
+
+def test_s3_tfrecords(bucket, run_data, tmp_path):
+    from conftest import example, frame, jpeg_bytes
+
+    records = [frame(example({"image/encoded": jpeg_bytes(i), "label": [i]})) for i in range(3)]
+    broken = bytearray(records[1])
+    broken[20] ^= 0x01
+    put(bucket, "tf/train-00000-of-00002.tfrecord", b"".join(records))
+    put(bucket, "tf/train-00001-of-00002.tfrecord", records[0] + bytes(broken) + records[2])
+    result = run_data(f"s3://{BUCKET}/tf/train-*.tfrecord")
+    finding = result.one("F201")
+    assert finding["evidence"]["files"] == [f"s3://{BUCKET}/tf/train-00001-of-00002.tfrecord"]
+    assert "train-00001-of-00002.tfrecord#1" in " ".join(finding["evidence"]["records"])
+    assert result.report["extra"]["scan"]["tfrecord_records"] == 6

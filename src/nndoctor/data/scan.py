@@ -25,6 +25,7 @@ from nndoctor.data.layout import FileTask, Plan, Split, WalkProblems, display, i
 from nndoctor.data.probe import PROBE_VERSION, FileRecord, probe_batch
 from nndoctor.data.progress import ScanProgress
 from nndoctor.data.records import ReadOptions, Unit, plan_source, probe_units
+from nndoctor.data.storage import is_url
 from nndoctor.data.tfrecord import TFRECORD_VERSION, scan_tfrecord, valid_summary
 
 IMAGE_BATCH = 32  # files per worker task: amortises pickling without starving a worker
@@ -194,7 +195,8 @@ def count_files_in_background(plan: Plan, progress: ScanProgress) -> threading.T
     def count() -> None:
         try:
             total = sum(1 for split in plan.splits for _ in iter_files(split, WalkProblems()))
-            progress.set_total(total + len(plan.tfrecords))
+            if not plan.records:  # record files advance by units, whose number is not known yet
+                progress.set_total(total + len(plan.tfrecords))
         except Exception:  # noqa: BLE001 - the bar simply stays a counter
             pass
 
@@ -333,13 +335,16 @@ def _scan_tfrecords(
     version = f"tfrecord{TFRECORD_VERSION}"
     progress.stage("reading TFRecords")
     items = []
+    todo = []
     for path in plan.tfrecords:
+        if is_url(path):
+            todo.append((path, 0, 0))  # objects have no mtime to key the cache on
+            continue
         try:
             st = os.stat(path)
             items.append(((path, st.st_size, st.st_mtime_ns), path, st.st_size, st.st_mtime_ns))
         except OSError as error:
             result.tfrecords.append((path, _unopenable(error)))
-    todo = []
     for batch, found in _with_cache(items, cache, version, counters, 256, valid_summary):
         for item, path, _, _ in batch:
             if path in found:
@@ -351,7 +356,7 @@ def _scan_tfrecords(
     for batch, summaries in pool.map_batches(_scan_tfrecord_paths, ([item] for item in todo)):
         for (path, size, mtime), summary in zip(batch, summaries):
             result.tfrecords.append((path, summary))
-            if cache is not None:
+            if cache is not None and not is_url(path):
                 cache.store([(path, size, mtime, summary)], version)
         progress.advance(len(batch))
     counters["tfrecord_files"] = len(result.tfrecords)
