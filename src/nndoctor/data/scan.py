@@ -24,7 +24,8 @@ from nndoctor.data.index import ScanIndex
 from nndoctor.data.layout import FileTask, Plan, Split, WalkProblems, display, iter_files
 from nndoctor.data.probe import PROBE_VERSION, FileRecord, probe_batch
 from nndoctor.data.progress import ScanProgress
-from nndoctor.data.records import ReadOptions, Unit, plan_source, probe_units
+from nndoctor.data.record_probe import plan_source, probe_units
+from nndoctor.data.records import ReadOptions, Unit
 from nndoctor.data.storage import is_url
 from nndoctor.data.tfrecord import TFRECORD_VERSION, scan_tfrecord, valid_summary
 
