@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 UNIT_RECORDS = 256  # records per unit: enough to amortise opening the file, small enough to balance
+UNIT_BYTES = 64 << 20  # at most this much of an array read per unit (large images: fewer per unit)
 
 @dataclass(frozen=True)
 class Unit:
@@ -47,12 +48,28 @@ class SourceInfo:
     used: dict[str, Any] = field(default_factory=dict)  # e.g. the HDF5 datasets read
 
 
+def oversized(shape: tuple[int, ...]) -> str | None:
+    """Why one image of an array with this shape is not read (too many pixels), or None."""
+    from nndoctor.data.probe import MAX_PIXELS
+
+    if len(shape) < 3:
+        return None
+    height, width = (shape[2], shape[3]) if len(shape) == 4 and shape[1] in (1, 3, 4) and shape[3] not in (1, 3, 4) \
+        else (shape[1], shape[2])
+    if height * width > MAX_PIXELS:
+        return (f"decompression bomb: {width}x{height} = {width * height / 1e6:.0f} Mpx per image exceeds "
+                f"Pillow's limit of {MAX_PIXELS / 1e6:.0f} Mpx; not read")
+    return None
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     images: str | None = None  # --images KEY: dataset/column/array holding the images
     labels: str | None = None  # --labels KEY
 
 
-def ranges(count: int, size: int = UNIT_RECORDS) -> Iterator[tuple[int, int]]:
+def ranges(count: int, item_bytes: int = 0) -> Iterator[tuple[int, int]]:
+    """(start, stop) of the units over ``count`` records of ``item_bytes`` each (0: unknown)."""
+    size = max(1, min(UNIT_RECORDS, UNIT_BYTES // item_bytes)) if item_bytes else UNIT_RECORDS
     for start in range(0, count, size):
         yield start, min(count, start + size)

@@ -24,6 +24,7 @@ class ArrayInfo:
     shape: tuple[int, ...]
     kind: str  # numpy dtype kind: u i f b S V O
     encoded: bool  # one encoded image (bytes) per entry
+    itemsize: int = 1  # bytes per number
 
     def describe(self) -> str:
         if self.encoded:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ import numpy as np
 from nndoctor.data import storage
 from nndoctor.data.formats import IMAGE_FORMATS, sniff
 from nndoctor.data.readers.arrays import ArrayInfo, choose, label_text
-from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, ranges
+from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, oversized, ranges
 from nndoctor.errors import UsageError
 
 
@@ -33,7 +34,8 @@ def _info(name: str, dataset: Any) -> ArrayInfo:
     dtype = dataset.dtype
     vlen = h5py.check_vlen_dtype(dtype)
     encoded = (vlen in (bytes, np.uint8) or dtype.kind in "SV") and dataset.ndim == 1 and _holds_images(dataset)
-    return ArrayInfo(name=name, shape=tuple(dataset.shape), kind=dtype.kind, encoded=encoded)
+    return ArrayInfo(name=name, shape=tuple(dataset.shape), kind=dtype.kind, encoded=encoded,
+                     itemsize=dtype.itemsize)
 
 
 def _holds_images(dataset: Any) -> bool:
@@ -63,7 +65,8 @@ def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
         info.used[pair.images.name] = {"images": pair.images.describe(), "labels": labels, "split": name}
         info.notes.append(f"{path}: images from '{pair.images.name}' ({pair.images.describe()})"
                           + (f", labels from '{labels}'" if labels else ", no label array"))
-        for start, stop in ranges(pair.images.shape[0]):
+        item_bytes = 0 if pair.images.encoded else pair.images.itemsize * math.prod(pair.images.shape[1:])
+        for start, stop in ranges(pair.images.shape[0], item_bytes):
             info.units.append(Unit("hdf5", path, name, start, stop, (pair.images.name, labels, pair.images.encoded)))
     return info
 
@@ -71,6 +74,11 @@ def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
 def read(unit: Unit) -> Iterator[Sample]:
     images_key, labels_key, encoded = unit.options
     with _open(unit.path) as handle:
+        too_large = None if encoded else oversized(handle[images_key].shape)
+        if too_large:
+            for index in range(unit.start, unit.stop):
+                yield Sample(f"{unit.path}:{images_key}[{index}]", None, problem=too_large)
+            return
         images = handle[images_key][unit.start:unit.stop]
         labels = handle[labels_key][unit.start:unit.stop] if labels_key else None
     for offset, value in enumerate(images):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Iterator
 from typing import IO, Any
@@ -10,8 +11,10 @@ import numpy as np
 
 from nndoctor.data import storage
 from nndoctor.data.readers.arrays import ArrayInfo, choose, label_text
-from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, ranges
+from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, oversized, ranges
 from nndoctor.errors import UsageError
+
+NPZ_MEMBER_LIMIT = 4 << 30  # bytes of one .npz array read into memory whole
 
 
 def _header(handle: IO[bytes]) -> tuple[tuple[int, ...], np.dtype, bool, int]:
@@ -39,7 +42,8 @@ def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
     if fortran:
         raise UsageError(f"{path}: Fortran-ordered arrays are not read record by record; save with np.save(np.ascontiguousarray(a))")
     info = SourceInfo(notes=[f"{path}: images {pair.images.describe()}, no labels"])
-    info.units = [Unit("npy", path, split, a, b) for a, b in ranges(shape[0])]
+    item_bytes = dtype.itemsize * math.prod(shape[1:])
+    info.units = [Unit("npy", path, split, a, b) for a, b in ranges(shape[0], item_bytes)]
     return info
 
 
@@ -54,7 +58,7 @@ def _npz_arrays(path: str) -> list[ArrayInfo]:
             with archive.open(name) as member:
                 shape, dtype, _, _ = _header(member)
             arrays.append(ArrayInfo(name=name.removesuffix(".npy"), shape=shape, kind=dtype.kind,
-                                    encoded=False))
+                                    encoded=False, itemsize=dtype.itemsize))
     return arrays
 
 
@@ -65,6 +69,10 @@ def _plan_npz(path: str, split: str, options: ReadOptions) -> SourceInfo:
         raise UsageError(f"{path}: .npz archive does not open ({error})") from None
     info = SourceInfo()
     for pair in choose(path, arrays, options.images, options.labels):
+        size = pair.images.itemsize * math.prod(pair.images.shape)
+        if size > NPZ_MEMBER_LIMIT:
+            raise UsageError(f"{path}: array '{pair.images.name}' is {size / 1e9:.1f} GB; an .npz member is "
+                             f"read whole, so save it as .npy (read in slices) to check it")
         name = pair.split or split
         labels = pair.labels.name if pair.labels else None
         info.used[pair.images.name] = {"images": pair.images.describe(), "labels": labels, "split": name}
@@ -81,6 +89,11 @@ def read(unit: Unit) -> Iterator[Sample]:
         return
     with storage.open_input(unit.path) as handle:
         shape, dtype, _, offset = _header(handle)
+        too_large = oversized(shape)
+        if too_large:
+            for index in range(unit.start, unit.stop):
+                yield Sample(f"{unit.path}[{index}]", None, problem=too_large)
+            return
         per_item = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         handle.seek(offset + unit.start * per_item)
         count = unit.stop - unit.start
