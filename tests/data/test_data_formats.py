@@ -274,6 +274,38 @@ def test_parquet_image_structs_with_class_labels(tmp_path, run_data):
     result.snapshot("F110")
 
 
+def test_hugging_face_save_to_disk_arrow_folders(tmp_path, run_data):
+    import pyarrow as pa
+
+    def write_arrow(path, images, labels):
+        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        table = pa.table({"image": pa.array([{"bytes": b, "path": None} for b in images], type=image_type),
+                          "label": pa.array(labels, type=pa.int64())})
+        features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["ant", "bee"]}}
+        table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with pa.ipc.new_stream(path, table.schema) as writer:  # what datasets' ArrowWriter writes
+            for batch in table.to_batches(max_chunksize=5):
+                writer.write_batch(batch)
+
+    train = [encoded(i) for i in range(12)]
+    train[7] = truncated_jpeg(7)
+    test = [encoded(50 + i) for i in range(4)]
+    test[3] = train[2]
+    write_arrow(tmp_path / "ds" / "train" / "data-00000-of-00001.arrow", train, [i % 2 for i in range(12)])
+    write_arrow(tmp_path / "ds" / "train" / "cache-5f2a.arrow", train, [0] * 12)  # a map() result: skipped
+    write_arrow(tmp_path / "ds" / "test" / "data-00000-of-00001.arrow", test, [0, 1, 0, 1])
+    (tmp_path / "ds" / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+    result = run_data(tmp_path / "ds")
+    train_file = f"{tmp_path}/ds/train/data-00000-of-00001.arrow"
+    assert result.one("F101")["evidence"]["files"] == [f"{train_file}:image[7]"]
+    assert result.one("F110")["evidence"]["pairs"][0] == {
+        "file": f"{tmp_path}/ds/test/data-00000-of-00001.arrow:image[3]", "duplicate_of": f"{train_file}:image[2]",
+        "distance": 0}
+    assert "F109" not in result.codes()  # the cache file was not read
+    assert result.report["extra"]["scan"]["records"] == 16
+
+
 # -- LMDB ----------------------------------------------------------------------------------
 lmdb = pytest.importorskip("lmdb")
 

@@ -26,8 +26,7 @@ LMDB_MAGIC = 0xBEEFC0DE  # the meta page's mm_magic, right after the 16-byte pag
 
 # The formats `nndoctor data` reads, as named in messages.
 SUPPORTED = ("image folders (ImageFolder layout)", "TFRecord", "HDF5", "LMDB", "WebDataset tar shards",
-             "Parquet / Hugging Face datasets", "NumPy .npy/.npz")
-RECORD_FORMATS = frozenset(("hdf5", "lmdb", "webdataset", "parquet", "npy", "npz"))
+             "Parquet / Arrow (Hugging Face datasets)", "NumPy .npy/.npz")
 _HEAD = 4096
 
 
@@ -37,7 +36,7 @@ class UnsupportedFormat(UsageError):
 
 
 def detect_file(path: str) -> str:
-    """"tfrecord", "hdf5", "webdataset", "parquet", "npy" or "npz"; UnsupportedFormat otherwise."""
+    """"tfrecord", "hdf5", "webdataset", "parquet", "arrow", "npy", "npz" or "lmdb"; UnsupportedFormat otherwise."""
     try:
         head = storage.read_head(path, _HEAD)
     except OSError as error:
@@ -55,6 +54,8 @@ def content_kind(path: str, head: bytes) -> str | None:
         return "hdf5"
     if head.startswith(NUMPY_MAGIC):
         return "npy"
+    if head.startswith(b"ARROW1") or (head.startswith(b"\xff\xff\xff\xff") and storage.basename(path).endswith(".arrow")):
+        return "arrow"  # the IPC file format, or the stream format Hugging Face save_to_disk writes
     if head.startswith(b"PAR1"):
         if storage.read_tail(path, 4) == b"PAR1":
             return "parquet"

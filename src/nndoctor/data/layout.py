@@ -205,7 +205,8 @@ def _record_files_below(folder: str, depth: int = 2) -> list[str] | None:
         for name in sorted(files):
             if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS:
                 return None
-            if is_record_name(name):
+            if is_record_name(name) and not (name.startswith("cache-") and name.endswith(".arrow")):
+                # cache-*.arrow: results of Hugging Face datasets' map/filter, not the dataset
                 found.append(os.path.join(top, name))
     return found or None
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from nndoctor.data.probe import FileRecord, probe_bytes, probe_pixels, unreadable
-from nndoctor.data.readers import hdf5, lmdb_env, numpy_arrays, parquet, webdataset
+from nndoctor.data.readers import arrow, hdf5, lmdb_env, numpy_arrays, parquet, webdataset
 from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit
 
-_MODULES: dict[str, Any] = {"hdf5": hdf5, "lmdb": lmdb_env, "webdataset": webdataset, "parquet": parquet,
+_MODULES: dict[str, Any] = {"arrow": arrow, "hdf5": hdf5, "lmdb": lmdb_env, "webdataset": webdataset, "parquet": parquet,
                             "npy": numpy_arrays, "npz": numpy_arrays}
 
 

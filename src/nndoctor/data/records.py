@@ -20,7 +20,7 @@ UNIT_BYTES = 64 << 20  # at most this much of an array read per unit (large imag
 class Unit:
     """A piece of one source that a worker reads alone."""
 
-    reader: str  # hdf5, lmdb, webdataset, parquet, npy or npz
+    reader: str  # hdf5, lmdb, webdataset, parquet, arrow, npy or npz
     path: str  # the file (or LMDB folder), local or a URL
     split: str
     start: int = 0

@@ -18,9 +18,9 @@ from nndoctor.data.splitnames import SPLIT_NAMES
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 # Extensions of record-format files, to find them in folders (their format is still detected).
-RECORD_EXTENSIONS = (".tar", ".tar.gz", ".tgz", ".parquet", ".h5", ".hdf5", ".hdf", ".he5", ".npy", ".npz",
+RECORD_EXTENSIONS = (".tar", ".tar.gz", ".tgz", ".parquet", ".arrow", ".h5", ".hdf5", ".hdf", ".he5", ".npy", ".npz",
                      ".mdb", ".lmdb")
-_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".parquet", ".h5", ".hdf5", ".hdf", ".he5", ".npy", ".npz", ".lmdb",
+_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".parquet", ".arrow", ".h5", ".hdf5", ".hdf", ".he5", ".npy", ".npz", ".lmdb",
              ".mdb", ".tfrecords", ".tfrecord", ".gz")
 _SHARD_NUMBER = re.compile(r"(?:[-_.]?\d+(?:-of-\d+)?)$")
 MAX_EXPANSION = 1_000_000
@@ -28,7 +28,7 @@ MAX_EXPANSION = 1_000_000
 
 @dataclass(frozen=True)
 class RecordSource:
-    kind: str  # hdf5, lmdb, webdataset, parquet, npy, npz
+    kind: str  # hdf5, lmdb, webdataset, parquet, arrow, npy, npz
     path: str
     split: str
 

@@ -44,7 +44,7 @@ def _is_label_type(kind: Any) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _class_names(schema: Any, column: str) -> list[str] | None:
+def class_names(schema: Any, column: str) -> list[str] | None:
     metadata = schema.metadata or {}
     try:
         features = json.loads(metadata[b"huggingface"])["info"]["features"]
@@ -54,14 +54,8 @@ def _class_names(schema: Any, column: str) -> list[str] | None:
     return [str(n) for n in names] if isinstance(names, list) else None
 
 
-def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
-    pq = _pyarrow()
-    try:
-        with storage.open_input(path) as handle:
-            metadata = pq.ParquetFile(handle).metadata
-            schema = metadata.schema.to_arrow_schema()
-    except Exception as error:  # noqa: BLE001 - pyarrow raises its own error types
-        raise UsageError(f"{path}: Parquet file does not open ({error})") from None
+def choose_columns(path: str, schema: Any, options: ReadOptions) -> tuple[str, str | None]:
+    """(image column, label column or None) of a table schema; UsageError when there is no image column."""
     columns = {schema.field(i).name: schema.field(i).type for i in range(len(schema))}
     shown = ", ".join(f"{n} ({t})" for n, t in columns.items())
     image = options.images or next((c for c in IMAGE_COLUMNS if c in columns and _is_image_type(columns[c])),
@@ -72,9 +66,26 @@ def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
     label = options.labels or next((c for c in LABEL_NAMES if c in columns and _is_label_type(columns[c])), None)
     if label is not None and (label not in columns or not _is_label_type(columns[label])):
         raise UsageError(f"{path}: --labels {label}: no integer or string column of that name; columns: {shown}")
+    return image, label
+
+
+def describe(path: str, image: str, label: str | None, split: str) -> SourceInfo:
     info = SourceInfo(notes=[f"{path}: images from column '{image}'"
                              + (f", labels from column '{label}'" if label else ", no label column")])
     info.used[image] = {"labels": label, "split": split}
+    return info
+
+
+def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
+    pq = _pyarrow()
+    try:
+        with storage.open_input(path) as handle:
+            metadata = pq.ParquetFile(handle).metadata
+            schema = metadata.schema.to_arrow_schema()
+    except Exception as error:  # noqa: BLE001 - pyarrow raises its own error types
+        raise UsageError(f"{path}: Parquet file does not open ({error})") from None
+    image, label = choose_columns(path, schema, options)
+    info = describe(path, image, label, split)
     start = 0
     for group in range(metadata.num_row_groups):
         rows = metadata.row_group(group).num_rows
@@ -88,12 +99,18 @@ def read(unit: Unit) -> Iterator[Sample]:
     image, label, group = unit.options
     with storage.open_input(unit.path) as handle:
         source = pq.ParquetFile(handle)
-        names = _class_names(source.schema_arrow, label) if label else None
+        names = class_names(source.schema_arrow, label) if label else None
         table = source.read_row_group(group, columns=[image] + ([label] if label else []))
+    yield from samples(unit.path, table, image, label, names, unit.start)
+
+
+def samples(path: str, table: Any, image: str, label: str | None, names: list[str] | None,
+            first: int) -> Iterator[Sample]:
+    """The records of a table (a Parquet row group, an Arrow record batch) whose first row is ``first``."""
     images = table.column(image).to_pylist()
     labels = table.column(label).to_pylist() if label else [None] * len(images)
     for offset, (value, raw_label) in enumerate(zip(images, labels)):
-        where = f"{unit.path}:{image}[{unit.start + offset}]"
+        where = f"{path}:{image}[{first + offset}]"
         text = None if raw_label is None else (
             names[raw_label] if names and isinstance(raw_label, int) and 0 <= raw_label < len(names)
             else label_text(raw_label))
