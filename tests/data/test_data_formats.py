@@ -389,3 +389,16 @@ def test_lmdb_caffe_datum_raw_and_encoded(tmp_path, run_data):
                                                        f"{tmp_path}/caffe_train_lmdb:00000005"]
     assert result.report["extra"]["scan"]["images_decoded"] == 8
     assert result.report["extra"]["splits"] == ["train"]
+
+
+def test_shards_written_by_webdataset_itself(tmp_path, run_data):
+    webdataset = pytest.importorskip("webdataset")
+
+    for shard in range(2):
+        with webdataset.TarWriter(str(tmp_path / f"pets-{shard:04d}.tar")) as sink:
+            for i in range(5):
+                image = photo(shard * 10 + i, 40, 40, mode="L" if (shard, i) == (1, 3) else "RGB")
+                sink.write({"__key__": f"sample{shard}{i:03d}", "jpg": image, "cls": i % 2})
+    result = run_data(str(tmp_path / "pets-{0000..0001}.tar"))
+    assert result.one("F102")["evidence"]["files"] == [f"{tmp_path}/pets-0001.tar:sample1003.jpg"]
+    assert result.report["extra"]["scan"]["records"] == 10
