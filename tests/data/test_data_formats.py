@@ -52,6 +52,17 @@ def test_a_zip_that_is_not_npz_is_named_as_what_it_is(tmp_path, run_data):
     assert result.rc == 2 and "unsupported format: ZIP archive" in result.err
 
 
+def test_a_glob_sets_unsupported_files_aside_with_a_note(tmp_path, run_data):
+    np.save(tmp_path / "images.npy", np.stack([pixels(i) for i in range(4)] + [pixels(1)]))
+    (tmp_path / "index.bin").write_bytes(b"\x00\x01\x02" * 100)
+    result = run_data(str(tmp_path / "*"))
+    assert result.rc == 0 and result.one("F109")["evidence"]["files"] == [f"{tmp_path}/images.npy[1]",
+                                                                           f"{tmp_path}/images.npy[4]"]
+    assert "note: " in result.err and "index.bin: unsupported format: unknown binary" in result.err
+    alone = run_data(str(tmp_path / "*.bin"))
+    assert alone.rc == 2 and "index.bin: unsupported format: unknown binary" in alone.err
+
+
 def test_git_lfs_pointer_is_named(tmp_path, run_data):
     pointer = tmp_path / "mnist.npz"
     pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:cdec22\nsize 444641002\n")

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     options = ScanOptions(workers=args.workers, use_cache=not args.no_cache, engine=args.engine,
                           address=args.address, read=ReadOptions(images=args.images, labels=args.labels))
     result = scan(layout, options)
-    for note in result.notes:
+    for note in layout.ignored + result.notes:
         print(f"nndoctor: note: {printable(note, keep_newlines=False)}", file=sys.stderr)
     stats = result.stats
     if layout.records and not stats["records"] and not stats["files_scanned"] and not stats["tfrecord_files"]:

@@ -140,6 +140,8 @@ def _inflate_head(head: bytes) -> bytes:
 
 def _describe(head: bytes) -> str:
     """A name for content nndoctor does not read ("ZIP archive", "unknown binary" …)."""
+    if not head:
+        return "empty file (0 bytes)"
     kind = sniff(head[:64])
     if kind in IMAGE_FORMATS:
         return f"a single {kind} image (give the folder that holds the images)"

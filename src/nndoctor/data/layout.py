@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nndoctor.data import storage
-from nndoctor.data.detect import detect_file, detect_folder
+from nndoctor.data.detect import UnsupportedFormat, detect_file, detect_folder
 from nndoctor.data.formats import IMAGE_EXTENSIONS
 from nndoctor.data.sources import (
     RecordSource,
@@ -64,6 +64,7 @@ class Plan:
     tfrecords: list[str] = field(default_factory=list)
     records: list[RecordSource] = field(default_factory=list)  # HDF5, LMDB, WebDataset, Parquet, NumPy
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why): never opened
+    ignored: list[str] = field(default_factory=list)  # files a glob or folder matched in no supported format
 
 
 def special_file_reason(path: str) -> str | None:
@@ -165,7 +166,7 @@ def _plan_file_or_glob(given: str, result: Plan) -> None:
     if reason is not None:
         raise UsageError(f"{given}: {reason}")
     if os.path.isfile(given):
-        _add_files([given], result)
+        _add_files([given], result, explicit=True)
         return
     matches = sorted(glob.glob(given, recursive=True)) if glob.has_magic(given) else []
     files = [m for m in matches if os.path.isfile(m)]
@@ -176,18 +177,30 @@ def _plan_file_or_glob(given: str, result: Plan) -> None:
     _add_files(files, result)
 
 
-def _add_files(files: list[str], result: Plan) -> None:
-    """Files given (or found) one by one: their format comes from their content."""
+def _add_files(files: list[str], result: Plan, *, explicit: bool = False) -> None:
+    """Files given (or found) one by one: their format comes from their content. A file named
+    on the command line in no supported format stops the run; one a glob or a folder listing
+    matched is set aside (and named in a note), unless nothing else is left to check."""
+    unsupported: UnsupportedFormat | None = None
     for path in files:
         if os.path.basename(path) == "data.mdb" and not storage.is_url(path):
             folder = os.path.dirname(path) or "."
             result.records.append(RecordSource("lmdb", folder, split_name(folder)))
             continue
-        kind = detect_file(path)
+        try:
+            kind = detect_file(path)
+        except UnsupportedFormat as error:
+            if explicit:
+                raise
+            unsupported = unsupported or error
+            result.ignored.append(str(error))
+            continue
         if kind == "tfrecord":
             result.tfrecords.append(path)
         else:
             result.records.append(RecordSource(kind, path, split_name(path)))
+    if unsupported is not None and len(result.ignored) == len(files):
+        raise unsupported
 
 
 def _record_files_below(folder: str, depth: int = 2) -> list[str] | None:
@@ -222,7 +235,7 @@ def _plan_url(url: str, result: Plan, folders: list[str]) -> None:
     if kind == "missing":
         raise UsageError(f"{url}: no such object or prefix")
     if kind == "file":
-        _add_files([url], result)
+        _add_files([url], result, explicit=True)
         return
     listing = storage.url_listing(url)
     records = [u for u, _ in listing if is_record_name(u) or is_tfrecord_name(u)]
