@@ -413,3 +413,14 @@ def test_shards_written_by_webdataset_itself(tmp_path, run_data):
     result = run_data(str(tmp_path / "pets-{0000..0001}.tar"))
     assert result.one("F102")["evidence"]["files"] == [f"{tmp_path}/pets-0001.tar:sample1003.jpg"]
     assert result.report["extra"]["scan"]["records"] == 10
+
+
+def test_crop_and_tiny_images_in_records(tmp_path, run_data):
+    items = {f"{i:04d}".encode(): pickle.dumps((encoded(i, size=48), i % 2)) for i in range(10)}
+    items[b"0002"] = pickle.dumps((encoded(2, size=24), 0))  # smaller than the crop
+    items[b"0006"] = pickle.dumps((encoded(6, size=8), 0))  # tiny
+    write_lmdb(tmp_path / "train_lmdb", items)
+    result = run_data(tmp_path / "train_lmdb", "--crop", "32")
+    assert result.one("F103")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0002": "24x24",
+                                                        f"{tmp_path}/train_lmdb:0006": "8x8"}
+    assert result.one("F112")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0006": "tiny: 8x8 px"}
