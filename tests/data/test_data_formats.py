@@ -233,6 +233,14 @@ def test_webdataset_shards_with_brace_pattern(tmp_path, run_data):
     result.snapshot("F104")
 
 
+def test_empty_shard_among_good_ones_is_unreadable_not_unsupported(tmp_path, run_data):
+    write_shard(tmp_path / "s-0000.tar", [(f"{i:03d}", {"jpg": encoded(i), "cls": b"0"}) for i in range(3)])
+    (tmp_path / "s-0001.tar").write_bytes(b"")
+    result = run_data(tmp_path / "s-0000.tar", tmp_path / "s-0001.tar")
+    assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/s-0001.tar"]
+    assert result.report["extra"]["scan"]["images_decoded"] == 3
+
+
 def test_truncated_shard_names_the_member_where_it_breaks(tmp_path, run_data):
     path = tmp_path / "train-000000.tar"
     write_shard(path, [(f"{i:04d}", {"jpg": encoded(i), "cls": b"0"}) for i in range(6)])

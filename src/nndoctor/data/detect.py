@@ -44,8 +44,11 @@ def detect_file(path: str) -> str:
     kind = content_kind(path, head)
     if kind is not None:
         return kind
-    if is_tfrecord_name(storage.basename(path)):
+    name = storage.basename(path).lower()
+    if is_tfrecord_name(name):
         return "tfrecord"  # named so and nothing else: its broken framing is F201's finding
+    if len(head) < 512 and name.endswith((".tar", ".tgz", ".tar.gz")):
+        return "webdataset"  # a shard cut before its first header: reported as unreadable (F101)
     raise UnsupportedFormat(path, _describe(head))
 
 

@@ -32,7 +32,7 @@ def split_key(name: str) -> tuple[str, str]:
 
 
 def read(unit: Unit) -> Iterator[Sample]:
-    last = "(start of shard)"
+    last: str | None = None  # the last member met
     inside = False  # True while a member's data is being read
     group: dict[str, bytes] = {}
     key = None
@@ -41,14 +41,16 @@ def read(unit: Unit) -> Iterator[Sample]:
         try:
             with tarfile.open(fileobj=raw, mode="r|*") as archive:
                 for member in archive:
-                    last, inside = member.name, True
+                    last = member.name
                     if not member.isfile():
                         continue
+                    inside = True
                     member_key, ext = split_key(member.name)
                     if member_key != key:
                         yield from _samples(unit.path, key, group)
                         key, group = member_key, {}
                     if member.size > MAX_MEMBER:
+                        inside = False
                         yield Sample(f"{unit.path}:{member.name}", None,
                                      problem=f"member of {member.size / 1e9:.1f} GB: not read")
                         continue
@@ -60,9 +62,13 @@ def read(unit: Unit) -> Iterator[Sample]:
                 raise tarfile.ReadError("no end-of-archive blocks after the last member: the file was cut")
         except (tarfile.TarError, EOFError, OSError) as error:
             yield from _samples(unit.path, key, group)
-            where = "inside" if inside else "after"
-            yield Sample(f"{unit.path}:{last}", None,
-                         problem=f"truncated or corrupt tar shard: it breaks {where} this member ({error})")
+            if last is None:
+                yield Sample(unit.path, None, problem=f"tar shard without a complete member: empty or cut before "
+                                                      f"its first header ({error})")
+            else:
+                where = "inside" if inside else "after"
+                yield Sample(f"{unit.path}:{last}", None,
+                             problem=f"truncated or corrupt tar shard: it breaks {where} this member ({error})")
             return
     yield from _samples(unit.path, key, group)
 
