@@ -159,12 +159,16 @@ def test_hdf5_course_layout_class_name_strings_are_not_images(tmp_path, run_data
 
 def test_hdf5_array_of_giant_images_is_not_read(tmp_path, run_data):
     path = tmp_path / "huge.h5"
-    with h5py.File(path, "w") as handle:  # chunks never written: a small file declaring 800 Mpx
-        handle.create_dataset("images", shape=(2, 20000, 20000), dtype=np.uint8, chunks=(1, 1000, 1000))
+    with h5py.File(path, "w") as handle:  # chunks never written: a small file declaring 100 Mpx images
+        handle.create_dataset("images", shape=(2, 10000, 10000), dtype=np.uint8, chunks=(1, 1000, 1000))
     result = run_data(path)
     finding = result.one("F101")
     assert finding["evidence"]["files"] == [f"{path}:images[0]", f"{path}:images[1]"]
-    assert "decompression bomb: 20000x20000 = 400 Mpx per image" in finding["message"]
+    assert "decompression bomb: 10000x10000 = 100 Mpx per image" in finding["message"]
+    with h5py.File(tmp_path / "bomb.h5", "w") as handle:  # 40 GB declared in a few kB
+        handle.create_dataset("images", shape=(100, 20000, 20000), dtype=np.uint8, chunks=(1, 1000, 1000))
+    bomb = run_data(tmp_path / "bomb.h5")
+    assert bomb.rc == 2 and "'images' declares 38,147.0 MB of pixels in a file of" in bomb.err
 
 
 def test_clean_hdf5_is_silent(tmp_path, run_data):

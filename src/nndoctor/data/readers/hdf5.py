@@ -13,6 +13,7 @@ from nndoctor.data.formats import IMAGE_FORMATS, sniff
 from nndoctor.data.readers.arrays import ArrayInfo, choose, label_text
 from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, oversized, ranges
 from nndoctor.errors import UsageError
+from nndoctor.limits import ReadLimits, megabytes
 
 
 def _h5py() -> Any:
@@ -59,7 +60,9 @@ def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
     except OSError as error:
         raise UsageError(f"{path}: HDF5 file does not open ({error})") from None
     info = SourceInfo()
+    file_size = _file_size(path)
     for pair in choose(path, arrays, options.images, options.labels):
+        _check_declared_size(path, pair.images, file_size)
         name = pair.split or split
         labels = pair.labels.name if pair.labels else None
         info.used[pair.images.name] = {"images": pair.images.describe(), "labels": labels, "split": name}
@@ -69,6 +72,28 @@ def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
         for start, stop in ranges(pair.images.shape[0], item_bytes):
             info.units.append(Unit("hdf5", path, name, start, stop, (pair.images.name, labels, pair.images.encoded)))
     return info
+
+
+# Raw image arrays compress a few times at most (gzip on photos: ~1.5–3×); a dataset declaring
+# far more than its file holds was never written (every read returns the fill value) or is a bomb.
+COMPRESSION_ALLOWANCE = 16
+
+
+def _file_size(path: str) -> int:
+    with storage.open_input(path) as handle:
+        handle.seek(0, 2)
+        return handle.tell()
+
+
+def _check_declared_size(path: str, images: ArrayInfo, file_size: int) -> None:
+    if images.encoded:
+        return  # variable-length bytes are stored, not declared
+    declared = images.itemsize * math.prod(images.shape)
+    limit = COMPRESSION_ALLOWANCE * file_size + ReadLimits.from_env().max_inflate_bytes
+    if declared > limit:
+        raise UsageError(f"{path}: '{images.name}' declares {megabytes(declared)} of pixels in a file of "
+                         f"{megabytes(file_size)}: it was never written, or is a decompression bomb; not read "
+                         f"(NNDOCTOR_MAX_INFLATE_MB raises the allowance)")
 
 
 def read(unit: Unit) -> Iterator[Sample]:

@@ -13,8 +13,7 @@ from nndoctor.data import storage
 from nndoctor.data.readers.arrays import ArrayInfo, choose, label_text
 from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, oversized, ranges
 from nndoctor.errors import UsageError
-
-NPZ_MEMBER_LIMIT = 4 << 30  # bytes of one .npz array read into memory whole
+from nndoctor.limits import ReadLimits, megabytes
 
 
 def _header(handle: IO[bytes]) -> tuple[tuple[int, ...], np.dtype, bool, int]:
@@ -70,9 +69,11 @@ def _plan_npz(path: str, split: str, options: ReadOptions) -> SourceInfo:
     info = SourceInfo()
     for pair in choose(path, arrays, options.images, options.labels):
         size = pair.images.itemsize * math.prod(pair.images.shape)
-        if size > NPZ_MEMBER_LIMIT:
-            raise UsageError(f"{path}: array '{pair.images.name}' is {size / 1e9:.1f} GB; an .npz member is "
-                             f"read whole, so save it as .npy (read in slices) to check it")
+        limit = ReadLimits.from_env().max_inflate_bytes
+        if size > limit:
+            raise UsageError(f"{path}: array '{pair.images.name}' is {megabytes(size)}; an .npz member is read "
+                             f"whole and the limit is {megabytes(limit)} (NNDOCTOR_MAX_INFLATE_MB): save it as .npy "
+                             f"(read in slices) or raise the limit")
         name = pair.split or split
         labels = pair.labels.name if pair.labels else None
         info.used[pair.images.name] = {"images": pair.images.describe(), "labels": labels, "split": name}
