@@ -69,12 +69,13 @@ def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             count = 0
-            for key, value in cursor:
+            # Keys only: the values of a large database are not copied just to plan the units.
+            for key in cursor.iternext(keys=True, values=False):
                 if count % UNIT_RECORDS == 0:
                     info.units.append(Unit("lmdb", path, split, count, count + UNIT_RECORDS, (key,)))
                 count += 1
                 if count <= _SAMPLED and not is_metadata_key(key):
-                    if decode_value(value)[0] is not None:
+                    if decode_value(txn.get(key))[0] is not None:
                         recognised += 1
                     else:
                         unrecognised += 1
