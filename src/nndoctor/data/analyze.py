@@ -62,12 +62,18 @@ def image_findings(result: ScanResult, options: AnalysisOptions) -> list[Finding
 
 
 # -- per-file problems ---------------------------------------------------------------------
+def _noun(result: ScanResult) -> str:
+    """What the findings count: files, or records of HDF5/LMDB/… files."""
+    splits = result.plan.splits
+    return "record" if splits and all(s.records for s in splits) else "file"
+
+
 def _unreadable(result: ScanResult) -> list[Finding]:
     rows = [(path, detail) for _, path, detail in result.index.issues("F101")]
     rows += [(display(path), reason) for path, reason in result.walk.unreadable]
     out = []
     if rows:
-        out.append(files_finding(checks.UnreadableFile, rows, "unreadable or undecodable"))
+        out.append(files_finding(checks.UnreadableFile, rows, "unreadable or undecodable", noun=_noun(result)))
     if result.walk.bad_names:
         names = [(display(p), "name is not valid UTF-8") for p in result.walk.bad_names]
         out.append(files_finding(
@@ -80,7 +86,7 @@ def _unreadable(result: ScanResult) -> list[Finding]:
 
 def _per_file(result: ScanResult, check: type[checks.DataCheck], code: str, what: str) -> list[Finding]:
     rows = [(path, detail) for _, path, detail in result.index.issues(code)]
-    return [files_finding(check, rows, what)] if rows else []
+    return [files_finding(check, rows, what, noun=_noun(result))] if rows else []
 
 
 def _degenerate(result: ScanResult) -> list[Finding]:
@@ -90,7 +96,8 @@ def _degenerate(result: ScanResult) -> list[Finding]:
     if not rows:
         return []
     rows.sort()
-    return [files_finding(checks.DegenerateImage, rows, "degenerate images (tiny, extreme aspect ratio or blank)")]
+    return [files_finding(checks.DegenerateImage, rows, "degenerate images (tiny, extreme aspect ratio or blank)",
+                          noun=_noun(result))]
 
 
 def _relatively_tiny(index, already: set[str]) -> list[tuple[str, str]]:
@@ -120,7 +127,8 @@ def _mixed_modes(result: ScanResult) -> list[Finding]:
         for path, mode in result.index.query("SELECT path, mode FROM images WHERE mode != ? ORDER BY path", (majority,))
     ]
     counts = {mode: n for mode, n in modes}
-    return [files_finding(checks.MixedColorModes, rows, f"colour mode differs from the majority ({majority})", modes=counts)]
+    return [files_finding(checks.MixedColorModes, rows, f"colour mode differs from the majority ({majority})",
+                          noun=_noun(result), modes=counts)]
 
 
 def _sizes(result: ScanResult, crop: int | None) -> list[Finding]:
@@ -187,7 +195,8 @@ def _reference_split(splits: list[Split]) -> Split:
 
 
 def _split_classes(result: ScanResult) -> list[Finding]:
-    splits = [s for s in result.plan.splits if not s.flat]
+    # Record files carry their labels as numbers or names, not folder order: no index shift.
+    splits = [s for s in result.plan.splits if not s.flat and not s.records]
     if len(splits) < 2:
         return []
     reference = _reference_split(splits)
@@ -239,7 +248,8 @@ def _imbalance(result: ScanResult) -> list[Finding]:
             parts.append(f"{plural(len(small), 'class', 'classes')} under 1/{IMBALANCE_RATIO:g} of the largest ({largest:,}): {listing(shown)}")
         out.append(checks.ClassImbalance.finding(
             f"split {split.name}: " + "; ".join(parts),
-            location=Location(display(os.path.join(split.root, (empty + small)[0]))),
+            location=Location(display(split.root if split.records or split.remote is not None
+                                      else os.path.join(split.root, (empty + small)[0]))),
             evidence={"split": split.name, "empty": empty, "under_represented": small,
                       "largest": largest, "counts": counts},
         ))
@@ -264,7 +274,7 @@ def _exact_duplicates(result: ScanResult) -> list[Finding]:
         return []
     files = [p for g in groups for p in g]
     message = (
-        f"{plural(len(files), 'file')} in {plural(len(groups), 'group')} of identical content: "
+        f"{plural(len(files), _noun(result))} in {plural(len(groups), 'group')} of identical content: "
         + listing([" = ".join(g[:3]) for g in groups])
     )
     if cross_class:

@@ -10,6 +10,7 @@ from nndoctor.cli import add_common_options
 from nndoctor.data.analyze import NEAR_DISTANCE, AnalysisOptions, image_findings
 from nndoctor.data.checks import CrossSplitDuplicates
 from nndoctor.data.layout import plan
+from nndoctor.data.records import ReadOptions
 from nndoctor.data.scan import ScanOptions, available_cpus, scan
 from nndoctor.data.tfrecord_analyze import tfrecord_findings
 from nndoctor.errors import UsageError
@@ -23,8 +24,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths", nargs="+", metavar="PATH",
         help="a folder of class folders, a folder of split folders (train/ val/ test/), several "
-             "folders (one split each), a flat folder of images, or TFRecord files/globs",
+             "folders (one split each), a flat folder of images, TFRecord files/globs, HDF5 files, "
+             "LMDB folders, WebDataset shards (shard-{000000..000127}.tar), Parquet files, .npy/.npz "
+             "arrays; local paths or s3://, gs:// … URLs",
     )
+    parser.add_argument("--images", metavar="KEY",
+                        help="HDF5 dataset, .npz array or Parquet column holding the images (default: found by name and shape)")
+    parser.add_argument("--labels", metavar="KEY",
+                        help="HDF5 dataset, .npz array or Parquet column holding the labels (default: found by name)")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local: a process pool (default); ray: the per-file work on Ray Data")
+    parser.add_argument("--address", metavar="ADDRESS",
+                        help="with --engine ray: the cluster (ray://host:10001, or auto); default: a local Ray")
     parser.add_argument("--crop", type=int, metavar="N", help="training crop size: list images smaller than N×N (F103)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="worker processes (default and maximum: the CPUs available)")
@@ -44,6 +55,11 @@ def _command(args: argparse.Namespace) -> list[str]:
         command += ["--workers", str(args.workers)]
     if args.no_cache:
         command.append("--no-cache")
+    for option in ("images", "labels", "address"):
+        if getattr(args, option):
+            command += [f"--{option}", getattr(args, option)]
+    if args.engine != "local":
+        command += ["--engine", args.engine]
     return command
 
 
@@ -54,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--crop must be a positive number of pixels")
     if args.workers < 0:
         raise UsageError("--workers must be 0 (all cores) or more")
+    if args.address and args.engine != "ray":
+        raise UsageError("--address needs --engine ray")
     if not 0 <= args.near_distance <= 32:
         raise UsageError("--near-distance must be between 0 and 32 bits")
     output = ReportDelivery.from_args(args, text_stream="stdout")  # a bad --json path fails before the scan
@@ -63,10 +81,20 @@ def run(args: argparse.Namespace) -> int:
         args.workers = cpus
     layout = plan(args.paths)
     near_enabled = is_enabled(CrossSplitDuplicates, select, ignore)
-    result = scan(layout, ScanOptions(workers=args.workers, use_cache=not args.no_cache))
+    options = ScanOptions(workers=args.workers, use_cache=not args.no_cache, engine=args.engine,
+                          address=args.address, read=ReadOptions(images=args.images, labels=args.labels))
+    result = scan(layout, options)
+    for note in layout.ignored + result.notes:
+        print(f"nndoctor: note: {printable(note, keep_newlines=False)}", file=sys.stderr)
+    stats = result.stats
+    if layout.records and not stats["records"] and not stats["files_scanned"] and not stats["tfrecord_files"]:
+        result.close()
+        raise UsageError(f"nothing to check in {', '.join(args.paths)}: the files hold no image records "
+                         "(WebDataset shards need key.jpg/.png/… members; HDF5, NumPy, Parquet and LMDB "
+                         "need images)")
     try:
-        options = AnalysisOptions(crop=args.crop, near_distance=args.near_distance, near_duplicates=near_enabled)
-        findings = image_findings(result, options) + tfrecord_findings(result.tfrecords)
+        analysis = AnalysisOptions(crop=args.crop, near_distance=args.near_distance, near_duplicates=near_enabled)
+        findings = image_findings(result, analysis) + tfrecord_findings(result.tfrecords)
     finally:
         result.close()
     cache_state = result.stats.get("cache")

@@ -37,17 +37,25 @@ def extension(path: str) -> str:
 
 def per_file_issues(path: str, record: FileRecord) -> list[tuple[str, str]]:
     """``[(code, detail)]`` for one file; cross-file checks come later, from the index."""
-    ext = extension(path)
+    return record_issues(record, extension(path))
+
+
+def record_issues(record: FileRecord, ext: str | None) -> list[tuple[str, str]]:
+    """``[(code, detail)]`` for one file or record. ``ext`` is None for records that have no
+    name (an HDF5 row, a Parquet cell): they are meant to be images, so anything else is F101,
+    and there is no extension to compare the content with."""
     if record.kind == "unreadable":
         return [("F101", record.reason)]
     if record.kind == "other":
-        if ext in IMAGEFOLDER_EXTENSIONS or ext in IMAGE_EXTENSIONS:
-            # Named like an image, so ImageFolder will try to load it and crash mid-epoch.
+        if ext is None or ext in IMAGEFOLDER_EXTENSIONS or ext in IMAGE_EXTENSIONS:
+            # Named like an image (or a record of images), so the loader will try to decode it.
             return [("F101", f"not an image: the content is {record.content_format}")]
         return [("F105", f"{record.content_format} file")]
     issues = []
-    expected = IMAGE_EXTENSIONS.get(ext)
-    if expected is None:
+    expected = IMAGE_EXTENSIONS.get(ext) if ext is not None else None
+    if ext is None:
+        pass
+    elif expected is None:
         shown = f"'{ext}'" if ext else "no extension"
         issues.append(("F104", f"{record.content_format} content with {shown}: ImageFolder skips it"))
     elif expected != record.content_format:

@@ -21,13 +21,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nndoctor.data import storage
+from nndoctor.data.detect import UnsupportedFormat, detect_file, detect_folder
+from nndoctor.data.formats import IMAGE_EXTENSIONS
+from nndoctor.data.sources import (
+    RecordSource,
+    expand_braces,
+    has_braces,
+    is_record_name,
+    split_name,
+)
+from nndoctor.data.splitnames import SPLIT_NAMES, TRAIN_NAMES  # noqa: F401 - TRAIN_NAMES re-exported
 from nndoctor.data.tfrecord import is_tfrecord_name
 from nndoctor.errors import UsageError
 
-SPLIT_NAMES = frozenset(
-    ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "holdout")
-)
-TRAIN_NAMES = frozenset(("train", "training"))
 # Folders that tools and operating systems create and that ImageFolder would take as classes.
 SYSTEM_DIR_NAMES = frozenset(
     ("__MACOSX", "__pycache__", "@eaDir", "$RECYCLE.BIN", "System Volume Information", "lost+found")
@@ -47,13 +54,17 @@ class Split:
     flat: bool = False
     classes: list[str] = field(default_factory=list)  # ImageFolder's real classes, sorted
     phantom: list[str] = field(default_factory=list)  # hidden/system folders at class level
+    records: bool = False  # records of HDF5/LMDB/… files: classes are the labels seen
+    remote: list[tuple[str, str, int]] | None = None  # (url, class, size) of a folder in an object store
 
 
 @dataclass
 class Plan:
     splits: list[Split] = field(default_factory=list)
     tfrecords: list[str] = field(default_factory=list)
+    records: list[RecordSource] = field(default_factory=list)  # HDF5, LMDB, WebDataset, Parquet, NumPy
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why): never opened
+    ignored: list[str] = field(default_factory=list)  # files a glob or folder matched in no supported format
 
 
 def special_file_reason(path: str) -> str | None:
@@ -109,26 +120,23 @@ def has_bad_name(path: str) -> bool:
 
 # -- planning ------------------------------------------------------------------------------
 def plan(paths: list[str]) -> Plan:
-    """Decide the layout of the given paths; raise UsageError for paths that do not exist."""
+    """Decide the layout of the given paths; raise UsageError for paths that do not exist or
+    whose format is not supported."""
     result = Plan()
     folders: list[str] = []
     for given in paths:
-        if os.path.isdir(given):
-            folders.append(given)
-            continue
-        reason = special_file_reason(given)
-        if reason is not None:
-            raise UsageError(f"{given}: {reason}")
-        if os.path.isfile(given):
-            result.tfrecords.append(given)
-            continue
-        matches = sorted(glob.glob(given, recursive=True)) if glob.has_magic(given) else []
-        files = [m for m in matches if os.path.isfile(m)]
-        special = [(m, r) for m in matches if (r := special_file_reason(m)) is not None]
-        result.skipped += special
-        if not files and not special:
-            raise UsageError(f"{given}: no such file or folder")
-        result.tfrecords.extend(files)
+        for path in _expanded(given):
+            if storage.is_url(path):
+                _plan_url(path, result, folders)
+            elif os.path.isdir(path):
+                if detect_folder(path) == "lmdb":
+                    result.records.append(RecordSource("lmdb", path, split_name(path)))
+                elif (records := _record_files_below(path)) is not None:
+                    _add_files(records, result)
+                else:
+                    folders.append(path)
+            else:
+                _plan_file_or_glob(path, result)
     if len(folders) == 1:
         result.splits.extend(_splits_of(folders[0], result))
     else:
@@ -139,9 +147,128 @@ def plan(paths: list[str]) -> Plan:
                 result.splits.append(split)
             else:
                 result.tfrecords.extend(_tfrecords_in(folder, result))
-    if not result.splits and not result.tfrecords and not result.skipped:
-        raise UsageError(f"nothing to check in {', '.join(paths)}: no images, class folders or TFRecord files")
+    if not result.splits and not result.tfrecords and not result.records and not result.skipped:
+        raise UsageError(f"nothing to check in {', '.join(paths)}: no images, class folders or dataset files")
     return result
+
+
+def _expanded(given: str) -> list[str]:
+    if not has_braces(given):
+        return [given]
+    try:
+        return expand_braces(given)
+    except ValueError as error:
+        raise UsageError(f"{given}: {error}") from None
+
+
+def _plan_file_or_glob(given: str, result: Plan) -> None:
+    reason = special_file_reason(given)
+    if reason is not None:
+        raise UsageError(f"{given}: {reason}")
+    if os.path.isfile(given):
+        _add_files([given], result, explicit=True)
+        return
+    matches = sorted(glob.glob(given, recursive=True)) if glob.has_magic(given) else []
+    files = [m for m in matches if os.path.isfile(m)]
+    special = [(m, r) for m in matches if (r := special_file_reason(m)) is not None]
+    result.skipped += special
+    if not files and not special:
+        raise UsageError(f"{given}: no such file or folder")
+    _add_files(files, result)
+
+
+def _add_files(files: list[str], result: Plan, *, explicit: bool = False) -> None:
+    """Files given (or found) one by one: their format comes from their content. A file named
+    on the command line in no supported format stops the run; one a glob or a folder listing
+    matched is set aside (and named in a note), unless nothing else is left to check."""
+    unsupported: UnsupportedFormat | None = None
+    for path in files:
+        if os.path.basename(path) == "data.mdb" and not storage.is_url(path):
+            folder = os.path.dirname(path) or "."
+            result.records.append(RecordSource("lmdb", folder, split_name(folder)))
+            continue
+        try:
+            kind = detect_file(path)
+        except UnsupportedFormat as error:
+            if explicit:
+                raise
+            unsupported = unsupported or error
+            result.ignored.append(str(error))
+            continue
+        if kind == "tfrecord":
+            result.tfrecords.append(path)
+        else:
+            result.records.append(RecordSource(kind, path, split_name(path)))
+    if unsupported is not None and len(result.ignored) == len(files):
+        raise unsupported
+
+
+def _record_files_below(folder: str, depth: int = 2) -> list[str] | None:
+    """The record-format files in a folder (and its subfolders, a Hugging Face ``data/``), when
+    it holds such files and no images; None for an image folder."""
+    found: list[str] = []
+    for top, dirs, files in os.walk(folder):
+        if top[len(folder):].count(os.sep) >= depth:
+            dirs.clear()
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if "data.mdb" in files and top != folder:
+            found.append(os.path.join(top, "data.mdb"))  # an LMDB environment among the files
+            dirs.clear()
+            continue
+        for name in sorted(files):
+            if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS:
+                return None
+            if is_record_name(name) and not (name.startswith("cache-") and name.endswith(".arrow")):
+                # cache-*.arrow: results of Hugging Face datasets' map/filter, not the dataset
+                found.append(os.path.join(top, name))
+    return found or None
+
+
+def _plan_url(url: str, result: Plan, folders: list[str]) -> None:
+    if glob.has_magic(url):
+        matches = storage.url_glob(url)
+        if not matches:
+            raise UsageError(f"{url}: no such object")
+        _add_files(matches, result)
+        return
+    kind = storage.url_kind(url)
+    if kind == "missing":
+        raise UsageError(f"{url}: no such object or prefix")
+    if kind == "file":
+        _add_files([url], result, explicit=True)
+        return
+    listing = storage.url_listing(url)
+    records = [u for u, _ in listing if is_record_name(u) or is_tfrecord_name(u)]
+    images = [(u, s) for u, s in listing if not is_record_name(u) and not is_tfrecord_name(u)]
+    if records and not any(os.path.splitext(u)[1].lower() in IMAGE_EXTENSIONS for u, _ in images):
+        _add_files(records, result)
+        return
+    result.splits.extend(remote_splits(url, images))
+
+
+def remote_splits(url: str, listing: list[tuple[str, int]]) -> list[Split]:
+    """Splits of an image folder in an object store, from its flat listing of keys."""
+    base = url.rstrip("/") + "/"
+    relative = [(u, u[len(base):].split("/"), s) for u, s in listing if u.startswith(base)]
+    top = {parts[0] for _, parts, _ in relative if len(parts) > 1}
+    by_split = {d for d in top if d.lower() in SPLIT_NAMES}
+    splits = []
+    if by_split:
+        for name in sorted(by_split):
+            files = [(u, parts[1:], s) for u, parts, s in relative if parts[0] == name and len(parts) > 1]
+            splits.append(_remote_split(name, base + name, files))
+    else:
+        splits.append(_remote_split(storage.basename(url), url.rstrip("/"), relative))
+    return splits
+
+
+def _remote_split(name: str, root: str, files: list[tuple[str, list[str], int]]) -> Split:
+    classes = sorted({parts[0] for _, parts, _ in files if len(parts) > 1 and not is_phantom_dir(parts[0])})
+    flat = not classes
+    entries = [(u, "" if flat else parts[0], s) for u, parts, s in files
+               if (flat and len(parts) == 1) or (not flat and len(parts) > 1 and parts[0] in classes)]
+    # Hidden folders are listed as phantom classes only for local folders (their files are counted there).
+    return Split(name=name, root=root, flat=flat, classes=classes, remote=entries)
 
 
 def _unique_name(folder: str, taken: set[str]) -> str:
@@ -217,6 +344,12 @@ def _single_split(folder: str, name: str) -> Split | None:
 # -- walking -------------------------------------------------------------------------------
 def iter_files(split: Split, problems: WalkProblems) -> Iterator[FileTask]:
     """Every file ImageFolder would consider, plus strays, as FileTasks (streamed)."""
+    if split.remote is not None:
+        for url, cls, size in split.remote:
+            yield FileTask(url, split.name, cls, size, 0)
+        return
+    if split.records:
+        return
     for phantom in split.phantom:
         path = os.path.join(split.root, phantom)
         problems.phantom_files[path] = sum(1 for _ in _walk(path, "", split.name, WalkProblems()))

@@ -17,7 +17,8 @@ from PIL import Image, UnidentifiedImageError
 
 from nndoctor.data.formats import IMAGE_FORMATS, sniff, structure_problem
 from nndoctor.data.imagestats import PHASH_SIZE, channel_moments, gray_std, phash
-from nndoctor.data.regular import NotARegularFile, open_regular
+from nndoctor.data.regular import NotARegularFile
+from nndoctor.data.storage import read_bytes
 
 # Bump when what a record holds or how it is computed changes: old cache entries are ignored.
 PROBE_VERSION = 1
@@ -81,9 +82,8 @@ def unreadable(reason: str, **known) -> FileRecord:
 def probe_file(path: str) -> FileRecord:
     """Everything nndoctor wants to know about one file, in one read."""
     try:
-        with open_regular(path) as handle:
-            # Not read(_READ_LIMIT): that reserves 1 GiB up front for every file.
-            data = handle.read(min(_READ_LIMIT, os.fstat(handle.fileno()).st_size + 1))
+        # Not read(_READ_LIMIT): that reserves 1 GiB up front for every file.
+        data = read_bytes(path, _READ_LIMIT)
     except FileNotFoundError:
         return unreadable("file disappeared during the scan (or is a broken symlink)")
     except PermissionError:
@@ -94,6 +94,11 @@ def probe_file(path: str) -> FileRecord:
         return unreadable(str(error))
     except OSError as error:
         return unreadable(f"read error: {error.strerror or error}")
+    return probe_bytes(data)
+
+
+def probe_bytes(data: bytes) -> FileRecord:
+    """Everything nndoctor wants to know about one encoded image (a file's or a record's bytes)."""
     if not data:
         return unreadable("empty file (0 bytes)", content_format="empty")
     fmt = sniff(data[:64])
@@ -116,6 +121,37 @@ def probe_file(path: str) -> FileRecord:
     return record
 
 
+def probe_pixels(pixels: np.ndarray) -> FileRecord:
+    """The same facts for a decoded image held as an array (HDF5, NumPy): H×W, H×W×C or C×H×W."""
+    array = np.asarray(pixels)
+    if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+        array = np.moveaxis(array, 0, -1)  # channels first (PyTorch layout)
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    digest = hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).hexdigest()
+    record = FileRecord(kind="image", size=int(array.nbytes), content_format="array", digest=digest)
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+        record.kind, record.reason = "unreadable", f"array of shape {tuple(pixels.shape)} is not an image"
+        return record
+    if array.dtype.kind == "f":
+        if not np.isfinite(array).all():
+            record.kind, record.reason = "unreadable", "array holds NaN or infinite pixel values"
+            return record
+        # Floats on the 0–1 scale (already divided by 255) or the 0–255 scale.
+        scale = 255.0 if float(array.max(initial=0.0)) <= 1.0 else 1.0
+        array = (array * scale).clip(0, 255).astype(np.uint8)
+    elif array.dtype != np.uint8:
+        top = float(array.max(initial=0)) or 1.0
+        array = (array.astype(np.float64) / top * 255).astype(np.uint8) if top > 255 else array.astype(np.uint8)
+    try:
+        image = Image.fromarray(array)
+        record.mode, record.width, record.height = image.mode, image.width, image.height
+        _measure(record, _to_rgb(_reduce(image)))
+    except (ValueError, TypeError) as error:
+        record.kind, record.reason = "unreadable", f"array does not convert to an image: {error}"
+    return record
+
+
 def _decode_into(record: FileRecord, data: bytes) -> None:
     with warnings.catch_warnings():
         # Pillow only warns between 1× and 2× its limit; the loader will see the same image.
@@ -133,6 +169,10 @@ def _decode_into(record: FileRecord, data: bytes) -> None:
             image.draft("RGB", (STATS_SIDE, STATS_SIDE))
         image.load()  # full decode: a truncated or corrupt stream raises here
         rgb = _to_rgb(_reduce(image))
+    _measure(record, rgb)
+
+
+def _measure(record: FileRecord, rgb: Image.Image) -> None:
     gray = rgb.convert("L")
     record.gray_std = gray_std(gray.histogram())
     record.moments = channel_moments(rgb.histogram())

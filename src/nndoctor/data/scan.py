@@ -19,11 +19,14 @@ from itertools import islice
 from typing import Any
 
 from nndoctor.data.cache import ScanCache
-from nndoctor.data.filechecks import per_file_issues
+from nndoctor.data.filechecks import per_file_issues, record_issues
 from nndoctor.data.index import ScanIndex
-from nndoctor.data.layout import FileTask, Plan, WalkProblems, display, iter_files
+from nndoctor.data.layout import FileTask, Plan, Split, WalkProblems, display, iter_files
 from nndoctor.data.probe import PROBE_VERSION, FileRecord, probe_batch
 from nndoctor.data.progress import ScanProgress
+from nndoctor.data.record_probe import plan_source, probe_units
+from nndoctor.data.records import ReadOptions, Unit
+from nndoctor.data.storage import is_url
 from nndoctor.data.tfrecord import TFRECORD_VERSION, scan_tfrecord, valid_summary
 
 IMAGE_BATCH = 32  # files per worker task: amortises pickling without starving a worker
@@ -35,6 +38,9 @@ class ScanOptions:
     workers: int = 0  # 0: all cores
     use_cache: bool = True
     progress: bool | None = None  # None: only when stderr is a terminal
+    read: ReadOptions = field(default_factory=ReadOptions)  # --images / --labels
+    engine: str = "local"  # local (process pool) or ray
+    address: str | None = None  # the Ray cluster, for engine="ray"
 
 
 @dataclass
@@ -45,6 +51,7 @@ class SplitTotals:
     images: int = 0
     moments: list[float] = field(default_factory=lambda: [0.0] * 6)
     class_images: Counter = field(default_factory=Counter)
+    labels: Counter = field(default_factory=Counter)  # records per label, readable or not
 
 
 @dataclass
@@ -55,6 +62,7 @@ class ScanResult:
     splits: dict[str, SplitTotals] = field(default_factory=dict)
     tfrecords: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what was read from record files (datasets, columns)
 
     def close(self) -> None:
         self.index.close()
@@ -125,38 +133,61 @@ def _scan_tfrecord_paths(items: list[tuple[str, int, int]]) -> list[dict[str, An
 
 
 # -- the scan ------------------------------------------------------------------------------
+def make_pool(options: ScanOptions, workers: int) -> Any:
+    if options.engine == "ray":
+        from nndoctor.data.ray_engine import RayPool
+
+        return RayPool(workers if options.workers else None, options.address)
+    return WorkerPool(workers)
+
+
 def scan(plan: Plan, options: ScanOptions) -> ScanResult:
     started = time.perf_counter()
     result = ScanResult(plan=plan, index=ScanIndex())
     result.walk.unreadable.extend(plan.skipped)
-    cache = ScanCache() if options.use_cache else None
+    # Object-store files have no stable (size, mtime) to key the cache on.
+    remote = any(split.remote is not None for split in plan.splits)
+    cache = ScanCache() if options.use_cache and not remote else None
     counters: Counter[str] = Counter()
     workers = min(options.workers, available_cpus()) if options.workers else available_cpus()
     try:
-        with WorkerPool(workers) as pool, ScanProgress(options.progress) as progress:
+        pool_started = time.perf_counter()
+        pool = make_pool(options, workers)
+        pool_seconds = time.perf_counter() - pool_started
+        with pool, ScanProgress(options.progress) as progress:
             if progress.enabled:
                 count_files_in_background(plan, progress)
             _scan_images(plan, result, pool, cache, progress, counters)
             _scan_tfrecords(plan, result, pool, cache, progress, counters)
+            _scan_records(plan, result, pool, options.read, progress, counters)
+            workers = pool.workers
     finally:
         if cache is not None:
             cache.close()
     result.index.finish()
     seconds = time.perf_counter() - started
-    files = counters["files"] + counters["tfrecord_files"]
+    files = counters["files"] + counters["tfrecord_files"] + counters["records"]
     result.stats = {
         "files_scanned": counters["files"],
         "images_decoded": counters["images"],
         "tfrecord_files": counters["tfrecord_files"],
         "tfrecord_records": sum(s["records"] for _, s in result.tfrecords),
+        "record_files": len(plan.records),
+        "records": counters["records"],
         "seconds": round(seconds, 3),
         "files_per_second": round(files / seconds, 1) if seconds > 0 else None,
+        # Starting the workers (a local Ray instance takes seconds) is not the scan's speed.
+        "pool_start_seconds": round(pool_seconds, 3),
+        "files_per_second_after_start": round(files / (seconds - pool_seconds), 1) if seconds > pool_seconds else None,
         "cache_hits": counters["cache_hits"],
         "files_read": counters["files_read"],
         "workers": workers,
+        "engine": options.engine,
         "cache": None if cache is None else (cache.error or str(cache.path)),
         "splits": {name: {"files": t.files, "images": t.images} for name, t in result.splits.items()},
     }
+    if plan.records:
+        result.stats["sources"] = result.notes
     return result
 
 
@@ -165,7 +196,8 @@ def count_files_in_background(plan: Plan, progress: ScanProgress) -> threading.T
     def count() -> None:
         try:
             total = sum(1 for split in plan.splits for _ in iter_files(split, WalkProblems()))
-            progress.set_total(total + len(plan.tfrecords))
+            if not plan.records:  # record files advance by units, whose number is not known yet
+                progress.set_total(total + len(plan.tfrecords))
         except Exception:  # noqa: BLE001 - the bar simply stays a counter
             pass
 
@@ -186,7 +218,7 @@ def _with_cache(
 
 
 def _scan_images(
-    plan: Plan, result: ScanResult, pool: WorkerPool, cache: ScanCache | None,
+    plan: Plan, result: ScanResult, pool: Any, cache: ScanCache | None,
     progress: ScanProgress, counters: Counter,
 ) -> None:
     version = f"probe{PROBE_VERSION}"
@@ -236,8 +268,67 @@ def _ingest(result: ScanResult, task: FileTask, record: FileRecord, counters: Co
     )
 
 
+def _scan_records(
+    plan: Plan, result: ScanResult, pool: Any, read: ReadOptions, progress: ScanProgress, counters: Counter,
+) -> None:
+    """HDF5, LMDB, WebDataset, Parquet and NumPy sources: units to the workers, records to the index."""
+    if not plan.records:
+        return
+    progress.stage("reading records")
+    units: list[Unit] = []
+    for source in plan.records:
+        info = plan_source(source.kind, source.path, source.split, read)
+        units += info.units
+        result.notes += info.notes
+    known = {split.name for split in plan.splits}
+    for unit in units:
+        if unit.split not in known:
+            known.add(unit.split)
+            plan.splits.append(Split(name=unit.split, root=unit.path, records=True))
+            result.splits[unit.split] = SplitTotals()
+    # One unit per task: a unit is already a few hundred records or a whole shard.
+    for _, rows_per_unit in pool.map_batches(probe_units, ([unit] for unit in units)):
+        for rows in rows_per_unit:
+            for location, split, label, ext, values in rows:
+                _ingest_record(result, split, label, location, ext, FileRecord.from_json(values), counters)
+        progress.advance(len(rows_per_unit))
+    for split in plan.splits:
+        if split.records:
+            labels = result.splits[split.name].labels
+            split.classes = sorted((label for label in labels if label), key=_label_order)
+            split.flat = not split.classes
+
+
+def _label_order(label: str) -> tuple[bool, int, str]:
+    """Numeric labels in numeric order (2 before 10), then names alphabetically."""
+    numeric = label.lstrip("-").isdigit()
+    return not numeric, int(label) if numeric else 0, label
+
+
+def _ingest_record(
+    result: ScanResult, split: str, label: str | None, location: str, ext: str | None,
+    record: FileRecord, counters: Counter,
+) -> None:
+    counters["records"] += 1
+    totals = result.splits[split]
+    totals.files += 1
+    cls = label or ""
+    totals.labels[cls] += 1
+    shown = display(location)
+    for code, detail in record_issues(record, ext):
+        result.index.add_issue(code, split, shown, detail)
+    if record.kind != "image":
+        return
+    counters["images"] += 1
+    totals.images += 1
+    totals.class_images[cls] += 1
+    if record.moments:
+        totals.moments = [a + b for a, b in zip(totals.moments, record.moments)]
+    result.index.add_image(split, cls, shown, record.mode, record.width, record.height, record.digest, record.phash)
+
+
 def _scan_tfrecords(
-    plan: Plan, result: ScanResult, pool: WorkerPool, cache: ScanCache | None,
+    plan: Plan, result: ScanResult, pool: Any, cache: ScanCache | None,
     progress: ScanProgress, counters: Counter,
 ) -> None:
     if not plan.tfrecords:
@@ -245,13 +336,16 @@ def _scan_tfrecords(
     version = f"tfrecord{TFRECORD_VERSION}"
     progress.stage("reading TFRecords")
     items = []
+    todo = []
     for path in plan.tfrecords:
+        if is_url(path):
+            todo.append((path, 0, 0))  # objects have no mtime to key the cache on
+            continue
         try:
             st = os.stat(path)
             items.append(((path, st.st_size, st.st_mtime_ns), path, st.st_size, st.st_mtime_ns))
         except OSError as error:
             result.tfrecords.append((path, _unopenable(error)))
-    todo = []
     for batch, found in _with_cache(items, cache, version, counters, 256, valid_summary):
         for item, path, _, _ in batch:
             if path in found:
@@ -263,7 +357,7 @@ def _scan_tfrecords(
     for batch, summaries in pool.map_batches(_scan_tfrecord_paths, ([item] for item in todo)):
         for (path, size, mtime), summary in zip(batch, summaries):
             result.tfrecords.append((path, summary))
-            if cache is not None:
+            if cache is not None and not is_url(path):
                 cache.store([(path, size, mtime, summary)], version)
         progress.advance(len(batch))
     counters["tfrecord_files"] = len(result.tfrecords)

@@ -21,7 +21,7 @@ from PIL import Image
 
 from nndoctor.data.crc32c import masked_crc32c
 from nndoctor.data.formats import IMAGE_FORMATS, sniff
-from nndoctor.data.regular import open_regular
+from nndoctor.data.storage import open_input
 from nndoctor.limits import ReadLimits, megabytes
 
 TFRECORD_VERSION = 2
@@ -40,7 +40,7 @@ class NotAnExample(ValueError):
 # -- framing -------------------------------------------------------------------------------
 def open_records(path: str) -> tuple[IO[bytes], str]:
     """Open a TFRecord file, transparently decompressing GZIP or ZLIB files."""
-    raw = open_regular(path)
+    raw = open_input(path)
     head = raw.read(2)
     raw.seek(0)
     if head == b"\x1f\x8b":
@@ -258,7 +258,7 @@ def scan_tfrecord(path: str) -> dict[str, Any]:
     except OSError as error:
         summary["corrupt"].append([None, 0, f"cannot open: {error.strerror or error}"])
         return summary
-    if os.fstat(_raw_fd(stream)).st_size == 0:
+    if _raw_size(stream) == 0:
         stream.close()
         summary["corrupt"].append([None, 0, "empty file (0 bytes): no records; the write was interrupted "
                                             "or never happened"])
@@ -272,9 +272,15 @@ def scan_tfrecord(path: str) -> dict[str, Any]:
     return summary
 
 
-def _raw_fd(stream: Any) -> int:
+def _raw_size(stream: Any) -> int:
+    """Bytes of the file under a (possibly decompressing) stream: local or remote."""
     raw = getattr(stream, "fileobj", None) or getattr(stream, "_raw", None) or stream
-    return raw.fileno()
+    if hasattr(raw, "fileno"):
+        try:
+            return os.fstat(raw.fileno()).st_size
+        except (OSError, io.UnsupportedOperation):
+            pass
+    return int(getattr(raw, "size", 1))
 
 
 def valid_summary(summary: Any) -> bool:

@@ -1,0 +1,438 @@
+"""Record formats (HDF5, NumPy, WebDataset, Parquet, LMDB): the folder findings, at the record,
+and format detection from content (an unknown format is a usage error, never another format's
+finding). Every dataset is built here with h5py, numpy, tarfile, pyarrow, lmdb and Pillow."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+import tarfile
+import zipfile
+
+import numpy as np
+import pytest
+from conftest import photo
+
+from nndoctor.data.sources import expand_braces, split_name
+
+h5py = pytest.importorskip("h5py")
+
+
+def pixels(seed: int, size: int = 32) -> np.ndarray:
+    return np.asarray(photo(seed, size, size))
+
+
+def encoded(seed: int, fmt: str = "JPEG", mode: str = "RGB", size: int = 32) -> bytes:
+    buffer = io.BytesIO()
+    photo(seed, size, size, mode=mode).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def truncated_jpeg(seed: int) -> bytes:
+    data = encoded(seed)
+    return data[: len(data) // 2]
+
+
+# -- detection -----------------------------------------------------------------------------
+def test_unknown_binary_is_an_unsupported_format_not_a_tfrecord(tmp_path, run_data):
+    blob = tmp_path / "train.bin"
+    blob.write_bytes(np.random.default_rng(0).bytes(4096))
+    result = run_data(blob)
+    assert result.rc == 2 and result.report == {}
+    assert "train.bin: unsupported format: unknown binary (supported: image folders" in result.err
+    assert "HDF5" in result.err and "F201" not in result.out + result.err
+
+
+def test_a_zip_that_is_not_npz_is_named_as_what_it_is(tmp_path, run_data):
+    with zipfile.ZipFile(tmp_path / "images.zip", "w") as archive:
+        archive.writestr("a.jpg", encoded(1))
+    result = run_data(tmp_path / "images.zip")
+    assert result.rc == 2 and "unsupported format: ZIP archive" in result.err
+
+
+def test_a_glob_sets_unsupported_files_aside_with_a_note(tmp_path, run_data):
+    np.save(tmp_path / "images.npy", np.stack([pixels(i) for i in range(4)] + [pixels(1)]))
+    (tmp_path / "index.bin").write_bytes(b"\x00\x01\x02" * 100)
+    result = run_data(str(tmp_path / "*"))
+    assert result.rc == 0 and result.one("F109")["evidence"]["files"] == [f"{tmp_path}/images.npy[1]",
+                                                                           f"{tmp_path}/images.npy[4]"]
+    assert "note: " in result.err and "index.bin: unsupported format: unknown binary" in result.err
+    alone = run_data(str(tmp_path / "*.bin"))
+    assert alone.rc == 2 and "index.bin: unsupported format: unknown binary" in alone.err
+
+
+def test_git_lfs_pointer_is_named(tmp_path, run_data):
+    pointer = tmp_path / "mnist.npz"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:cdec22\nsize 444641002\n")
+    result = run_data(pointer)
+    assert result.rc == 2 and "unsupported format: a Git LFS pointer, not the file's content (run git lfs pull)" in result.err
+
+
+def test_brace_patterns_and_split_names():
+    assert expand_braces("shard-{000000..000002}.tar") == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert expand_braces("{train,val}-{0..1}.tar") == ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]
+    assert split_name("data/train-00000-of-00004.parquet") == "train"
+    assert split_name("shards/shard-000003.tar") == "shard"
+    assert split_name("cifar/train/0000.parquet") == "train"
+    assert split_name("db/val_lmdb") == "val"
+
+
+# -- HDF5 ----------------------------------------------------------------------------------
+def test_hdf5_arrays_findings_name_the_dataset_and_index(tmp_path, run_data):
+    images = np.stack([pixels(i) for i in range(40)])
+    images[9] = images[4]  # exact duplicate
+    images[13] = 200  # blank
+    labels = np.array([0] * 18 + [1] * 21 + [2] * 1)  # class 2 is under 1/10 of class 1
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as handle:
+        handle["images"] = images
+        handle["labels"] = labels
+        handle["masks"] = np.zeros((40, 32, 32), np.uint8)  # an image-like array not to be picked
+    result = run_data(path)
+    assert "F201" not in result.codes()
+    assert result.one("F109")["evidence"]["groups"] == [[f"{path}:images[4]", f"{path}:images[9]"]]
+    assert result.one("F112")["evidence"]["files"] == [f"{path}:images[13]"]
+    imbalance = result.one("F108")
+    assert imbalance["evidence"]["counts"] == {"0": 18, "1": 21, "2": 1}
+    assert imbalance["evidence"]["under_represented"] == ["2"]
+    assert "images from 'images' (40×32×32×3 unsigned integers), labels from 'labels'" in result.err
+    result.snapshot("F109")
+
+
+def test_hdf5_encoded_bytes_and_split_groups(tmp_path, run_data):
+    vlen = h5py.vlen_dtype(np.uint8)
+    path = tmp_path / "dataset.h5"
+    train = [encoded(i) for i in range(12)]
+    train[3] = truncated_jpeg(3)
+    train[5] = encoded(5, mode="L")
+    test = [encoded(100 + i) for i in range(6)]
+    test[2] = train[7]  # the same picture in both splits
+    with h5py.File(path, "w") as handle:
+        for name, items in (("train", train), ("test", test)):
+            data = handle.create_dataset(f"{name}/jpegs", (len(items),), dtype=vlen)
+            for i, item in enumerate(items):
+                data[i] = np.frombuffer(item, np.uint8)
+            handle[f"{name}/labels"] = np.arange(len(items)) % 2
+    result = run_data(path)
+    assert result.one("F101")["evidence"]["files"] == [f"{path}:train/jpegs[3]"]
+    assert "truncated JPEG" in result.one("F101")["message"]
+    assert result.one("F102")["evidence"]["files"] == [f"{path}:train/jpegs[5]"]
+    cross = result.one("F110")["evidence"]["pairs"]
+    assert cross[0] == {"file": f"{path}:test/jpegs[2]", "duplicate_of": f"{path}:train/jpegs[7]", "distance": 0}
+    assert result.report["extra"]["splits"] == ["test", "train"]
+    result.snapshot("F101")
+
+
+def test_hdf5_images_and_labels_options(tmp_path, run_data):
+    path = tmp_path / "mixed.h5"
+    with h5py.File(path, "w") as handle:
+        handle["a"] = np.stack([pixels(i) for i in range(6)])
+        handle["b"] = np.stack([pixels(50 + i) for i in range(6)])
+        handle["b"][2] = handle["b"][1]
+        handle["y"] = np.arange(6)
+    picked = run_data(path, "--images", "b", "--labels", "y")
+    assert picked.one("F109")["evidence"]["files"] == [f"{path}:b[1]", f"{path}:b[2]"]
+    assert "images from 'b'" in picked.err and "labels from 'y'" in picked.err
+    wrong = run_data(path, "--images", "nope")
+    assert wrong.rc == 2 and "--images nope: no image array of that name (arrays: a (6×32×32×3" in wrong.err
+
+
+def test_hdf5_course_layout_class_name_strings_are_not_images(tmp_path, run_data):
+    """The layout of the widely used cat/non-cat course files: train_set_x, train_set_y and
+    list_classes (byte strings) in train_….h5, the same with test_ in test_….h5."""
+    images = np.stack([pixels(i, 24) for i in range(16)])
+    for split, rows in (("train", images[:12]), ("test", images[12:].copy())):
+        if split == "test":
+            rows[1] = images[5]
+        with h5py.File(tmp_path / f"{split}_catvnoncat.h5", "w") as handle:
+            handle[f"{split}_set_x"] = rows
+            handle[f"{split}_set_y"] = np.arange(len(rows)) % 2
+            handle["list_classes"] = np.array([b"non-cat", b"cat"], dtype="S7")
+    result = run_data(tmp_path / "train_catvnoncat.h5", tmp_path / "test_catvnoncat.h5")
+    assert "F101" not in result.codes()
+    assert result.one("F110")["evidence"]["pairs"][0]["duplicate_of"] == f"{tmp_path}/train_catvnoncat.h5:train_set_x[5]"
+    assert "images from 'train_set_x' (12×24×24×3 unsigned integers), labels from 'train_set_y'" in result.err
+    assert sorted(result.report["extra"]["splits"]) == ["test", "train"]
+
+
+def test_hdf5_array_of_giant_images_is_not_read(tmp_path, run_data):
+    path = tmp_path / "huge.h5"
+    with h5py.File(path, "w") as handle:  # chunks never written: a small file declaring 100 Mpx images
+        handle.create_dataset("images", shape=(2, 10000, 10000), dtype=np.uint8, chunks=(1, 1000, 1000))
+    result = run_data(path)
+    finding = result.one("F101")
+    assert finding["evidence"]["files"] == [f"{path}:images[0]", f"{path}:images[1]"]
+    assert "decompression bomb: 10000x10000 = 100 Mpx per image" in finding["message"]
+    with h5py.File(tmp_path / "bomb.h5", "w") as handle:  # 40 GB declared in a few kB
+        handle.create_dataset("images", shape=(100, 20000, 20000), dtype=np.uint8, chunks=(1, 1000, 1000))
+    bomb = run_data(tmp_path / "bomb.h5")
+    assert bomb.rc == 2 and "'images' declares 38,147.0 MB of pixels in a file of" in bomb.err
+
+
+def test_clean_hdf5_is_silent(tmp_path, run_data):
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as handle:
+        handle["x"] = np.stack([pixels(i) for i in range(12)]).astype(np.float32) / 255
+        handle["y"] = np.arange(12) % 3
+    result = run_data(path)
+    assert result.rc == 0 and result.serious() == [] and result.codes() == {"F113"}
+
+
+# -- NumPy ---------------------------------------------------------------------------------
+def test_npy_ranges_and_truncation(tmp_path, run_data):
+    images = np.stack([pixels(i) for i in range(300)])  # two units of records
+    images[290] = images[10]
+    path = tmp_path / "images.npy"
+    np.save(path, images)
+    result = run_data(path)
+    assert result.one("F109")["evidence"]["files"] == [f"{path}[10]", f"{path}[290]"]
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 32 * 32 * 3 * 2 - 100])  # the last items cut off
+    cut = run_data(path)
+    assert cut.one("F101")["evidence"]["files"] == [f"{path}[297]", f"{path}[298]", f"{path}[299]"]
+    assert "truncated file" in cut.one("F101")["message"]
+
+
+def test_npz_keras_layout_splits_and_cross_split_duplicates(tmp_path, run_data):
+    x_train = np.stack([pixels(i, 28)[..., 0] for i in range(30)])  # grayscale, like mnist.npz
+    x_test = np.stack([pixels(100 + i, 28)[..., 0] for i in range(10)])
+    x_test[4] = x_train[17]
+    path = tmp_path / "mnist.npz"
+    np.savez(path, x_train=x_train, y_train=np.arange(30) % 3, x_test=x_test, y_test=np.arange(10) % 3)
+    result = run_data(path)
+    pair = result.one("F110")["evidence"]["pairs"][0]
+    assert pair == {"file": f"{path}:x_test[4]", "duplicate_of": f"{path}:x_train[17]", "distance": 0}
+    assert sorted(result.report["extra"]["splits"]) == ["test", "train"]
+    assert "F102" not in result.codes()  # every image is grayscale: no mixture
+
+
+# -- WebDataset ----------------------------------------------------------------------------
+def write_shard(path, samples: list[tuple[str, dict[str, bytes]]]) -> None:
+    with tarfile.open(path, "w") as archive:
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+
+
+def test_webdataset_shards_with_brace_pattern(tmp_path, run_data):
+    for shard in range(3):
+        samples = [(f"s{shard}{i:03d}", {"jpg": encoded(shard * 100 + i), "cls": str(i % 2).encode()})
+                   for i in range(8)]
+        if shard == 1:
+            samples[3][1]["jpg"] = truncated_jpeg(7)
+            samples[5] = (samples[5][0], {"jpg": encoded(55, "PNG"), "json": json.dumps({"label": 1}).encode()})
+        if shard == 2:
+            samples[6][1]["jpg"] = encoded(2)  # same bytes as shard 0's sample 2
+        write_shard(tmp_path / f"shard-{shard:06d}.tar", samples)
+    result = run_data(str(tmp_path / "shard-{000000..000002}.tar"))
+    assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/shard-000001.tar:s1003.jpg"]
+    assert result.one("F104")["evidence"]["reasons"] == {f"{tmp_path}/shard-000001.tar:s1005.jpg": "PNG content named .jpg"}
+    assert result.one("F109")["evidence"]["groups"] == [
+        [f"{tmp_path}/shard-000000.tar:s0002.jpg", f"{tmp_path}/shard-000002.tar:s2006.jpg"]]
+    assert result.report["extra"]["scan"]["records"] == 24
+    result.snapshot("F104")
+
+
+def test_empty_shard_among_good_ones_is_unreadable_not_unsupported(tmp_path, run_data):
+    write_shard(tmp_path / "s-0000.tar", [(f"{i:03d}", {"jpg": encoded(i), "cls": b"0"}) for i in range(3)])
+    (tmp_path / "s-0001.tar").write_bytes(b"")
+    result = run_data(tmp_path / "s-0000.tar", tmp_path / "s-0001.tar")
+    assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/s-0001.tar"]
+    assert result.report["extra"]["scan"]["images_decoded"] == 3
+
+
+def test_truncated_shard_names_the_member_where_it_breaks(tmp_path, run_data):
+    path = tmp_path / "train-000000.tar"
+    write_shard(path, [(f"{i:04d}", {"jpg": encoded(i), "cls": b"0"}) for i in range(6)])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    result = run_data(path)
+    finding = result.one("F101")
+    assert len(finding["evidence"]["files"]) == 1
+    assert finding["evidence"]["files"][0].startswith(f"{path}:00")
+    assert "truncated or corrupt tar shard" in finding["message"]
+    assert result.report["extra"]["scan"]["images_decoded"] >= 2
+
+
+# -- Parquet (Hugging Face datasets layout) ------------------------------------------------
+def write_parquet(path, images: list[bytes | None], labels: list[int], names: list[str]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({
+        "image": pa.array([None if b is None else {"bytes": b, "path": f"{i}.jpg"} for i, b in enumerate(images)],
+                          type=image_type),
+        "label": pa.array(labels, type=pa.int64()),
+    })
+    features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": names}}
+    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(table, path, row_group_size=8)
+
+
+def test_parquet_image_structs_with_class_labels(tmp_path, run_data):
+    pytest.importorskip("pyarrow")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    train = [encoded(i) for i in range(20)]
+    train[2] = b"<html>404</html>"
+    train[11] = encoded(11, mode="L")
+    test = [encoded(200 + i) for i in range(6)]
+    test[5] = train[14]
+    write_parquet(folder / "train-00000-of-00001.parquet", train, [i % 2 for i in range(20)], ["cat", "dog"])
+    write_parquet(folder / "test-00000-of-00001.parquet", test, [i % 2 for i in range(6)], ["cat", "dog"])
+    (tmp_path / "README.md").write_text("# a dataset card\n")
+    result = run_data(tmp_path)
+    train_file = f"{folder}/train-00000-of-00001.parquet"
+    assert result.one("F101")["evidence"]["reasons"] == {f"{train_file}:image[2]": "not an image: the content is HTML/XML"}
+    assert result.one("F102")["evidence"]["files"] == [f"{train_file}:image[11]"]
+    pair = result.one("F110")["evidence"]["pairs"][0]
+    assert pair["file"] == f"{folder}/test-00000-of-00001.parquet:image[5]" and pair["duplicate_of"] == f"{train_file}:image[14]"
+    assert "F108" not in result.codes() and "F105" not in result.codes()
+    assert sorted(result.report["extra"]["splits"]) == ["test", "train"]
+    result.snapshot("F110")
+
+
+def test_hugging_face_save_to_disk_arrow_folders(tmp_path, run_data):
+    import pyarrow as pa
+
+    def write_arrow(path, images, labels):
+        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        table = pa.table({"image": pa.array([{"bytes": b, "path": None} for b in images], type=image_type),
+                          "label": pa.array(labels, type=pa.int64())})
+        features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["ant", "bee"]}}
+        table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with pa.ipc.new_stream(path, table.schema) as writer:  # what datasets' ArrowWriter writes
+            for batch in table.to_batches(max_chunksize=5):
+                writer.write_batch(batch)
+
+    train = [encoded(i) for i in range(12)]
+    train[7] = truncated_jpeg(7)
+    test = [encoded(50 + i) for i in range(4)]
+    test[3] = train[2]
+    write_arrow(tmp_path / "ds" / "train" / "data-00000-of-00001.arrow", train, [i % 2 for i in range(12)])
+    write_arrow(tmp_path / "ds" / "train" / "cache-5f2a.arrow", train, [0] * 12)  # a map() result: skipped
+    write_arrow(tmp_path / "ds" / "test" / "data-00000-of-00001.arrow", test, [0, 1, 0, 1])
+    (tmp_path / "ds" / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+    result = run_data(tmp_path / "ds")
+    train_file = f"{tmp_path}/ds/train/data-00000-of-00001.arrow"
+    assert result.one("F101")["evidence"]["files"] == [f"{train_file}:image[7]"]
+    assert result.one("F110")["evidence"]["pairs"][0] == {
+        "file": f"{tmp_path}/ds/test/data-00000-of-00001.arrow:image[3]", "duplicate_of": f"{train_file}:image[2]",
+        "distance": 0}
+    assert "F109" not in result.codes()  # the cache file was not read
+    assert result.report["extra"]["scan"]["records"] == 16
+
+
+# -- LMDB ----------------------------------------------------------------------------------
+lmdb = pytest.importorskip("lmdb")
+
+
+def write_lmdb(folder, items: dict[bytes, bytes]) -> None:
+    env = lmdb.open(str(folder), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for key, value in items.items():
+            txn.put(key, value)
+    env.close()
+
+
+def test_lmdb_encoded_images_per_key_is_not_f105(tmp_path, run_data):
+    items = {f"{i:08d}".encode(): encoded(i) for i in range(10)}
+    items[b"00000004"] = truncated_jpeg(4)
+    items[b"00000008"] = items[b"00000001"]
+    items[b"__len__"] = b"10"
+    write_lmdb(tmp_path / "train_lmdb", items)
+    result = run_data(tmp_path / "train_lmdb")
+    assert "F105" not in result.codes()
+    assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/train_lmdb:00000004"]
+    assert result.one("F109")["evidence"]["files"] == [f"{tmp_path}/train_lmdb:00000001", f"{tmp_path}/train_lmdb:00000008"]
+
+
+def test_lmdb_pickled_records_are_read_without_running_code(tmp_path, run_data):
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    items = {f"{i:05d}".encode(): pickle.dumps((encoded(i, mode="L" if i == 6 else "RGB"), i % 3)) for i in range(12)}
+    items[b"00003"] = pickle.dumps((Exploit(), 1))
+    items[b"00007"] = pickle.dumps({"image": pixels(7), "label": 2})  # a numpy array: allowlisted
+    write_lmdb(tmp_path / "db", items)
+    result = run_data(tmp_path / "db")
+    assert not marker.exists()
+    assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/db:00003"]
+    assert result.one("F102")["evidence"]["files"] == [f"{tmp_path}/db:00006"]
+    assert result.report["extra"]["scan"]["images_decoded"] == 11
+
+
+def test_gzipped_shard_is_read_and_a_shard_without_images_is_nothing_to_check(tmp_path, run_data):
+    plain = tmp_path / "plain.tar"
+    write_shard(plain, [(f"{i:03d}", {"png": encoded(i, "PNG"), "cls": b"0"}) for i in range(4)]
+                + [("004", {"png": truncated_jpeg(4), "cls": b"0"})])
+    shard = tmp_path / "train-0000.tar.gz"
+    shard.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    result = run_data(shard)
+    assert result.one("F101")["evidence"]["files"] == [f"{shard}:004.png"]
+    assert result.report["extra"]["scan"]["images_decoded"] == 4
+    texts = tmp_path / "captions.tar"
+    write_shard(texts, [(f"{i:03d}", {"txt": b"a caption"}) for i in range(3)])
+    empty = run_data(texts)
+    assert empty.rc == 2 and "the files hold no image records" in empty.err
+
+
+def datum(channels: int, height: int, width: int, data: bytes, label: int, encoded_flag: bool = False) -> bytes:
+    """A Caffe Datum message (channels=1, height=2, width=3, data=4, label=5, encoded=7)."""
+    from conftest import _field, _varint
+
+    message = (_varint(1 << 3) + _varint(channels) + _varint(2 << 3) + _varint(height)
+               + _varint(3 << 3) + _varint(width) + _field(4, data) + _varint(5 << 3) + _varint(label))
+    return message + (_varint(7 << 3) + _varint(1) if encoded_flag else b"")
+
+
+def test_lmdb_caffe_datum_raw_and_encoded(tmp_path, run_data):
+    items = {}
+    for i in range(8):
+        chw = np.ascontiguousarray(np.moveaxis(pixels(i), -1, 0))
+        items[f"{i:08d}".encode()] = datum(3, 32, 32, chw.tobytes(), i % 2)
+    items[b"00000003"] = datum(3, 32, 32, b"\x00" * 100, 1)  # the pixels do not fill 3x32x32
+    items[b"00000005"] = items[b"00000001"]
+    items[b"00000009"] = datum(0, 0, 0, encoded(9), 0, encoded_flag=True)
+    write_lmdb(tmp_path / "caffe_train_lmdb", items)
+    result = run_data(tmp_path / "caffe_train_lmdb")
+    assert result.one("F101")["evidence"]["reasons"] == {
+        f"{tmp_path}/caffe_train_lmdb:00000003": "Caffe Datum of 3x32x32 holds 100 bytes"}
+    assert result.one("F109")["evidence"]["files"] == [f"{tmp_path}/caffe_train_lmdb:00000001",
+                                                       f"{tmp_path}/caffe_train_lmdb:00000005"]
+    assert result.report["extra"]["scan"]["images_decoded"] == 8
+    assert result.report["extra"]["splits"] == ["train"]
+
+
+def test_shards_written_by_webdataset_itself(tmp_path, run_data):
+    webdataset = pytest.importorskip("webdataset")
+
+    for shard in range(2):
+        with webdataset.TarWriter(str(tmp_path / f"pets-{shard:04d}.tar")) as sink:
+            for i in range(5):
+                image = photo(shard * 10 + i, 40, 40, mode="L" if (shard, i) == (1, 3) else "RGB")
+                sink.write({"__key__": f"sample{shard}{i:03d}", "jpg": image, "cls": i % 2})
+    result = run_data(str(tmp_path / "pets-{0000..0001}.tar"))
+    assert result.one("F102")["evidence"]["files"] == [f"{tmp_path}/pets-0001.tar:sample1003.jpg"]
+    assert result.report["extra"]["scan"]["records"] == 10
+
+
+def test_crop_and_tiny_images_in_records(tmp_path, run_data):
+    items = {f"{i:04d}".encode(): pickle.dumps((encoded(i, size=48), i % 2)) for i in range(10)}
+    items[b"0002"] = pickle.dumps((encoded(2, size=24), 0))  # smaller than the crop
+    items[b"0006"] = pickle.dumps((encoded(6, size=8), 0))  # tiny
+    write_lmdb(tmp_path / "train_lmdb", items)
+    result = run_data(tmp_path / "train_lmdb", "--crop", "32")
+    assert result.one("F103")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0002": "24x24",
+                                                        f"{tmp_path}/train_lmdb:0006": "8x8"}
+    assert result.one("F112")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0006": "tiny: 8x8 px"}
