@@ -33,6 +33,12 @@ class CrashExplanation(Check):
     order: ClassVar[int] = 100
     # Regular expressions over ``crash.text``; the first that matches gives the facts.
     patterns: ClassVar[tuple[str, ...]] = ()
+    # Wordings that identify the cause on one log line with no Python exception (a C++ logger's
+    # line, a launcher's, a loader's); ``warning_lines``: warnings that name it. Each is written
+    # for one real wording (no named groups), and a line that carries it must still pass
+    # ``match`` (``explain.logscan``).
+    log_lines: ClassVar[tuple[str, ...]] = ()
+    warning_lines: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def documentation(cls) -> str:

@@ -28,6 +28,10 @@ _LINE_PREFIXES = (
     re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:"),  # logging.basicConfig: "ERROR:root:"
     re.compile(r"^(?:>[ ]?)+"),  # markdown block quotes, nested ("> > ")
     re.compile(r"^E(?: {2,}|\t)"),  # pytest's failure lines: "E       RuntimeError: ..."
+    # glog, as c10 and TensorFlow's C++ print it: "E1127 12:00:01.123456 4242 ProcessGroupNCCL.cpp:607] ",
+    # bracketed by PyTorch ("[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] ", "[W socket.cpp:426] ").
+    re.compile(r"^\[?[IWEF]\d{4} \d{2}:\d{2}:\d{2}(?:\.\d+)?(?: +\d+)? [\w./<>-]+:\d+\][ ]?"),
+    re.compile(r"^\[[IWEF] [\w./<>-]+:\d+\][ ]?"),
 )
 # One pattern for all prefixes, tried only on lines starting with one of their first characters.
 _ANY_PREFIX = re.compile("|".join(f"(?:{p.pattern})" for p in _LINE_PREFIXES))
@@ -41,8 +45,11 @@ _TRAILING_DECORATION = re.compile(r"(?:```|`|\*\*|[\"'“”‘’])\s*$")
 
 # An exception named in a line: "RuntimeError: …", "torch.OutOfMemoryError: …". The last dotted
 # component starts with a capital, which keeps "self.error: x" and file names out.
+# Exceptions whose names have none of the usual suffixes are listed by name: torch.compile's.
+_OTHER_EXCEPTION_NAMES = r"BackendCompilerFailed|FailOnRecompileLimitHit|RecompileLimitExceeded"
 EXCEPTION_IN_LINE = re.compile(
-    r"(?<![\w.])(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault)):[ \t]?(?P<msg>\S.*)$"
+    r"(?<![\w.])(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault)"
+    rf"|{_OTHER_EXCEPTION_NAMES})):[ \t]?(?P<msg>\S.*)$"
 )
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")

@@ -17,8 +17,12 @@ from nndoctor.explain.pasted import clean, cpp_terminate, find_error_line
 from nndoctor.explain.wordings import KNOWN_MESSAGE_START, KNOWN_TF_MESSAGE, current_wording
 
 _TRACEBACK_START = re.compile(r"^(?P<indent>[ \t]*)Traceback \(most recent call last\):[ \t]*$", re.M)
+# After a traceback's frames the exception line may also name a class outside the usual
+# suffixes when its module is given ("torch._dynamo.exc.BackendCompilerFailed: …",
+# "torch._dynamo.exc.FailOnRecompileLimitHit: …"): Python prints the module for any class not in builtins.
 _EXCEPTION_LINE = re.compile(
-    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault))(?::[ \t]?(?P<msg>.*))?$"
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault)"
+    r"|(?:[A-Za-z_]\w*\.)+[A-Z][A-Za-z0-9]*)(?::[ \t]?(?P<msg>.*))?$"
 )
 _CHAIN_MARKERS = (
     "During handling of the above exception, another exception occurred:",
@@ -65,7 +69,11 @@ def parse_crashes(text: str) -> list[list[Crash]]:
     The text is first cleaned of what pasting adds (``pasted.clean``). When no traceback can
     be read to its end (none in the text, or each one cut off), the text's error line is used.
     """
-    text = clean(text)
+    return parse_clean(clean(text))
+
+
+def parse_clean(text: str) -> list[list[Crash]]:
+    """``parse_crashes`` of a text already cleaned with ``pasted.clean``."""
     starts = [m.start() for m in _TRACEBACK_START.finditer(text)]
     if not starts:
         single = bare_error(text)

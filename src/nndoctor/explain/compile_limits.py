@@ -1,0 +1,67 @@
+"""P113 as a log shows it: torch.compile's dynamo hitting its recompile limit, either the
+warning it logs and then runs the function uncompiled, or the error it raises instead
+(``FailOnRecompileLimitHit``, with ``fullgraph=True`` or ``fail_on_recompile_limit_hit``).
+The live check (``checks/compilation.py``) owns the code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nndoctor.explain.base import CrashExplanation, variant
+from nndoctor.explain.crash import Crash
+from nndoctor.findings import Finding, Severity
+
+# The limit's names over PyTorch releases: cache_size_limit (2.0–2.5), recompile_limit (2.6+),
+# and their accumulated_ forms (torch/_dynamo/convert_frame.py, "torch._dynamo hit config.%s (%s)").
+_LIMITS = r"(?:accumulated_)?(?:recompile_limit|cache_size_limit)"
+
+
+@variant
+class RecompileLimitHit(CrashExplanation):
+    """
+    ## What it does
+    From a log: reports dynamo's warning "torch._dynamo hit config.recompile_limit (8)"
+    (``cache_size_limit`` before PyTorch 2.6), after which the function runs uncompiled, and
+    the error ``torch._dynamo.exc.FailOnRecompileLimitHit`` raised instead under
+    ``fullgraph=True``, naming the function and the last guard that failed.
+
+    ## References
+    - PyTorch docs, Dealing with Recompilations: https://docs.pytorch.org/docs/stable/compile/programming_model.recompilation.html
+    - PyTorch source, the warning and the error (torch/_dynamo/convert_frame.py): https://github.com/pytorch/pytorch/blob/main/torch/_dynamo/convert_frame.py
+    """
+
+    code = "P113"
+    name = "compile-recompilation"
+    severity = Severity.WARNING
+    summary = "torch.compile recompiling repeatedly, hitting the limit, or graph breaks in the step"
+    fix = "pass dynamic=True (or mark_dynamic), pass changing Python numbers as tensors, or pad to fixed sizes"
+    patterns = (
+        rf"torch\._dynamo hit config\.(?P<limit>{_LIMITS}) \((?P<value>\d+)\)"
+        r"(?:\s*function: '?(?P<function>[^'\s(]+)'?(?: \((?P<where>[^)]+)\))?)?"
+        r"(?:\s*last reason: (?P<reason>[^\n]+))?",
+        rf"(?P<limit>{_LIMITS}) reached",
+        r"(?P<error>FailOnRecompileLimitHit)",
+    )
+    warning_lines = (rf"torch\._dynamo hit config\.{_LIMITS} \(\d+\)",)
+    order = 30
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        limit = facts.get("limit", "recompile_limit")
+        value = facts.get("value")
+        evidence: dict[str, Any] = {"limit": limit}
+        if value:
+            evidence["limit_value"] = int(value)
+        for key in ("function", "where", "reason"):
+            if facts.get(key):
+                evidence[key] = facts[key].strip()
+        what = f"{evidence['function']} " if "function" in evidence else ""
+        times = f" {value} times" if value else ""
+        consequence = ("so it failed instead of running uncompiled" if facts.get("error") or crash.short_type.startswith("FailOn")
+                       else "so from then on it runs uncompiled (eager), and each earlier recompile cost seconds")
+        message = (f"torch.compile recompiled the function {what}{times} and hit config.{limit}: a guard "
+                   "failed on each call (a changing Python number, shape or dtype), "
+                   f"{consequence}.")
+        if "reason" in evidence:
+            message += f" Last reason: {evidence['reason']}."
+        return cls.make(crash, message, evidence=evidence)
