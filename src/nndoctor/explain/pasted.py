@@ -49,7 +49,8 @@ _TRAILING_DECORATION = re.compile(r"(?:```|`|\*\*|[\"'“”‘’])\s*$")
 _OTHER_EXCEPTION_NAMES = r"BackendCompilerFailed|FailOnRecompileLimitHit|RecompileLimitExceeded"
 EXCEPTION_IN_LINE = re.compile(
     r"(?<![\w.])(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault)"
-    rf"|{_OTHER_EXCEPTION_NAMES})):[ \t]?(?P<msg>\S.*)$"
+    # TensorFlow 1's session errors: "InvalidArgumentError (see above for traceback): …".
+    rf"|{_OTHER_EXCEPTION_NAMES}))(?: \(see above for traceback\))?:[ \t]?(?P<msg>\S.*)$"
 )
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")
