@@ -39,6 +39,8 @@ class CrashExplanation(Check):
     # ``match`` (``explain.logscan``).
     log_lines: ClassVar[tuple[str, ...]] = ()
     warning_lines: ClassVar[tuple[str, ...]] = ()
+    # Lines after such a line that continue its message (dynamo's "function: …", "last reason: …").
+    log_context_lines: ClassVar[int] = 0
 
     @classmethod
     def documentation(cls) -> str:

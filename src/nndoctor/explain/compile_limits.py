@@ -5,11 +5,12 @@ The live check (``checks/compilation.py``) owns the code."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from nndoctor.explain.base import CrashExplanation, variant
 from nndoctor.explain.crash import Crash
-from nndoctor.findings import Finding, Severity
+from nndoctor.findings import Finding, Location, Severity
 
 # The limit's names over PyTorch releases: cache_size_limit (2.0–2.5), recompile_limit (2.6+),
 # and their accumulated_ forms (torch/_dynamo/convert_frame.py, "torch._dynamo hit config.%s (%s)").
@@ -37,12 +38,19 @@ class RecompileLimitHit(CrashExplanation):
     fix = "pass dynamic=True (or mark_dynamic), pass changing Python numbers as tensors, or pad to fixed sizes"
     patterns = (
         rf"torch\._dynamo hit config\.(?P<limit>{_LIMITS}) \((?P<value>\d+)\)"
-        r"(?:\s*function: '?(?P<function>[^'\s(]+)'?(?: \((?P<where>[^)]+)\))?)?"
-        r"(?:\s*last reason: (?P<reason>[^\n]+))?",
+        # The next lines, after their "[0/8]" frame id: "function: 'fn' (train.py:3)", "last reason: …".
+        r"(?:\s*(?:\[[\d/]+\])?\s*function: '?(?P<function>[^'\s(]+)'?(?: \((?P<where>[^)]+)\))?)?"
+        r"(?:\s*(?:\[[\d/]+\])?\s*last reason: (?P<reason>[^\n]+))?",
+        # torchdynamo before it moved into PyTorch (2022): "torchdynamo hit recompilation cache
+        # limit (64) for function 'forward' (…/model.py:381), due to the following guard failures: …"
+        r"torchdynamo hit recompilation (?P<limit>cache) limit \((?P<value>\d+)\) for function '(?P<function>\w+)'"
+        r"(?: \((?P<where>[^)]+)\))?",
         rf"(?P<limit>{_LIMITS}) reached",
         r"(?P<error>FailOnRecompileLimitHit)",
     )
-    warning_lines = (rf"torch\._dynamo hit config\.{_LIMITS} \(\d+\)",)
+    warning_lines = (rf"torch\._dynamo hit config\.{_LIMITS} \(\d+\)",
+                     r"torchdynamo hit recompilation cache limit \(\d+\) for function")
+    log_context_lines = 2
     order = 30
 
     @classmethod
@@ -55,13 +63,20 @@ class RecompileLimitHit(CrashExplanation):
         for key in ("function", "where", "reason"):
             if facts.get(key):
                 evidence[key] = facts[key].strip()
-        what = f"{evidence['function']} " if "function" in evidence else ""
+        function = f"the function {evidence['function']}" if "function" in evidence else "a function"
+        if "where" in evidence:
+            function += f" ({evidence['where']})"
         times = f" {value} times" if value else ""
         consequence = ("so it failed instead of running uncompiled" if facts.get("error") or crash.short_type.startswith("FailOn")
-                       else "so from then on it runs uncompiled (eager), and each earlier recompile cost seconds")
-        message = (f"torch.compile recompiled the function {what}{times} and hit config.{limit}: a guard "
-                   "failed on each call (a changing Python number, shape or dtype), "
-                   f"{consequence}.")
+                       else "so from then on it runs uncompiled (eager), after paying the compile time of every recompilation")
+        setting = "its recompilation cache limit" if limit == "cache" else f"config.{limit}"
+        message = (f"torch.compile recompiled {function}{times} and hit {setting}: a guard failed on each "
+                   f"call (a changing Python number, shape or dtype), {consequence}.")
         if "reason" in evidence:
             message += f" Last reason: {evidence['reason']}."
-        return cls.make(crash, message, evidence=evidence)
+        finding = cls.make(crash, message, evidence=evidence)
+        place = re.fullmatch(r"(?P<path>.+?):(?P<line>\d+)", evidence.get("where", ""))
+        if finding.location is None and place:
+            # dynamo names the compiled function's file and first line: the user's code, in a log.
+            finding.location = Location(place["path"], int(place["line"]))
+        return finding

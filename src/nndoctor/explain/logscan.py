@@ -45,14 +45,17 @@ class LogHit:
     warning: bool
     count: int = 1
     more: list[int] = field(default_factory=list)  # a few later line numbers
+    # The lines after it that continue its message (``log_context_lines`` of the explanation).
+    continuation: list[str] = field(default_factory=list)
 
     def crash(self) -> Crash:
         """The line as a crash for the explanation's ``match``/``build``: its message is the line
-        alone, so nothing around it can supply a wording the line does not carry."""
+        and its declared continuation alone, so nothing else around it can supply a wording."""
+        message = "\n".join([self.line, *self.continuation])
         typed = find_error_line(self.line)
         if typed is not None:
-            return Crash(exc_type=typed.group("type"), message=typed.group("msg"))
-        return Crash(exc_type="Warning" if self.warning else "Error", message=self.line.strip())
+            return Crash(exc_type=typed.group("type"), message="\n".join([typed.group("msg"), *self.continuation]))
+        return Crash(exc_type="Warning" if self.warning else "Error", message=message.strip())
 
 
 def _combined(explanations: Iterable[type[CrashExplanation]]) -> tuple[re.Pattern[str] | None, dict[str, tuple[type[CrashExplanation], bool]]]:
@@ -88,7 +91,8 @@ def scan(lines: list[str], explanations: Iterable[type[CrashExplanation]]) -> li
             continue
         # From the message on: what a progress bar drew before it on the same line is not the message.
         start = line.rfind("\r", 0, found.start()) + 1
-        hit = LogHit(cls, number, line[start:start + _MAX_LINE_CHARS].strip(), warning)
+        hit = LogHit(cls, number, line[start:start + _MAX_LINE_CHARS].strip(), warning,
+                     continuation=[text[:_MAX_LINE_CHARS] for text in lines[number:number + cls.log_context_lines]])
         if cls.match(hit.crash()) is None:
             continue  # the explanation's own facts are not on the line: not its evidence
         hits[key] = hit
