@@ -313,7 +313,9 @@ class CollectiveMismatchReported(CrashExplanation):
     patterns = (
         r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running collective: "
         r"CollectiveFingerPrint\(SequenceNumber=(?P<seq_a>\d+), OpType=(?P<op_a>\w+)"
-        r".*?but Rank (?P<rank_b>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq_b>\d+), "
+        # A rank that has not run the collective prints a short fingerprint, with no comma
+        # before OpType ("CollectiveFingerPrint(SequenceNumber=0OpType=REDUCE)").
+        r".*?but Rank (?P<rank_b>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq_b>\d+),? ?"
         r"OpType=(?P<op_b>\w+)",
     )
     log_lines = (r"Detected mismatch between collectives on ranks\. Rank \d+ is running collective: "

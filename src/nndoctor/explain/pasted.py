@@ -87,10 +87,16 @@ def clean(text: str) -> str:
     return "\n".join(clean_line(line) for line in text.replace("\r\n", "\n").split("\n"))
 
 
+# An exception whose message starts on the next line ("…errors.ChildFailedError: " above
+# torchrun's failure table): only a line holding nothing else counts, not prose ending in "Error:".
+_EXCEPTION_ALONE = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)+[A-Z]\w*(?:Error|Exception)|[A-Z]\w*(?:Error|Exception)):[ \t]*(?P<msg>)$")
+
+
 def find_error_line(line: str) -> re.Match[str] | None:
     """The exception named in ``line``, at its start or after other text. Warnings do not
     count: a warning printed in a log is not what stopped the run."""
-    return EXCEPTION_IN_LINE.search(line)
+    return EXCEPTION_IN_LINE.search(line) or _EXCEPTION_ALONE.match(line)
 
 
 def cpp_terminate(lines: list[str]) -> tuple[int, str, str] | None:
