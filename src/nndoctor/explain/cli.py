@@ -168,7 +168,7 @@ def explain_all(text: str, *, select=(), ignore=()) -> Explained:
 
 
 def _add_log_line_causes(result: Explained, cleaned: str, *, select, ignore, warnings: bool) -> None:
-    hits = scan(cleaned.split("\n"), explanations(select, ignore))
+    hits = scan(cleaned, explanations(select, ignore))
     errors = [hit for hit in hits if not hit.warning]
     chosen = errors or (hits if warnings else [])
     codes = {finding.code for finding in result.findings}

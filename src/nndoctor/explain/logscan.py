@@ -18,8 +18,10 @@ hit gives the same facts as the exception would.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from nndoctor.explain.crash import Crash
@@ -58,45 +60,107 @@ class LogHit:
         return Crash(exc_type="Warning" if self.warning else "Error", message=message.strip())
 
 
-def _combined(explanations: Iterable[type[CrashExplanation]]) -> tuple[re.Pattern[str] | None, dict[str, tuple[type[CrashExplanation], bool]]]:
-    groups: dict[str, tuple[type[CrashExplanation], bool]] = {}
-    parts = []
-    for index, cls in enumerate(explanations):
+_METACHARACTERS = frozenset(".^$*+?{}[]|()")
+_QUANTIFIERS = frozenset("?*+{")
+# Escapes that stand for one literal character.
+_LITERAL_ESCAPES = frozenset(".^$*+?{}[]|()\\/`'\"-=:<> ")
+# The shortest literal that may stand for a wording in the pre-filter.
+MIN_ANCHOR_CHARS = 8
+
+
+def anchor(wording: str) -> str | None:
+    """The literal text every match of ``wording`` starts with (its leading run of plain
+    characters, escapes undone; a character under a quantifier ends it), or None when it is
+    shorter than ``MIN_ANCHOR_CHARS``. ``str.find`` of anchors over the whole log is what keeps
+    the scan fast: the wording's regular expression then runs on the few lines that hold one."""
+    literal: list[str] = []
+    i = 0
+    while i < len(wording):
+        if wording[i] == "\\":
+            if i + 1 >= len(wording) or wording[i + 1] not in _LITERAL_ESCAPES:
+                break
+            char, width = wording[i + 1], 2
+        elif wording[i] in _METACHARACTERS:
+            break
+        else:
+            char, width = wording[i], 1
+        if i + width < len(wording) and wording[i + width] in _QUANTIFIERS:
+            break
+        literal.append(char)
+        i += width
+    text = "".join(literal)
+    return text if len(text) >= MIN_ANCHOR_CHARS else None
+
+
+@dataclass
+class _Wording:
+    explanation: type[CrashExplanation]
+    warning: bool
+    pattern: re.Pattern[str]
+    anchor: str | None
+
+
+def _wordings(explanations: Iterable[type[CrashExplanation]]) -> list[_Wording]:
+    found = []
+    for cls in explanations:
         for warning, wordings in ((False, cls.log_lines), (True, cls.warning_lines)):
-            for number, wording in enumerate(wordings):
-                name = f"w{index}_{int(warning)}_{number}"
-                groups[name] = (cls, warning)
-                parts.append(f"(?P<{name}>{wording})")
-    return (re.compile("|".join(parts)) if parts else None), groups
+            found += [_Wording(cls, warning, re.compile(w), anchor(w)) for w in wordings]
+    return found
 
 
-def scan(lines: list[str], explanations: Iterable[type[CrashExplanation]]) -> list[LogHit]:
-    """Every explanation whose wording some line of ``lines`` (already cleaned) carries, in the
-    order of their first line. Linear in the size of the log: one search per line."""
-    pattern, groups = _combined(explanations)
-    if pattern is None:
+def _candidate_lines(text: str, wording: _Wording, starts: list[int]) -> Iterable[int]:
+    """Indexes of the lines that may carry ``wording``: those holding its anchor (all lines
+    when it has none)."""
+    if wording.anchor is None:
+        yield from range(len(starts))
+        return
+    position = text.find(wording.anchor)
+    while position != -1:
+        index = bisect_right(starts, position) - 1
+        yield index
+        # On to the next line: one hit per line is enough.
+        following = text.find("\n", position)
+        if following == -1:
+            return
+        position = text.find(wording.anchor, following + 1)
+
+
+def scan(text: str, explanations: Iterable[type[CrashExplanation]]) -> list[LogHit]:
+    """Every explanation whose wording some line of ``text`` (already cleaned) carries, in the
+    order of their first line. Linear in the size of the log: each wording's anchor is looked
+    up with ``str.find``, and its expression runs only on the lines that hold the anchor."""
+    wordings = _wordings(explanations)
+    if not wordings:
         return []
-    hits: dict[tuple[str, bool], LogHit] = {}
-    for number, line in enumerate(lines, start=1):
-        found = pattern.search(line)
-        if found is None or found.lastgroup not in groups:
-            continue
-        cls, warning = groups[found.lastgroup]
-        key = (cls.__qualname__, warning)
-        known = hits.get(key)
-        if known is not None:
-            known.count += 1
-            if len(known.more) < 3:
-                known.more.append(number)
-            continue
-        # From the message on: what a progress bar drew before it on the same line is not the message.
-        start = line.rfind("\r", 0, found.start()) + 1
-        hit = LogHit(cls, number, line[start:start + _MAX_LINE_CHARS].strip(), warning,
-                     continuation=[text[:_MAX_LINE_CHARS] for text in lines[number:number + cls.log_context_lines]])
-        if cls.match(hit.crash()) is None:
-            continue  # the explanation's own facts are not on the line: not its evidence
-        hits[key] = hit
-    return sorted(hits.values(), key=lambda h: h.line_number)
+    lines = text.split("\n")
+    starts = list(accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
+    matched: dict[tuple[str, bool], dict[int, tuple[_Wording, re.Match[str]]]] = {}
+    for wording in wordings:
+        key = (wording.explanation.__qualname__, wording.warning)
+        for index in _candidate_lines(text, wording, starts):
+            found = wording.pattern.search(lines[index])
+            if found is not None:
+                matched.setdefault(key, {}).setdefault(index, (wording, found))
+    hits = []
+    for by_line in matched.values():
+        indexes = sorted(by_line)
+        # The first line whose facts the explanation accepts is the evidence; all count.
+        hit = next((h for i in indexes if (h := _hit(*by_line[i], lines, i)) is not None), None)
+        if hit is not None:
+            hit.count = len(indexes)
+            hit.more = [i + 1 for i in indexes if i + 1 != hit.line_number][:3]
+            hits.append(hit)
+    return sorted(hits, key=lambda h: h.line_number)
+
+
+def _hit(wording: _Wording, found: re.Match[str], lines: list[str], index: int) -> LogHit | None:
+    cls = wording.explanation
+    line = lines[index]
+    # From the message on: what a progress bar drew before it on the same line is not the message.
+    start = line.rfind("\r", 0, found.start()) + 1
+    hit = LogHit(cls, index + 1, line[start:start + _MAX_LINE_CHARS].strip(), wording.warning,
+                 continuation=[text[:_MAX_LINE_CHARS] for text in lines[index + 1:index + 1 + cls.log_context_lines]])
+    return hit if cls.match(hit.crash()) is not None else None
 
 
 def finding_from_line(hit: LogHit) -> Finding:

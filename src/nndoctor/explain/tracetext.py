@@ -29,6 +29,9 @@ _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception:",
 )
 _PREAMBLE_LINES = 40
+# Lines after an exception's first line kept as its message (a DataLoader worker's message
+# holds the worker's whole traceback; NCCL's, a few lines of state).
+_MESSAGE_LINES = 300
 # Python 3.11+ marks the failing expression under a frame's source line.
 _CARETS = re.compile(r"^\s*[~^]+\s*$")
 # How far above a bare error line frames of a traceback whose header was lost are looked for.
@@ -55,7 +58,10 @@ def _parse_block(block: str, preamble: str) -> Crash | None:
     for j, line in enumerate(rest):
         match = _EXCEPTION_LINE.match(line.rstrip())
         if match and not line.startswith(" "):
-            message_lines = [match.group("msg") or ""] + [m.rstrip("\n") for m in rest[j + 1:]]
+            # The message runs to the next traceback, but a log's lines after the last one are
+            # not part of it: keep a message's worth (the patterns read its start), so a long
+            # log's tail is not searched once per pattern.
+            message_lines = [match.group("msg") or ""] + [m.rstrip("\n") for m in rest[j + 1:j + 1 + _MESSAGE_LINES]]
             message = "\n".join(message_lines).rstrip()
             crash = Crash(exc_type=match.group("type"), message=message, frames=frames, preamble=preamble)
             crash.worker_frames = worker_traceback_frames(message)
@@ -132,11 +138,11 @@ def bare_error(text: str) -> Crash | None:
     native = cpp_terminate(lines[:typed[0]] if typed else lines)
     if native is not None:
         i, exc_type, what = native
-        message = "\n".join([what] + [line for line in lines[i + 1:] if not line.lstrip().startswith("what():")])
+        message = "\n".join([what] + [line for line in lines[i + 1:i + 1 + _MESSAGE_LINES] if not line.lstrip().startswith("what():")])
         return Crash(exc_type=exc_type, message=message.rstrip(), preamble=_preamble(lines, i))
     if typed is not None:
         i, match = typed
-        message = "\n".join([match.group("msg")] + lines[i + 1:]).rstrip()
+        message = "\n".join([match.group("msg")] + lines[i + 1:i + 1 + _MESSAGE_LINES]).rstrip()
         frames = _frames_above(lines, i) if not lines[i][:match.start()].strip() else []
         frames = frames or _pytest_location(lines, i, match.group("type"))
         crash = Crash(exc_type=match.group("type"), message=message, frames=frames, preamble=_preamble(lines, i))
@@ -147,7 +153,7 @@ def bare_error(text: str) -> Crash | None:
         if KNOWN_MESSAGE_START.match(line) or tf_message:
             # TensorFlow's log lines carry a logging prefix before the message: keep from the message on.
             start = line.rfind("] ", 0, tf_message.start()) + 2 if tf_message and "] " in line[:tf_message.start()] else 0
-            message = "\n".join([line[start:].strip()] + lines[i + 1:]).rstrip()
+            message = "\n".join([line[start:].strip()] + lines[i + 1:i + 1 + _MESSAGE_LINES]).rstrip()
             # The exception's name was not pasted; "Error" stands for it in the report.
             return Crash(exc_type="Error", message=message, frames=_frames_below(lines, i),
                          preamble=_preamble(lines, i))
