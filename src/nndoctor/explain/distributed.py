@@ -208,11 +208,14 @@ class AddressInUse(CrashExplanation):
     name = "address-in-use"
     summary = "rendezvous port already in use"
     fix = "use torchrun --standalone (a free port), another --master_port, or stop the job that holds the port"
-    patterns = (r"EADDRINUSE", r"[Aa]ddress already in use")
+    # On Windows the socket error is WSAEADDRINUSE, printed by number and in the system's language
+    # ("(system error: 10048 - Only one usage of each socket address …)").
+    patterns = (r"EADDRINUSE", r"[Aa]ddress already in use", r"The server socket has failed to \w+ (?:to|on) \S+ \(system error: 10048 ")
     # c10d's TCPStore logs each failed bind before raising ("[W socket.cpp:436] [c10d] The server
     # socket has failed to bind to [::]:29500 (errno: 98 - Address already in use)."); other
     # programs' "Address already in use" (a web UI, TensorBoard) is not this cause.
-    log_lines = (r"The server socket has failed to (?:bind to|listen on)[^\n]*(?:Address already in use|EADDRINUSE)",)
+    log_lines = (r"The server socket has failed to (?:bind to|listen on)[^\n]*(?:Address already in use|EADDRINUSE)",
+                 r"The server socket has failed to (?:bind to|listen on) \S+ \(system error: 10048 ")
     order = 20
 
     @classmethod

@@ -157,6 +157,28 @@ def bare_error(text: str) -> Crash | None:
             # The exception's name was not pasted; "Error" stands for it in the report.
             return Crash(exc_type="Error", message=message, frames=_frames_below(lines, i),
                          preamble=_preamble(lines, i))
+    return _native_error(lines)
+
+
+# Errors that native code reports in words of its own, with no exception name: c10d's NCCL
+# watchdog ("[Rank 0] NCCL watchdog thread terminated with exception: CUDA error: …",
+# ProcessGroupNCCL.cpp), its asynchronous error handling ("Collective WorkNCCL(…) raised the
+# following async exception: NCCL error: …"), and CPython's fatal-error handler, in that order
+# of preference (the interpreter's "Fatal Python error: Aborted" only says the process aborted).
+_NATIVE_ERRORS = (
+    re.compile(r"(?:thread|Watchdog) terminated with exception: (?P<msg>\S.*)$"),
+    re.compile(r"raised the following async exception: (?P<msg>\S.*)$"),
+    re.compile(r"^Fatal Python error: (?P<msg>\S.*)$"),
+)
+
+
+def _native_error(lines: list[str]) -> Crash | None:
+    for pattern in _NATIVE_ERRORS:
+        for i, line in enumerate(lines):
+            found = pattern.search(line) if "rror" in line or "xception" in line else None
+            if found:
+                message = "\n".join([found.group("msg"), *lines[i + 1:i + 1 + _MESSAGE_LINES]]).rstrip()
+                return Crash(exc_type="Error", message=message, preamble=_preamble(lines, i))
     return None
 
 
