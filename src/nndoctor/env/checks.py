@@ -219,6 +219,7 @@ class DriverTooOld(EnvCheck):
     # cudaErrorInsufficientDriver's text, which TensorFlow's device start-up logs ("failed call to
     # cuInit: … CUDA driver version is insufficient …") and then carries on without the GPU.
     log_lines = (r"CUDA driver version is insufficient for CUDA runtime version",)
+    preamble_evidence = False  # logged at start-up, then the framework runs on without the GPU
     crash_message = "The NVIDIA driver is older than the CUDA runtime this framework needs ({what})."
 
 

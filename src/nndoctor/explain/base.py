@@ -41,6 +41,10 @@ class CrashExplanation(Check):
     warning_lines: ClassVar[tuple[str, ...]] = ()
     # Lines after such a line that continue its message (dynamo's "function: …", "last reason: …").
     log_context_lines: ClassVar[int] = 0
+    # May the log lines printed before an exception (``crash.preamble``) alone supply the wording?
+    # Yes for the lines a crash prints on its way (a CUDA kernel's assertion); no for a warning
+    # or a start-up line, which says nothing about the exception that follows it.
+    preamble_evidence: ClassVar[bool] = True
 
     @classmethod
     def documentation(cls) -> str:
@@ -50,8 +54,9 @@ class CrashExplanation(Check):
 
     @classmethod
     def match(cls, crash: Crash) -> dict[str, Any] | None:
+        text = crash.text if cls.preamble_evidence else f"{crash.exc_type}: {crash.message}"
         for pattern in cls.patterns:
-            found = re.search(pattern, crash.text, re.S)
+            found = re.search(pattern, text, re.S)
             if found:
                 return {k: v for k, v in found.groupdict().items() if v is not None}
         return None

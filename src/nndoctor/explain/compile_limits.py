@@ -54,6 +54,15 @@ class RecompileLimitHit(CrashExplanation):
     order = 30
 
     @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        # The warning before an unrelated exception does not explain it; the exception itself
+        # must be the limit's (FailOnRecompileLimitHit), and then the warning above adds its facts.
+        own = f"{crash.exc_type}: {crash.message}"
+        if not any(re.search(pattern, own, re.S) for pattern in cls.patterns):
+            return None
+        return super().match(crash)
+
+    @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
         limit = facts.get("limit", "recompile_limit")
         value = facts.get("value")
@@ -62,7 +71,8 @@ class RecompileLimitHit(CrashExplanation):
             evidence["limit_value"] = int(value)
         for key in ("function", "where", "reason"):
             if facts.get(key):
-                evidence[key] = facts[key].strip()
+                # dynamo pads the reason and appends the guarded source line after "#".
+                evidence[key] = re.split(r"\s{2,}#", facts[key])[0].strip()
         function = f"the function {evidence['function']}" if "function" in evidence else "a function"
         if "where" in evidence:
             function += f" ({evidence['where']})"

@@ -324,6 +324,7 @@ class CollectiveMismatchReported(CrashExplanation):
     log_lines = (r"Detected mismatch between collectives on ranks\. Rank \d+ is running collective: "
                  r"CollectiveFingerPrint\(SequenceNumber=",)
     order = 19  # before E132, which explains the same message when only the shapes differ
+    preamble_evidence = False
 
     @classmethod
     def match(cls, crash: Crash) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ class SoftmaxWithFromLogitsWarning(CrashExplanation):
     patterns = (r"`?(?P<loss>\w+)`? received `from_logits=True`, but the `output` argument was produced by an? "
                 r"(?P<activation>[\w ]+?) activation and thus does not represent logits",)
     warning_lines = (r"received `from_logits=True`, but the `output` argument was produced by an? [\w ]+? activation",)
+    preamble_evidence = False
     order = 30
 
     @classmethod
@@ -68,6 +69,7 @@ class OneHotLabelsWithSparseLoss(CrashExplanation):
     patterns = (r"logits and labels must have the same first dimension, got logits shape "
                 r"\[(?P<rows>\d+),\s*(?P<classes>\d+)\] and labels shape \[(?P<labels>\d+)\]",)
     log_lines = (r"logits and labels must have the same first dimension, got logits shape \[\d+,\s*\d+\]",)
+    preamble_evidence = False
     order = 30
 
     @classmethod
