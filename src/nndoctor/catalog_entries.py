@@ -1015,6 +1015,7 @@ ENTRIES = (
         'class_name': 'SoftmaxWithFromLogits',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.keras_losses', 'SoftmaxWithFromLogitsWarning'),),
     },
     {
         'code': 'K102',
@@ -1039,6 +1040,7 @@ ENTRIES = (
         'class_name': 'LabelEncodingMismatch',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.keras_losses', 'OneHotLabelsWithSparseLoss'),),
     },
     {
         'code': 'K104',
@@ -1711,6 +1713,7 @@ ENTRIES = (
         'class_name': 'CompileRecompilation',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.compile_limits', 'RecompileLimitHit'),),
     },
     {
         'code': 'P114',
@@ -2023,6 +2026,7 @@ ENTRIES = (
         'class_name': 'CollectiveMismatch',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.distributed', 'CollectiveMismatchReported'),),
     },
     {
         'code': 'X111',
