@@ -37,10 +37,11 @@ class RecompileLimitHit(CrashExplanation):
     summary = "torch.compile recompiling repeatedly, hitting the limit, or graph breaks in the step"
     fix = "pass dynamic=True (or mark_dynamic), pass changing Python numbers as tensors, or pad to fixed sizes"
     patterns = (
-        rf"torch\._dynamo hit config\.(?P<limit>{_LIMITS}) \((?P<value>\d+)\)"
+        # "torchdynamo hit config.…" before the package moved into torch (2022).
+        rf"(?:torch\._dynamo|torchdynamo) hit config\.(?P<limit>{_LIMITS}) \((?P<value>\d+)\)"
         # The next lines, after their "[0/8]" frame id: "function: 'fn' (train.py:3)", "last reason: …".
         r"(?:\s*(?:\[[\d/]+\])?\s*function: '?(?P<function>[^'\s(]+)'?(?: \((?P<where>[^)]+)\))?)?"
-        r"(?:\s*(?:\[[\d/]+\])?\s*last reason: (?P<reason>[^\n]+))?",
+        r"(?:\s*(?:\[[\d/]+\])?\s*(?:last reason|reasons): +(?P<reason>[^\n]+))?",
         # torchdynamo before it moved into PyTorch (2022): "torchdynamo hit recompilation cache
         # limit (64) for function 'forward' (…/model.py:381), due to the following guard failures: …"
         r"torchdynamo hit recompilation (?P<limit>cache) limit \((?P<value>\d+)\) for function '(?P<function>\w+)'"
@@ -49,6 +50,7 @@ class RecompileLimitHit(CrashExplanation):
         r"(?P<error>FailOnRecompileLimitHit)",
     )
     warning_lines = (rf"torch\._dynamo hit config\.{_LIMITS} \(\d+\)",
+                     rf"torchdynamo hit config\.{_LIMITS} \(\d+\)",
                      r"torchdynamo hit recompilation cache limit \(\d+\) for function")
     log_context_lines = 2
     order = 30
