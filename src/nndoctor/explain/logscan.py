@@ -8,9 +8,10 @@ and aborts, a DataLoader worker prints ``ERROR: Unexpected bus error encountered
 with a Softmax output, dynamo's ``hit config.recompile_limit (8)``).
 
 An explanation lists the exact wordings that identify its cause on one line of their own in
-``log_lines`` (errors) and ``warning_lines`` (warnings). ``scan`` finds every such line in one
-pass over the log and returns a ``LogHit`` per explanation: its first line, how many lines
-carried it, and whether it was a warning. A line counts only for the explanation whose
+``log_lines`` (errors) and ``warning_lines`` (warnings). ``scan`` looks up each wording's
+literal start (its ``anchor``) with ``str.find`` over the whole log, runs the wording's
+expression on those lines only, and returns a ``LogHit`` per explanation: its first line, how
+many lines carried it, and whether it was a warning. A line counts only for the explanation whose
 wording it carries, and only if that explanation's own ``match`` then accepts the line: so a
 hit gives the same facts as the exception would.
 """
