@@ -152,7 +152,7 @@ class CollectiveTimeout(CrashExplanation):
     fix = "find the rank that did not reach this collective (its log's first error, or a rank-conditional call)"
     patterns = (
         r"Timed out waiting (?P<ms>\d+)ms for (?P<op>recv|send) operation",
-        r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<optype>\w+)"
+        r"Watchdog caught collective operation timeout:\s*WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<optype>\w+)"
         r".*?Timeout\(ms\)=(?P<ms2>\d+)\)",
         # With TORCH_NCCL_BLOCKING_WAIT the waiting call reports it (ProcessGroupNCCL.cpp, WorkNCCL::wait).
         r"Work WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<optype>\w+).*?Timeout\(ms\)=(?P<ms2>\d+)\) "
@@ -160,8 +160,10 @@ class CollectiveTimeout(CrashExplanation):
     )
     # c10's logger prints both on their own ("[rank1]:[E626 06:24:44.9 ProcessGroupNCCL.cpp:616] [Rank 1]
     # Watchdog caught …"), then the process aborts with no Python exception.
-    log_lines = (r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=",
+    log_lines = (r"Watchdog caught collective operation timeout: ?(?:WorkNCCL\(SeqNum=|$)",
                  r"Work WorkNCCL\(SeqNum=\d+, OpType=\w+.*?timed out in blocking wait")
+    # A log viewer may wrap the line after "timeout: " (the WorkNCCL(…) part then starts the next line).
+    log_context_lines = 1
     order = 20
 
     @classmethod
