@@ -1113,6 +1113,7 @@ ENTRIES = (
         'class_name': 'TfFunctionRetracing',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.keras_losses', 'RetracingWarning'),),
     },
     {
         'code': 'L101',

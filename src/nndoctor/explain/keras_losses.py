@@ -1,7 +1,8 @@
-"""K101 and K103 as a log shows them: Keras's warning about ``from_logits=True`` on a Softmax
+"""K101, K103 and K109 as a log shows them: Keras's warning about ``from_logits=True`` on a Softmax
 output, and TensorFlow's "logits and labels must have the same first dimension" for one-hot
-labels given to a sparse loss. The live checks (``keras/checks.py``) own the codes; these are
-their explanations from text, so ``nndoctor explain`` finds them in a pasted log."""
+labels given to a sparse loss, and TensorFlow's tf.function retracing warning. The live checks
+(``keras/checks.py``, ``keras/loop_checks.py``) own the codes; these are their explanations from
+text, so ``nndoctor explain`` finds them in a pasted log."""
 
 from __future__ import annotations
 
@@ -93,3 +94,39 @@ class OneHotLabelsWithSparseLoss(CrashExplanation):
                    f"{labels} = {rows} × {classes}, so the labels are one-hot vectors, which a Sparse* loss "
                    "reads as one class id per value.")
         return cls.make(crash, message, evidence=evidence)
+
+
+@variant
+class RetracingWarning(CrashExplanation):
+    """
+    ## What it does
+    From a log: reports TensorFlow's warning "N out of the last M calls to <function …>
+    triggered tf.function retracing. Tracing is expensive …", naming the function and the
+    counts, with the three causes TensorFlow lists (a tf.function or model created in a loop,
+    tensors of changing shapes, Python objects instead of tensors).
+
+    ## References
+    - TensorFlow guide, Better performance with tf.function: controlling retracing: https://www.tensorflow.org/guide/function#controlling_retracing
+    """
+
+    code = "K109"
+    name = "tf-function-retracing"
+    severity = Severity.WARNING
+    summary = "a tf.function retraced every step (Python scalars or varying shapes as arguments)"
+    fix = ("create the tf.function (or the model whose predict/fit you call) once, outside the loop; pass "
+           "tensors instead of Python numbers; give varying shapes an input_signature or reduce_retracing=True")
+    # The function's repr holds "<locals>": "<function Model.make_predict_function.<locals>.predict_function at 0x7f…>".
+    patterns = (r"(?P<retraced>\d+) out of the last (?P<calls>\d+) calls to <function (?P<function>\S+?)"
+                r"(?: at 0x[0-9a-fA-F]+)?> triggered tf\.function retracing",)
+    warning_lines = (r"out of the last \d+ calls to <function \S+?(?: at 0x[0-9a-fA-F]+)?> triggered tf\.function retracing",)
+    preamble_evidence = False
+    order = 30
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        retraced, calls, function = int(facts["retraced"]), int(facts["calls"]), facts["function"]
+        message = (f"TensorFlow traced {function} again on {retraced} of its last {calls} calls: every retrace "
+                   "rebuilds the graph, which costs far more than running it. TensorFlow names three causes: the function (or the Keras "
+                   "model whose predict/fit/evaluate builds it) is created anew in a loop, its tensors change "
+                   "shape, or it receives Python objects instead of tensors.")
+        return cls.make(crash, message, evidence={"function": function, "retraced": retraced, "calls": calls})
