@@ -31,7 +31,7 @@ def test_anchor_is_the_literal_start_of_the_wording():
 
 def test_every_code_family_a_log_shows_has_an_explain_path():
     codes = {cls.code for cls in explanations()}
-    assert {"K101", "K103", "P113", "X110", "V103", "V104", "V105", "E130", "E131", "E115"} <= codes
+    assert {"K101", "K103", "K109", "P113", "X110", "V103", "V104", "V105", "E130", "E131", "E115"} <= codes
 
 
 def test_a_warning_is_reported_only_when_the_log_holds_no_error():
