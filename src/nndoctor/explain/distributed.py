@@ -179,6 +179,9 @@ class CollectiveTimeout(CrashExplanation):
         return cls.make(crash, message, evidence=evidence)
 
 
+_C10D_WORDS = re.compile(r"server socket|TCPStore|\[c10d\]|c10d::|DistNetworkError|rendezvous|MASTER_PORT")
+
+
 @register
 class AddressInUse(CrashExplanation):
     """
@@ -219,6 +222,16 @@ class AddressInUse(CrashExplanation):
     log_lines = (r"The server socket has failed to (?:bind to|listen on)[^\n]*(?:Address already in use|EADDRINUSE)",
                  r"The server socket has failed to (?:bind to|listen on) \S+ \(system error: 10048 ")
     order = 20
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        facts = super().match(crash)
+        # "Address already in use" is any server's error (TensorBoard, a web UI): only c10d's store
+        # or a torch.distributed frame makes it the rendezvous port.
+        if facts is None or not (_C10D_WORDS.search(crash.text)
+                                 or any("torch/distributed" in f.path.replace("\\", "/") for f in crash.frames)):
+            return None
+        return facts
 
     @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
