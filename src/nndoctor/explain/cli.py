@@ -3,8 +3,10 @@ not under nndoctor (same catalog as ``nndoctor run``, with less context: message
 
 Reads FILE, or standard input for ``-`` (or when input is piped). Every traceback in the text
 is explained; chained tracebacks ("During handling of the above exception …") count as one
-crash. An error with no known cause is reported as such, with the traceback's last frame in
-the user's code — never with a guessed cause.
+crash. Lines that name a cause without a Python exception (NCCL's watchdog, c10d's socket,
+cuDNN's loader; ``logscan``) are read too, and a log with no error at all is searched for
+warnings that name a catalogued cause. An error with no known cause is reported as such, with
+the traceback's last frame in the user's code — never with a guessed cause.
 
 Exit status:
   0  every error in the text was explained, or the text holds no error at all;
