@@ -1015,6 +1015,7 @@ ENTRIES = (
         'class_name': 'SoftmaxWithFromLogits',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.keras_losses', 'SoftmaxWithFromLogitsWarning'),),
     },
     {
         'code': 'K102',
@@ -1039,6 +1040,7 @@ ENTRIES = (
         'class_name': 'LabelEncodingMismatch',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.keras_losses', 'OneHotLabelsWithSparseLoss'),),
     },
     {
         'code': 'K104',
@@ -1111,6 +1113,7 @@ ENTRIES = (
         'class_name': 'TfFunctionRetracing',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.keras_losses', 'RetracingWarning'),),
     },
     {
         'code': 'L101',
@@ -1711,6 +1714,7 @@ ENTRIES = (
         'class_name': 'CompileRecompilation',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.compile_limits', 'RecompileLimitHit'),),
     },
     {
         'code': 'P114',
@@ -2023,6 +2027,7 @@ ENTRIES = (
         'class_name': 'CollectiveMismatch',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.distributed', 'CollectiveMismatchReported'),),
     },
     {
         'code': 'X111',

@@ -47,7 +47,8 @@ def entry_of(cls: Any) -> dict[str, Any]:
     }
     from nndoctor.explain.base import variants_of
 
-    variants = tuple((v.__module__, v.__qualname__) for v in variants_of(cls.code)) if cls.scope == "explain" else ()
+    # Any scope: a runtime check's cause read from a log (K101's warning, P113's limit) is a variant too.
+    variants = tuple((v.__module__, v.__qualname__) for v in variants_of(cls.code) if v is not cls)
     if variants:  # only the codes that have some: the other entries stay as they were
         entry["variants"] = variants
     return entry

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 # re-exported: checks import them from here
-from nndoctor.catalog_table import build_finding
+from nndoctor.catalog_table import build_finding, merge_variant_doc
 from nndoctor.catalog_table import is_enabled as is_enabled
 from nndoctor.catalog_table import unknown_selectors as unknown_selectors
 from nndoctor.events import EVENT_KINDS
@@ -51,6 +51,8 @@ CHECK_MODULES = (
 OPTIONAL_FRAMEWORKS = ("torch", "torchvision", "tensorflow", "keras")
 
 _REGISTRY: dict[str, type[Check]] = {}
+# Other classes of a registered code, by code (``note_variant``), in the order they were added.
+_VARIANTS: dict[str, list[type[Check]]] = {}
 _CODE_RE = re.compile(r"^[A-Z][0-9]{3}$")
 
 
@@ -113,7 +115,14 @@ class Check:
     # -- documentation -----------------------------------------------------------
     @classmethod
     def documentation(cls) -> str:
-        return inspect.cleandoc(cls.__doc__ or "")
+        """The docstring; a registered check's also gets its variants' "What it does" and
+        "References" (the same cause explained from another angle: ``explain.base.variant``)."""
+        own = inspect.cleandoc(cls.__doc__ or "")
+        if get_check(cls.code) is not cls:
+            return own
+        for extra in _VARIANTS.get(cls.code, ()):
+            own = merge_variant_doc(own, inspect.cleandoc(extra.__doc__ or ""))
+        return own
 
     @classmethod
     def doc_sections(cls) -> dict[str, str]:
@@ -173,6 +182,13 @@ def load_all() -> None:
             missing = (error.name or "").split(".")[0]
             if error.name is None or not (module.startswith(error.name) or missing in OPTIONAL_FRAMEWORKS):
                 raise
+
+
+def note_variant(cls: type[Check]) -> None:
+    """Record ``cls`` as a variant of its code's check, for that check's documentation."""
+    known = _VARIANTS.setdefault(cls.code, [])
+    if all(existing.__qualname__ != cls.__qualname__ for existing in known):
+        known.append(cls)
 
 
 def registered_checks() -> list[type[Check]]:

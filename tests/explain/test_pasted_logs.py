@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nndoctor.explain.cli import explain_text
+from tests.snapshot import assert_findings_snapshot
 
 PASTED = Path(__file__).parent / "pasted"
 
@@ -55,5 +56,20 @@ def test_pasted_log_gets_the_code_decided_from_its_thread(path):
 
 def test_there_are_enough_real_logs():
     expected = [read_case(p)[0]["expected"] for p in CASES]
-    assert len(expected) >= 25
-    assert expected.count("none") >= 4  # logs whose honest answer is "no known cause"
+    assert len(expected) >= 100
+    assert expected.count("none") >= 12  # logs whose honest answer is "no known cause"
+    # Whole logs, not only Python exceptions: every family a log can show is represented.
+    assert {code[0] for code in expected if code != "none"} >= {"E", "V", "K", "X", "P"}
+
+
+# The explanations README.md shows: a launcher/NCCL log and a log holding only a warning.
+SNAPSHOTS = ("nccl_watchdog_pid_rank_prefix", "c10d_bind_warnings_no_exception",
+             "dynamo_recompile_limit_warning_only", "keras_from_logits_softmax_warning_only")
+
+
+@pytest.mark.parametrize("stem", SNAPSHOTS)
+def test_log_line_explanations_read_as_recorded(stem):
+    findings, unexplained = explain_text(read_case(PASTED / f"{stem}.txt")[1])
+    assert not unexplained
+    assert_findings_snapshot(f"explain/pasted_{stem}", findings, local_paths=False,
+                             source=f"nndoctor explain tests/explain/pasted/{stem}.txt")

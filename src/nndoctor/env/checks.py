@@ -216,6 +216,10 @@ class DriverTooOld(EnvCheck):
     fix = "upgrade the NVIDIA driver, or install the framework build for the driver's CUDA version"
     patterns = (r"(?P<what>CUDA driver version is insufficient for CUDA runtime version)",
                 r"(?P<what>The NVIDIA driver on your system is too old)")
+    # cudaErrorInsufficientDriver's text, which TensorFlow's device start-up logs ("failed call to
+    # cuInit: … CUDA driver version is insufficient …") and then carries on without the GPU.
+    log_lines = (r"CUDA driver version is insufficient for CUDA runtime version",)
+    preamble_evidence = False  # logged at start-up, then the framework runs on without the GPU
     crash_message = "The NVIDIA driver is older than the CUDA runtime this framework needs ({what})."
 
 
@@ -255,7 +259,13 @@ class MissingCudaLibraries(EnvCheck):
     fix = "install the CUDA/cuDNN versions the framework was built with (pip install 'tensorflow[and-cuda]', or the matching torch wheel)"
     patterns = (r"Could not load dynamic library '(?P<library>[^']+)'",
                 r"(?P<library>lib(?:cu|nv|nccl)[\w.+-]*\.so[\w.]*): cannot open shared object file",
-                r"(?P<library>DNN library) is not found")
+                r"(?P<library>DNN library) is not found",
+                # cuDNN 9 looks for its sub-libraries by several names and prints them all.
+                r"Unable to load any of \{(?P<library>libcudnn\w*\.so[\w.]*)")
+    # cuDNN's own loader prints this and aborts the process (no Python exception):
+    # "Could not load library libcudnn_ops_infer.so.8. Error: libcudnn_ops_infer.so.8: cannot open shared object file".
+    log_lines = (r"Could not load library libcudnn\w*\.so[\w.]*\. Error: lib[\w.+-]+\.so[\w.]*: cannot open shared object file",
+                 r"Unable to load any of \{libcudnn")
     crash_message = "A CUDA library could not be loaded: {library}."
 
     @classmethod
@@ -303,8 +313,22 @@ class IncompatiblePackages(EnvCheck):
     severity = Severity.ERROR
     summary = "torch/torchvision pairs, tensorflow/keras/protobuf, any unmet requirement"
     fix = "install versions that satisfy each other's requirements (upgrade or downgrade the pair together)"
-    patterns = (r"operator (?P<op>torchvision::\w+) does not exist",)
+    patterns = (r"operator (?P<op>torchvision::\w+) does not exist",
+                # torch.compile's inductor imports this from triton; a triton release other than the one
+                # the torch wheel pins (pip install -U triton, or an old triton) lacks it.
+                r"cannot import name '(?P<name>triton_key)' from '(?P<module>triton[\w.]*)'")
     crash_message = "torchvision does not match the installed torch ({op} is missing from this build)."
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        if "name" in facts:
+            message = (f"triton does not match the installed torch: torch.compile needs {facts['name']} from "
+                       f"{facts['module']}, which this triton release does not have (torch wheels pin the "
+                       f"triton they were built with). {ENV_HINT}")
+            return cls.make(crash, message, evidence={"error": crash.message[:300], **facts},
+                            fix="reinstall the triton version your torch pins (pip install --force-reinstall torch "
+                                "pulls it), or upgrade torch and triton together")
+        return super().build(crash, facts)
 
 
 @register

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
-from nndoctor.registry import Check, all_checks, get_check, is_enabled
+from nndoctor.registry import Check, all_checks, is_enabled, note_variant
 
 
 class CrashExplanation(Check):
@@ -24,7 +24,9 @@ class CrashExplanation(Check):
     The same cause raised by another framework (TensorFlow's OOM is E108, like PyTorch's)
     is a *variant*: a class with the owner's code and name, added with ``variant`` instead of
     ``register``. It is tried like any explanation and its "What it does" and "References"
-    are shown in the owner's documentation, so each code keeps one catalog entry.
+    are shown in the owner's documentation, so each code keeps one catalog entry. The owner
+    may be a check of any family: K101's Keras check, P113's perf check and X110's distributed
+    check have variants that read their cause from a log.
     """
 
     scope: ClassVar[str] = "explain"
@@ -33,17 +35,24 @@ class CrashExplanation(Check):
     order: ClassVar[int] = 100
     # Regular expressions over ``crash.text``; the first that matches gives the facts.
     patterns: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def documentation(cls) -> str:
-        own = super().documentation()
-        owner = get_check(cls.code) if cls.patterns else None
-        return with_variant_docs(own, cls.code) if owner is cls else own
+    # Wordings that identify the cause on one log line with no Python exception (a C++ logger's
+    # line, a launcher's, a loader's); ``warning_lines``: warnings that name it. Each is written
+    # for one real wording (no named groups), and a line that carries it must still pass
+    # ``match`` (``explain.logscan``).
+    log_lines: ClassVar[tuple[str, ...]] = ()
+    warning_lines: ClassVar[tuple[str, ...]] = ()
+    # Lines after such a line that continue its message (dynamo's "function: …", "last reason: …").
+    log_context_lines: ClassVar[int] = 0
+    # May the log lines printed before an exception (``crash.preamble``) alone supply the wording?
+    # Yes for the lines a crash prints on its way (a CUDA kernel's assertion); no for a warning
+    # or a start-up line, which says nothing about the exception that follows it.
+    preamble_evidence: ClassVar[bool] = True
 
     @classmethod
     def match(cls, crash: Crash) -> dict[str, Any] | None:
+        text = crash.text if cls.preamble_evidence else f"{crash.exc_type}: {crash.message}"
         for pattern in cls.patterns:
-            found = re.search(pattern, crash.text, re.S)
+            found = re.search(pattern, text, re.S)
             if found:
                 return {k: v for k, v in found.groupdict().items() if v is not None}
         return None
@@ -72,22 +81,13 @@ def variant(cls: type[CrashExplanation]) -> type[CrashExplanation]:
     """Class decorator: another explanation of a registered code (see ``CrashExplanation``)."""
     if all(existing.__qualname__ != cls.__qualname__ for existing in _VARIANTS):
         _VARIANTS.append(cls)
+    note_variant(cls)
     return cls
 
 
 def variants_of(code: str) -> list[type[CrashExplanation]]:
     all_checks()  # variants live in the explanation modules the registry loads
     return [v for v in _VARIANTS if v.code == code]
-
-
-def with_variant_docs(text: str, code: str) -> str:
-    """``text`` (the owner's docstring) with each variant's "What it does" paragraph appended to
-    that section and its references appended to "References"."""
-    from nndoctor.catalog_table import merge_variant_doc
-
-    for extra in variants_of(code):
-        text = merge_variant_doc(text, extra.documentation())
-    return text
 
 
 def explanations(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[type[CrashExplanation]]:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from nndoctor.explain import (
     autograd,
+    compile_limits,
     devices,
     distributed,
     dtypes,
     environment,
     keras_input,
+    keras_losses,
     loading,
     memory,
     shapes,
@@ -23,6 +25,6 @@ from nndoctor.explain import (
 )
 
 FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed,
-            tf_errors, tf_gradients, keras_input, tfrecord_parse)
+            tf_errors, tf_gradients, keras_input, tfrecord_parse, keras_losses, compile_limits)
 
 __all__ = ["FAMILIES"]

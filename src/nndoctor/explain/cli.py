@@ -3,8 +3,10 @@ not under nndoctor (same catalog as ``nndoctor run``, with less context: message
 
 Reads FILE, or standard input for ``-`` (or when input is piped). Every traceback in the text
 is explained; chained tracebacks ("During handling of the above exception …") count as one
-crash. An error with no known cause is reported as such, with the traceback's last frame in
-the user's code — never with a guessed cause.
+crash. Lines that name a cause without a Python exception (NCCL's watchdog, c10d's socket,
+cuDNN's loader; ``logscan``) are read too, and a log with no error at all is searched for
+warnings that name a catalogued cause. An error with no known cause is reported as such, with
+the traceback's last frame in the user's code — never with a guessed cause.
 
 Exit status:
   0  every error in the text was explained, or the text holds no error at all;
@@ -27,9 +29,12 @@ from rich.text import Text
 
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
-from nndoctor.explain.base import explain
+from nndoctor.explain.base import explain, explanations
 from nndoctor.explain.crash import Crash
-from nndoctor.explain.tracetext import parse_crashes
+from nndoctor.explain.launchers import is_launcher_report
+from nndoctor.explain.logscan import finding_from_line, scan
+from nndoctor.explain.pasted import clean
+from nndoctor.explain.tracetext import parse_clean
 from nndoctor.findings import Finding, Report
 from nndoctor.report.delivery import ReportDelivery
 from nndoctor.sanitize import printable
@@ -130,8 +135,18 @@ def _selected(chains: list[list[Crash]]) -> tuple[list[list[Crash]], int]:
 
 
 def explain_all(text: str, *, select=(), ignore=()) -> Explained:
-    """Explanations for the crashes in ``text``, those with no known cause, and the counts."""
-    chains = parse_crashes(text)
+    """Explanations for the crashes in ``text``, those with no known cause, and the counts.
+
+    Candidates are ranked: first the causes of the Python exceptions the log raised, then the
+    causes named by log lines that are not Python exceptions (C++ loggers, launchers, loaders;
+    ``logscan``), in the order they appear, and, only when the log holds no error at all, the
+    causes its warnings name. Lines are consulted when some error is left unexplained or none
+    was found: a log whose exceptions are all explained keeps exactly those explanations.
+    A launcher's report that a child failed (``ChildFailedError``) is not a cause; it is left
+    out once the cause of the failure is found elsewhere in the log.
+    """
+    cleaned = clean(text)
+    chains = parse_clean(cleaned)
     chosen, not_analysed = _selected(chains)
     result = Explained(tracebacks=len(chains), not_analysed=not_analysed)
     keys: set = set()
@@ -147,7 +162,23 @@ def explain_all(text: str, *, select=(), ignore=()) -> Explained:
         elif finding.merge_key not in keys:
             keys.add(finding.merge_key)
             result.findings.append(finding)
+    if result.unexplained or not chains:
+        _add_log_line_causes(result, cleaned, select=select, ignore=ignore, warnings=not chains)
+    if result.findings:
+        result.unexplained = [crash for crash in result.unexplained if not is_launcher_report(crash)]
     return result
+
+
+def _add_log_line_causes(result: Explained, cleaned: str, *, select, ignore, warnings: bool) -> None:
+    hits = scan(cleaned, explanations(select, ignore))
+    errors = [hit for hit in hits if not hit.warning]
+    chosen = errors or (hits if warnings else [])
+    codes = {finding.code for finding in result.findings}
+    for hit in chosen:
+        if hit.explanation.code in codes:
+            continue
+        codes.add(hit.explanation.code)
+        result.findings.append(finding_from_line(hit))
 
 
 def explain_text(text: str, *, select=(), ignore=()) -> tuple[list[Finding], list[Crash]]:

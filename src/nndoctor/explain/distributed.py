@@ -1,13 +1,14 @@
 """Explanations of distributed-training crashes: E129 DDP parameters without gradient, E130 a
 collective that timed out, E131 the rendezvous port already in use, E132 ranks passing
-different tensors to one collective."""
+different tensors to one collective, and X110 (ranks in different collectives) as the
+collective-consistency check reports it."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from nndoctor.explain.base import CrashExplanation
+from nndoctor.explain.base import CrashExplanation, variant
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding
 from nndoctor.registry import register
@@ -151,9 +152,18 @@ class CollectiveTimeout(CrashExplanation):
     fix = "find the rank that did not reach this collective (its log's first error, or a rank-conditional call)"
     patterns = (
         r"Timed out waiting (?P<ms>\d+)ms for (?P<op>recv|send) operation",
-        r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<optype>\w+)"
+        r"Watchdog caught collective operation timeout:\s*WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<optype>\w+)"
         r".*?Timeout\(ms\)=(?P<ms2>\d+)\)",
+        # With TORCH_NCCL_BLOCKING_WAIT the waiting call reports it (ProcessGroupNCCL.cpp, WorkNCCL::wait).
+        r"Work WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<optype>\w+).*?Timeout\(ms\)=(?P<ms2>\d+)\) "
+        r"timed out in blocking wait",
     )
+    # c10's logger prints both on their own ("[rank1]:[E626 06:24:44.9 ProcessGroupNCCL.cpp:616] [Rank 1]
+    # Watchdog caught …"), then the process aborts with no Python exception.
+    log_lines = (r"Watchdog caught collective operation timeout: ?(?:WorkNCCL\(SeqNum=|$)",
+                 r"Work WorkNCCL\(SeqNum=\d+, OpType=\w+.*?timed out in blocking wait")
+    # A log viewer may wrap the line after "timeout: " (the WorkNCCL(…) part then starts the next line).
+    log_context_lines = 1
     order = 20
 
     @classmethod
@@ -167,6 +177,9 @@ class CollectiveTimeout(CrashExplanation):
                    "at least one rank never reached the matching call — it crashed earlier, is blocked "
                    "elsewhere, skipped it in a rank-conditional branch, or is busy with longer one-rank work.")
         return cls.make(crash, message, evidence=evidence)
+
+
+_C10D_WORDS = re.compile(r"server socket|TCPStore|\[c10d\]|c10d::|DistNetworkError|rendezvous|MASTER_PORT")
 
 
 @register
@@ -200,8 +213,25 @@ class AddressInUse(CrashExplanation):
     name = "address-in-use"
     summary = "rendezvous port already in use"
     fix = "use torchrun --standalone (a free port), another --master_port, or stop the job that holds the port"
-    patterns = (r"EADDRINUSE", r"[Aa]ddress already in use")
+    # On Windows the socket error is WSAEADDRINUSE, printed by number and in the system's language
+    # ("(system error: 10048 - Only one usage of each socket address …)").
+    patterns = (r"EADDRINUSE", r"[Aa]ddress already in use", r"The server socket has failed to \w+ (?:to|on) \S+ \(system error: 10048 ")
+    # c10d's TCPStore logs each failed bind before raising ("[W socket.cpp:436] [c10d] The server
+    # socket has failed to bind to [::]:29500 (errno: 98 - Address already in use)."); other
+    # programs' "Address already in use" (a web UI, TensorBoard) is not this cause.
+    log_lines = (r"The server socket has failed to (?:bind to|listen on)[^\n]*(?:Address already in use|EADDRINUSE)",
+                 r"The server socket has failed to (?:bind to|listen on) \S+ \(system error: 10048 ")
     order = 20
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        facts = super().match(crash)
+        # "Address already in use" is any server's error (TensorBoard, a web UI): only c10d's store
+        # or a torch.distributed frame makes it the rendezvous port.
+        if facts is None or not (_C10D_WORDS.search(crash.text)
+                                 or any("torch/distributed" in f.path.replace("\\", "/") for f in crash.frames)):
+            return None
+        return facts
 
     @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
@@ -220,7 +250,7 @@ class CollectiveShapeMismatch(CrashExplanation):
     ## What it does
     Explains "Detected mismatch between collectives on ranks" (printed with
     `TORCH_DISTRIBUTED_DEBUG=DETAIL`) and gloo's "op.preamble.length <= op.nbytes": the ranks
-    called one collective with tensors of different shapes (or different collectives).
+    called one collective with tensors of different shapes (different collectives are X110).
 
     ## Why is this bad?
     A collective combines the same tensor from every rank. Different sizes — a last batch
@@ -253,6 +283,16 @@ class CollectiveShapeMismatch(CrashExplanation):
     )
     order = 20
 
+    log_lines = (r"Detected mismatch between collectives on ranks\. Rank \d+ is running collective: "
+                 r"CollectiveFingerPrint\(SequenceNumber=\d+, OpType=\w+, TensorShape=",)
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        facts = super().match(crash)
+        if facts and "op_a" in facts and facts["op_a"] != facts["op_b"]:
+            return None  # different collectives: X110's cause, not a shape mismatch
+        return facts
+
     @classmethod
     def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
         if "bytes_a" in facts:
@@ -264,9 +304,56 @@ class CollectiveShapeMismatch(CrashExplanation):
         a, b = facts["rank_a"], facts["rank_b"]
         evidence = {f"rank_{a}": f"{facts['op_a']} {facts['shape_a']}", f"rank_{b}": f"{facts['op_b']} {facts['shape_b']}",
                     "sequence_number": int(facts["seq"])}
-        what = ("different collectives" if facts["op_a"] != facts["op_b"]
-                else f"tensors of different shapes ({facts['shape_a']} vs {facts['shape_b']})")
+        what = f"tensors of different shapes ({facts['shape_a']} vs {facts['shape_b']})"
         message = (f"Rank {a} called {facts['op_a']} with shape {facts['shape_a']} while rank {b} called "
                    f"{facts['op_b']} with shape {facts['shape_b']} (collective #{facts['seq']}): the ranks "
                    f"passed {what} to one collective.")
+        return cls.make(crash, message, evidence=evidence)
+
+
+@variant
+class CollectiveMismatchReported(CrashExplanation):
+    """
+    ## What it does
+    From a log: explains "Detected mismatch between collectives on ranks" (the consistency
+    check of ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) when the ranks ran different collectives
+    (different operations, or the same operation at different sequence numbers), naming
+    both ranks' calls.
+
+    ## References
+    - PyTorch docs, debugging torch.distributed (TORCH_DISTRIBUTED_DEBUG=DETAIL checks that ranks run the same collectives): https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
+    """
+
+    code = "X110"
+    name = "collective-mismatch"
+    summary = "ranks in different collectives / a rank-conditional collective (hang)"
+    fix = "call every collective on every rank in the same order (no collective inside `if rank == ...`)"
+    patterns = (
+        r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running collective: "
+        r"CollectiveFingerPrint\(SequenceNumber=(?P<seq_a>\d+), OpType=(?P<op_a>\w+)"
+        # A rank that has not run the collective prints a short fingerprint, with no comma
+        # before OpType ("CollectiveFingerPrint(SequenceNumber=0OpType=REDUCE)").
+        r".*?but Rank (?P<rank_b>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq_b>\d+),? ?"
+        r"OpType=(?P<op_b>\w+)",
+    )
+    log_lines = (r"Detected mismatch between collectives on ranks\. Rank \d+ is running collective: "
+                 r"CollectiveFingerPrint\(SequenceNumber=",)
+    order = 19  # before E132, which explains the same message when only the shapes differ
+    preamble_evidence = False
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        facts = super().match(crash)
+        if facts is None or (facts["op_a"] == facts["op_b"] and facts["seq_a"] == facts["seq_b"]):
+            return None  # the same call with different tensors is E132
+        return facts
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        a, b = facts["rank_a"], facts["rank_b"]
+        evidence = {f"rank_{a}": f"{facts['op_a']} #{facts['seq_a']}", f"rank_{b}": f"{facts['op_b']} #{facts['seq_b']}"}
+        message = (f"Rank {a} was in {facts['op_a']} (collective #{facts['seq_a']}) while rank {b} was in "
+                   f"{facts['op_b']} (collective #{facts['seq_b']}): the ranks do not run the same collectives "
+                   "in the same order, so they wait on each other forever (a collective skipped or added "
+                   "on some ranks, e.g. inside `if rank == 0:`).")
         return cls.make(crash, message, evidence=evidence)

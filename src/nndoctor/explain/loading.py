@@ -147,7 +147,12 @@ class DataloaderWorkerDied(CrashExplanation):
         r"DataLoader worker \(pid[^)]*\) is killed by signal: (?P<signal>[\w ]+)",
         r"DataLoader worker \(pid\(s\) [^)]*\) exited unexpectedly",
         r"unable to write to file </torch_\w+>|No space left on device.*shm",
+        # The worker's own SIGBUS handler (torch/csrc/DataLoader.cpp) prints this before it dies.
+        r"Unexpected (?P<signal>bus error) encountered in worker",
     )
+    # That handler's line, often glued to a progress bar, is all some logs keep of the crash.
+    log_lines = (r"ERROR: Unexpected bus error encountered in worker\. This might be caused by insufficient shared memory",
+                 r"DataLoader worker \(pid[^)]*\) is killed by signal: ")
     order = 20
 
     @classmethod

@@ -28,6 +28,10 @@ _LINE_PREFIXES = (
     re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:"),  # logging.basicConfig: "ERROR:root:"
     re.compile(r"^(?:>[ ]?)+"),  # markdown block quotes, nested ("> > ")
     re.compile(r"^E(?: {2,}|\t)"),  # pytest's failure lines: "E       RuntimeError: ..."
+    # glog, as c10 and TensorFlow's C++ print it: "E1127 12:00:01.123456 4242 ProcessGroupNCCL.cpp:607] ",
+    # bracketed by PyTorch ("[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] ", "[W socket.cpp:426] ").
+    re.compile(r"^\[?[IWEF]\d{4} \d{2}:\d{2}:\d{2}(?:\.\d+)?(?: +\d+)? [\w./<>-]+:\d+\][ ]?"),
+    re.compile(r"^\[[IWEF] [\w./<>-]+:\d+\][ ]?"),
 )
 # One pattern for all prefixes, tried only on lines starting with one of their first characters.
 _ANY_PREFIX = re.compile("|".join(f"(?:{p.pattern})" for p in _LINE_PREFIXES))
@@ -41,8 +45,12 @@ _TRAILING_DECORATION = re.compile(r"(?:```|`|\*\*|[\"'“”‘’])\s*$")
 
 # An exception named in a line: "RuntimeError: …", "torch.OutOfMemoryError: …". The last dotted
 # component starts with a capital, which keeps "self.error: x" and file names out.
+# Exceptions whose names have none of the usual suffixes are listed by name: torch.compile's.
+_OTHER_EXCEPTION_NAMES = r"BackendCompilerFailed|FailOnRecompileLimitHit|RecompileLimitExceeded"
 EXCEPTION_IN_LINE = re.compile(
-    r"(?<![\w.])(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault)):[ \t]?(?P<msg>\S.*)$"
+    r"(?<![\w.])(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault)"
+    # TensorFlow 1's session errors: "InvalidArgumentError (see above for traceback): …".
+    rf"|{_OTHER_EXCEPTION_NAMES}))(?: \(see above for traceback\))?:[ \t]?(?P<msg>\S.*)$"
 )
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")
@@ -79,10 +87,16 @@ def clean(text: str) -> str:
     return "\n".join(clean_line(line) for line in text.replace("\r\n", "\n").split("\n"))
 
 
+# An exception whose message starts on the next line ("…errors.ChildFailedError: " above
+# torchrun's failure table): only a line holding nothing else counts, not prose ending in "Error:".
+_EXCEPTION_ALONE = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)+[A-Z]\w*(?:Error|Exception)|[A-Z]\w*(?:Error|Exception)):[ \t]*(?P<msg>)$")
+
+
 def find_error_line(line: str) -> re.Match[str] | None:
     """The exception named in ``line``, at its start or after other text. Warnings do not
     count: a warning printed in a log is not what stopped the run."""
-    return EXCEPTION_IN_LINE.search(line)
+    return EXCEPTION_IN_LINE.search(line) or _EXCEPTION_ALONE.match(line)
 
 
 def cpp_terminate(lines: list[str]) -> tuple[int, str, str] | None:

@@ -256,6 +256,9 @@ class WeightsOnlyLoadRefused(CrashExplanation):
     summary = "torch.load(weights_only=True) refused globals (numpy arrays, custom classes) in the file"
     fix = "allow the listed globals with torch.serialization.safe_globals([...]) or, for a trusted file only, weights_only=False"
     patterns = (r"Weights only load failed", r"Unsupported global: GLOBAL (?P<global>[\w.]+)")
+    # The unpickler's own line (torch/_weights_only_unpickler.py), pasted without the
+    # UnpicklingError line above it.
+    log_lines = (r"WeightsUnpickler error: Unsupported global: GLOBAL [\w.]+ was not an allowed global",)
     order = 20
 
     @classmethod

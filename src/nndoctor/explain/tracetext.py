@@ -17,14 +17,21 @@ from nndoctor.explain.pasted import clean, cpp_terminate, find_error_line
 from nndoctor.explain.wordings import KNOWN_MESSAGE_START, KNOWN_TF_MESSAGE, current_wording
 
 _TRACEBACK_START = re.compile(r"^(?P<indent>[ \t]*)Traceback \(most recent call last\):[ \t]*$", re.M)
+# After a traceback's frames the exception line may also name a class outside the usual
+# suffixes when its module is given ("torch._dynamo.exc.BackendCompilerFailed: …",
+# "torch._dynamo.exc.FailOnRecompileLimitHit: …"): Python prints the module for any class not in builtins.
 _EXCEPTION_LINE = re.compile(
-    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault))(?::[ \t]?(?P<msg>.*))?$"
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault)"
+    r"|(?:[A-Za-z_]\w*\.)+[A-Z][A-Za-z0-9]*)(?::[ \t]?(?P<msg>.*))?$"
 )
 _CHAIN_MARKERS = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
 )
 _PREAMBLE_LINES = 40
+# Lines after an exception's first line kept as its message (a DataLoader worker's message
+# holds the worker's whole traceback; NCCL's, a few lines of state).
+_MESSAGE_LINES = 300
 # Python 3.11+ marks the failing expression under a frame's source line.
 _CARETS = re.compile(r"^\s*[~^]+\s*$")
 # How far above a bare error line frames of a traceback whose header was lost are looked for.
@@ -51,7 +58,10 @@ def _parse_block(block: str, preamble: str) -> Crash | None:
     for j, line in enumerate(rest):
         match = _EXCEPTION_LINE.match(line.rstrip())
         if match and not line.startswith(" "):
-            message_lines = [match.group("msg") or ""] + [m.rstrip("\n") for m in rest[j + 1:]]
+            # The message runs to the next traceback, but a log's lines after the last one are
+            # not part of it: keep a message's worth (the patterns read its start), so a long
+            # log's tail is not searched once per pattern.
+            message_lines = [match.group("msg") or ""] + [m.rstrip("\n") for m in rest[j + 1:j + 1 + _MESSAGE_LINES]]
             message = "\n".join(message_lines).rstrip()
             crash = Crash(exc_type=match.group("type"), message=message, frames=frames, preamble=preamble)
             crash.worker_frames = worker_traceback_frames(message)
@@ -65,7 +75,11 @@ def parse_crashes(text: str) -> list[list[Crash]]:
     The text is first cleaned of what pasting adds (``pasted.clean``). When no traceback can
     be read to its end (none in the text, or each one cut off), the text's error line is used.
     """
-    text = clean(text)
+    return parse_clean(clean(text))
+
+
+def parse_clean(text: str) -> list[list[Crash]]:
+    """``parse_crashes`` of a text already cleaned with ``pasted.clean``."""
     starts = [m.start() for m in _TRACEBACK_START.finditer(text)]
     if not starts:
         single = bare_error(text)
@@ -124,11 +138,11 @@ def bare_error(text: str) -> Crash | None:
     native = cpp_terminate(lines[:typed[0]] if typed else lines)
     if native is not None:
         i, exc_type, what = native
-        message = "\n".join([what] + [line for line in lines[i + 1:] if not line.lstrip().startswith("what():")])
+        message = "\n".join([what] + [line for line in lines[i + 1:i + 1 + _MESSAGE_LINES] if not line.lstrip().startswith("what():")])
         return Crash(exc_type=exc_type, message=message.rstrip(), preamble=_preamble(lines, i))
     if typed is not None:
         i, match = typed
-        message = "\n".join([match.group("msg")] + lines[i + 1:]).rstrip()
+        message = "\n".join([match.group("msg")] + lines[i + 1:i + 1 + _MESSAGE_LINES]).rstrip()
         frames = _frames_above(lines, i) if not lines[i][:match.start()].strip() else []
         frames = frames or _pytest_location(lines, i, match.group("type"))
         crash = Crash(exc_type=match.group("type"), message=message, frames=frames, preamble=_preamble(lines, i))
@@ -139,10 +153,32 @@ def bare_error(text: str) -> Crash | None:
         if KNOWN_MESSAGE_START.match(line) or tf_message:
             # TensorFlow's log lines carry a logging prefix before the message: keep from the message on.
             start = line.rfind("] ", 0, tf_message.start()) + 2 if tf_message and "] " in line[:tf_message.start()] else 0
-            message = "\n".join([line[start:].strip()] + lines[i + 1:]).rstrip()
+            message = "\n".join([line[start:].strip()] + lines[i + 1:i + 1 + _MESSAGE_LINES]).rstrip()
             # The exception's name was not pasted; "Error" stands for it in the report.
             return Crash(exc_type="Error", message=message, frames=_frames_below(lines, i),
                          preamble=_preamble(lines, i))
+    return _native_error(lines)
+
+
+# Errors that native code reports in words of its own, with no exception name: c10d's NCCL
+# watchdog ("[Rank 0] NCCL watchdog thread terminated with exception: CUDA error: …",
+# ProcessGroupNCCL.cpp), its asynchronous error handling ("Collective WorkNCCL(…) raised the
+# following async exception: NCCL error: …"), and CPython's fatal-error handler, in that order
+# of preference (the interpreter's "Fatal Python error: Aborted" only says the process aborted).
+_NATIVE_ERRORS = (
+    re.compile(r"(?:thread|Watchdog) terminated with exception: (?P<msg>\S.*)$"),
+    re.compile(r"raised the following async exception: (?P<msg>\S.*)$"),
+    re.compile(r"^Fatal Python error: (?P<msg>\S.*)$"),
+)
+
+
+def _native_error(lines: list[str]) -> Crash | None:
+    for pattern in _NATIVE_ERRORS:
+        for i, line in enumerate(lines):
+            found = pattern.search(line) if "rror" in line or "xception" in line else None
+            if found:
+                message = "\n".join([found.group("msg"), *lines[i + 1:i + 1 + _MESSAGE_LINES]]).rstrip()
+                return Crash(exc_type="Error", message=message, preamble=_preamble(lines, i))
     return None
 
 
