@@ -102,13 +102,18 @@ def sniff_format(path: str) -> str:
             if error.found.names:
                 return "pickle"
     raise UsageError(f"{path}: not a recognised checkpoint (PyTorch zip/pickle, safetensors, "
-                     f"Keras HDF5 or .keras, .npy/.npz); first bytes {head[:8]!r}")
+                     f"Keras HDF5 or .keras, .npy/.npz, TensorFlow checkpoint or SavedModel); first bytes {head[:8]!r}")
 
 
 def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None = None) -> Checkpoint:
     """Read ``path`` without executing anything it contains (unless ``trust``)."""
     path = os.fspath(path)
     limits = limits or ReadLimits.from_env()
+    tf_checkpoint = _tf_location(path)
+    if tf_checkpoint is not None:
+        from nndoctor.ckpt.tf_checkpoint import read_tf_checkpoint
+
+        return read_tf_checkpoint(path, tf_checkpoint)
     kind = sniff_format(path)
     if kind == "safetensors":
         return _read_safetensors(path)
@@ -121,6 +126,14 @@ def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None
     if kind == "zip":
         return _read_zip(path, trust, limits)
     return _read_raw_pickle(path, trust, limits)
+
+
+def _tf_location(path: str) -> Any:
+    """Where the TensorFlow bundle named by ``path`` is (prefix, .index, shard, folder), or None."""
+    from nndoctor.ckpt.tf_bundle import LocalFiles
+    from nndoctor.ckpt.tf_checkpoint import locate
+
+    return locate(path, LocalFiles(), os.path.isdir(path))
 
 
 def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:

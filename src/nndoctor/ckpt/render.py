@@ -111,8 +111,9 @@ def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = No
                 branch.add(f"{escape(name)}  [bold]{info.shape_text()}[/bold]  [dim]{escape(info.dtype)}[/dim]")
         console.print(tree)
     else:
+        separator = "/" if ckpt.format.startswith("tf-") else "."  # TensorFlow names are paths
         for sd in ckpt.state_dicts:
-            console.print(state_dict_tree(sd, max_depth=max_depth))
+            console.print(state_dict_tree(sd, max_depth=max_depth, separator=separator))
     if ckpt.other_entries:
         from nndoctor.ckpt.bookkeeping import bookkeeping_lines
 
