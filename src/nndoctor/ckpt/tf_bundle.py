@@ -188,7 +188,7 @@ class TensorBundle:
                              f"corrupted")
         if self.big_endian:
             dtype = dtype.newbyteorder(">")
-        array = np.frombuffer(self._raw(entry), dtype=dtype).reshape(entry.shape)
+        array = np.frombuffer(bytearray(self._raw(entry)), dtype=dtype).reshape(entry.shape)  # writable
         if entry.dtype_code == _DT_BFLOAT16:
             return _bfloat16(array)
         return array

@@ -138,14 +138,14 @@ def _optimizer_line(optimizer: dict[str, object]) -> str:
 
 def keras_layers(named: list[NamedVariable], model: dict[str, object]) -> list[KerasLayerWeights]:
     """Layers grouped from Keras variable paths (``sequential/conv2d/kernel``), in model order;
-    empty when the names are not Keras paths (a plain ``tf.Module``)."""
+    empty when the variables' own names are not distinct layer paths (a plain ``tf.Module``)."""
+    variables = [v for v in named if v.role == "model" and v.name in model]
+    full_names = [v.full_name for v in variables]
+    if not variables or len(set(full_names)) != len(full_names) or not all("/" in f for f in full_names):
+        return []
     groups: dict[str, dict[str, object]] = {}
-    for variable in named:
-        if variable.role != "model" or variable.name not in model or variable.name != variable.full_name:
-            continue
-        parent, _, leaf = variable.name.rpartition("/")
-        if not parent:
-            return []
+    for variable in variables:
+        parent, _, leaf = variable.full_name.rpartition("/")
         groups.setdefault(parent, {})[leaf] = model[variable.name]
     layers = []
     for parent, weights in groups.items():

@@ -4,10 +4,11 @@
 (``_CHECKPOINTABLE_OBJECT_GRAPH``, a TrackableObjectGraph: nodes with named children and
 serialized attributes). A Keras 3 model saved with its optimizer has its kernels stored as
 ``optimizer/_trainable_variables/0/...``: the optimizer's path is shorter than the model's.
-So names come from the graph: each variable's ``full_name`` (Keras' variable path,
-``sequential/conv2d/kernel``) when those are distinct, otherwise the shortest path that
-avoids the optimizer. Variables reachable only through an optimizer (slots, iteration
-counters) are the optimizer's.
+So a model variable is named by the shortest path that avoids the optimizer
+(``model/_functional/_operations/1/_kernel``): the path is what ``checkpoint.restore`` matches
+on, so it is what ``diff`` compares. Its ``full_name`` (Keras' variable path,
+``sequential/conv2d/kernel``) gives the Keras layer structure. Variables reachable only
+through an optimizer (slots, iteration counters) are the optimizer's.
 """
 
 from __future__ import annotations
@@ -103,15 +104,12 @@ def name_variables(nodes: list[GraphNode], keys: set[str]) -> list[NamedVariable
             seen_keys.add(node.variable[1])
             found.append((node_id, *node.variable))
     found = _without_export_copies(found)
-    model = [(n, full, key) for n, full, key in found if n in reachable and key != "save_counter" + ATTRIBUTE_SUFFIX]
-    full_names = [full for _n, full, _key in model]
-    by_full_name = len(set(full_names)) == len(full_names) and all("/" in f for f in full_names)
     named: list[NamedVariable] = []
     for node_id, full, key in found:
         if key == "save_counter" + ATTRIBUTE_SUFFIX:
             named.append(NamedVariable(key, "save_counter", full, "counter"))
         elif node_id in reachable:
-            named.append(NamedVariable(key, full if by_full_name else reachable[node_id], full, "model"))
+            named.append(NamedVariable(key, reachable[node_id], full, "model"))
         else:
             named.append(NamedVariable(key, full or key.removesuffix(ATTRIBUTE_SUFFIX), full, "optimizer"))
     return named
