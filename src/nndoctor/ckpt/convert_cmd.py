@@ -87,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
     location = Location(args.source)
     keras_model = None
     if not args.no_verify:
-        from nndoctor.ckpt.keras_runtime import keras_model_from_variables, live_layers, load_keras_model
+        from nndoctor.ckpt.keras_runtime import (
+            keras_model_from_variables,
+            live_layers,
+            load_keras_model,
+        )
 
         if tensorflow:  # the SavedModel's own graph is never run: the Keras model is the user's
             keras_model = (keras_model_from_variables(args.keras_model, ckpt.keras_layers, args.source)

@@ -58,13 +58,12 @@ def target_infos(args: argparse.Namespace, other: Checkpoint | None = None,
     return select_state_dict(other, None).infos(), args.b, None
 
 
-def _as_numbers(value: object) -> Any:
+def _as_numbers(value: Any) -> Any:
     import numpy as np
 
     if hasattr(value, "detach"):  # a torch tensor (bfloat16 has no numpy dtype)
-        value = value.detach().cpu()  # type: ignore[attr-defined]
-        value = value.double() if value.is_floating_point() else value  # type: ignore[attr-defined]
-        return value.numpy()  # type: ignore[attr-defined]
+        value = value.detach().cpu()
+        return (value.double() if value.is_floating_point() else value).numpy()
     return np.asarray(value)
 
 

@@ -229,7 +229,8 @@ def _bfloat16(bits: np.ndarray) -> np.ndarray:
 
 
 def _entry(name: str, value: bytes) -> BundleEntry:
-    dtype_code, shape, shard, offset, size, crc, sliced = 0, (), 0, 0, 0, None, False
+    dtype_code, shard, offset, size, crc, sliced = 0, 0, 0, 0, None, False
+    shape: tuple[int, ...] = ()
     for number, field_value in fields(value):
         if number == 1:
             dtype_code = as_int(field_value)

@@ -13,6 +13,8 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict
 from nndoctor.ckpt.keras_weights import KerasLayerWeights, _guess_kind
 from nndoctor.ckpt.protowire import ProtoError
@@ -85,8 +87,8 @@ def read_tf_checkpoint(path: str, location: TFLocation, source: ByteSource | Non
     if location.saved_model is not None:
         ckpt.other_entries["saved_model.pb"] = "graph and functions not loaded (only the variables are read)"
     named = _named(bundle)
-    model: dict[str, object] = {}
-    optimizer: dict[str, object] = {}
+    model: dict[str, np.ndarray] = {}
+    optimizer: dict[str, np.ndarray] = {}
     for variable in named:
         entry = bundle.entries[variable.key]
         if entry.sliced:
@@ -127,23 +129,22 @@ def _named(bundle: TensorBundle) -> list[NamedVariable]:
     return named
 
 
-def _optimizer_line(optimizer: dict[str, object]) -> str:
-    counters = {name: value for name, value in optimizer.items()
-                if getattr(value, "size", 0) == 1 and name.rsplit("/", 1)[-1] in ("iteration", "iter", "iterations")}
+def _optimizer_line(optimizer: dict[str, np.ndarray]) -> str:
     text = f"{len(optimizer)} optimizer variables"
-    for name, value in counters.items():
-        text += f", {name}={getattr(value, 'item', lambda: value)()}"
+    for name, value in optimizer.items():
+        if value.size == 1 and name.rsplit("/", 1)[-1] in ("iteration", "iter", "iterations"):
+            text += f", {name}={value.item()}"
     return text
 
 
-def keras_layers(named: list[NamedVariable], model: dict[str, object]) -> list[KerasLayerWeights]:
+def keras_layers(named: list[NamedVariable], model: dict[str, np.ndarray]) -> list[KerasLayerWeights]:
     """Layers grouped from Keras variable paths (``sequential/conv2d/kernel``), in model order;
     empty when the variables' own names are not distinct layer paths (a plain ``tf.Module``)."""
     variables = [v for v in named if v.role == "model" and v.name in model]
     full_names = [v.full_name for v in variables]
     if not variables or len(set(full_names)) != len(full_names) or not all("/" in f for f in full_names):
         return []
-    groups: dict[str, dict[str, object]] = {}
+    groups: dict[str, dict[str, np.ndarray]] = {}
     for variable in variables:
         parent, _, leaf = variable.full_name.rpartition("/")
         groups.setdefault(parent, {})[leaf] = model[variable.name]
