@@ -109,6 +109,12 @@ def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None
     """Read ``path`` without executing anything it contains (unless ``trust``)."""
     path = os.fspath(path)
     limits = limits or ReadLimits.from_env()
+    from nndoctor.ckpt.remote import is_url
+
+    if is_url(path):  # s3://, gs://: read in place with ranged reads
+        from nndoctor.ckpt.remote import read_remote_checkpoint
+
+        return read_remote_checkpoint(path)
     tf_checkpoint = _tf_location(path)
     if tf_checkpoint is not None:
         from nndoctor.ckpt.tf_checkpoint import read_tf_checkpoint

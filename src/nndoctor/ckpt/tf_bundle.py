@@ -190,7 +190,7 @@ class TensorBundle:
             dtype = dtype.newbyteorder(">")
         array = np.frombuffer(bytearray(self._raw(entry)), dtype=dtype).reshape(entry.shape)  # writable
         if entry.dtype_code == _DT_BFLOAT16:
-            return _bfloat16(array)
+            return bfloat16_array(array)
         return array
 
     def read_strings(self, key: str) -> list[bytes]:
@@ -219,7 +219,7 @@ class TensorBundle:
         return out
 
 
-def _bfloat16(bits: np.ndarray) -> np.ndarray:
+def bfloat16_array(bits: np.ndarray) -> np.ndarray:
     try:
         import ml_dtypes
 

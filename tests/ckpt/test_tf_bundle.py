@@ -1,0 +1,43 @@
+"""The TensorFlow bundle reader on a checked-in 1-KB checkpoint (fixtures/tf_small, written by
+TensorFlow 2.21; fixtures/make_tf_small.py): no TensorFlow needed, so these run everywhere."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+from conftest import FIXTURES
+
+from nndoctor.ckpt.tf_bundle import OBJECT_GRAPH_KEY, TensorBundle
+
+TF_SMALL = FIXTURES / "tf_small"
+KERNEL = "net/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def test_values_dtypes_and_object_graph():
+    bundle = TensorBundle(str(TF_SMALL / "ckpt-1"))
+    assert bundle.num_shards == 1
+    assert np.array_equal(bundle.read(KERNEL), np.arange(12, dtype="float32").reshape(3, 4) / 8)
+    bias = bundle.read("net/dense/bias/.ATTRIBUTES/VARIABLE_VALUE")
+    assert np.isnan(bias[1]) and list(bias[[0, 2, 3]]) == [0.5, -1.0, 2.0]
+    scale = bundle.read("net/scale/.ATTRIBUTES/VARIABLE_VALUE")
+    assert bundle.entries["net/scale/.ATTRIBUTES/VARIABLE_VALUE"].dtype == "bfloat16"
+    assert np.asarray(scale, dtype="float32").tolist() == [1.5, -2.0]
+    (graph,) = bundle.read_strings(OBJECT_GRAPH_KEY)  # its checksum is verified too
+    assert b"dense" in graph
+
+
+def test_corrupted_shard_and_index_are_reported(run_cli, tmp_path):
+    copy = tmp_path / "tf_small"
+    shutil.copytree(TF_SMALL, copy)
+    shard = copy / "ckpt-1.data-00000-of-00001"
+    offset = TensorBundle(str(copy / "ckpt-1")).entries[KERNEL].offset
+    data = bytearray(shard.read_bytes())
+    data[offset] ^= 0x01
+    shard.write_bytes(bytes(data))
+    result = run_cli("ckpt", "inspect", copy)
+    assert result.code == 2 and "checksum mismatch in tensor 'net/dense/kernel" in result.err
+    (copy / "ckpt-1.index").write_bytes(b"\x00" * 100)
+    result = run_cli("ckpt", "inspect", copy / "ckpt-1.index")
+    assert result.code == 2 and "not a TensorFlow checkpoint index" in result.err
+    assert "Traceback" not in result.err
