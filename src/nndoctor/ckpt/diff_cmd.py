@@ -115,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
     changed: dict[str, float] | None = None
     if other is not None:
         changed = changed_values(source, select_state_dict(other, None), mapping.source_to_target)
+    tensorflow = ckpt.format.startswith("tf-") and other is not None and other.format.startswith("tf-")
     if getattr(args, "json", None) != "-":
-        print_diff(mapping, args.a, label, sys.stdout)
+        print_diff(mapping, args.a, label, sys.stdout, tensorflow=tensorflow)
         if changed is not None:
             _print_changed(changed, len(mapping.source_to_target))
     fix_command = (f"nndoctor ckpt fix {shlex.quote(args.a)} -o FIXED.safetensors "
@@ -124,7 +125,6 @@ def run(args: argparse.Namespace) -> int:
                       " ".join(r.as_option() for r in mapping.rules)))
     report = Report(command=["ckpt", "diff", args.a, label])
     safety = [f for c in read for f in safety_findings(c)]
-    tensorflow = ckpt.format.startswith("tf-") and other is not None and other.format.startswith("tf-")
     for finding in safety + mapping_findings(mapping, source=args.a, target=label, fix_command=fix_command,
                                              tensorflow=tensorflow):
         report.add(finding)
