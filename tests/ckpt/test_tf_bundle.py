@@ -41,3 +41,27 @@ def test_corrupted_shard_and_index_are_reported(run_cli, tmp_path):
     result = run_cli("ckpt", "inspect", copy / "ckpt-1.index")
     assert result.code == 2 and "not a TensorFlow checkpoint index" in result.err
     assert "Traceback" not in result.err
+
+
+def test_variables_are_named_by_object_path_and_given_roles():
+    """A Keras 2 SavedModel's graph (as in public repos): layers, metric totals, an optimizer
+    reaching the same kernel through its slots; names avoid the optimizer's paths."""
+    from nndoctor.ckpt.tf_objects import GraphNode, name_variables
+
+    suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
+    nodes = [
+        GraphNode(children=[(1, "optimizer"), (2, "layer_with_weights-0"), (5, "keras_api")]),
+        GraphNode(children=[(3, "dense/kernel"), (4, "iter")]),  # the optimizer: reaches the kernel first
+        GraphNode(children=[(3, "kernel")]),
+        GraphNode(variable=("dense/kernel", "layer_with_weights-0/kernel" + suffix)),
+        GraphNode(variable=("RMSprop/iter", "optimizer/iter" + suffix)),
+        GraphNode(children=[(6, "metrics")]),
+        GraphNode(children=[(7, "0")]),
+        GraphNode(children=[(8, "total")]),
+        GraphNode(variable=("total", "keras_api/metrics/0/total" + suffix)),
+    ]
+    keys = {n.variable[1] for n in nodes if n.variable}
+    named = {v.key.removesuffix(suffix): (v.name, v.role) for v in name_variables(nodes, keys)}
+    assert named == {"layer_with_weights-0/kernel": ("layer_with_weights-0/kernel", "model"),
+                     "optimizer/iter": ("RMSprop/iter", "optimizer"),
+                     "keras_api/metrics/0/total": ("keras_api/metrics/0/total", "metric")}

@@ -89,6 +89,7 @@ def read_tf_checkpoint(path: str, location: TFLocation, source: ByteSource | Non
     named = _named(bundle)
     model: dict[str, np.ndarray] = {}
     optimizer: dict[str, np.ndarray] = {}
+    metrics = 0
     for variable in named:
         entry = bundle.entries[variable.key]
         if entry.sliced:
@@ -97,6 +98,9 @@ def read_tf_checkpoint(path: str, location: TFLocation, source: ByteSource | Non
         if entry.dtype in ("string", "resource", "variant") or entry.dtype.startswith("dtype#"):
             ckpt.other_entries[variable.name] = f"{entry.dtype} tensor {list(entry.shape)}"
             continue
+        if variable.role == "metric":
+            metrics += 1
+            continue
         array = bundle.read(variable.key)
         if variable.role == "counter":
             ckpt.other_entries["save_counter"] = str(array.item()) if array.size == 1 else str(list(array.shape))
@@ -104,6 +108,8 @@ def read_tf_checkpoint(path: str, location: TFLocation, source: ByteSource | Non
             optimizer[variable.name] = array
         else:
             model[variable.name] = array
+    if metrics:
+        ckpt.other_entries["keras_api/metrics"] = f"{metrics} metric variables (running totals, not weights)"
     if model:
         ckpt.state_dicts.append(StateDict("", model))
     if optimizer:

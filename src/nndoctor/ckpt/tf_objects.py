@@ -20,6 +20,7 @@ from nndoctor.ckpt.protowire import as_bytes, as_int, fields
 
 _OPTIMIZER_CHILDREN = {"_iterations", "iter", "_learning_rate"}
 ATTRIBUTE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_METRICS = "keras_api/metrics/"  # Keras 2 SavedModels keep the compiled metrics' running totals
 
 
 @dataclass
@@ -33,7 +34,7 @@ class NamedVariable:
     key: str  # the bundle key
     name: str  # what the user is shown
     full_name: str  # the variable's own name in the framework ("" when unknown)
-    role: str  # "model", "optimizer" or "counter" (save_counter)
+    role: str  # "model", "optimizer", "metric" (Keras metric totals) or "counter" (save_counter)
 
 
 def parse_object_graph(data: bytes) -> list[GraphNode]:
@@ -108,6 +109,8 @@ def name_variables(nodes: list[GraphNode], keys: set[str]) -> list[NamedVariable
     for node_id, full, key in found:
         if key == "save_counter" + ATTRIBUTE_SUFFIX:
             named.append(NamedVariable(key, "save_counter", full, "counter"))
+        elif node_id in reachable and reachable[node_id].startswith(_METRICS):
+            named.append(NamedVariable(key, reachable[node_id], full, "metric"))
         elif node_id in reachable:
             named.append(NamedVariable(key, reachable[node_id], full, "model"))
         else:
