@@ -65,3 +65,13 @@ def test_variables_are_named_by_object_path_and_given_roles():
     assert named == {"layer_with_weights-0/kernel": ("layer_with_weights-0/kernel", "model"),
                      "optimizer/iter": ("RMSprop/iter", "optimizer"),
                      "keras_api/metrics/0/total": ("keras_api/metrics/0/total", "metric")}
+
+
+def test_folder_without_state_file_names_its_prefixes(run_cli, tmp_path):
+    copy = tmp_path / "tf_small"
+    shutil.copytree(TF_SMALL, copy)
+    (copy / "checkpoint").unlink()  # as tf.train.Checkpoint.write() leaves it
+    result = run_cli("ckpt", "inspect", copy)
+    assert result.code == 2 and f"name one by its prefix: {copy / 'ckpt-1'}" in result.err
+    result = run_cli("ckpt", "inspect", copy / "ckpt-1")
+    assert result.code == 1  # the prefix reads (C209: the planted NaN)

@@ -139,7 +139,18 @@ def _tf_location(path: str) -> Any:
     from nndoctor.ckpt.tf_bundle import LocalFiles
     from nndoctor.ckpt.tf_checkpoint import locate
 
-    return locate(path, LocalFiles(), os.path.isdir(path))
+    is_dir = os.path.isdir(path)
+    location = locate(path, LocalFiles(), is_dir)
+    if location is None and is_dir:
+        try:
+            prefixes = sorted(name[: -len(".index")] for name in os.listdir(path) if name.endswith(".index"))
+        except OSError:
+            prefixes = []
+        if prefixes:  # tf.train.Checkpoint.write() leaves no "checkpoint" state file
+            shown = ", ".join(os.path.join(path, p) for p in prefixes[:5])
+            raise UsageError(f"{path}: a folder of TensorFlow checkpoints without a 'checkpoint' state file; "
+                             f"name one by its prefix: {shown}")
+    return location
 
 
 def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
