@@ -59,7 +59,11 @@ def locate(path: str, source: ByteSource, is_dir: bool) -> TFLocation | None:
         match = _STATE_LINE.search(text)
         if match is None:
             raise UsageError(f"{state}: a TensorFlow checkpoint state file without model_checkpoint_path")
-        named = match.group("path").encode().decode("unicode_escape")
+        named = match.group("path")
+        try:  # a text-format proto string: escapes such as \\ in Windows paths
+            named = named.encode().decode("unicode_escape")
+        except UnicodeDecodeError:
+            pass
         # tf.train.CheckpointManager writes names relative to the folder; older savers absolute ones.
         prefix = named if named.startswith("/") and "://" not in folder else _join(folder, posixpath.basename(named))
         if source.size(prefix + ".index") is None and source.size(_join(folder, named) + ".index") is not None:
