@@ -92,9 +92,31 @@ def test_missing_object_and_unsupported_format_are_clear(bucket, run_cli, tmp_pa
     assert result.code == 2 and "no such object" in result.err and "Traceback" not in result.err
     import fsspec
 
-    fsspec.filesystem("s3").pipe_file(f"{bucket}/model.pt", b"PK\x03\x04" + b"\x00" * 60)
-    result = run_cli("ckpt", "inspect", f"s3://{bucket}/model.pt")
+    fsspec.filesystem("s3").pipe_file(f"{bucket}/model.h5", b"\x89HDF\r\n\x1a\n" + b"\x00" * 60)
+    result = run_cli("ckpt", "inspect", f"s3://{bucket}/model.h5")
     assert result.code == 2 and "copy it to a local file first" in result.err
+    fsspec.filesystem("s3").pipe_file(f"{bucket}/broken.pt", b"PK\x03\x04" + b"\x00" * 60)
+    result = run_cli("ckpt", "inspect", f"s3://{bucket}/broken.pt")
+    assert result.code == 2 and "corrupted zip checkpoint" in result.err and "Traceback" not in result.err
+
+
+def test_pytorch_checkpoint_on_s3_matches_the_local_read(bucket, run_json, run_cli, reads, tmp_path):
+    import fsspec
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 4))
+    local = tmp_path / "wrapped.pt"
+    torch.save({"model": {"module." + k: v for k, v in net.state_dict().items()}, "epoch": 3}, local)
+    fsspec.filesystem("s3").put_file(str(local), f"{bucket}/wrapped.pt")
+    run_cli("ckpt", "inspect", local, "--json", tmp_path / "local.json")
+    expected = json.loads((tmp_path / "local.json").read_text())["extra"]["checkpoint"]
+    code, report, result = run_json("ckpt", "inspect", f"s3://{bucket}/wrapped.pt")
+    assert code == 0 and codes(report) == ["C101"], result.err
+    checkpoint = report["extra"]["checkpoint"]
+    assert checkpoint["format"] == "pytorch-zip" and checkpoint["read_mode"] == "weights_only"
+    assert checkpoint["state_dicts"] == expected["state_dicts"]
+    assert checkpoint["other_entries"] == expected["other_entries"] == {"epoch": "3"}
 
 
 def test_missing_protocol_package_is_named(run_cli):

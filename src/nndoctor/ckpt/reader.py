@@ -153,12 +153,16 @@ def _tf_location(path: str) -> Any:
     return location
 
 
-def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
+def _read_zip(path: str, trust: bool, limits: ReadLimits, *, stream: Any = None, size: int | None = None) -> Checkpoint:
+    """``stream``: an open file of an object store (read in place, ranged); ``path`` names it."""
+    size = os.path.getsize(path) if size is None else size
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(stream if stream is not None else path) as archive:
             names = archive.namelist()
             if "config.json" in names and "model.weights.h5" in names:
-                check_zip_sizes(path, archive, os.path.getsize(path), limits)
+                if stream is not None:
+                    raise UsageError(f"{path}: a .keras archive: over a URL, copy it to a local file first")
+                check_zip_sizes(path, archive, size, limits)
                 embedded = zip_pickles(path, archive, limits, skip={"model.weights.h5"})
                 embedded += _hdf5_bytes_pickles(archive.read("model.weights.h5"))
                 return _keras_with_embedded(path, embedded)
@@ -171,7 +175,7 @@ def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
                     return _embedded_only(path, "zip", embedded)
                 raise UsageError(f"{path}: a zip archive that is neither a PyTorch checkpoint "
                                  f"nor a .keras model (no data.pkl, no config.json)")
-            check_zip_sizes(path, archive, os.path.getsize(path), limits)
+            check_zip_sizes(path, archive, size, limits)
             torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
             data = archive.read(pkl[0])
             extra = zip_pickles(path, archive, limits, skip={pkl[0]})
@@ -182,7 +186,7 @@ def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
         raise UsageError(f"{path}: cannot read the archive: {error}") from None
     fmt = "torchscript" if torchscript else "pytorch-zip"
     main = scan_bytes(pkl[0], data)
-    return _load_pickled(path, fmt, [main, *extra], trust, limits)
+    return _load_pickled(path, fmt, [main, *extra], trust, limits, stream=stream, size=size)
 
 
 def _read_raw_pickle(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
@@ -209,7 +213,8 @@ def _read_all(path: str) -> bytes:
 
 
 def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: bool,
-                  limits: ReadLimits, raw: bytes | None = None) -> Checkpoint:
+                  limits: ReadLimits, raw: bytes | None = None, *, stream: Any = None,
+                  size: int | None = None) -> Checkpoint:
     globals_ = _all_globals(pickles)
     unsafe = _unsafe(globals_)
     ckpt = Checkpoint(path=path, format=fmt, globals=globals_, unsafe_globals=unsafe)
@@ -241,7 +246,11 @@ def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: boo
                 data = raw if raw is not None else _read_all(path)
                 ckpt.root = inert_torch_load(io.BytesIO(data), limits, size=len(data))
             else:
-                ckpt.root = inert_torch_load(path, limits, size=os.path.getsize(path), mmap=True)
+                if stream is not None:  # an object store: torch reads each record with ranged reads
+                    stream.seek(0)
+                    ckpt.root = inert_torch_load(stream, limits, size=size or 0)
+                else:
+                    ckpt.root = inert_torch_load(path, limits, size=os.path.getsize(path), mmap=True)
     except UsageError:
         raise
     except (Exception, RecursionError) as error:  # noqa: BLE001 - any failure reading an untrusted file is reported, not raised

@@ -1,7 +1,9 @@
 """``ckpt inspect`` on object-store URLs (``s3://``, ``gs://`` and other fsspec protocols).
 
 The checkpoint is read in place with ranged reads: a TensorFlow bundle's index, then each
-tensor's bytes at its offset; a safetensors file's header, then each tensor's byte range.
+tensor's bytes at its offset; a safetensors file's header, then each tensor's byte range; a
+PyTorch zip checkpoint through the same inert reader as local files, on a file object whose
+reads are ranged GETs (the zip directory, the pickle, then each storage record).
 Nothing is downloaded to disk. Credentials and endpoints come from the protocol's usual
 environment (``AWS_*`` variables, ``~/.aws``, ``FSSPEC_S3_ENDPOINT_URL`` …). fsspec and the
 protocol's package (s3fs for ``s3://``: ``pip install 'nndoctor[s3]'``) are imported only here.
@@ -97,8 +99,18 @@ def read_remote_checkpoint(url: str) -> Checkpoint:
     head = files.read(files.root, 0, 16)
     if len(head) >= 9 and head[8:9] == b"{" and head[6:8] == b"\x00\x00":
         return _read_safetensors(url, files, size)
-    raise UsageError(f"{url}: over a URL, ckpt inspect reads TensorFlow checkpoints, SavedModel folders and "
-                     f".safetensors files in place; for this format (first bytes {head[:8]!r}) copy it to a "
+    if head.startswith(b"PK\x03\x04"):  # torch.save's zip: the same inert reader, on a ranged stream
+        from nndoctor.ckpt.reader import _read_zip
+        from nndoctor.limits import ReadLimits
+
+        try:
+            stream = files.fs.open(files.root, "rb", block_size=1 << 20, cache_type="readahead")
+        except Exception as error:  # noqa: BLE001 - object stores raise their own types (auth, network)
+            raise _access_error(url, error) from None
+        with stream:
+            return _read_zip(url, False, ReadLimits.from_env(), stream=stream, size=size)
+    raise UsageError(f"{url}: over a URL, ckpt inspect reads TensorFlow checkpoints, SavedModel folders, "
+                     f".safetensors files and PyTorch zip checkpoints in place; for this format (first bytes {head[:8]!r}) copy it to a "
                      f"local file first")
 
 
