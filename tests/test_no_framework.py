@@ -64,6 +64,7 @@ CHILD = textwrap.dedent(r'''
         "data": ["data", f"{work}/images", "--select", "F113,M101", "--no-cache"],
         "ckpt-safetensors": ["ckpt", "inspect", f"{work}/wrapped.safetensors"],
         "ckpt-h5": ["ckpt", "inspect", f"{work}/model.weights.h5"],
+        "ckpt-tf": ["ckpt", "inspect", sys.argv[3]],  # a TensorFlow checkpoint folder
         "config-ok": ["data", f"{work}/images", "--config", f"{work}/good.toml", "--no-cache"],
         "config-bad": ["data", f"{work}/images", "--config", f"{work}/bad.toml", "--no-cache"],
         "run-help": ["run", "--help"],
@@ -87,7 +88,9 @@ CHILD = textwrap.dedent(r'''
 def test_commands_without_any_framework(tmp_path):
     log = Path(__file__).parent / "explain" / "pasted" / "backtick_oom_no_space.txt"
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
-    done = childproc.run([sys.executable, "-c", CHILD, str(tmp_path), str(log)], timeout=300, env=env, cwd=tmp_path)
+    tf_checkpoint = Path(__file__).parent / "ckpt" / "fixtures" / "tf_small"
+    done = childproc.run([sys.executable, "-c", CHILD, str(tmp_path), str(log), str(tf_checkpoint)], timeout=300,
+                         env=env, cwd=tmp_path)
     marker = next((line for line in done.stdout.splitlines() if line.startswith("RESULTS")), None)
     assert marker is not None, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(marker[len("RESULTS"):])
@@ -113,6 +116,7 @@ def test_commands_without_any_framework(tmp_path):
     shared = ran("ckpt-safetensors", 0)  # C101 is a runtime check's code, reported from the table
     assert "C101" in shared and "wrapper-prefix-in-checkpoint" in shared
     assert "C209" in ran("ckpt-h5", 1)
+    assert "net/dense/bias" in ran("ckpt-tf", 1)  # C209, read without TensorFlow
     # Runtime codes and names are valid in a shared configuration; select keeps F113 out.
     assert "F113" not in ran("config-ok", 0)
     assert "no-such-check" in ran("config-bad", 2) and "M101" not in results["config-bad"]["err"]

@@ -141,8 +141,16 @@ def _pairs(entries: list) -> list[str]:
     return [f"{s} {si.shape_text()} vs {d} {di.shape_text()}" for s, d, si, di in entries]
 
 
-def mapping_findings(mapping: KeyMapping, *, source: str, target: str, fix_command: str) -> list[Finding]:
-    """Findings of ``diff``: C201 keys, C202 shapes, C203 head, C204 dtypes, C210 counters."""
+_TF_KEY_FIX = ("restore into a model built like the one that wrote the checkpoint (variables are matched "
+               "by their object path), or restore the matching part only and train the rest")
+
+
+def mapping_findings(mapping: KeyMapping, *, source: str, target: str, fix_command: str,
+                     tensorflow: bool = False) -> list[Finding]:
+    """Findings of ``diff``: C201 keys, C202 shapes, C203 head, C204 dtypes, C210 counters.
+
+    ``tensorflow``: both sides are TensorFlow checkpoints, whose keys are object paths joined
+    by "/" and which are restored with ``tf.train.Checkpoint``, not ``load_state_dict``."""
     findings: list[Finding] = []
     location = Location(source)
     counters_only = bool(mapping.missing) and all(k.endswith("num_batches_tracked") for k in mapping.missing)
@@ -157,14 +165,17 @@ def mapping_findings(mapping: KeyMapping, *, source: str, target: str, fix_comma
         missing = [k for k in mapping.missing if not (counters_only and k.endswith("num_batches_tracked"))]
         if missing:
             parts.append(f"{len(missing)} missing (only in {target}): {_some(missing)}")
+        consequence = (f"; restoring one into the other's model leaves {len(mapping.unexpected) + len(mapping.missing)} "
+                       f"variable(s) unmatched (assert_consumed() fails)" if tensorflow else
+                       f"; load_state_dict(strict=True) fails and strict=False would skip "
+                       f"{len(renamed) + len(mapping.unexpected)} tensor(s)")
         findings.append(checks.StateDictKeyMismatch.finding(
-            "; ".join(parts) + f"; load_state_dict(strict=True) fails and strict=False would skip "
-            f"{len(renamed) + len(mapping.unexpected)} tensor(s)",
+            "; ".join(parts) + consequence,
             location=location,
             evidence={"rules": [r.describe() for r in mapping.rules], "renamed": len(renamed),
                       "unexpected": mapping.unexpected, "missing": mapping.missing,
                       "matched": mapping.matched},
-            fix=fix_command if mapping.rules else checks.StateDictKeyMismatch.fix,
+            fix=_TF_KEY_FIX if tensorflow else fix_command if mapping.rules else checks.StateDictKeyMismatch.fix,
         ))
     if counters_only:
         findings.append(checks.MissingBatchNormCounter.finding(
@@ -178,15 +189,18 @@ def mapping_findings(mapping: KeyMapping, *, source: str, target: str, fix_comma
     if mapping.head_changes:
         counts = class_counts(mapping.head_changes)
         head_keys = [d for _s, d, _si, _di in mapping.head_changes]
-        module = head_keys[0].rpartition(".")[0]
+        module = head_keys[0].rpartition("/" if tensorflow else ".")[0]
+        head_fix = (f"restore everything but '{module}' (a tf.train.Checkpoint over the other layers), then "
+                    f"train the new head" if tensorflow else
+                    f"drop the head and load the rest: nndoctor ckpt fix {source} -o OUT "
+                    f"--drop '^{module.replace('.', chr(92) + '.')}\\.' (then strict=False, expecting only "
+                    f"{', '.join(head_keys)} missing)")
         findings.append(checks.ClassifierHeadChanged.finding(
             f"the output layer '{module}' has {counts[0] if counts else '?'} outputs in {source} "
             f"and {counts[1] if counts else '?'} in {target}: {_some(_pairs(mapping.head_changes))}",
             location=location,
             evidence={"module": module, "classes": list(counts) if counts else None, "keys": head_keys},
-            fix=f"drop the head and load the rest: nndoctor ckpt fix {source} -o OUT "
-                f"--drop '^{module.replace('.', chr(92) + '.')}\\.' (then strict=False, expecting only "
-                f"{', '.join(head_keys)} missing)"))
+            fix=head_fix))
     if mapping.dtype_mismatches:
         findings.append(checks.StateDictDtypeMismatch.finding(
             f"{len(mapping.dtype_mismatches)} tensor(s) change dtype on load: "

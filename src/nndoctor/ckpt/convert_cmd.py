@@ -1,7 +1,8 @@
-"""Convert Keras weights (.h5, .keras, .weights.h5) into a PyTorch state_dict for the model
-built by --model MODULE:CALLABLE, pairing layers by order within each type, then verify it:
-the PyTorch model with the converted weights must give the Keras model's outputs on the
-same random inputs (Keras runs on its torch backend; no TensorFlow needed)."""
+"""Convert Keras weights (.h5, .keras, .weights.h5, or a TensorFlow checkpoint / SavedModel of a
+Keras model) into a PyTorch state_dict for the model built by --model MODULE:CALLABLE, pairing
+layers by order within each type, then verify it: the PyTorch model with the converted weights
+must give the Keras model's outputs on the same random inputs (Keras runs on its torch backend;
+no TensorFlow needed; a SavedModel's graph is never run: give --keras-model to verify)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from nndoctor.findings import Location, Report
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="Keras weights: .keras, .h5 or .weights.h5")
+    parser.add_argument("source", help="Keras weights: .keras, .h5, .weights.h5, a TensorFlow checkpoint or SavedModel")
     parser.add_argument("-o", "--output", required=True, help="PyTorch state dict to write (.safetensors or .pt)")
     parser.add_argument("--model", required=True, metavar="MODULE:CALLABLE", help="builds the PyTorch model")
     parser.add_argument("--keras-model", metavar="MODULE:CALLABLE",
-                        help="builds the Keras model (needed to verify a weights-only file)")
+                        help="builds the Keras model (needed to verify a weights-only file or a TensorFlow checkpoint)")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest accepted output difference (default 1e-4)")
     parser.add_argument("--input-layout", choices=["auto", "channels_first", "channels_last"], default="auto",
                         help="layout the PyTorch model expects for the Keras (channels-last) input")
@@ -70,9 +71,15 @@ def run(args: argparse.Namespace) -> int:
     ckpt = read_checkpoint(args.source)
     if ckpt.unsafe_globals and not ckpt.format.startswith("keras"):
         return unreadable_but_unsafe(ckpt, ["ckpt", "convert", args.source, "-o", args.output], args)
-    if not ckpt.format.startswith("keras"):
-        raise UsageError(f"{args.source}: convert takes Keras files (.keras, .h5, .weights.h5); "
-                         f"this is {ckpt.format} — use 'nndoctor ckpt fix' for PyTorch checkpoints")
+    tensorflow = ckpt.format.startswith("tf-")
+    if tensorflow and not ckpt.keras_layers:
+        raise UsageError(f"{args.source}: a TensorFlow {ckpt.format[3:]} whose variables are not Keras layers "
+                         f"(no layer/variable paths such as sequential/dense/kernel): nothing to pair with "
+                         f"PyTorch modules")
+    if not ckpt.format.startswith("keras") and not tensorflow:
+        raise UsageError(f"{args.source}: convert takes Keras files (.keras, .h5, .weights.h5), TensorFlow "
+                         f"checkpoints and SavedModels; this is {ckpt.format} — use 'nndoctor ckpt fix' "
+                         f"for PyTorch checkpoints")
     model = build_torch_model(args.model)
     report = Report(command=["ckpt", "convert", args.source, "-o", args.output])
     for finding in safety_findings(ckpt):  # pickles hidden in HDF5 attributes
@@ -80,10 +87,18 @@ def run(args: argparse.Namespace) -> int:
     location = Location(args.source)
     keras_model = None
     if not args.no_verify:
-        from nndoctor.ckpt.keras_runtime import live_layers, load_keras_model
+        from nndoctor.ckpt.keras_runtime import (
+            keras_model_from_variables,
+            live_layers,
+            load_keras_model,
+        )
 
-        full = ckpt.format == "keras-zip" or bool(ckpt.metadata.get("keras_model_class"))
-        keras_model = load_keras_model(args.source, args.keras_model, full_model=full)
+        if tensorflow:  # the SavedModel's own graph is never run: the Keras model is the user's
+            keras_model = (keras_model_from_variables(args.keras_model, ckpt.keras_layers, args.source)
+                           if args.keras_model else None)
+        else:
+            full = ckpt.format == "keras-zip" or bool(ckpt.metadata.get("keras_model_class"))
+            keras_model = load_keras_model(args.source, args.keras_model, full_model=full)
     layers = ckpt.keras_layers
     if keras_model is not None:
         layers = live_layers(keras_model)  # names, configs and Flatten shapes from the model
@@ -123,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
                        f"{verification['input_shape']} ({verification['input_layout']} for PyTorch)")
         else:
             why = ("--no-verify given" if args.no_verify else
+                   "a TensorFlow checkpoint and no --keras-model" if tensorflow else
                    "a weights-only file and no --keras-model")
             message = (f"outputs were not compared ({why}); shapes fit, but Flatten order, padding or "
                        f"activations may still differ")

@@ -1,12 +1,14 @@
 """Compare checkpoint A with checkpoint B or with a model built by --model MODULE:CALLABLE:
 missing, unexpected and shape-mismatched keys, and the mapping that makes A fit (prefix
-strip/add, renames matched by structure and shapes, a resized classification head)."""
+strip/add, renames matched by structure and shapes, a resized classification head); between
+two checkpoints, also which matched tensors changed value."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+from typing import Any
 
 from nndoctor.ckpt.analysis import mapping_findings, safety_findings
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict, TensorInfo
@@ -56,6 +58,49 @@ def target_infos(args: argparse.Namespace, other: Checkpoint | None = None,
     return select_state_dict(other, None).infos(), args.b, None
 
 
+def _as_numbers(value: Any) -> Any:
+    import numpy as np
+
+    if hasattr(value, "detach"):  # a torch tensor (bfloat16 has no numpy dtype)
+        value = value.detach().cpu()
+        return (value.double() if value.is_floating_point() else value).numpy()
+    return np.asarray(value)
+
+
+def changed_values(source: StateDict, target: StateDict, pairs: dict[str, str]) -> dict[str, float]:
+    """Matched tensors of the same shape whose values differ: key -> largest absolute difference."""
+    import numpy as np
+
+    changed: dict[str, float] = {}
+    for key, other_key in pairs.items():
+        a, b = source.tensors.get(key), target.tensors.get(other_key)
+        if a is None or b is None:
+            continue
+        try:
+            left, right = _as_numbers(a), _as_numbers(b)
+            if left.shape != right.shape or left.dtype.kind not in "fiub" or right.dtype.kind not in "fiub":
+                continue
+            if not np.array_equal(left, right, equal_nan=left.dtype.kind == "f"):
+                changed[key] = float(np.nanmax(np.abs(left.astype(np.float64) - right.astype(np.float64))))
+        except (TypeError, ValueError, RuntimeError):  # placeholders, meta or sparse tensors: not compared
+            continue
+    return changed
+
+
+def _print_changed(changed: dict[str, float], matched: int) -> None:
+    from nndoctor.ckpt.render import escape
+
+    if not changed:
+        print(f"values: all {matched} matched tensors are identical\n")
+        return
+    print(f"values: {len(changed)} of {matched} matched tensors differ")
+    for key, diff in sorted(changed.items(), key=lambda item: -item[1])[:10]:
+        print(f"  {escape(key)}: max |a - b| = {diff:.3g}")
+    if len(changed) > 10:
+        print(f"  … {len(changed) - 10} more (all in --json)")
+    print()
+
+
 def run(args: argparse.Namespace) -> int:
     from nndoctor.ckpt.cli import finish, unreadable_but_unsafe
 
@@ -67,14 +112,21 @@ def run(args: argparse.Namespace) -> int:
     source = select_state_dict(ckpt, args.key)
     target, label, _model = target_infos(args, other)
     mapping = propose_mapping(source.infos(), target)
+    changed: dict[str, float] | None = None
+    if other is not None:
+        changed = changed_values(source, select_state_dict(other, None), mapping.source_to_target)
+    tensorflow = ckpt.format.startswith("tf-") and other is not None and other.format.startswith("tf-")
     if getattr(args, "json", None) != "-":
-        print_diff(mapping, args.a, label, sys.stdout)
+        print_diff(mapping, args.a, label, sys.stdout, tensorflow=tensorflow)
+        if changed is not None:
+            _print_changed(changed, len(mapping.source_to_target))
     fix_command = (f"nndoctor ckpt fix {shlex.quote(args.a)} -o FIXED.safetensors "
                    + (f"--model {shlex.quote(args.model)}" if args.model else
                       " ".join(r.as_option() for r in mapping.rules)))
     report = Report(command=["ckpt", "diff", args.a, label])
     safety = [f for c in read for f in safety_findings(c)]
-    for finding in safety + mapping_findings(mapping, source=args.a, target=label, fix_command=fix_command):
+    for finding in safety + mapping_findings(mapping, source=args.a, target=label, fix_command=fix_command,
+                                             tensorflow=tensorflow):
         report.add(finding)
     report.extra["diff"] = {
         "source": args.a, "target": label, "exact": mapping.exact, "matched": mapping.matched,
@@ -84,5 +136,6 @@ def run(args: argparse.Namespace) -> int:
         "shape_mismatches": [[s, d, list(si.shape), list(di.shape)] for s, d, si, di in mapping.shape_mismatches],
         "head_changes": [[s, d, list(si.shape), list(di.shape)] for s, d, si, di in mapping.head_changes],
         "loads_strictly_after_mapping": mapping.loads_strictly,
+        "changed_values": changed,
     }
     return finish(report, args)

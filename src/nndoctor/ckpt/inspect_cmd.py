@@ -18,7 +18,9 @@ from nndoctor.findings import Report
 def configure(parser: argparse.ArgumentParser) -> None:
     from nndoctor.ckpt.cli import add_trust_option
 
-    parser.add_argument("file", help=".pt/.pth/.bin, Lightning .ckpt, .safetensors, .h5/.keras/.weights.h5")
+    parser.add_argument("file", help=".pt/.pth/.bin, Lightning .ckpt, .safetensors, .h5/.keras/.weights.h5, a "
+                                     "TensorFlow checkpoint (prefix, .index or folder) or SavedModel folder; "
+                                     "s3:// and other fsspec URLs")
     parser.add_argument("--depth", type=int, default=None,
                         help="levels of the key tree to show (default: all, or 3 for big models)")
     add_trust_option(parser)

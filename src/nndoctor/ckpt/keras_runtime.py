@@ -146,3 +146,54 @@ def compare_outputs(keras_model: Any, torch_model: Any, layers: list[KerasLayerW
         return result
     result["max_abs_diff"] = float(np.max(np.abs(torch_out - keras_out))) if keras_out.size else 0.0
     return result
+
+
+def keras_model_from_variables(spec: str, layers: list[KerasLayerWeights], source: str) -> Any:
+    """The Keras model built by ``spec``, its weights set from a TensorFlow checkpoint's layers.
+
+    A checkpoint is not a Keras weights file (``load_weights`` refuses it), so the values are
+    assigned here: by variable path when the paths agree (``sequential/conv2d/kernel``),
+    otherwise layer by layer in model order within each layer type, as conversion pairs them
+    (Keras numbers its auto-named layers per process, so the paths of a rebuilt model can
+    differ from the saved ones)."""
+    from nndoctor.ckpt.keras_weights import _guess_kind
+    from nndoctor.ckpt.model_spec import build_from_spec
+
+    import_keras()
+    model = build_from_spec(spec, option="--keras-model")
+    variables = list(getattr(model, "weights", []) or [])
+    if not variables:
+        raise UsageError(f"--keras-model {spec!r} has no weights: build it with an Input so that its "
+                         f"layers exist")
+    saved = {f"{layer.path}/{name}": array for layer in layers for name, array in layer.weights.items()}
+    paths = [str(getattr(v, "path", "")) for v in variables]
+    if set(paths) == set(saved):
+        pairs = [(v, saved[p], p) for v, p in zip(variables, paths)]
+    else:
+        groups: dict[str, dict[str, Any]] = {}
+        for variable, path in zip(variables, paths):
+            parent, _, leaf = path.rpartition("/")
+            groups.setdefault(parent, {})[leaf] = variable
+        queues: dict[str, list[KerasLayerWeights]] = {}
+        for layer in layers:
+            queues.setdefault(layer.kind, []).append(layer)
+        pairs = []
+        for parent, live in groups.items():
+            kind = _guess_kind(parent.rsplit("/", 1)[-1], {k: np.broadcast_to(np.zeros(()), tuple(v.shape)) for k, v in live.items()})
+            if not queues.get(kind):
+                raise UsageError(f"--keras-model {spec!r}: its layer {parent} ({kind}) has no counterpart in "
+                                 f"{source}")
+            layer = queues[kind].pop(0)
+            if set(layer.weights) != set(live):
+                raise UsageError(f"--keras-model {spec!r}: layer {parent} has variables {sorted(live)}, "
+                                 f"{source}'s {layer.path} has {sorted(layer.weights)}")
+            pairs += [(live[name], layer.weights[name], f"{layer.path}/{name}") for name in live]
+        left = [layer.path for queue in queues.values() for layer in queue]
+        if left:
+            raise UsageError(f"--keras-model {spec!r} has no layer for {', '.join(left)} of {source}")
+    for variable, array, saved_path in pairs:
+        if tuple(variable.shape) != tuple(array.shape):
+            raise UsageError(f"--keras-model {spec!r}: {variable.path} is {list(variable.shape)}, "
+                             f"{source} stores {saved_path} as {list(array.shape)}")
+        variable.assign(np.asarray(array))
+    return model

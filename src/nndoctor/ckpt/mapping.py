@@ -167,27 +167,41 @@ def propose_mapping(src: dict[str, TensorInfo], dst: dict[str, TensorInfo]) -> K
     return result
 
 
+def _is_tf_path(key: str) -> bool:
+    """A TensorFlow checkpoint key (``model/layer/_kernel``): "/"-separated, Keras layout."""
+    return "/" in key and "." not in key
+
+
 def _module_of(key: str) -> str:
-    return key.rpartition(".")[0]
+    return key.rpartition("/" if _is_tf_path(key) else ".")[0]
+
+
+def _output_axis(key: str) -> int:
+    """Where a weight keeps its outputs: PyTorch [out, in, ...], a Keras kernel [..., in, out]."""
+    return -1 if _is_tf_path(key) and key.rpartition("/")[2].lstrip("_") == "kernel" else 0
 
 
 def _is_head_change(key: str, s: TensorInfo, d: TensorInfo, last_module: str | None,
                     dst: dict[str, TensorInfo]) -> bool:
     """The model's last parameterised module, differing only in its output dimension."""
-    if not s.shape or len(s.shape) != len(d.shape) or s.shape[1:] != d.shape[1:]:
+    if not s.shape or len(s.shape) != len(d.shape):
+        return False
+    axis = _output_axis(key) % len(s.shape)
+    if s.shape[:axis] + s.shape[axis + 1:] != d.shape[:axis] + d.shape[axis + 1:]:
         return False
     module = _module_of(key)
     last_weighted = None
     for k in dst:
-        if k.endswith(".weight") or k.endswith(".bias"):
+        if k.endswith((".weight", ".bias")) or (_is_tf_path(k) and k.endswith(("/kernel", "/_kernel", "/bias"))):
             last_weighted = _module_of(k)
     return module in (last_module, last_weighted)
 
 
 def class_counts(head_changes: list[tuple[str, str, TensorInfo, TensorInfo]]) -> tuple[int, int] | None:
     for _s, d_key, s_info, d_info in head_changes:
-        if d_key.endswith("weight") or d_key.endswith("bias"):
-            return s_info.shape[0], d_info.shape[0]
+        if d_key.endswith(("weight", "bias", "kernel")):
+            axis = _output_axis(d_key)
+            return s_info.shape[axis], d_info.shape[axis]
     return None
 
 

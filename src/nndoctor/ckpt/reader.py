@@ -102,13 +102,24 @@ def sniff_format(path: str) -> str:
             if error.found.names:
                 return "pickle"
     raise UsageError(f"{path}: not a recognised checkpoint (PyTorch zip/pickle, safetensors, "
-                     f"Keras HDF5 or .keras, .npy/.npz); first bytes {head[:8]!r}")
+                     f"Keras HDF5 or .keras, .npy/.npz, TensorFlow checkpoint or SavedModel); first bytes {head[:8]!r}")
 
 
 def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None = None) -> Checkpoint:
     """Read ``path`` without executing anything it contains (unless ``trust``)."""
     path = os.fspath(path)
     limits = limits or ReadLimits.from_env()
+    from nndoctor.ckpt.remote import is_url
+
+    if is_url(path):  # s3://, gs://: read in place with ranged reads
+        from nndoctor.ckpt.remote import read_remote_checkpoint
+
+        return read_remote_checkpoint(path)
+    tf_checkpoint = _tf_location(path)
+    if tf_checkpoint is not None:
+        from nndoctor.ckpt.tf_checkpoint import read_tf_checkpoint
+
+        return read_tf_checkpoint(path, tf_checkpoint)
     kind = sniff_format(path)
     if kind == "safetensors":
         return _read_safetensors(path)
@@ -123,12 +134,35 @@ def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None
     return _read_raw_pickle(path, trust, limits)
 
 
-def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
+def _tf_location(path: str) -> Any:
+    """Where the TensorFlow bundle named by ``path`` is (prefix, .index, shard, folder), or None."""
+    from nndoctor.ckpt.tf_bundle import LocalFiles
+    from nndoctor.ckpt.tf_checkpoint import locate
+
+    is_dir = os.path.isdir(path)
+    location = locate(path, LocalFiles(), is_dir)
+    if location is None and is_dir:
+        try:
+            prefixes = sorted(name[: -len(".index")] for name in os.listdir(path) if name.endswith(".index"))
+        except OSError:
+            prefixes = []
+        if prefixes:  # tf.train.Checkpoint.write() leaves no "checkpoint" state file
+            shown = ", ".join(os.path.join(path, p) for p in prefixes[:5])
+            raise UsageError(f"{path}: a folder of TensorFlow checkpoints without a 'checkpoint' state file; "
+                             f"name one by its prefix: {shown}")
+    return location
+
+
+def _read_zip(path: str, trust: bool, limits: ReadLimits, *, stream: Any = None, size: int | None = None) -> Checkpoint:
+    """``stream``: an open file of an object store (read in place, ranged); ``path`` names it."""
+    size = os.path.getsize(path) if size is None else size
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(stream if stream is not None else path) as archive:
             names = archive.namelist()
             if "config.json" in names and "model.weights.h5" in names:
-                check_zip_sizes(path, archive, os.path.getsize(path), limits)
+                if stream is not None:
+                    raise UsageError(f"{path}: a .keras archive: over a URL, copy it to a local file first")
+                check_zip_sizes(path, archive, size, limits)
                 embedded = zip_pickles(path, archive, limits, skip={"model.weights.h5"})
                 embedded += _hdf5_bytes_pickles(archive.read("model.weights.h5"))
                 return _keras_with_embedded(path, embedded)
@@ -141,7 +175,7 @@ def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
                     return _embedded_only(path, "zip", embedded)
                 raise UsageError(f"{path}: a zip archive that is neither a PyTorch checkpoint "
                                  f"nor a .keras model (no data.pkl, no config.json)")
-            check_zip_sizes(path, archive, os.path.getsize(path), limits)
+            check_zip_sizes(path, archive, size, limits)
             torchscript = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
             data = archive.read(pkl[0])
             extra = zip_pickles(path, archive, limits, skip={pkl[0]})
@@ -152,7 +186,7 @@ def _read_zip(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
         raise UsageError(f"{path}: cannot read the archive: {error}") from None
     fmt = "torchscript" if torchscript else "pytorch-zip"
     main = scan_bytes(pkl[0], data)
-    return _load_pickled(path, fmt, [main, *extra], trust, limits)
+    return _load_pickled(path, fmt, [main, *extra], trust, limits, stream=stream, size=size)
 
 
 def _read_raw_pickle(path: str, trust: bool, limits: ReadLimits) -> Checkpoint:
@@ -179,7 +213,8 @@ def _read_all(path: str) -> bytes:
 
 
 def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: bool,
-                  limits: ReadLimits, raw: bytes | None = None) -> Checkpoint:
+                  limits: ReadLimits, raw: bytes | None = None, *, stream: Any = None,
+                  size: int | None = None) -> Checkpoint:
     globals_ = _all_globals(pickles)
     unsafe = _unsafe(globals_)
     ckpt = Checkpoint(path=path, format=fmt, globals=globals_, unsafe_globals=unsafe)
@@ -211,7 +246,11 @@ def _load_pickled(path: str, fmt: str, pickles: list[EmbeddedPickle], trust: boo
                 data = raw if raw is not None else _read_all(path)
                 ckpt.root = inert_torch_load(io.BytesIO(data), limits, size=len(data))
             else:
-                ckpt.root = inert_torch_load(path, limits, size=os.path.getsize(path), mmap=True)
+                if stream is not None:  # an object store: torch reads each record with ranged reads
+                    stream.seek(0)
+                    ckpt.root = inert_torch_load(stream, limits, size=size or 0)
+                else:
+                    ckpt.root = inert_torch_load(path, limits, size=os.path.getsize(path), mmap=True)
     except UsageError:
         raise
     except (Exception, RecursionError) as error:  # noqa: BLE001 - any failure reading an untrusted file is reported, not raised

@@ -111,8 +111,9 @@ def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = No
                 branch.add(f"{escape(name)}  [bold]{info.shape_text()}[/bold]  [dim]{escape(info.dtype)}[/dim]")
         console.print(tree)
     else:
+        separator = "/" if ckpt.format.startswith("tf-") else "."  # TensorFlow names are paths
         for sd in ckpt.state_dicts:
-            console.print(state_dict_tree(sd, max_depth=max_depth))
+            console.print(state_dict_tree(sd, max_depth=max_depth, separator=separator))
     if ckpt.other_entries:
         from nndoctor.ckpt.bookkeeping import bookkeeping_lines
 
@@ -127,7 +128,8 @@ def print_inspect(ckpt: Checkpoint, file: IO[str], *, max_depth: int | None = No
     console.print()
 
 
-def print_diff(mapping: KeyMapping, source: str, target: str, file: IO[str]) -> None:
+def print_diff(mapping: KeyMapping, source: str, target: str, file: IO[str], *,
+               tensorflow: bool = False) -> None:
     console = Console(file=file, highlight=False, soft_wrap=False, **no_color_options())
     console.print(f"[bold]diff[/bold] {escape(source)} → {escape(target)}")
     console.print(f"  {mapping.exact} keys match as they are; "
@@ -154,6 +156,8 @@ def print_diff(mapping: KeyMapping, source: str, target: str, file: IO[str]) -> 
                 console.print(f"  {escape(line)}")
             if len(lines) > 12:
                 console.print(f"  [dim]… {len(lines) - 12} more[/dim]")
-    if mapping.loads_strictly:
+    if mapping.loads_strictly and tensorflow:  # restored by object path, not by load_state_dict
+        console.print("[green]same variables at the same object paths, shapes and dtypes[/green]")
+    elif mapping.loads_strictly:
         console.print("[green]after the mapping, load_state_dict(strict=True) succeeds[/green]")
     console.print()

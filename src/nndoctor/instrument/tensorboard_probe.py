@@ -1,5 +1,7 @@
 """``torch.utils.tensorboard.SummaryWriter`` use, per writer (R103): where it was built, how many
-``add_*`` calls it received, and how many of them came after its last ``flush()``/``close()``.
+``add_*`` calls it received, and how many of them came after its last ``flush()``/``close()``;
+its log directory, the event files already there when it was created, and the range of
+``global_step`` it logged per tag.
 
 Importing TensorBoard imports TensorFlow (seconds), so nothing here imports it: the methods are
 wrapped once the user's script imports ``torch.utils.tensorboard`` (``when_imported``). The
@@ -10,9 +12,12 @@ record), so a writer the user drops is freed as before.
 from __future__ import annotations
 
 import functools
+import inspect
+import numbers
+import os
 import sys
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nndoctor.findings import Location
@@ -31,6 +36,28 @@ class WriterRecord:
     flushes: int = 0
     closes: int = 0
     depth: int = 0  # add_* calls in progress on this writer (nested ones are not counted)
+    log_dir: str | None = None
+    # event files already in log_dir when the writer was created (an earlier run's)
+    earlier_files: list[str] = field(default_factory=list)
+    own_files: list[str] = field(default_factory=list)  # the event file(s) this writer created
+    purge_step: int | None = None
+    # tag -> (first, last) global_step logged by add_* calls that write to log_dir itself
+    steps: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def logged(self, tag: str, step: int) -> None:
+        first, last = self.steps.get(tag, (step, step))
+        self.steps[tag] = (min(first, step), max(last, step))
+
+
+EVENT_FILE_MARK = "tfevents"
+
+
+def event_files(log_dir: str) -> list[str]:
+    """The TensorBoard event files directly in ``log_dir`` (none when it does not exist)."""
+    try:
+        return sorted(os.path.join(log_dir, n) for n in os.listdir(log_dir) if EVENT_FILE_MARK in n)
+    except OSError:
+        return []
 
 
 class WriterLog:
@@ -67,9 +94,21 @@ def patch_writer_class(cls: type, log: WriterLog, session: Any, patcher: Any) ->
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
+        outermost = session.active and log.of(self) is None
+        asked_dir = args[0] if args else kwargs.get("log_dir")
+        earlier = event_files(str(asked_dir)) if outermost and isinstance(asked_dir, (str, os.PathLike)) else []
         original_init(self, *args, **kwargs)
-        if session.active and log.of(self) is None:  # a subclass's __init__ calling ours: once
+        if outermost and log.of(self) is None:  # a subclass's __init__ calling ours: once
             log.created(self, user_location(sys._getframe(1)))
+            record = log.of(self)
+            if record is not None:
+                log_dir = getattr(self, "log_dir", None)
+                record.log_dir = str(log_dir) if isinstance(log_dir, (str, os.PathLike)) else None
+                record.earlier_files = earlier
+                if record.log_dir is not None:
+                    record.own_files = [f for f in event_files(record.log_dir) if f not in earlier]
+                purge = _argument(args, kwargs, 2, "purge_step")  # SummaryWriter(log_dir, comment, purge_step)
+                record.purge_step = int(purge) if isinstance(purge, numbers.Integral) else None
 
     patcher.patch(cls, "__init__", __init__)
     for name in [n for n in vars(cls) if n.startswith("add_") and callable(vars(cls)[n])]:
@@ -78,8 +117,25 @@ def patch_writer_class(cls: type, log: WriterLog, session: Any, patcher: Any) ->
     _wrap_flush(cls, "close", log, patcher, closing=True)
 
 
+def _tag_and_step_positions(method: Any) -> tuple[int, int] | None:
+    """Argument positions (after self) of ``tag`` and ``global_step``, for the add_* methods
+    that write into the writer's own event file (add_scalars writes to sub-directories)."""
+    try:
+        names = list(inspect.signature(method).parameters)[1:]
+    except (TypeError, ValueError):
+        return None
+    if "tag" not in names or "global_step" not in names:
+        return None
+    return names.index("tag"), names.index("global_step")
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    return args[position] if len(args) > position else kwargs.get(name)
+
+
 def _wrap_add(cls: type, name: str, log: WriterLog, patcher: Any) -> None:
     original = getattr(cls, name)
+    positions = _tag_and_step_positions(original)
 
     @functools.wraps(original)
     def add(self, *args, **kwargs):
@@ -94,6 +150,12 @@ def _wrap_add(cls: type, name: str, log: WriterLog, patcher: Any) -> None:
             if record.depth == 0:
                 record.adds += 1
                 record.adds_since_flush += 1
+                if positions is not None:
+                    tag = _argument(args, kwargs, positions[0], "tag")
+                    step = _argument(args, kwargs, positions[1], "global_step")
+                    # plain ints only: reading a tensor step could synchronise a device
+                    if isinstance(tag, str) and isinstance(step, numbers.Integral) and not isinstance(step, bool):
+                        record.logged(tag, int(step))
 
     patcher.patch(cls, name, add)
 
