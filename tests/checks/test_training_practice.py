@@ -313,3 +313,15 @@ def test_step_time_outliers_must_cost_a_share_of_the_run():
         record.seconds = 0.060
     assert outlier_cost(slow, median, records)[2] > 0.4
 
+
+
+def test_batchnorm_whose_parameters_an_ema_overwrites_is_not_frozen():
+    from nndoctor.checks.finetuning import affine_changed, affine_copy
+
+    teacher = nn.BatchNorm1d(4).requires_grad_(False)
+    copy = affine_copy(teacher)
+    assert not affine_changed(teacher, copy)
+    with torch.no_grad():                                     # one EMA update from a student
+        teacher.weight.mul_(0.999).add_(torch.full((4,), 1.5), alpha=0.001)
+    assert affine_changed(teacher, copy)
+    assert not affine_changed(nn.BatchNorm1d(4, affine=False), [])
