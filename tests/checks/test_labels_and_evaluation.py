@@ -192,3 +192,28 @@ def test_a_collapse_that_lasts_to_the_end_of_the_run_is_reported_with_its_span(t
     assert "through the end of the observed run" in found.message
     assert found.evidence["from_step"] == 8 and found.evidence["loss_trend_z"] is None
     assert found.evidence["to_step"] == found.evidence["from_step"] + found.evidence["sampled_batches"] - 1
+
+
+def test_a_collapse_that_switches_class_starts_over(tmp_path):
+    # Class 0 for every prediction up to step 13 while the loss falls (not reported: it may pass),
+    # then class 1 for the last two steps: no class was predicted through the end of the run.
+    script = tmp_path / "switching.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        head = nn.Linear(4, 3)
+        optimizer = torch.optim.SGD(head.parameters(), lr=0.0)
+        for step in range(16):
+            with torch.no_grad():
+                head.bias.copy_(torch.eye(3)[0 if step < 14 else 1] * (60.0 - 3 * step))
+            x, y = torch.randn(32, 4), torch.arange(32) % 3
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(head(x), y).backward()
+            optimizer.step()
+    """))
+    report = run_script(script, select=["L109"])
+    assert not report.by_code("L109") and not report.internal_errors
+    # The same run without the switch ends in the collapse, and is reported.
+    script.write_text(script.read_text().replace("0 if step < 14 else 1", "0"))
+    [found] = run_script(script, select=["L109"]).by_code("L109")
+    assert found.evidence["predicted_class"] == 0 and "through the end" in found.message

@@ -259,6 +259,9 @@ def loss_stopped_improving(losses: list[float], *, min_points: int = 6) -> tuple
     return None
 
 
+_MAX_TREND_POINTS = 256
+
+
 @dataclass
 class _Collapse:
     """One class predicted in every sampled batch since ``start`` (one location)."""
@@ -277,6 +280,7 @@ class _Collapse:
         self.predicted = [a + b for a, b in zip(self.predicted, prediction_counts)]
         self.targets = [a + b for a, b in zip(self.targets, target_counts)]
         self.losses.append(loss)
+        del self.losses[:-_MAX_TREND_POINTS]  # the trend test is quadratic in its points
 
     def shares(self) -> tuple[int, float, float]:
         top = max(range(len(self.predicted)), key=lambda i: self.predicted[i])
@@ -377,6 +381,12 @@ class PredictionCollapse(Check):
             for step, h, value in list(window)[1:]:
                 collapse.add(step, h, value)
             self._collapses[where] = collapse
+        elif max(range(len(predictions)), key=lambda i: predictions[i]) != collapse.shares()[0]:
+            # Another class now takes every prediction: a new phase, judged on its own batches.
+            del self._collapses[where]
+            window.clear()
+            window.append((event.step, histograms, loss))
+            return
         else:
             collapse.add(event.step, histograms, loss)
         stalled = loss_stopped_improving(collapse.losses, min_points=self.WINDOW)
@@ -408,8 +418,8 @@ class PredictionCollapse(Check):
             why = f"and the loss is not finite ({collapse.losses[-1]}) on the last {self.WINDOW} of them"
         elif stalled is not None:
             z, ratio = stalled
-            why = (f"and the loss stopped improving meanwhile (Mann–Kendall z = {z:.2f} over those "
-                   f"{len(collapse.losses)} losses, a decrease needs z < {NOT_DECREASING_Z}; last-third median "
+            why = (f"and the loss stopped improving meanwhile (Mann–Kendall z = {z:.2f} over the last "
+                   f"{len(collapse.losses)} of those losses, a decrease needs z < {NOT_DECREASING_Z}; last-third median "
                    f"{ratio:.3f}× the first third's)")
         else:
             why = (f"and it lasted through the end of the observed run (the last sampled batch; the run ended at "
