@@ -29,8 +29,18 @@ NNDOCTOR_DIR = os.path.dirname(os.path.abspath(__file__))
 DEMO_DIR = os.path.join(NNDOCTOR_DIR, "demo") + os.sep
 _OWN_PREFIXES = tuple({NNDOCTOR_DIR + os.sep, os.path.realpath(NNDOCTOR_DIR) + os.sep})
 _DEMO_PREFIXES = tuple({DEMO_DIR, os.path.realpath(DEMO_DIR) + os.sep})
-# Console-script launchers (bin/nndoctor) live beside the interpreter.
-_LAUNCHER_DIR = os.path.dirname(os.path.realpath(sys.executable)) + os.sep
+# Console-script launchers (bin/nndoctor) live beside the interpreter: in a virtual environment
+# that is the environment's bin/ (sys.executable as spelt), not the base interpreter's folder
+# its symlink resolves to; pip may also put them in sysconfig's "scripts" path.
+_LAUNCHER_DIRS = tuple({
+    os.path.realpath(folder) + os.sep
+    for folder in (os.path.dirname(os.path.abspath(sys.executable)), os.path.dirname(os.path.realpath(sys.executable)),
+                   sysconfig.get_paths().get("scripts", ""))
+    if folder
+})
+# nndoctor's own console scripts (pyproject's [project.scripts]), wherever an installer put them
+# (pipx, --user, a wrapper folder): never the user's code.
+_LAUNCHER_NAMES = frozenset({"nndoctor", "nndoctor.exe", "nndoctor-script.py", "nndoctor-script.pyw"})
 _STDLIB_DIRS = tuple(
     os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
@@ -61,10 +71,10 @@ def _is_own_absolute(path: str) -> bool:
 
 
 def is_tool_file(filename: str) -> bool:
-    """nndoctor's source or ``runpy`` (which nndoctor starts the script with): frames the
-    user would not see running the script under plain python."""
+    """nndoctor's source, its console-script launcher or ``runpy`` (which nndoctor starts the
+    script with): frames the user would not see running the script under plain python."""
     return (filename == "<frozen runpy>" or os.path.basename(filename) == "runpy.py"
-            or is_own_file(filename))
+            or os.path.basename(filename) in _LAUNCHER_NAMES or is_own_file(filename))
 
 
 def _package_dir(name: str) -> str | None:
@@ -101,7 +111,8 @@ class _CodeClassifier:
             path = os.path.realpath(filename)
             if path.startswith(_DEMO_PREFIXES):
                 rank = USER
-            elif path.startswith(self._dirs()) or path.startswith(_LAUNCHER_DIR):
+            elif (path.startswith(self._dirs()) or path.startswith(_LAUNCHER_DIRS)
+                  or os.path.basename(path) in _LAUNCHER_NAMES or os.path.basename(filename) in _LAUNCHER_NAMES):
                 rank = INTERNAL
             elif any(marker in path for marker in _LIBRARY_MARKERS):
                 rank = LIBRARY
@@ -178,7 +189,7 @@ def is_user_path(path: str) -> bool:
         return False
     if any(marker in path for marker in _LIBRARY_MARKERS):
         return False
-    if _PYTHON_LIB.search(path):
+    if _PYTHON_LIB.search(path) or re.split(r"[\\/]", path)[-1] in _LAUNCHER_NAMES:
         return False
     real = os.path.realpath(path) if os.path.isabs(path) else path
     if real.startswith(_STDLIB + os.sep):

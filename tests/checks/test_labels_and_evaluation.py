@@ -148,3 +148,72 @@ def test_memory_growth_cuda_path_with_a_fake_allocator_counter(monkeypatch):
     assert finding.evidence["device"] == "cuda" and finding.evidence["mb_per_step"] == 1.0
     assert finding.evidence["holder"] == "all_features" and finding.location.line == 22
     assert not report.internal_errors
+
+
+def test_loss_stopped_improving_needs_no_decrease_over_the_collapse():
+    from nndoctor.checks.labels import loss_stopped_improving
+
+    assert loss_stopped_improving([2.1, 2.1, 1.8, 2.1, 1.6, 1.4]) is None      # still falling
+    z, ratio = loss_stopped_improving([1.0, 0.97, 1.02, 0.99, 1.01, 1.0])        # a noisy plateau
+    assert z > -1.645 and ratio > 0.99
+    assert loss_stopped_improving([1.0, 1.0, 1.0]) is None                       # too few to tell
+    nan = float("nan")
+    z, _ = loss_stopped_improving([1.2] + [nan] * 6)                             # NaN: nothing to improve
+    assert z != z
+
+
+_HEAD_FINETUNE = """
+    import torch, torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Linear(16, 64), nn.ReLU()).requires_grad_(False).eval()
+    inputs = torch.randn(32 * STEPS, 16)
+    labels = (inputs[:, 0] > 0).long() + (inputs[:, 1] > 0).long()
+    head = nn.Linear(64, 3)
+    with torch.no_grad():
+        head.bias.copy_(torch.tensor([2.5, 0.0, 0.0]))
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.03)
+    for x, y in DataLoader(TensorDataset(inputs, labels), batch_size=32, shuffle=True):
+        with torch.no_grad():
+            features = backbone(x)
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(head(features), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_collapse_that_lasts_to_the_end_of_the_run_is_reported_with_its_span(tmp_path):
+    # The head of tests/fixtures/correct/head_finetune_transient_one_class.py predicts one class
+    # for its first 14 steps while the loss falls: stopped there, the run ends in the collapse.
+    script = tmp_path / "head_stopped_early.py"
+    script.write_text(textwrap.dedent(_HEAD_FINETUNE.replace("STEPS", "14")))
+    [found] = run_script(script, select=["L109"]).by_code("L109")
+    assert "through the end of the observed run" in found.message
+    assert found.evidence["from_step"] == 8 and found.evidence["loss_trend_z"] is None
+    assert found.evidence["to_step"] == found.evidence["from_step"] + found.evidence["sampled_batches"] - 1
+
+
+def test_a_collapse_that_switches_class_starts_over(tmp_path):
+    # Class 0 for every prediction up to step 13 while the loss falls (not reported: it may pass),
+    # then class 1 for the last two steps: no class was predicted through the end of the run.
+    script = tmp_path / "switching.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        head = nn.Linear(4, 3)
+        optimizer = torch.optim.SGD(head.parameters(), lr=0.0)
+        for step in range(16):
+            with torch.no_grad():
+                head.bias.copy_(torch.eye(3)[0 if step < 14 else 1] * (60.0 - 3 * step))
+            x, y = torch.randn(32, 4), torch.arange(32) % 3
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(head(x), y).backward()
+            optimizer.step()
+    """))
+    report = run_script(script, select=["L109"])
+    assert not report.by_code("L109") and not report.internal_errors
+    # The same run without the switch ends in the collapse, and is reported.
+    script.write_text(script.read_text().replace("0 if step < 14 else 1", "0"))
+    [found] = run_script(script, select=["L109"]).by_code("L109")
+    assert found.evidence["predicted_class"] == 0 and "through the end" in found.message

@@ -280,3 +280,48 @@ def test_a_profiler_recording_every_step_is_reported_at_its_line(tmp_path, monke
     [finding] = report.by_code("P116")
     assert finding.location.line == 6 and finding.evidence["profiled_consecutive_steps"] == 8
     assert not report.internal_errors
+
+
+def test_step_time_outliers_are_explained_only_by_what_the_median_step_lacks():
+    from nndoctor.checks.step_time import StepRecord, TypicalStep, explain_step, outlier_steps
+
+    # A mean teacher: one no-grad forward in every step; one step slow for another reason.
+    records = [StepRecord(step=i, seconds=0.010, eval_forwards=1) for i in range(40)]
+    records[7].seconds = 0.200
+    slow, median, _ = outlier_steps(records)
+    assert [r.step for r in slow] == [7]
+    typical = TypicalStep.of(records)
+    assert typical.eval_forwards == 1
+    assert explain_step(records[7], median, typical)[0].startswith("nothing")
+    records[7].eval_forwards = 11                                 # an evaluation pass in that step
+    assert explain_step(records[7], median, typical)[0] == "11 evaluation forward(s)"
+
+
+def test_step_time_outliers_must_cost_a_share_of_the_run():
+    from nndoctor.checks.step_time import StepRecord, StepTimeOutliers, outlier_cost, outlier_steps
+
+    # 0.6 ms CPU steps with 10 outliers of 3 ms: real outliers, but 24 ms of a 0.62 s run.
+    records = [StepRecord(step=i, seconds=0.0006) for i in range(1000)]
+    for i in range(5, 1000, 100):
+        records[i].seconds, records[i].eval_forwards = 0.003, 1
+    slow, median, _ = outlier_steps(records)
+    assert len(slow) == 10
+    cost, timed, share = outlier_cost(slow, median, records)
+    assert round(cost, 4) == 0.024 and round(timed, 3) == 0.624
+    assert share < StepTimeOutliers.MIN_SHARE
+    for record in slow:                                           # 60 ms each: 0.59 s, half the run
+        record.seconds = 0.060
+    assert outlier_cost(slow, median, records)[2] > 0.4
+
+
+
+def test_batchnorm_whose_parameters_an_ema_overwrites_is_not_frozen():
+    from nndoctor.checks.finetuning import affine_changed, affine_copy
+
+    teacher = nn.BatchNorm1d(4).requires_grad_(False)
+    copy = affine_copy(teacher)
+    assert not affine_changed(teacher, copy)
+    with torch.no_grad():                                     # one EMA update from a student
+        teacher.weight.mul_(0.999).add_(torch.full((4,), 1.5), alpha=0.001)
+    assert affine_changed(teacher, copy)
+    assert not affine_changed(nn.BatchNorm1d(4, affine=False), [])

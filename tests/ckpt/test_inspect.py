@@ -142,3 +142,43 @@ def test_ckpt_checks_are_documented():
 def test_no_action_prints_help(run_cli):
     result = run_cli("ckpt")
     assert result.code == 2 and "inspect" in result.out
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_huge_integers_are_shown_shortened_without_a_traceback(tmp_path, net, run_cli, legacy):
+    # Python refuses str() of an int beyond 4,300 digits (ValueError): as a value, a dict key,
+    # inside a tuple key or an optimizer hyper-parameter, inspect shows it shortened.
+    huge = 7 ** 6000                                            # 5,071 digits
+    path = tmp_path / "huge.pt"
+    torch.save({"model": net.state_dict(), "seed": huge, "meta": {huge: "key", "n": -huge, (huge, 1): 2},
+                "opt": {"state": {}, "param_groups": [{"lr": huge, "params": []}]}}, path,
+               _use_new_zipfile_serialization=not legacy)
+    before = sha256(path)
+    json_path = tmp_path / "report.json"
+    result = run_cli("ckpt", "inspect", path, "--json", json_path)
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err and "ValueError" not in result.err + result.out
+    shown = "38747178…600001 (an int of 5,071 digits)"           # 7**6000: first 8 and last 6 digits
+    entries = json.loads(json_path.read_text())["extra"]["checkpoint"]["other_entries"]
+    assert entries["seed"] == shown and entries["meta.n"] == "-" + shown
+    assert entries[f"meta.{shown}"] == "'key'" and entries[f"meta.({shown}, 1)"] == "2"
+    assert f"lr={shown}" in entries["opt"]
+    assert f"seed: {shown}" in result.out
+    assert sha256(path) == before
+
+
+def test_int_text_is_exact_where_it_shows_digits():
+    from nndoctor.ckpt.containers import int_text
+
+    assert int_text(10 ** 79) == "1" + "0" * 79                 # 80 digits: shown whole
+    assert int_text(10 ** 80) == "10000000…000000 (an int of 81 digits)"
+    assert int_text(-(10 ** 80) + 1) == "-" + "9" * 80          # 80 nines: shown whole
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        for n in (3 ** 20000 + 12345, -(2 ** 50000), 10 ** 5000):
+            text = str(abs(n))
+            expected = f"{'-' if n < 0 else ''}{text[:8]}…{text[-6:]} (an int of {len(text):,} digits)"
+            assert int_text(n) == expected
+    finally:
+        sys.set_int_max_str_digits(limit)

@@ -54,6 +54,9 @@ EVIDENCE = {
     "train": lambda f: f.evidence["shadowing_file"].endswith("E119_shadowing/datasets.py"),
     "E117_one_based_labels": lambda f: (f.evidence["target_range"] == [1, 3] and f.evidence["classes"] == 3
                                         and "y - 1" in f.fix),
+    "E117_too_few_output_classes": lambda f: (f.evidence["target_range"] == [0, 6] and f.evidence["classes"] == 2
+                                              and f.message.count("the model outputs") == 1
+                                              and "out_features=7" in f.fix),
     "E118_view_folds_batch": lambda f: (f.evidence["input_batch"] == 8 and f.evidence["target_batch"] == 4
                                         and "flatten" in f.fix),
     "E122_lambda_with_spawn": lambda f: f.evidence["start_method"] == "spawn" and "<lambda>" in f.message,

@@ -53,6 +53,8 @@ def test_target_range_causes():
     assert "1-based" in target_range_cause(1, 10, 10)[0]
     assert "ignore_index=-1" in target_range_cause(-1, 3, 4)[1]
     assert "out_features=12" in target_range_cause(0, 11, 10)[1]
+    # The cause completes "the model outputs C classes (valid targets 0..C-1) but …" (issue 28).
+    assert target_range_cause(0, 6, 2)[0] == "the labels go up to 6"
 
 
 def test_batch_size_causes():

@@ -34,11 +34,26 @@ def running_stats_drift(mean0: torch.Tensor, var0: torch.Tensor, mean1: torch.Te
     return float(mean_shift), float(var_change)
 
 
+def affine_copy(bn: _BatchNorm) -> list[torch.Tensor]:
+    """A copy of the layer's affine parameters, to tell a frozen layer from one whose
+    parameters something other than an optimizer overwrites (an EMA teacher)."""
+    return [p.detach().clone() for p in (bn.weight, bn.bias) if p is not None]
+
+
+def affine_changed(bn: _BatchNorm, copy: list[torch.Tensor]) -> bool:
+    """Did the affine parameters change since ``copy`` (any value, however small)?"""
+    current = [p.detach() for p in (bn.weight, bn.bias) if p is not None]
+    if len(current) != len(copy):
+        return True
+    return any(now.shape != then.shape or not torch.equal(now, then) for now, then in zip(current, copy))
+
+
 @dataclass
 class _Snapshot:
     name: str
     mean: torch.Tensor
     var: torch.Tensor
+    affine: list[torch.Tensor]
     step: int
     location: Location | None
     sightings: int = 1
@@ -49,11 +64,12 @@ class FrozenBatchNormDrifting(Check):
     """
     ## What it does
     On sampled steps, looks at every BatchNorm layer that runs in **training mode** while an
-    optimizer is training something, and whose affine parameters are **frozen**
-    (``requires_grad=False``) or belong to no optimizer. It copies the layer's running mean
-    and variance the first time it sees it; when the layer has been seen in training mode on
-    3 sampled steps, across at least one optimizer step, and its running statistics moved,
-    it reports the drift: the largest shift of a running mean (in standard deviations of the
+    optimizer is training something, and whose affine parameters are **frozen**: no
+    optimizer trains them (``requires_grad=False``, or in no optimizer) *and* they do not
+    change. It copies the layer's running mean and variance, and its weight and bias, the
+    first time it sees it; when the layer has been seen in training mode on 3 sampled steps,
+    across at least one optimizer step, its weight and bias are unchanged and its running
+    statistics moved, it reports the drift: the largest shift of a running mean (in standard deviations of the
     original statistics) and the largest relative change of a running variance. The location
     is the ``train()`` call that put the layer in training mode (or the forward call).
 
@@ -83,7 +99,10 @@ class FrozenBatchNormDrifting(Check):
     ```
     or override ``train()`` in the model to keep frozen BatchNorm layers in eval mode, or
     replace them with ``torchvision.ops.FrozenBatchNorm2d``. When updating the statistics on
-    the new data is intended (domain adaptation), ignore this check. There is no numeric
+    the new data is intended (domain adaptation), ignore this check. A layer whose weight or
+    bias changes outside the optimizer — the teacher of a mean-teacher / EMA setup, which
+    copies an average of the student after every step and may run in training mode on
+    purpose — is not frozen and is not reported. There is no numeric
     threshold beyond "the statistics moved" (a relative change above 1e-6): any drift of a
     layer believed frozen is unintended.
 
@@ -106,6 +125,7 @@ class FrozenBatchNormDrifting(Check):
     def __init__(self, session) -> None:
         super().__init__(session)
         self._snapshots: weakref.WeakKeyDictionary[Any, _Snapshot] = weakref.WeakKeyDictionary()
+        self._not_frozen: weakref.WeakSet[Any] = weakref.WeakSet()
         self._train_calls: list[tuple[weakref.ref, Location | None]] = []
         self._reported = False
 
@@ -119,6 +139,8 @@ class FrozenBatchNormDrifting(Check):
         if (self._reported or not isinstance(bn, _BatchNorm) or not bn.training
                 or not bn.track_running_stats or bn.running_mean is None or bn.running_var is None):
             return
+        if bn in self._not_frozen:
+            return
         trained = self.session.state.optimizer_param_ids()
         if not trained or not batchnorm_is_frozen(bn, trained):
             return
@@ -127,11 +149,18 @@ class FrozenBatchNormDrifting(Check):
             if len(self._snapshots) < self.MAX_LAYERS:
                 name = f"{type(event.root).__name__}.{event.qualname}"
                 self._snapshots[bn] = _Snapshot(name, bn.running_mean.detach().clone(),
-                                                bn.running_var.detach().clone(), event.step, event.location)
+                                                bn.running_var.detach().clone(), affine_copy(bn), event.step,
+                                                event.location)
             return
         if event.step != snapshot.step:
             snapshot.sightings += 1
         if snapshot.sightings < self.MIN_SIGHTINGS or self.session.step <= snapshot.step:
+            return
+        if affine_changed(bn, snapshot.affine):
+            # Not frozen: its parameters are written outside any optimizer (an EMA / mean teacher
+            # copies the student into it after each step), and its statistics follow by design.
+            self._not_frozen.add(bn)
+            del self._snapshots[bn]
             return
         mean_shift, var_change = running_stats_drift(snapshot.mean, snapshot.var,
                                                      bn.running_mean.detach(), bn.running_var.detach())

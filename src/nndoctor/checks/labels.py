@@ -6,12 +6,15 @@ Both read class histograms of the loss's input and target on sampled steps only 
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from dataclasses import dataclass, field
 
 import torch
 
-from nndoctor.events import LossComputed
+from nndoctor.events import LossComputed, RunEnd
 from nndoctor.findings import Location, Severity
+from nndoctor.loss_trend import NOT_DECREASING_RATIO, NOT_DECREASING_Z, mann_kendall_z, thirds_ratio
 from nndoctor.registry import Check, register
 
 _CLASS_INDEX_LOSSES = ("cross_entropy", "nll_loss")
@@ -87,6 +90,26 @@ def _histogram_text(counts: list[int], limit: int = 10) -> str:
     return ", ".join(parts) + (f", … {more} more" if more > 0 else "")
 
 
+def vocabulary_embedding(roots: list, classes: int, *, max_modules: int = 100_000) -> str | None:
+    """The name of an ``nn.Embedding`` of ``classes`` rows in one of the models, when there is one:
+    the loss's classes are then the model's token vocabulary (a language model, a masked LM, a
+    decoder), whose frequencies follow Zipf's law by nature — not a class-imbalance problem."""
+    for root in roots:
+        for count, (name, module) in enumerate(root.named_modules()):
+            if count >= max_modules:
+                break
+            if (isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                    and int(module.num_embeddings) == classes):
+                return f"{type(root).__name__}.{name}" if name else type(root).__name__
+    return None
+
+
+def targets_are_tokens(session, classes: int) -> bool:
+    """Are the loss's ``classes`` the vocabulary of an embedding in the models being trained?"""
+    state = session.state
+    return vocabulary_embedding(state.trained_roots() or list(state.roots), classes) is not None
+
+
 @register
 class LabelImbalance(Check):
     """
@@ -119,7 +142,11 @@ class LabelImbalance(Check):
     ```
     or resample: ``WeightedRandomSampler`` with per-sample weights ``1 / count[label]``
     (the labels seen then become balanced, and this check silent). Segmentation targets
-    (N, H, W), where a dominant background is expected, are not counted. Threshold: the
+    (N, H, W), where a dominant background is expected, are not counted, nor are tokens: when
+    the number of classes equals the rows of an ``nn.Embedding`` of the model, the targets are
+    tokens of its vocabulary (next-token prediction of a language model, masked tokens,
+    a decoder's outputs), whose frequencies follow Zipf's law by nature — weighting them
+    would change what the model learns, not fix a skew. Threshold: the
     SageMaker default of 10.
 
     ## References
@@ -167,6 +194,8 @@ class LabelImbalance(Check):
         found = imbalance_ratio(counts)
         if found is None or found[0] < self.THRESHOLD:
             return
+        if targets_are_tokens(self.session, len(counts)):
+            return  # next-token / masked-token targets over the vocabulary the model embeds
         ratio, largest, smallest = found
         weights = balancing_weights(counts)
         kind = "binary targets" if event.function in _BINARY_LOSSES else f"{len(counts)} classes"
@@ -213,15 +242,71 @@ def collapse_verdict(window: list[tuple[list[int], list[int]]], *, share: float 
     return top, predicted_share, target_share
 
 
+def loss_stopped_improving(losses: list[float], *, min_points: int = 6) -> tuple[float, float] | None:
+    """(Mann–Kendall z, last-third/first-third median ratio) when ``losses`` (the sampled
+    losses of a collapse, in order) show no decrease — no significant downward trend and the
+    last third not 1% below the first; None while the loss still goes down or with too few
+    finite values to tell. A loss that is NaN or infinite on the last ``min_points`` batches
+    does not improve either: (nan, nan)."""
+    if len(losses) >= min_points and not any(math.isfinite(v) for v in losses[-min_points:]):
+        return math.nan, math.nan  # NaN/inf: nothing left to improve
+    finite = [v for v in losses if math.isfinite(v)]
+    if len(finite) < min_points:
+        return None
+    z, ratio = mann_kendall_z(finite), thirds_ratio(finite)
+    if z > NOT_DECREASING_Z and ratio > NOT_DECREASING_RATIO:
+        return z, ratio
+    return None
+
+
+_MAX_TREND_POINTS = 256
+
+
+@dataclass
+class _Collapse:
+    """One class predicted in every sampled batch since ``start`` (one location)."""
+
+    start: int
+    last: int
+    batches: int
+    predicted: list[int]
+    targets: list[int]
+    losses: list[float] = field(default_factory=list)
+
+    def add(self, step: int, histograms: tuple[list[int], list[int]], loss: float) -> None:
+        target_counts, prediction_counts = histograms
+        self.last = step
+        self.batches += 1
+        self.predicted = [a + b for a, b in zip(self.predicted, prediction_counts)]
+        self.targets = [a + b for a, b in zip(self.targets, target_counts)]
+        self.losses.append(loss)
+        del self.losses[:-_MAX_TREND_POINTS]  # the trend test is quadratic in its points
+
+    def shares(self) -> tuple[int, float, float]:
+        top = max(range(len(self.predicted)), key=lambda i: self.predicted[i])
+        return (top, self.predicted[top] / (sum(self.predicted) or 1),
+                self.targets[top] / (sum(self.targets) or 1))
+
+
 @register
 class PredictionCollapse(Check):
     """
     ## What it does
     On sampled steps from step 8 on, takes the argmax of the classification loss's input
-    (the logits) and keeps the class histograms of the last 6 sampled batches. It reports
-    when one class takes **≥ 95%** of the predictions in every one of those batches (at
-    least 128 predictions in all) while it is far less frequent among the targets (its
-    prediction share exceeds its target share by ≥ 30 points).
+    (the logits) and keeps the class histograms of the last 6 sampled batches. A collapse
+    starts when one class takes **≥ 95%** of the predictions in every one of those batches
+    (at least 128 predictions in all) while it is far less frequent among the targets (its
+    prediction share exceeds its target share by ≥ 30 points), and lasts as long as every
+    further sampled batch is ≥ 95% one class. It is reported only when it **persists**:
+    either the loss stops improving during it (no decrease in the sampled losses of the
+    collapse: Mann–Kendall z > −1.645 and the last third's median not 1% below the first
+    third's — the same test as L106), or it lasts through the end of the observed run. A
+    phase of one-class predictions that ends while the loss still falls (common early in
+    fine-tuning a head) is not reported. The finding says from which step to which step
+    the collapse was seen. Token targets (as many classes as the rows of an ``nn.Embedding``
+    of the model: a language model's vocabulary) are left out: predicting the most frequent
+    token everywhere is the unigram phase every language model goes through, and a loss
+    that stays there is L106's to report.
 
     ## Why is this bad?
     A classifier that answers the same class for every input has stopped using its input:
@@ -237,7 +322,7 @@ class PredictionCollapse(Check):
 
     ## Use instead
     Lower the learning rate (or warm it up), check the inputs reaching the model, and
-    check the loss and its labels. Thresholds: 95% of the predictions in each of the last 6
+    check the loss and its labels. Thresholds: 95% of the predictions in each of at least 6
     sampled batches, and 30 points above the class's share of the targets — so a model that
     predicts the majority class of targets that are themselves 90% one class stays silent
     (that skew is D111 label-imbalance).
@@ -258,6 +343,9 @@ class PredictionCollapse(Check):
     def __init__(self, session) -> None:
         super().__init__(session)
         self._windows: dict[Location | None, deque] = {}
+        self._collapses: dict[Location | None, _Collapse] = {}
+        self._last_sampled: dict[Location | None, int] = {}
+        self._tokens: dict[Location | None, bool] = {}
         self._reported = False
 
     def on_loss(self, event: LossComputed) -> None:
@@ -267,22 +355,89 @@ class PredictionCollapse(Check):
         histograms = class_histograms(event)
         if histograms is None:
             return
+        self._last_sampled[where] = event.step
+        tokens = self._tokens.get(where)
+        if tokens is None:
+            tokens = self._tokens[where] = targets_are_tokens(self.session, len(histograms[1]))
+        if tokens:
+            return  # a language model first learns the unigram prior: its most frequent token everywhere
         window = self._windows.setdefault(where, deque(maxlen=self.WINDOW))
-        window.append(histograms)
+        predictions = histograms[1]
+        if not sum(predictions) or max(predictions) / sum(predictions) < 0.95:
+            window.clear()  # this batch uses more than one class: any collapse so far was transient
+            self._collapses.pop(where, None)
+            return
+        loss = _scalar(event.output)  # one host copy, on collapsed sampled batches only
+        window.append((event.step, histograms, loss))
         if len(window) < self.WINDOW:
             return
-        verdict = collapse_verdict(list(window))
-        if verdict is None:
+        collapse = self._collapses.get(where)
+        if collapse is None:
+            if collapse_verdict([h for _, h, _ in window]) is None:
+                return
+            first_step, first_histograms, first_loss = window[0]
+            collapse = _Collapse(first_step, first_step, 1, list(first_histograms[1]), list(first_histograms[0]),
+                                 [first_loss])
+            for step, h, value in list(window)[1:]:
+                collapse.add(step, h, value)
+            self._collapses[where] = collapse
+        elif max(range(len(predictions)), key=lambda i: predictions[i]) != collapse.shares()[0]:
+            # Another class now takes every prediction: a new phase, judged on its own batches.
+            del self._collapses[where]
+            window.clear()
+            window.append((event.step, histograms, loss))
             return
+        else:
+            collapse.add(event.step, histograms, loss)
+        stalled = loss_stopped_improving(collapse.losses, min_points=self.WINDOW)
+        if stalled is not None:
+            self._report(where, collapse, stalled=stalled)
+
+    def on_run_end(self, event: RunEnd) -> None:
+        if self._reported:
+            return
+        final_step = max(self.session.step, 0)
+        for where, collapse in self._collapses.items():
+            if collapse.last != self._last_sampled.get(where):
+                continue
+            # Persisted to the end of what was observed: the steps after the last sampled batch
+            # (not observed) are no more than the collapse itself lasted.
+            if final_step - collapse.last > max(collapse.last - collapse.start, 1):
+                continue
+            self._report(where, collapse, final_step=final_step)
+            return
+
+    def _report(self, where: Location | None, collapse: _Collapse, *,
+                stalled: tuple[float, float] | None = None, final_step: int | None = None) -> None:
         self._reported = True
-        top, predicted_share, target_share = verdict
-        total = sum(sum(p) for _, p in window)
+        top, predicted_share, target_share = collapse.shares()
+        total = sum(collapse.predicted)
+        span = (f"from step {collapse.start} to step {collapse.last} ({collapse.batches} sampled batches, at "
+                f"least 95% in each)")
+        if stalled is not None and not math.isfinite(stalled[0]):
+            why = f"and the loss is not finite ({collapse.losses[-1]}) on the last {self.WINDOW} of them"
+        elif stalled is not None:
+            z, ratio = stalled
+            why = (f"and the loss stopped improving meanwhile (Mann–Kendall z = {z:.2f} over the last "
+                   f"{len(collapse.losses)} of those losses, a decrease needs z < {NOT_DECREASING_Z}; last-third median "
+                   f"{ratio:.3f}× the first third's)")
+        else:
+            why = (f"and it lasted through the end of the observed run (the last sampled batch; the run ended at "
+                   f"step {final_step})")
         self.report(
-            f"The model predicts class {top} for {predicted_share:.1%} of {total} samples over the last "
-            f"{len(window)} sampled batches (at least 95% in each), while class {top} is {target_share:.1%} "
-            f"of the targets: its predictions no longer depend on the input.",
+            f"The model predicted class {top} for {predicted_share:.1%} of {total} samples {span}, while class "
+            f"{top} is {target_share:.1%} of the targets, {why}: its predictions no longer depend on the input.",
             location=where,
             evidence={"predicted_class": top, "prediction_share": round(predicted_share, 4),
-                      "target_share": round(target_share, 4), "predictions": total, "step": event.step},
-            step=event.step,
+                      "target_share": round(target_share, 4), "predictions": total,
+                      "from_step": collapse.start, "to_step": collapse.last, "sampled_batches": collapse.batches,
+                      "loss_trend_z": round(stalled[0], 3) if stalled and math.isfinite(stalled[0]) else None},
+            step=collapse.start,
         )
+
+
+def _scalar(value: object) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        with torch.no_grad():
+            return float(value.detach().float())
+    return math.nan

@@ -38,13 +38,38 @@ def outlier_steps(records: list[StepRecord], *, sigmas: float = 3.0, min_ratio: 
     return [r for r in records if r.seconds > limit], median, sigma
 
 
-def explain_step(record: StepRecord, median: float) -> tuple[str, Location | None]:
+def outlier_cost(slow: list[StepRecord], median: float, records: list[StepRecord]) -> tuple[float, float, float]:
+    """(seconds the slow steps took beyond the median step, seconds of all timed steps, the
+    first's share of the second)."""
+    cost = sum(max(r.seconds - median, 0.0) for r in slow)
+    timed = sum(r.seconds for r in records)
+    return cost, timed, (cost / timed if timed > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class TypicalStep:
+    """What ran in the median step: a slow step is explained only by what it ran *more* of
+    (a teacher forward in every step is not why one step was slow)."""
+
+    eval_forwards: float = 0.0
+    checkpoint_s: float = 0.0
+
+    @classmethod
+    def of(cls, records: list[StepRecord]) -> TypicalStep:
+        if not records:
+            return cls()
+        return cls(statistics.median(r.eval_forwards for r in records),
+                   statistics.median(r.checkpoint_s for r in records))
+
+
+def explain_step(record: StepRecord, median: float,
+                 typical: TypicalStep = TypicalStep()) -> tuple[str, Location | None]:
     """What ran in a slow step, largest share of the extra time first."""
     extra = max(record.seconds - median, 1e-9)
     parts: list[tuple[float, str, Location | None]] = []
-    if record.checkpoint_s:
+    if record.checkpoint_s > typical.checkpoint_s:
         parts.append((record.checkpoint_s, f"torch.save {record.checkpoint_s * 1000:.0f} ms", record.checkpoint_at))
-    if record.eval_forwards:
+    if record.eval_forwards > typical.eval_forwards:
         parts.append((extra * 0.5, f"{record.eval_forwards} evaluation forward(s)", record.eval_at))
     if record.gc_s > 0.2 * extra:
         parts.append((record.gc_s, f"garbage collection {record.gc_s * 1000:.0f} ms", None))
@@ -104,6 +129,7 @@ class StepTimeOutliers(Check):
     fix = "move what ran in the slow steps out of the loop, make it less frequent or asynchronous"
     needs = frozenset({"gc_clock"})
     MAX_RECORDS = 20_000
+    MIN_SHARE = 0.05  # of the timed steps' wall time that the explained slow steps cost
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -111,6 +137,7 @@ class StepTimeOutliers(Check):
         self._last_end: float | None = None
         self._current = StepRecord(step=0, seconds=0.0)
         self._gc_at_last_end = 0.0
+        self._step_at: Location | None = None
 
     def on_checkpoint_save(self, event: CheckpointSave) -> None:
         self._current.checkpoint_s += event.seconds
@@ -134,6 +161,8 @@ class StepTimeOutliers(Check):
         record = self._current
         # A sampled step (or the one right after it) carries nndoctor's own instrumentation.
         instrumented = event.sampled or self.session.is_sampled(event.step - 2)
+        if self._step_at is None and len(self._records) < 4:
+            self._step_at = event.location  # the user's optimizer.step() (resolved for a few steps only)
         if self._last_end is not None and not instrumented and len(self._records) < self.MAX_RECORDS:
             record.step = event.step - 1
             record.seconds = now - self._last_end
@@ -148,29 +177,34 @@ class StepTimeOutliers(Check):
         if not slow:
             return
         slow.sort(key=lambda r: -r.seconds)
-        explained: list[str] = []
+        typical = TypicalStep.of(self._records)
+        explained: list[tuple[StepRecord, str]] = []
         unexplained = 0
         location = None
         for record in slow:
-            what, where = explain_step(record, median)
+            what, where = explain_step(record, median, typical)
             if where is None and what.startswith("nothing"):
                 unexplained += 1
                 continue
             location = location or where
-            if len(explained) < 5:
-                explained.append(f"step {record.step}: {record.seconds * 1000:.0f} ms ({what})")
+            explained.append((record, what))
         if not explained:
             return  # slow steps with no visible cause: machine noise as often as not
-        described = list(explained)
+        cost, timed, share = outlier_cost([record for record, _ in explained], median, self._records)
+        if share < self.MIN_SHARE:
+            return  # real but negligible: not worth the user's attention
+        described = [f"step {record.step}: {record.seconds * 1000:.0f} ms ({what})" for record, what in explained[:5]]
         if unexplained:
             described.append(f"{unexplained} more slow step(s) with nothing nndoctor observes (host code, I/O "
                              "or another process)")
         self.report(
             f"{len(slow)} of {len(self._records)} timed steps took more than median + 3σ "
-            f"({median * 1000:.1f} ms + 3 × {sigma * 1000:.1f} ms, and at least 2× the median): "
-            + "; ".join(described) + ".",
-            location=location or event.location,
+            f"({median * 1000:.1f} ms + 3 × {sigma * 1000:.1f} ms, and at least 2× the median); those with a "
+            f"visible cause cost {cost:.2f} s beyond the median step, {share:.0%} of the {timed:.2f} s the timed "
+            f"steps took: " + "; ".join(described) + ".",
+            location=location or self._step_at,
             evidence={"outliers": len(slow), "timed_steps": len(self._records), "median_ms": round(median * 1000, 3),
-                      "sigma_ms": round(sigma * 1000, 3), "slowest_steps": [r.step for r in slow[:10]]},
+                      "sigma_ms": round(sigma * 1000, 3), "cost_s": round(cost, 4), "share_of_timed": round(share, 4),
+                      "slowest_steps": [r.step for r in slow[:10]]},
             step=slow[0].step,
         )

@@ -12,6 +12,7 @@ nesting depth are capped (limits.py).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -29,8 +30,43 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+_SHOWN_DIGITS = 80
+_LOG10_2 = math.log10(2)
+
+
+def int_text(n: int) -> str:
+    """An int as text; one of more than 80 digits shortened to its first and last digits and its
+    length, computed without ``str(n)`` (which Python refuses beyond 4,300 digits, and which
+    would take quadratic time on a hostile file's million-digit integer)."""
+    if n.bit_length() <= 256:  # < 78 digits: str is exact and cheap
+        return str(n)
+    magnitude = -n if n < 0 else n
+    digits = int(magnitude.bit_length() * _LOG10_2) + 1
+    if magnitude < 10 ** (digits - 1):
+        digits -= 1
+    if digits <= _SHOWN_DIGITS:
+        return str(n)
+    lead = magnitude // 10 ** (digits - 8)
+    tail = magnitude % 10 ** 6
+    return f"{'-' if n < 0 else ''}{lead}…{tail:06d} (an int of {digits:,} digits)"
+
+
+def value_text(value: Any) -> str:
+    """``repr`` of a value read from a checkpoint, safe for any int (also inside a tuple key)."""
+    if isinstance(value, bool) or not isinstance(value, (int, tuple)):
+        try:
+            return repr(value)
+        except ValueError:  # an int subclass or a container holding a huge int
+            return f"<{type(value).__name__} not shown>"
+    if isinstance(value, int):
+        return int_text(value)
+    inner = ", ".join(value_text(v) for v in value[:8]) + (", …" if len(value) > 8 else "")
+    return f"({inner},)" if len(value) == 1 else f"({inner})"
+
+
 def _join(prefix: str, key: Any) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
+    text = key if isinstance(key, str) else value_text(key)
+    return f"{prefix}.{text}" if prefix else text
 
 
 def _is_optimizer_state(value: Any) -> bool:
@@ -83,7 +119,7 @@ def summarize(value: Any) -> str:
         hyper = ""
         if groups and isinstance(groups[0], Mapping):
             shown = {k: groups[0][k] for k in ("lr", "momentum", "betas", "weight_decay") if k in groups[0]}
-            hyper = " " + ", ".join(f"{k}={v}" for k, v in shown.items())
+            hyper = " " + ", ".join(f"{k}={value_text(v)}" for k, v in shown.items())
         return f"optimizer state: {len(groups)} param group(s), state for {n_state} parameter(s){hyper}"
     if isinstance(value, OpaqueObject):
         return f"{value.global_name} instance (class not loaded)"
@@ -91,7 +127,7 @@ def summarize(value: Any) -> str:
         info = TensorInfo.of(value)
         return f"tensor {info.shape_text()} {info.dtype}"
     if isinstance(value, (int, float, bool, str)) or value is None:
-        text = repr(value[:81] if isinstance(value, str) else value)
+        text = value_text(value[:81] if isinstance(value, str) else value)
         return text if len(text) <= 80 else text[:77] + "..."
     if isinstance(value, Mapping):
         return f"{type(value).__name__} with {len(value)} entries"

@@ -421,7 +421,8 @@ def _loss_tensors(crash: Crash) -> tuple[Any, Any, str] | None:
 
 
 def target_range_cause(low: int, high: int, classes: int, ignore_index: int | None = -100) -> tuple[str, str]:
-    """(cause, fix) for targets outside [0, classes) (pure)."""
+    """(cause, fix) for targets outside [0, classes) (pure). The cause completes "the model
+    outputs C classes (valid targets 0..C-1) but …": it does not repeat that clause."""
     if low >= 1 and high == classes:
         return (f"the labels run from {low} to {high}: they are 1-based, but class indices must be 0..{classes - 1}",
                 "subtract 1 from the labels (`y = y - 1`) where the dataset builds them")
@@ -429,7 +430,7 @@ def target_range_cause(low: int, high: int, classes: int, ignore_index: int | No
         return (f"the labels contain {low}; negative labels are only allowed as ignore_index "
                 f"(currently {ignore_index})",
                 f"pass ignore_index={low} to the loss if {low} marks padding, else fix the labels")
-    return (f"the model outputs {classes} classes but the labels go up to {high}",
+    return (f"the labels go up to {high}",
             f"give the output layer {high + 1} classes (out_features={high + 1}), or remap the labels to 0..{classes - 1}")
 
 

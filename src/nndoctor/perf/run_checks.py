@@ -13,6 +13,16 @@ from nndoctor.perf.detection import DATA_BOUND_FRACTION, dataparallel_severity, 
 from nndoctor.registry import Check, register
 
 
+def trains_on_accelerator(optimizer: Any) -> bool:
+    """Does the optimizer update parameters on a device other than the CPU (CUDA, MPS, XLA …)?"""
+    for group in getattr(optimizer, "param_groups", None) or ():
+        for param in group.get("params", ())[:64]:
+            device = getattr(param, "device", None)
+            if device is not None and getattr(device, "type", "cpu") not in ("cpu", "meta"):
+                return True
+    return False
+
+
 @register
 class LoaderConfig(Check):
     """
@@ -65,6 +75,8 @@ class LoaderConfig(Check):
         self._first_step_end: float | None = None
         self._last_step_end: float | None = None
         self._steps = 0
+        self._accelerated = False  # does a GPU (or another accelerator) train on these batches?
+        self._devices_checked = 0
 
     def on_epoch_start(self, event: Any) -> None:
         info = self._loaders.get(id(event.loader))
@@ -89,6 +101,9 @@ class LoaderConfig(Check):
             info.setdefault("waits", []).append((time.perf_counter(), event.wait_s))
 
     def on_step_end(self, event: Any) -> None:
+        if not self._accelerated and self._devices_checked < 3:
+            self._devices_checked += 1
+            self._accelerated = trains_on_accelerator(event.optimizer)
         now = time.perf_counter()
         if self._first_step_end is None:
             self._first_step_end = now
@@ -107,15 +122,31 @@ class LoaderConfig(Check):
             halves = share_in_halves(info.get("waits", []), self._first_step_end, self._last_step_end)
             severity = timing_severity(found["data_wait_fraction"], halves, DATA_BOUND_FRACTION)
             found["halves"] = [round(h, 4) for h in halves] if halves else None
+            found["accelerator"] = self._accelerated
+            waited = (f"the loop waited for this DataLoader(num_workers=0) during "
+                      f"{found['data_wait_fraction']:.0%} of the step time ({found['mean_wait_ms']:.1f} ms a "
+                      f"batch over {found['batches']} batches)")
+            if not self._accelerated:
+                # The model trains on the CPU: worker processes would compete with the step for the
+                # same cores, so whether they help is not known without measuring it.
+                found.pop("max_speedup", None)
+                self.report(
+                    f"{waited}. No accelerator waits for these batches (the model trains on the CPU): worker "
+                    f"processes would take cores from the training step itself, so they may make the run "
+                    f"faster or slower; nndoctor perf --try loader measures which, on this machine.",
+                    location=info["location"], evidence=found, severity=Severity.INFO, step=event.step,
+                    fix=("measure before changing it: nndoctor perf --try loader times num_workers 0, 2, 4 … on "
+                         "this machine; keep num_workers=0 where it is the fastest"),
+                )
+                continue
             borderline = ("" if severity == Severity.WARNING else
                           f" Reported as info: the share is not clear of the {DATA_BOUND_FRACTION:.0%} threshold "
                           f"in both halves of the run ({', '.join(f'{h:.0%}' for h in halves or ())}), so "
-                          "another run may measure less; nndoctor perf --try loader measures it.")
+                          "another run may measure less.")
             self.report(
-                f"the loop waited for this DataLoader(num_workers=0) during "
-                f"{found['data_wait_fraction']:.0%} of the step time ({found['mean_wait_ms']:.1f} ms a "
-                f"batch over {found['batches']} batches): loading in worker processes while the model "
-                f"trains could make steps up to {found['max_speedup']:.2f}× faster (Amdahl bound).{borderline}",
+                f"{waited}: loading in worker processes while the accelerator trains could make steps at most "
+                f"{found['max_speedup']:.2f}× faster (an Amdahl bound if loading overlapped the step entirely, "
+                f"not a measurement: nndoctor perf --try loader measures it).{borderline}",
                 location=info["location"], evidence=found, severity=severity, step=event.step,
             )
 
