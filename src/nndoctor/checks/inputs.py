@@ -31,7 +31,7 @@ from nndoctor.events import (
 from nndoctor.findings import Location, Severity
 from nndoctor.image_batches import image_layout, unnormalized_pixels  # noqa: F401 - D101's rule, shared with Keras
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
-from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor
+from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor, model_input_tensor
 from nndoctor.registry import Check, register
 from nndoctor.user_code import user_frame
 
@@ -221,10 +221,8 @@ def _model_input(check: Check, event: Forward) -> TensorStats | None:
     """Statistics of the first tensor given to a model (sampled steps, not loss modules)."""
     if not event.sampled or event.is_loss:
         return None
-    tensor = first_plain_tensor(event.inputs)
-    if tensor is None:  # model(**batch): Hugging Face Trainer and accelerate loops call this way
-        tensor = first_plain_tensor(event.kwargs)
-    return cached_stats(event, "input0", tensor)
+    # model(**batch): Hugging Face Trainer and accelerate loops call with keywords only
+    return cached_stats(event, "input0", model_input_tensor(event.inputs, event.kwargs))
 
 
 def _model_name(event: Forward) -> str:
@@ -368,7 +366,8 @@ class NormalizationScaleMismatch(Check):
             spread = ", ".join(f"{m:.3g}±{s:.2g}" for m, s in zip(means or (), stds or ()))
             what = (f"every value lies in [{stats.min:.4g}, {stats.max:.4g}] and each channel is squeezed into a "
                     f"narrow band (mean±std per channel: {spread}): 0–255 mean/std were applied to 0–1 pixels, "
-                    "which erases the contrast")
+                    "or 0–1 pixels were divided by 255 a second time (ToTensor() and then an image processor "
+                    "with do_rescale=True); either way the contrast is erased")
         self.report(
             f"{_model_name(event)} input {list(stats.shape)}: {what}.",
             location=event.location,
@@ -579,7 +578,7 @@ class ChannelsLastInput(Check):
         if event.is_loss:
             return
         first = self._first.take(event.module)
-        tensor = first_plain_tensor(event.inputs)
+        tensor = model_input_tensor(event.inputs, event.kwargs)
         if first is None or tensor is None:
             return
         shape = tuple(tensor.shape)
@@ -884,7 +883,7 @@ class ConstantInput(Check):
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
-        tensor = first_plain_tensor(event.inputs)
+        tensor = model_input_tensor(event.inputs, event.kwargs)
         if tensor is None or not tensor.is_floating_point() or tensor.dim() < 2 or tensor.shape[0] < 1:
             return
         summary = sample_summary(event, "input0", tensor)
@@ -971,7 +970,7 @@ class TrainEvalOverlap(Check):
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
-        tensor = first_plain_tensor(event.inputs)
+        tensor = model_input_tensor(event.inputs, event.kwargs)
         if tensor is None or not tensor.is_floating_point() or tensor.dim() < 2:
             return
         training = event.grad_enabled and not event.inference_mode
