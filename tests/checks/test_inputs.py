@@ -144,3 +144,31 @@ def test_sample_summary_constant_samples_and_fingerprints():
 
 def test_sample_summary_rejects_non_float():
     assert summarize_samples(torch.zeros(4, 3, dtype=torch.long)) is None
+
+
+def _unit_stats_match(x):
+    low, high = x.amin(dim=(0, 2, 3)).tolist(), x.amax(dim=(0, 2, 3)).tolist()
+    return d.unit_stats_on_255_pixels(low, high, d.backmapped_integer_offsets(x, "nchw"), float(x.max()))
+
+
+def test_unit_stats_on_255_pixels_names_the_constants_it_matches():
+    torch.manual_seed(0)
+    no_black = torch.randint(16, 236, (8, 3, 16, 16)).float()  # all values positive after (x - m) / s
+    found = _unit_stats_match((no_black - IMAGENET_MEAN) / IMAGENET_STD)
+    assert found.name == "ImageNet" and found.integral and 200 < found.pixel_max <= 235.5
+    clip_mean = torch.tensor(d.UNIT_SCALE_STATISTICS[1][1]).view(1, 3, 1, 1)
+    clip_std = torch.tensor(d.UNIT_SCALE_STATISTICS[1][2]).view(1, 3, 1, 1)
+    assert _unit_stats_match((no_black - clip_mean) / clip_std).name == "CLIP"
+    # resampled (non-integer) pixels: accepted on the range alone, above 255 only
+    smooth = torch.nn.functional.interpolate(no_black, scale_factor=1.5, mode="bilinear")
+    found = _unit_stats_match((smooth - IMAGENET_MEAN) / IMAGENET_STD)
+    assert found is not None and not found.integral
+
+
+def test_unit_stats_on_255_pixels_leaves_raw_and_correct_inputs_alone():
+    torch.manual_seed(0)
+    pixels = torch.randint(0, 256, (8, 3, 16, 16)).float()
+    assert _unit_stats_match(pixels) is None  # raw 0..255: D101's
+    assert _unit_stats_match(torch.randint(0, 4096, (8, 3, 16, 16)).float()) is None  # 12-bit sensor data
+    assert _unit_stats_match((pixels / 255 - IMAGENET_MEAN) / IMAGENET_STD) is None  # correct
+    assert _unit_stats_match(pixels * 0.8 + 10.3) is None  # fractional values within 0..255

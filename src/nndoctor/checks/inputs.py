@@ -65,6 +65,93 @@ def normalization_mismatch(minimum: float, maximum: float, channel_means: Sequen
     return None
 
 
+# Per-channel mean/std on the 0–1 scale that image pipelines apply: (name, mean, std).
+UNIT_SCALE_STATISTICS = (
+    ("ImageNet", IMAGENET_MEAN, IMAGENET_STD),
+    ("CLIP", (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+    ("0.5", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+)
+# Back-mapped pixels may overshoot 0–255 by float rounding; beyond this they are not pixels.
+_PIXEL_SLACK = 0.5
+
+
+@dataclass(frozen=True)
+class UnitStatsOn255:
+    """D102's exact form: per channel c the input is ``(x - mean[c]) / std[c]`` with ``x`` in 0–255."""
+
+    name: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    pixel_max: float  # the largest pixel value the input maps back to
+    integral: bool  # the values map back to whole numbers: 8-bit pixels, exactly
+
+
+def unit_stats_on_255_pixels(channel_min: Sequence[float], channel_max: Sequence[float],
+                             offsets: Sequence[float], input_max: float) -> UnitStatsOn255 | None:
+    """D102: which 0–1 mean/std turn 0–255 pixels into this input, or None.
+
+    Every channel's range, mapped back with ``x = v * std + mean``, must lie within 0–255 and
+    reach beyond 25 somewhere (0–1 pixels map back below 1.1). ``offsets`` are the mean
+    distances of the back-mapped values to the nearest integer, per candidate (same order as
+    ``UNIT_SCALE_STATISTICS``). A candidate is accepted when its values map back to whole
+    numbers (8-bit pixels, exactly), or, for resampled images whose values are no longer
+    whole, when the input exceeds 255 (it cannot be raw 8-bit pixels) and maps back to pixels
+    reaching the upper half of 0–255. Raw 0–255 pixels also fit a range (their back-mapped
+    maximum is 59 for ImageNet) but map back to fractions: they stay D101's.
+    """
+    fits = []
+    for index, (name, mean, std) in enumerate(UNIT_SCALE_STATISTICS):
+        if len(channel_min) != len(mean) or len(channel_max) != len(mean) or index >= len(offsets):
+            continue
+        low = [v * s + m for v, s, m in zip(channel_min, std, mean)]
+        high = [v * s + m for v, s, m in zip(channel_max, std, mean)]
+        if min(low) < -_PIXEL_SLACK or max(high) > 255 + _PIXEL_SLACK or max(high) <= 25:
+            continue
+        integral = offsets[index] < 0.01
+        if integral or (input_max > 255 + _PIXEL_SLACK and max(high) > 128):
+            fits.append(UnitStatsOn255(name, tuple(mean), tuple(std), max(high), integral))
+    if not fits:
+        return None
+    return next((f for f in fits if f.integral), fits[0])
+
+
+def backmapped_integer_offsets(x: torch.Tensor, layout: str, count: int = 3072) -> list[float]:
+    """For each candidate of ``UNIT_SCALE_STATISTICS``: the mean distance to the nearest integer
+    of up to ``count`` evenly spaced input values mapped back to pixels (one small host copy)."""
+    with torch.no_grad():
+        channels = x.detach().movedim(1 if layout == "nchw" else -1, 0).reshape(3, -1).float()
+        picked = channels[:, torch.linspace(0, channels.shape[1] - 1, min(count // 3, channels.shape[1]),
+                                            device=channels.device).long()].cpu().double()
+    offsets = []
+    for _, mean, std in UNIT_SCALE_STATISTICS:
+        pixels = picked * torch.tensor(std, dtype=torch.float64)[:, None] + torch.tensor(mean, dtype=torch.float64)[:, None]
+        offsets.append(float((pixels - pixels.round()).abs().mean()))
+    return offsets
+
+
+def unit_stats_signature(event: Any, stats: TensorStats) -> UnitStatsOn255 | None:
+    """``unit_stats_on_255_pixels`` of a Forward event's input, once per event (D101 and D102
+    both ask). Reads the tensor only when the whole-batch range allows it (a 3-channel image
+    batch with values above 25 and none below about -2.2): per-channel min/max and a sample."""
+    key = "d102:unit-stats-on-255"
+    if key in event.cache:
+        return event.cache[key]
+    found = None
+    layout = image_layout(stats.shape)
+    channels = stats.shape[1] if layout == "nchw" else stats.shape[-1] if layout else 0
+    if layout and channels == 3 and stats.is_floating and stats.finite and stats.max > 25 and stats.min >= -2.2:
+        x = model_input_tensor(event.inputs, event.kwargs)
+        if x is not None and tuple(x.shape) == tuple(stats.shape):
+            dims = (0, 2, 3) if layout == "nchw" else (0, 1, 2)
+            with torch.no_grad():
+                low, high = x.detach().float().amin(dim=dims), x.detach().float().amax(dim=dims)
+                bounds = torch.cat([low, high]).cpu().tolist()
+            found = unit_stats_on_255_pixels(bounds[:3], bounds[3:], backmapped_integer_offsets(x, layout),
+                                              stats.max)
+    event.cache[key] = found
+    return found
+
+
 def unit_rgb_means(channel_means: Sequence[float], minimum: float, maximum: float) -> tuple[float, float, float] | None:
     """Per-channel means of a 3-channel batch mapped back to the 0–1 pixel scale.
 
@@ -294,6 +381,8 @@ class UnnormalizedInput(Check):
         # What the first learned layer saw decides: the model may scale its input itself.
         if problem is None or first.stats.max <= 25:
             return
+        if stats.is_floating and unit_stats_signature(event, stats) is not None:
+            return  # normalised, with 0–1 statistics on 0–255 pixels: D102 names it
         self.report(
             f"{_model_name(event)} receives {problem}: input {stats.describe()}; its first layer "
             f"{first.qualname} ({first.layer_type}) sees values up to {first.stats.max:.4g} "
@@ -317,7 +406,16 @@ class NormalizationScaleMismatch(Check):
       stays just below zero (above -5) while the maximum exceeds 50 (it reaches ~1100);
     * 0–255 statistics on 0–1 pixels, `(x - 123.7) / 58.4` with `x` up to 1: the whole batch
       is negative and squeezed into a band narrower than 5% of its magnitude (~0.017 wide
-      around -2).
+      around -2). Pixels divided by 255 twice (`ToTensor()`, then an image processor with
+      `do_rescale=True`) and normalised with mean = std = 0.5 give the same signature: all
+      values in [-1, -0.992].
+
+    The first signature is also matched exactly, channel by channel: when the input is
+    `(x - mean[c]) / std[c]` of pixels `x` in 0–255 for the ImageNet, CLIP or 0.5 statistics
+    (each channel's range maps back into 0–255, and the values map back to whole pixel
+    values, or exceed 255 so they cannot be raw pixels), D102 names the constants, even when
+    no pixel is black and every value is positive (about [69, 1000]); D101 then stays silent.
+    Inputs given as keyword arguments (`model(pixel_values=...)`) are read too.
 
     ## Why is this bad?
     Mean/std come in two scales — small (0–1, torchvision) or large
@@ -341,13 +439,15 @@ class NormalizationScaleMismatch(Check):
 
     ## References
     - torchvision `Normalize` (expects tensors in [0, 1] after `ToTensor`): https://pytorch.org/vision/stable/generated/torchvision.transforms.Normalize.html
+    - Hugging Face, `ViTImageProcessor` (`do_rescale`, `rescale_factor=1/255`): https://huggingface.co/docs/transformers/model_doc/vit#transformers.ViTImageProcessor
     """
 
     code = "D102"
     name = "normalization-scale-mismatch"
     severity = Severity.ERROR
     summary = "normalized inputs far outside unit scale: 0–1 mean/std on 0–255 pixels, or the reverse"
-    fix = "use mean/std on the same scale as the pixels: x/255 with 0–1 statistics, or 0–255 pixels with 0–255 statistics"
+    fix = ("use mean/std on the same scale as the pixels: x/255 with 0–1 statistics, or 0–255 pixels with 0–255 "
+           "statistics; rescale once (an image processor after ToTensor() needs do_rescale=False)")
 
     def on_forward(self, event: Forward) -> None:
         stats = _model_input(self, event)
@@ -357,9 +457,23 @@ class NormalizationScaleMismatch(Check):
         means, stds = ((stats.channel_mean_dim1, stats.channel_std_dim1) if layout == "nchw"
                        else (stats.channel_mean_last, stats.channel_std_last))
         kind = normalization_mismatch(stats.min, stats.max, means or (), stds or ())
+        exact = unit_stats_signature(event, stats)
+        if kind is None and exact is not None:
+            kind = "unit-stats-on-255-pixels"
         if kind is None:
             return
-        if kind == "unit-stats-on-255-pixels":
+        extra: dict[str, Any] = {}
+        if kind == "unit-stats-on-255-pixels" and exact is not None:
+            constants = (f"mean ({', '.join(f'{m:g}' for m in exact.mean)}) and std "
+                         f"({', '.join(f'{v:g}' for v in exact.std)})")
+            how = ("every sampled value maps back to a whole pixel value" if exact.integral
+                   else "every channel's range maps back into 0–255")
+            what = (f"values span [{stats.min:.4g}, {stats.max:.4g}] (mean {stats.mean:.4g}): per channel they are "
+                    f"(x − mean) / std of 0–255 pixels x with the {exact.name} {constants} ({how}, up to "
+                    f"{exact.pixel_max:.0f}): 0–1 mean/std were applied to 0–255 pixels")
+            extra = {"matched_statistics": exact.name, "matched_mean": list(exact.mean), "matched_std": list(exact.std),
+                     "integer_pixels": exact.integral}
+        elif kind == "unit-stats-on-255-pixels":
             what = (f"values reach {stats.max:.4g} while the minimum is {stats.min:.3g} (just below 0): "
                     "0–1 mean/std were applied to 0–255 pixels")
         else:
@@ -372,7 +486,7 @@ class NormalizationScaleMismatch(Check):
             f"{_model_name(event)} input {list(stats.shape)}: {what}.",
             location=event.location,
             evidence={"kind": kind, "min": stats.min, "max": stats.max, "mean": stats.mean, "std": stats.std,
-                      "channel_means": list(means or ()), "channel_stds": list(stds or ())},
+                      "channel_means": list(means or ()), "channel_stds": list(stds or ()), **extra},
             step=event.step,
         )
 
