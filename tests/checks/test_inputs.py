@@ -172,3 +172,31 @@ def test_unit_stats_on_255_pixels_leaves_raw_and_correct_inputs_alone():
     assert _unit_stats_match(torch.randint(0, 4096, (8, 3, 16, 16)).float()) is None  # 12-bit sensor data
     assert _unit_stats_match((pixels / 255 - IMAGENET_MEAN) / IMAGENET_STD) is None  # correct
     assert _unit_stats_match(pixels * 0.8 + 10.3) is None  # fractional values within 0..255
+
+
+def test_label_order_judges_the_whole_run_in_constant_memory():
+    sorted_run = d.LabelOrder()
+    for label in (0, 1):
+        for _ in range(300):
+            sorted_run.add((label, 1.0, 16))
+            if label == 0:
+                assert sorted_run.evidence() is None  # one label so far: could be imbalance
+    assert sorted_run.evidence() == (600, 2) and sorted_run.longest == (0, 300)
+    assert len(sorted_run.first) == 8 and len(sorted_run.last) == 8
+    # Shuffled, heavily imbalanced (97% / 3%): mostly single-class batches, all of the same label.
+    generator = torch.Generator().manual_seed(0)
+    imbalanced = d.LabelOrder()
+    for _ in range(2000):
+        batch = (torch.rand(16, generator=generator) < 0.03).long()
+        imbalanced.add(d.batch_label_summary(batch))
+    assert imbalanced.single > 0.6 * imbalanced.usable and imbalanced.evidence() is None
+    # Shuffled balanced classes: single-class batches are rare.
+    balanced = d.LabelOrder()
+    for _ in range(2000):
+        balanced.add(d.batch_label_summary(torch.randint(0, 2, (8,), generator=generator)))
+    assert balanced.evidence() is None
+
+
+def test_batch_label_summary_skips_negative_labels():
+    assert d.batch_label_summary(torch.tensor([3, 3, 3, -100])) == (3, 1.0, 3)
+    assert d.batch_label_summary(torch.tensor([10**9, 10**9, 2, 10**9])) == (10**9, 0.75, 4)

@@ -8,7 +8,7 @@ the loss call, labels at ``BatchFetched``; all statistics come from sampled step
 from __future__ import annotations
 
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -231,6 +231,60 @@ def unshuffled_evidence(batches: Sequence[tuple[int, float, int]]) -> tuple[int,
     if len(single) >= 0.75 * len(usable) and distinct >= 2:
         return len(single), distinct
     return None
+
+
+def batch_label_summary(labels: torch.Tensor) -> tuple[int, float, int]:
+    """(dominant label, its share, batch size) of a batch's class labels (one bincount)."""
+    with torch.no_grad():
+        values = labels.detach().reshape(-1)
+        values = values[values >= 0]  # ignore_index and other negative markers
+        if not values.numel():
+            return (-1, 0.0, 0)
+        top = values.mode().values  # no array sized by the largest label (ids can be huge)
+        return (int(top), float((values == top).sum()) / values.numel(), int(values.numel()))
+
+
+class LabelOrder:
+    """D105's running tally over every training batch of one loader, in constant memory:
+    usable batches, single-class batches per dominant label (at most ``_MAX_LABELS`` labels),
+    and the first and last few batch summaries for the evidence."""
+
+    _MAX_LABELS = 1024
+    _KEPT = 8
+
+    def __init__(self) -> None:
+        self.usable = 0
+        self.single = 0
+        self.dominant: dict[int, int] = {}
+        self.first: list[tuple[int, float, int]] = []
+        self.last: deque[tuple[int, float, int]] = deque(maxlen=self._KEPT)
+        self._run: tuple[int, int] = (-1, 0)  # (label, length) of the current single-class run
+        self.longest: tuple[int, int] = (-1, 0)
+
+    def add(self, summary: tuple[int, float, int]) -> None:
+        label, share, size = summary
+        if size < UNSHUFFLED_MIN_BATCH_SIZE:
+            return
+        self.usable += 1
+        if share >= DOMINANT_SHARE:
+            self.single += 1
+            if label in self.dominant or len(self.dominant) < self._MAX_LABELS:
+                self.dominant[label] = self.dominant.get(label, 0) + 1
+            self._run = (label, self._run[1] + 1 if self._run[0] == label else 1)
+            if self._run[1] > self.longest[1]:
+                self.longest = self._run
+        else:
+            self._run = (-1, 0)
+        (self.first if len(self.first) < self._KEPT else self.last).append(summary)
+
+    def evidence(self) -> tuple[int, int] | None:
+        """(single-class batches, distinct dominant labels) under ``unshuffled_evidence``'s rule,
+        over every batch seen so far (not a fixed prefix: a first class block may span hundreds)."""
+        if self.usable < UNSHUFFLED_MIN_BATCHES:
+            return None
+        if self.single >= 0.75 * self.usable and len(self.dominant) >= 2:
+            return self.single, len(self.dominant)
+        return None
 
 
 def chance_of_single_class_batch(classes: int, batch_size: int) -> float:
@@ -718,6 +772,13 @@ class UnshuffledTrainingData(Check):
     (one label holds ≥ 90% of the batch) *and* those batches are dominated by at least two
     different labels, the data arrives sorted by class.
 
+    The tally runs over every training batch of the run, not a fixed prefix, in constant
+    memory (counts, and the first and last 8 batch summaries): a first class that spans
+    hundreds of batches (IMDB sorted by label: about 390 batches of 32) is reported at the
+    first batch of the second class. Labels still on the CPU are read on every batch (one
+    `mode` over the batch, no device synchronisation); labels already on an accelerator
+    only on sampled steps.
+
     With C balanced classes a shuffled batch of B samples is single-class with probability
     C·(1/C)^B (0.8% for C=2, B=8; far less for more classes), so three such batches out of
     four do not happen by chance. A heavily imbalanced dataset produces single-class
@@ -763,25 +824,24 @@ class UnshuffledTrainingData(Check):
     summary = "training batches arrive in label order (each batch dominated by one class)"
     fix = "shuffle the training data: DataLoader(..., shuffle=True) or a random sampler"
 
-    _MAX_BATCHES = 32
-
     def __init__(self, session) -> None:
         super().__init__(session)
         self._pending: tuple[weakref.ref, tuple[int, float, int], Any] | None = None
-        self._batches: dict[int, list[tuple[int, float, int]]] = {}
+        self._orders: dict[int, LabelOrder] = {}
         self._locations: dict[int, Any] = {}
         self._reported: set[int] = set()
 
     def on_batch(self, event: BatchFetched) -> None:
         self._pending = None
-        if not event.sampled or event.loader is None or id(event.loader) in self._reported:
+        if event.loader is None or id(event.loader) in self._reported:
             return
         labels = label_tensor(event.batch)
-        if labels is None:
+        # Labels still on the CPU (the loader's own output) are read on every batch: a class block
+        # longer than the first window of sampled steps is seen wherever the run stops. Labels
+        # already on an accelerator are read on sampled steps only (reading them synchronises).
+        if labels is None or (labels.device.type != "cpu" and not event.sampled):
             return
-        values = labels.detach().cpu().tolist()
-        label, share = dominant_fraction(values)
-        self._pending = (weakref.ref(event.loader), (label, share, len(values)), event.location)
+        self._pending = (weakref.ref(event.loader), batch_label_summary(labels), event.location)
 
     def on_backward(self, event: Backward) -> None:
         pending, self._pending = self._pending, None
@@ -792,28 +852,32 @@ class UnshuffledTrainingData(Check):
         if loader is None:
             return
         key = id(loader)
-        batches = self._batches.setdefault(key, [])
-        if len(batches) >= self._MAX_BATCHES:
+        if key in self._reported:
             return
-        batches.append(summary)
+        order = self._orders.setdefault(key, LabelOrder())
+        order.add(summary)
         self._locations.setdefault(key, location)
-        found = unshuffled_evidence(batches)
-        if found is None or key in self._reported:
+        found = order.evidence()
+        if found is None:
             return
         self._reported.add(key)
         single, distinct = found
         sampler = type(getattr(loader, "sampler", None)).__name__
         self.report(
-            f"{single} of {len(batches)} training batches from this DataLoader are single-class "
+            f"{single} of {order.usable} training batches from this DataLoader are single-class "
             f"(one label ≥ {DOMINANT_SHARE:.0%} of the batch), dominated by {distinct} different labels in "
-            f"turn (sampler: {sampler}): the training data arrives sorted by class. Shuffled balanced "
+            f"turn (sampler: {sampler}; the longest run: {order.longest[1]} consecutive batches of label "
+            f"{order.longest[0]}): the training data arrives sorted by class. Shuffled balanced "
             "data gives such batches with probability "
             f"≤ {chance_of_single_class_batch(max(distinct, 2), UNSHUFFLED_MIN_BATCH_SIZE):.1%} each.",
             location=self._locations.get(key),
-            evidence={"single_class_batches": single, "batches": len(batches), "dominant_labels": distinct,
-                      "sampler": sampler, "batch_summaries": [list(b) for b in batches]},
+            evidence={"single_class_batches": single, "batches": order.usable, "dominant_labels": distinct,
+                      "sampler": sampler, "longest_run": {"label": order.longest[0], "batches": order.longest[1]},
+                      "first_batches": [list(b) for b in order.first],
+                      "last_batches": [list(b) for b in order.last]},
             step=event.step,
         )
+        del self._orders[key]
 
 
 @register
