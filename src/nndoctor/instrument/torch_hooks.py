@@ -125,7 +125,10 @@ class Installation:
             self._in_loss += 1
         return None
 
-    def _forward_post(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    def _forward_post(self, module: Any, args: tuple, *rest: Any) -> None:
+        # Registered with_kwargs: (kwargs, output). But when forward raises, torch calls the
+        # always_call hooks of its exception path without the kwargs: (output,) only.
+        kwargs, output = rest if len(rest) == 2 else (None, rest[0])
         session = self.session
         if not session.active or _compiling():
             return None
@@ -161,7 +164,8 @@ class Installation:
             session.internal_error("forward hook", error)
         return None
 
-    def _root_forward(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any, is_loss: bool) -> None:
+    def _root_forward(self, module: Any, args: tuple, kwargs: dict[str, Any] | None, output: Any,
+                      is_loss: bool) -> None:
         session = self.session
         grad_enabled = torch.is_grad_enabled()
         if not is_loss and grad_enabled:
