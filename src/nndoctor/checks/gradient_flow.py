@@ -8,7 +8,13 @@ from typing import Any
 
 import torch
 
-from nndoctor.checks._params import grad_slice, has_any_grad, optimizer_params, spread_sample, value_slice
+from nndoctor.checks._params import (
+    grad_slice,
+    has_any_grad,
+    optimizer_params,
+    spread_sample,
+    value_slice,
+)
 from nndoctor.events import Backward, LossComputed, ManualStep, StepEnd, StepStart, ZeroGrad
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register

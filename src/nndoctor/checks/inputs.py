@@ -31,7 +31,12 @@ from nndoctor.events import (
 from nndoctor.findings import Location, Severity
 from nndoctor.image_batches import image_layout, unnormalized_pixels  # noqa: F401 - D101's rule, shared with Keras
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
-from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor, model_input_tensor
+from nndoctor.instrument.stats import (
+    TensorStats,
+    cached_stats,
+    first_plain_tensor,
+    model_input_tensor,
+)
 from nndoctor.registry import Check, register
 from nndoctor.user_code import user_frame
 
