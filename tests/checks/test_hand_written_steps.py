@@ -86,3 +86,16 @@ def test_o101_skips_an_embedding_padding_row_but_not_a_cleared_gradient(tmp_path
     assert run_script(script, select=["O101"]).by_code("O101")
     script.write_text(textwrap.dedent(source.format(clear="optimizer.zero_grad(set_to_none=False)")))
     assert not run_script(script, select=["O101"]).findings
+
+
+def test_o102_in_a_hand_written_loop_needs_the_clear_between_backward_and_update(tmp_path):
+    script = tmp_path / "loop.py"
+    # zero_grad(set_to_none=False) before the forward: correct, whatever the update writes
+    script.write_text(textwrap.dedent(_LOOP.format(lr=0.01, before="model.zero_grad(set_to_none=False)",
+                                                   after="pass")))
+    report = run_script(script, select=["O102"])
+    assert not report.findings and not report.internal_errors
+    # the same call between backward() and the update: the update applies zeros
+    buggy = _LOOP.replace("    loss.backward()\n", "    loss.backward()\n    model.zero_grad(set_to_none=False)\n")
+    script.write_text(textwrap.dedent(buggy.format(lr=0.01, before="pass", after="pass")))
+    assert run_script(script, select=["O102"]).by_code("O102")

@@ -246,6 +246,13 @@ class ZeroGradBeforeStep(Check):
     optimizer.step()
     ```
 
+    In a loop without an optimizer the step is the hand-written update: when
+    ``model.zero_grad(set_to_none=False)`` runs after ``backward()`` and the update then
+    writes the parameters (``p -= lr * p.grad`` under ``no_grad``: their version counters
+    move) while every gradient is zero, the update applied nothing. (With the default
+    ``set_to_none=True`` such an update fails on ``p.grad`` being None instead; a ``p.data``
+    update keeps the version counters and is not seen.)
+
     ## References
     - PyTorch docs, "Taking an optimization step": https://pytorch.org/docs/stable/optim.html
     """
@@ -255,6 +262,44 @@ class ZeroGradBeforeStep(Check):
     severity = Severity.ERROR
     summary = "gradients cleared between backward() and step(): the step applies nothing"
     fix = "call zero_grad() before loss.backward(), not between backward() and step()"
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        # Loops without an optimizer, per model (by id): at its last zero_grad(), the backward()
+        # count and the version counters of a sample of its parameters.
+        self._cleared: dict[int, tuple[weakref.ref, int, list[tuple[weakref.ref, int]]]] = {}
+
+    def on_zero_grad(self, event: ZeroGrad) -> None:
+        owner = event.owner
+        if isinstance(owner, torch.optim.Optimizer) or len(self.session.state.optimizers) or event.set_to_none:
+            return
+        params = [p for p in owner.parameters() if p.requires_grad]
+        self._cleared[id(owner)] = (weakref.ref(owner), self.session.state.backwards_since_step,
+                                    [(weakref.ref(p), p._version) for p in spread_sample(params)])
+
+    def on_manual_step(self, event: ManualStep) -> None:
+        module = event.module
+        record = self._cleared.pop(id(module), None)
+        if record is None or record[0]() is not module:
+            return
+        _, backwards, versions = record
+        # No backward() since that zero_grad() (so it came after the step's backward), and the
+        # parameters were written after it: the update ran on the cleared gradients.
+        if backwards != self.session.state.backwards_since_step or not event.sampled:
+            return
+        if not any((p := ref()) is not None and p._version != version for ref, version in versions):
+            return
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        if not grads or any(bool(g.any()) for g in spread_sample(grads)):
+            return
+        self.report(
+            f"{type(module).__name__}.zero_grad(set_to_none=False) ran after backward() and before the "
+            "hand-written update of its parameters, which then applied all-zero gradients: the update "
+            "changes nothing.",
+            location=event.location,
+            evidence={"update": "manual", "parameters_with_zero_gradients": len(grads)},
+            step=event.step,
+        )
 
     def on_step_start(self, event: StepStart) -> None:
         if event.has_closure or event.backwards_since_step == 0 or event.zero_grads_since_backward == 0:
