@@ -287,7 +287,7 @@ class ZeroGradBeforeStep(Check):
         # parameters were written after it: the update ran on the cleared gradients.
         if backwards != self.session.state.backwards_since_step or not event.sampled:
             return
-        if not any((p := ref()) is not None and p._version != version for ref, version in versions):
+        if not any((param := ref()) is not None and param._version != version for ref, version in versions):
             return
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         if not grads or any(bool(g.any()) for g in spread_sample(grads)):
