@@ -278,9 +278,9 @@ class ZeroGradBeforeStep(Check):
                                     [(weakref.ref(p), p._version) for p in spread_sample(params)])
 
     def on_manual_step(self, event: ManualStep) -> None:
-        module = event.module
-        record = self._cleared.pop(id(module), None)
-        if record is None or record[0]() is not module:
+        record = self._cleared.pop(id(event.module), None)
+        module = record[0]() if record is not None else None
+        if record is None or module is None or module is not event.module:
             return
         _, backwards, versions = record
         # No backward() since that zero_grad() (so it came after the step's backward), and the
