@@ -67,6 +67,8 @@ def test_unit_rgb_means_inverts_each_scale():
     standardised = tuple((v - m) / s for v, m, s in zip(rgb, d.IMAGENET_MEAN, d.IMAGENET_STD))
     assert d.unit_rgb_means(standardised, -2.0, 2.5) == pytest.approx(rgb)
     assert d.unit_rgb_means((0.1, 0.2), 0, 1) is None
+    # 0–1 statistics on 0–255 pixels (D102's): on no known scale, no colour reading (no D103)
+    assert d.unit_rgb_means((557.5, 566.2, 558.3), -2.118, 1136.0) is None
 
 
 def test_channel_order_decision_needs_enough_batches_and_a_clear_mean():

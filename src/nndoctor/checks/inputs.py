@@ -157,6 +157,10 @@ def unit_stats_signature(event: Any, stats: TensorStats) -> UnitStatsOn255 | Non
     return found
 
 
+# ImageNet-standardised pixels stay within about [-2.12, 2.64]; beyond ±5 an input is not that.
+_STANDARDISED_LIMIT = 5.0
+
+
 def unit_rgb_means(channel_means: Sequence[float], minimum: float, maximum: float) -> tuple[float, float, float] | None:
     """Per-channel means of a 3-channel batch mapped back to the 0–1 pixel scale.
 
@@ -172,6 +176,8 @@ def unit_rgb_means(channel_means: Sequence[float], minimum: float, maximum: floa
         return tuple(m / 255.0 for m in channel_means)  # type: ignore[return-value]
     if minimum >= -1.0 - 1e-6 and maximum <= 1.0 + 1e-6:
         return tuple((m + 1.0) / 2.0 for m in channel_means)  # type: ignore[return-value]
+    if minimum < -_STANDARDISED_LIMIT or maximum > _STANDARDISED_LIMIT:
+        return None  # on no scale this knows (0–1 statistics on 0–255 pixels: D102's)
     return tuple(m * s + mu for m, s, mu in zip(channel_means, IMAGENET_STD, IMAGENET_MEAN))  # type: ignore[return-value]
 
 
