@@ -158,6 +158,22 @@ class StepEnd(Event):
 
 
 @dataclass(eq=False)
+class ManualStep(Event):
+    """A loop without torch.optim updated ``module``'s parameters by hand (``p -= lr * p.grad``
+    under ``no_grad``, ``p.data.add_(-lr * p.grad)``): the step boundary of such a loop.
+
+    Recognised at the next top-level forward with gradients after a ``backward()``
+    (``instrument/manual_steps.py``): the update has already run, no backward since, and
+    ``step`` already counts it. The parameters' ``_version`` counters and values tell a
+    check whether this transition really wrote them (a later gradient-only pass, such as a
+    saliency map, also goes forward after backward).
+    """
+
+    kind: ClassVar[str] = "manual_step"
+    module: Any = None
+
+
+@dataclass(eq=False)
 class ZeroGrad(Event):
     """``optimizer.zero_grad()`` or ``module.zero_grad()``."""
 
@@ -260,6 +276,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     BackwardDone,
     StepStart,
     StepEnd,
+    ManualStep,
     ZeroGrad,
     EpochStart,
     BatchFetched,

@@ -67,6 +67,8 @@ def test_unit_rgb_means_inverts_each_scale():
     standardised = tuple((v - m) / s for v, m, s in zip(rgb, d.IMAGENET_MEAN, d.IMAGENET_STD))
     assert d.unit_rgb_means(standardised, -2.0, 2.5) == pytest.approx(rgb)
     assert d.unit_rgb_means((0.1, 0.2), 0, 1) is None
+    # 0–1 statistics on 0–255 pixels (D102's): on no known scale, no colour reading (no D103)
+    assert d.unit_rgb_means((557.5, 566.2, 558.3), -2.118, 1136.0) is None
 
 
 def test_channel_order_decision_needs_enough_batches_and_a_clear_mean():
@@ -144,3 +146,59 @@ def test_sample_summary_constant_samples_and_fingerprints():
 
 def test_sample_summary_rejects_non_float():
     assert summarize_samples(torch.zeros(4, 3, dtype=torch.long)) is None
+
+
+def _unit_stats_match(x):
+    low, high = x.amin(dim=(0, 2, 3)).tolist(), x.amax(dim=(0, 2, 3)).tolist()
+    return d.unit_stats_on_255_pixels(low, high, d.backmapped_integer_offsets(x, "nchw"), float(x.max()))
+
+
+def test_unit_stats_on_255_pixels_names_the_constants_it_matches():
+    torch.manual_seed(0)
+    no_black = torch.randint(16, 236, (8, 3, 16, 16)).float()  # all values positive after (x - m) / s
+    found = _unit_stats_match((no_black - IMAGENET_MEAN) / IMAGENET_STD)
+    assert found.name == "ImageNet" and found.integral and 200 < found.pixel_max <= 235.5
+    clip_mean = torch.tensor(d.UNIT_SCALE_STATISTICS[1][1]).view(1, 3, 1, 1)
+    clip_std = torch.tensor(d.UNIT_SCALE_STATISTICS[1][2]).view(1, 3, 1, 1)
+    assert _unit_stats_match((no_black - clip_mean) / clip_std).name == "CLIP"
+    # resampled (non-integer) pixels: accepted on the range alone, above 255 only
+    smooth = torch.nn.functional.interpolate(no_black, scale_factor=1.5, mode="bilinear")
+    found = _unit_stats_match((smooth - IMAGENET_MEAN) / IMAGENET_STD)
+    assert found is not None and not found.integral
+
+
+def test_unit_stats_on_255_pixels_leaves_raw_and_correct_inputs_alone():
+    torch.manual_seed(0)
+    pixels = torch.randint(0, 256, (8, 3, 16, 16)).float()
+    assert _unit_stats_match(pixels) is None  # raw 0..255: D101's
+    assert _unit_stats_match(torch.randint(0, 4096, (8, 3, 16, 16)).float()) is None  # 12-bit sensor data
+    assert _unit_stats_match((pixels / 255 - IMAGENET_MEAN) / IMAGENET_STD) is None  # correct
+    assert _unit_stats_match(pixels * 0.8 + 10.3) is None  # fractional values within 0..255
+
+
+def test_label_order_judges_the_whole_run_in_constant_memory():
+    sorted_run = d.LabelOrder()
+    for label in (0, 1):
+        for _ in range(300):
+            sorted_run.add((label, 1.0, 16))
+            if label == 0:
+                assert sorted_run.evidence() is None  # one label so far: could be imbalance
+    assert sorted_run.evidence() == (600, 2) and sorted_run.longest == (0, 300)
+    assert len(sorted_run.first) == 8 and len(sorted_run.last) == 8
+    # Shuffled, heavily imbalanced (97% / 3%): mostly single-class batches, all of the same label.
+    generator = torch.Generator().manual_seed(0)
+    imbalanced = d.LabelOrder()
+    for _ in range(2000):
+        batch = (torch.rand(16, generator=generator) < 0.03).long()
+        imbalanced.add(d.batch_label_summary(batch))
+    assert imbalanced.single > 0.6 * imbalanced.usable and imbalanced.evidence() is None
+    # Shuffled balanced classes: single-class batches are rare.
+    balanced = d.LabelOrder()
+    for _ in range(2000):
+        balanced.add(d.batch_label_summary(torch.randint(0, 2, (8,), generator=generator)))
+    assert balanced.evidence() is None
+
+
+def test_batch_label_summary_skips_negative_labels():
+    assert d.batch_label_summary(torch.tensor([3, 3, 3, -100])) == (3, 1.0, 3)
+    assert d.batch_label_summary(torch.tensor([10**9, 10**9, 2, 10**9])) == (10**9, 0.75, 4)

@@ -156,7 +156,7 @@ def test_d105_stays_silent_when_fit_shuffles_sorted_data_with_a_validation_split
         """))
     report = run_script(script, select=["D105"])
     (finding,) = report.by_code("D105")  # only the shuffle=False call, on its 192 training samples
-    assert finding.location.line == 11 and "6 of the first 6 batches of 32" in finding.message
+    assert finding.location.line == 11 and "6 of 6 batches of 32 read over the epoch" in finding.message
     assert not report.internal_errors
 
 

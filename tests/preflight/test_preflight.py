@@ -21,8 +21,9 @@ from tests.snapshot import assert_findings_snapshot
 
 PREFLIGHT = FIXTURES / "preflight"
 # Correct programs preflight cannot test, and says why: the training runs in child processes
-# (mp.spawn), or the model is called as model(**batch), which the forward hook does not see.
-TRAINED_ELSEWHERE = {"ddp_spawn_gloo", "keyword_batch_call"}
+# (mp.spawn), or no torch optimizer steps (a hand-written update). A model called as
+# model(**batch) is replayed with its keyword arguments (the forward hook sees them).
+TRAINED_ELSEWHERE = {"ddp_spawn_gloo", "hand_written_sgd_then_saliency"}
 CODES = ("M107", "H101", "H102")
 
 

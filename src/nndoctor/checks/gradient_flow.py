@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from nndoctor.checks._params import grad_slice, has_any_grad, optimizer_params, spread_sample
-from nndoctor.events import Backward, LossComputed, StepEnd, StepStart, ZeroGrad
+from nndoctor.checks._params import (
+    grad_slice,
+    has_any_grad,
+    optimizer_params,
+    spread_sample,
+    value_slice,
+)
+from nndoctor.events import Backward, LossComputed, ManualStep, StepEnd, StepStart, ZeroGrad
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
 
@@ -18,9 +26,17 @@ class MissingZeroGrad(Check):
     ## What it does
     At a sampled ``optimizer.step()``, keeps a small fingerprint of a spread sample of that
     optimizer's gradients. When a later ``backward()`` starts while those gradients are
-    still there, non-zero and unchanged, and the same optimizer then steps again without
-    any ``zero_grad()`` (of the optimizer, or of a module holding its parameters) in
-    between, the step applied the accumulated sum of old and new gradients.
+    still there and unchanged (at least one sampled slice non-zero: a slice that is always
+    zero, like the padding row of ``nn.Embedding(padding_idx=0)``, proves nothing either
+    way and is skipped), and the same optimizer then steps again without any
+    ``zero_grad()`` (of the optimizer, or of a module holding its parameters) in between,
+    the step applied the accumulated sum of old and new gradients.
+
+    Loops without an optimizer (``param.data.add_(-lr * param.grad)``, or ``p -= lr *
+    p.grad`` under ``no_grad``) are watched the same way: their step boundary is the
+    hand-written update, recognised at the next forward of the model, and the finding
+    needs that update to have written the parameters (a gradient-only pass after training,
+    such as a saliency map, is not an update).
 
     ## Why is this bad?
     ``backward()`` accumulates into ``.grad``. Without ``optimizer.zero_grad()`` (or
@@ -44,81 +60,90 @@ class MissingZeroGrad(Check):
         optimizer.step()
     ```
     Deliberate gradient accumulation (several ``backward()`` per ``step()``, then
-    ``zero_grad()``) is not reported: the gradients are cleared after each step.
+    ``zero_grad()``) is not reported: the gradients are cleared after each step. In a
+    hand-written loop, ``model.zero_grad()`` before the forward (or ``p.grad = None`` /
+    ``p.grad.zero_()`` after the update) does the same.
 
     ## References
     - PyTorch docs, ``Optimizer.zero_grad``: https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html
+    - pytorch/examples, ``regression/main.py`` (a hand-written update with ``fc.zero_grad()``): https://github.com/pytorch/examples/blob/main/regression/main.py
     """
 
     code = "O101"
     name = "missing-zero-grad"
     severity = Severity.ERROR
     summary = "gradients accumulate across optimizer steps: no zero_grad between steps"
-    fix = "call optimizer.zero_grad() once per step, before loss.backward()"
+    fix = ("call optimizer.zero_grad() once per step, before loss.backward() (model.zero_grad() in a loop "
+           "without an optimizer)")
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        # Per optimizer (by id): the fingerprint taken at its last sampled step, and the
-        # location of a backward() that ran on top of those gradients.
-        self._snapshots: dict[int, list[tuple[weakref.ref, torch.Tensor, int]]] = {}
+        # Per stepper (an optimizer, or the model of a hand-written update loop; by id): the
+        # fingerprint taken at its last sampled step, and the location of a backward() that
+        # ran on top of those gradients.
+        self._snapshots: dict[int, list[GradFingerprint]] = {}
         self._stale_at: dict[int, tuple[Location | None, int]] = {}
         self._owners: dict[int, weakref.ref] = {}
 
     def on_step_start(self, event: StepStart) -> None:
-        key = id(event.optimizer)
+        optimizer = event.optimizer
+        stepper = f"{type(optimizer).__name__}.step()"
+        self._step_boundary(optimizer, stepper, event, lambda: optimizer_params(optimizer),
+                            sample=not event.has_closure)
+
+    def on_manual_step(self, event: ManualStep) -> None:
+        # The update already ran when this event comes (the next forward): the gradients it
+        # used are still in .grad unless something cleared them in between.
+        module = event.module
+        stepper = f"hand-written update of {type(module).__name__}'s parameters"
+        self._step_boundary(module, stepper, event,
+                            lambda: [p for p in module.parameters() if p.requires_grad], sample=True,
+                            manual=True)
+
+    def _step_boundary(self, owner: Any, stepper: str, event: Any, params: Any, *, sample: bool,
+                       manual: bool = False) -> None:
+        key = id(owner)
         stale = self._stale_at.pop(key, None)
         snaps = self._snapshots.pop(key, None)
-        owner = self._owners.pop(key, None)
-        if owner is None or owner() is not event.optimizer:
+        known = self._owners.pop(key, None)
+        if known is None or known() is not owner:
             # A new optimizer reusing a finished one's id (layer-wise phases): not its gradients.
             stale, snaps = None, None
-        if stale is not None and snaps and self._still_same_tensors(snaps):
+        # A loop without an optimizer: the accumulated gradients did harm only if an update used
+        # them (a later gradient-only pass, e.g. a saliency map, writes no parameter).
+        if stale is not None and snaps and _same_grad_tensors(snaps) and (not manual or _written(snaps)):
             location, step = stale
+            informative = sum(1 for snap in snaps if snap.nonzero)
+            if manual:
+                missing = (f"{type(owner).__name__}.zero_grad() (or p.grad = None after the update) is missing, "
+                           "so gradients accumulate and every update applies their running sum")
+                boundary = "the next update"
+            else:
+                missing = "zero_grad() is missing, so gradients accumulate and every step applies their running sum"
+                boundary = "this step"
             self.report(
-                f"Gradients from the previous {type(event.optimizer).__name__}.step() were still in "
-                f".grad ({len(snaps)} sampled parameter tensors unchanged and non-zero) when backward() ran "
-                "again, and nothing cleared them before this step: zero_grad() is missing, so gradients "
-                "accumulate and every step applies their running sum.",
+                f"Gradients from the previous {stepper} were still in .grad ({informative} sampled parameter "
+                f"tensors unchanged and non-zero) when backward() ran again, and nothing cleared them before "
+                f"{boundary}: {missing}.",
                 location=location,
-                evidence={"sampled_parameters_with_stale_grads": len(snaps), "step": step},
+                evidence={"sampled_parameters_with_stale_grads": informative, "step": step,
+                          "update": "manual" if manual else "optimizer"},
                 step=step,
             )
-        if not event.sampled or event.has_closure:
+        if not event.sampled or not sample:
             return
-        with_grads = [p for p in optimizer_params(event.optimizer) if p.grad is not None]
-        fresh = []
-        for p in spread_sample(with_grads):
-            g = grad_slice(p)
-            if g is not None:
-                fresh.append((weakref.ref(p), g, id(p.grad)))
-        if fresh:
+        with_grads = [p for p in params() if p.grad is not None]
+        fresh = [snap for snap in (fingerprint(p, with_values=manual) for p in spread_sample(with_grads))
+                 if snap is not None]
+        # Zero gradient slices tell nothing (an embedding's padding row, a frozen feature): at
+        # least one non-zero slice must show that the gradients were not cleared.
+        if any(snap.nonzero for snap in fresh):
             self._snapshots[key] = fresh
-            self._owners[key] = weakref.ref(event.optimizer)
-
-    @staticmethod
-    def _unchanged(snaps) -> bool:
-        for ref, old, _ in snaps:
-            p = ref()
-            if p is None:
-                return False
-            now = grad_slice(p)
-            if now is None or not bool(old.any()) or not torch.equal(now, old):
-                return False
-        return True
-
-    @staticmethod
-    def _still_same_tensors(snaps) -> bool:
-        """The .grad tensors are the very objects seen at the last step (not re-created after a
-        manual ``p.grad = None``)."""
-        for ref, _, grad_id in snaps:
-            p = ref()
-            if p is None or p.grad is None or id(p.grad) != grad_id:
-                return False
-        return True
+            self._owners[key] = weakref.ref(owner)
 
     def on_backward(self, event: Backward) -> None:
         for key, snaps in self._snapshots.items():
-            if key not in self._stale_at and self._unchanged(snaps):
+            if key not in self._stale_at and _unchanged(snaps):
                 self._stale_at[key] = (event.location, event.step)
 
     def on_zero_grad(self, event: ZeroGrad) -> None:
@@ -131,8 +156,68 @@ class MissingZeroGrad(Check):
         owned = {id(p) for p in owner.parameters()}
         for key in list(self._stale_at):
             snaps = self._snapshots.get(key) or []
-            if any(ref() is not None and id(ref()) in owned for ref, _, _ in snaps):
+            if any(snap.param() is not None and id(snap.param()) in owned for snap in snaps):
                 del self._stale_at[key]
+
+
+@dataclass(frozen=True)
+class GradFingerprint:
+    """What O101 remembers of one parameter at a step: its gradient's first values, which
+    ``.grad`` tensor object held them, and (hand-written loops) its version and first values."""
+
+    param: weakref.ref
+    grad: torch.Tensor
+    grad_id: int
+    nonzero: bool
+    version: int
+    values: torch.Tensor | None
+
+
+def fingerprint(p: torch.Tensor, *, with_values: bool) -> GradFingerprint | None:
+    g = grad_slice(p)
+    if g is None:
+        return None
+    return GradFingerprint(weakref.ref(p), g, id(p.grad), bool(g.any()), p._version,
+                           value_slice(p) if with_values else None)
+
+
+def _unchanged(snaps: list[GradFingerprint]) -> bool:
+    """Every sampled gradient is as it was at the step (nothing cleared it), and at least one of
+    them is non-zero. An all-zero slice is skipped, not required: it cannot tell a cleared
+    gradient from one that is always zero (the padding row of ``nn.Embedding(padding_idx=0)``)."""
+    informative = 0
+    for snap in snaps:
+        p = snap.param()
+        if p is None:
+            return False
+        now = grad_slice(p)
+        if now is None or not torch.equal(now, snap.grad):
+            return False
+        informative += snap.nonzero
+    return informative > 0
+
+
+def _same_grad_tensors(snaps: list[GradFingerprint]) -> bool:
+    """The .grad tensors are the very objects seen at the last step (not re-created after a
+    manual ``p.grad = None``)."""
+    for snap in snaps:
+        p = snap.param()
+        if p is None or p.grad is None or id(p.grad) != snap.grad_id:
+            return False
+    return True
+
+
+def _written(snaps: list[GradFingerprint]) -> bool:
+    """Some sampled parameter was written since the fingerprint: its version moved (in-place
+    update under ``no_grad``) or its first values changed (``p.data`` writes keep the version)."""
+    for snap in snaps:
+        p = snap.param()
+        if p is None:
+            continue
+        if p._version != snap.version or (snap.values is not None
+                                          and not torch.equal(value_slice(p), snap.values)):
+            return True
+    return False
 
 
 @register
@@ -161,6 +246,13 @@ class ZeroGradBeforeStep(Check):
     optimizer.step()
     ```
 
+    In a loop without an optimizer the step is the hand-written update: when
+    ``model.zero_grad(set_to_none=False)`` runs after ``backward()`` and the update then
+    writes the parameters (``p -= lr * p.grad`` under ``no_grad``: their version counters
+    move) while every gradient is zero, the update applied nothing. (With the default
+    ``set_to_none=True`` such an update fails on ``p.grad`` being None instead; a ``p.data``
+    update keeps the version counters and is not seen.)
+
     ## References
     - PyTorch docs, "Taking an optimization step": https://pytorch.org/docs/stable/optim.html
     """
@@ -170,6 +262,44 @@ class ZeroGradBeforeStep(Check):
     severity = Severity.ERROR
     summary = "gradients cleared between backward() and step(): the step applies nothing"
     fix = "call zero_grad() before loss.backward(), not between backward() and step()"
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        # Loops without an optimizer, per model (by id): at its last zero_grad(), the backward()
+        # count and the version counters of a sample of its parameters.
+        self._cleared: dict[int, tuple[weakref.ref, int, list[tuple[weakref.ref, int]]]] = {}
+
+    def on_zero_grad(self, event: ZeroGrad) -> None:
+        owner = event.owner
+        if isinstance(owner, torch.optim.Optimizer) or len(self.session.state.optimizers) or event.set_to_none:
+            return
+        params = [p for p in owner.parameters() if p.requires_grad]
+        self._cleared[id(owner)] = (weakref.ref(owner), self.session.state.backwards_since_step,
+                                    [(weakref.ref(p), p._version) for p in spread_sample(params)])
+
+    def on_manual_step(self, event: ManualStep) -> None:
+        record = self._cleared.pop(id(event.module), None)
+        module = record[0]() if record is not None else None
+        if record is None or module is None or module is not event.module:
+            return
+        _, backwards, versions = record
+        # No backward() since that zero_grad() (so it came after the step's backward), and the
+        # parameters were written after it: the update ran on the cleared gradients.
+        if backwards != self.session.state.backwards_since_step or not event.sampled:
+            return
+        if not any((param := ref()) is not None and param._version != version for ref, version in versions):
+            return
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        if not grads or any(bool(g.any()) for g in spread_sample(grads)):
+            return
+        self.report(
+            f"{type(module).__name__}.zero_grad(set_to_none=False) ran after backward() and before the "
+            "hand-written update of its parameters, which then applied all-zero gradients: the update "
+            "changes nothing.",
+            location=event.location,
+            evidence={"update": "manual", "parameters_with_zero_gradients": len(grads)},
+            step=event.step,
+        )
 
     def on_step_start(self, event: StepStart) -> None:
         if event.has_closure or event.backwards_since_step == 0 or event.zero_grads_since_backward == 0:

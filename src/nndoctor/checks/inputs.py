@@ -8,7 +8,7 @@ the loss call, labels at ``BatchFetched``; all statistics come from sampled step
 from __future__ import annotations
 
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +31,12 @@ from nndoctor.events import (
 from nndoctor.findings import Location, Severity
 from nndoctor.image_batches import image_layout, unnormalized_pixels  # noqa: F401 - D101's rule, shared with Keras
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
-from nndoctor.instrument.stats import TensorStats, cached_stats, first_plain_tensor
+from nndoctor.instrument.stats import (
+    TensorStats,
+    cached_stats,
+    first_plain_tensor,
+    model_input_tensor,
+)
 from nndoctor.registry import Check, register
 from nndoctor.user_code import user_frame
 
@@ -65,6 +70,97 @@ def normalization_mismatch(minimum: float, maximum: float, channel_means: Sequen
     return None
 
 
+# Per-channel mean/std on the 0–1 scale that image pipelines apply: (name, mean, std).
+UNIT_SCALE_STATISTICS = (
+    ("ImageNet", IMAGENET_MEAN, IMAGENET_STD),
+    ("CLIP", (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+    ("0.5", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+)
+# Back-mapped pixels may overshoot 0–255 by float rounding; beyond this they are not pixels.
+_PIXEL_SLACK = 0.5
+
+
+@dataclass(frozen=True)
+class UnitStatsOn255:
+    """D102's exact form: per channel c the input is ``(x - mean[c]) / std[c]`` with ``x`` in 0–255."""
+
+    name: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    pixel_max: float  # the largest pixel value the input maps back to
+    integral: bool  # the values map back to whole numbers: 8-bit pixels, exactly
+
+
+def unit_stats_on_255_pixels(channel_min: Sequence[float], channel_max: Sequence[float],
+                             offsets: Sequence[float], input_max: float) -> UnitStatsOn255 | None:
+    """D102: which 0–1 mean/std turn 0–255 pixels into this input, or None.
+
+    Every channel's range, mapped back with ``x = v * std + mean``, must lie within 0–255 and
+    reach beyond 25 somewhere (0–1 pixels map back below 1.1). ``offsets`` are the mean
+    distances of the back-mapped values to the nearest integer, per candidate (same order as
+    ``UNIT_SCALE_STATISTICS``). A candidate is accepted when its values map back to whole
+    numbers (8-bit pixels, exactly), or, for resampled images whose values are no longer
+    whole, when the input exceeds 255 (it cannot be raw 8-bit pixels) and maps back to pixels
+    reaching the upper half of 0–255. Raw 0–255 pixels also fit a range (their back-mapped
+    maximum is 59 for ImageNet) but map back to fractions: they stay D101's.
+    """
+    fits = []
+    for index, (name, mean, std) in enumerate(UNIT_SCALE_STATISTICS):
+        if len(channel_min) != len(mean) or len(channel_max) != len(mean) or index >= len(offsets):
+            continue
+        low = [v * s + m for v, s, m in zip(channel_min, std, mean)]
+        high = [v * s + m for v, s, m in zip(channel_max, std, mean)]
+        if min(low) < -_PIXEL_SLACK or max(high) > 255 + _PIXEL_SLACK or max(high) <= 25:
+            continue
+        integral = offsets[index] < 0.01
+        if integral or (input_max > 255 + _PIXEL_SLACK and max(high) > 128):
+            fits.append(UnitStatsOn255(name, tuple(mean), tuple(std), max(high), integral))
+    if not fits:
+        return None
+    return next((f for f in fits if f.integral), fits[0])
+
+
+def backmapped_integer_offsets(x: torch.Tensor, layout: str, count: int = 3072) -> list[float]:
+    """For each candidate of ``UNIT_SCALE_STATISTICS``: the mean distance to the nearest integer
+    of up to ``count`` evenly spaced input values mapped back to pixels (one small host copy)."""
+    with torch.no_grad():
+        channels = x.detach().movedim(1 if layout == "nchw" else -1, 0).reshape(3, -1).float()
+        picked = channels[:, torch.linspace(0, channels.shape[1] - 1, min(count // 3, channels.shape[1]),
+                                            device=channels.device).long()].cpu().double()
+    offsets = []
+    for _, mean, std in UNIT_SCALE_STATISTICS:
+        pixels = picked * torch.tensor(std, dtype=torch.float64)[:, None] + torch.tensor(mean, dtype=torch.float64)[:, None]
+        offsets.append(float((pixels - pixels.round()).abs().mean()))
+    return offsets
+
+
+def unit_stats_signature(event: Any, stats: TensorStats) -> UnitStatsOn255 | None:
+    """``unit_stats_on_255_pixels`` of a Forward event's input, once per event (D101 and D102
+    both ask). Reads the tensor only when the whole-batch range allows it (a 3-channel image
+    batch with values above 25 and none below about -2.2): per-channel min/max and a sample."""
+    key = "d102:unit-stats-on-255"
+    if key in event.cache:
+        return event.cache[key]
+    found = None
+    layout = image_layout(stats.shape)
+    channels = stats.shape[1] if layout == "nchw" else stats.shape[-1] if layout else 0
+    if layout and channels == 3 and stats.is_floating and stats.finite and stats.max > 25 and stats.min >= -2.2:
+        x = model_input_tensor(event.inputs, event.kwargs)
+        if x is not None and tuple(x.shape) == tuple(stats.shape):
+            dims = (0, 2, 3) if layout == "nchw" else (0, 1, 2)
+            with torch.no_grad():
+                low, high = x.detach().float().amin(dim=dims), x.detach().float().amax(dim=dims)
+                bounds = torch.cat([low, high]).cpu().tolist()
+            found = unit_stats_on_255_pixels(bounds[:3], bounds[3:], backmapped_integer_offsets(x, layout),
+                                              stats.max)
+    event.cache[key] = found
+    return found
+
+
+# ImageNet-standardised pixels stay within about [-2.12, 2.64]; beyond ±5 an input is not that.
+_STANDARDISED_LIMIT = 5.0
+
+
 def unit_rgb_means(channel_means: Sequence[float], minimum: float, maximum: float) -> tuple[float, float, float] | None:
     """Per-channel means of a 3-channel batch mapped back to the 0–1 pixel scale.
 
@@ -80,6 +176,8 @@ def unit_rgb_means(channel_means: Sequence[float], minimum: float, maximum: floa
         return tuple(m / 255.0 for m in channel_means)  # type: ignore[return-value]
     if minimum >= -1.0 - 1e-6 and maximum <= 1.0 + 1e-6:
         return tuple((m + 1.0) / 2.0 for m in channel_means)  # type: ignore[return-value]
+    if minimum < -_STANDARDISED_LIMIT or maximum > _STANDARDISED_LIMIT:
+        return None  # on no scale this knows (0–1 statistics on 0–255 pixels: D102's)
     return tuple(m * s + mu for m, s, mu in zip(channel_means, IMAGENET_STD, IMAGENET_MEAN))  # type: ignore[return-value]
 
 
@@ -144,6 +242,60 @@ def unshuffled_evidence(batches: Sequence[tuple[int, float, int]]) -> tuple[int,
     if len(single) >= 0.75 * len(usable) and distinct >= 2:
         return len(single), distinct
     return None
+
+
+def batch_label_summary(labels: torch.Tensor) -> tuple[int, float, int]:
+    """(dominant label, its share, batch size) of a batch's class labels (one bincount)."""
+    with torch.no_grad():
+        values = labels.detach().reshape(-1)
+        values = values[values >= 0]  # ignore_index and other negative markers
+        if not values.numel():
+            return (-1, 0.0, 0)
+        top = values.mode().values  # no array sized by the largest label (ids can be huge)
+        return (int(top), float((values == top).sum()) / values.numel(), int(values.numel()))
+
+
+class LabelOrder:
+    """D105's running tally over every training batch of one loader, in constant memory:
+    usable batches, single-class batches per dominant label (at most ``_MAX_LABELS`` labels),
+    and the first and last few batch summaries for the evidence."""
+
+    _MAX_LABELS = 1024
+    _KEPT = 8
+
+    def __init__(self) -> None:
+        self.usable = 0
+        self.single = 0
+        self.dominant: dict[int, int] = {}
+        self.first: list[tuple[int, float, int]] = []
+        self.last: deque[tuple[int, float, int]] = deque(maxlen=self._KEPT)
+        self._run: tuple[int, int] = (-1, 0)  # (label, length) of the current single-class run
+        self.longest: tuple[int, int] = (-1, 0)
+
+    def add(self, summary: tuple[int, float, int]) -> None:
+        label, share, size = summary
+        if size < UNSHUFFLED_MIN_BATCH_SIZE:
+            return
+        self.usable += 1
+        if share >= DOMINANT_SHARE:
+            self.single += 1
+            if label in self.dominant or len(self.dominant) < self._MAX_LABELS:
+                self.dominant[label] = self.dominant.get(label, 0) + 1
+            self._run = (label, self._run[1] + 1 if self._run[0] == label else 1)
+            if self._run[1] > self.longest[1]:
+                self.longest = self._run
+        else:
+            self._run = (-1, 0)
+        (self.first if len(self.first) < self._KEPT else self.last).append(summary)
+
+    def evidence(self) -> tuple[int, int] | None:
+        """(single-class batches, distinct dominant labels) under ``unshuffled_evidence``'s rule,
+        over every batch seen so far (not a fixed prefix: a first class block may span hundreds)."""
+        if self.usable < UNSHUFFLED_MIN_BATCHES:
+            return None
+        if self.single >= 0.75 * self.usable and len(self.dominant) >= 2:
+            return self.single, len(self.dominant)
+        return None
 
 
 def chance_of_single_class_batch(classes: int, batch_size: int) -> float:
@@ -221,10 +373,8 @@ def _model_input(check: Check, event: Forward) -> TensorStats | None:
     """Statistics of the first tensor given to a model (sampled steps, not loss modules)."""
     if not event.sampled or event.is_loss:
         return None
-    tensor = first_plain_tensor(event.inputs)
-    if tensor is None:  # model(**batch): Hugging Face Trainer and accelerate loops call this way
-        tensor = first_plain_tensor(event.kwargs)
-    return cached_stats(event, "input0", tensor)
+    # model(**batch): Hugging Face Trainer and accelerate loops call with keywords only
+    return cached_stats(event, "input0", model_input_tensor(event.inputs, event.kwargs))
 
 
 def _model_name(event: Forward) -> str:
@@ -296,6 +446,8 @@ class UnnormalizedInput(Check):
         # What the first learned layer saw decides: the model may scale its input itself.
         if problem is None or first.stats.max <= 25:
             return
+        if stats.is_floating and unit_stats_signature(event, stats) is not None:
+            return  # normalised, with 0–1 statistics on 0–255 pixels: D102 names it
         self.report(
             f"{_model_name(event)} receives {problem}: input {stats.describe()}; its first layer "
             f"{first.qualname} ({first.layer_type}) sees values up to {first.stats.max:.4g} "
@@ -319,7 +471,16 @@ class NormalizationScaleMismatch(Check):
       stays just below zero (above -5) while the maximum exceeds 50 (it reaches ~1100);
     * 0–255 statistics on 0–1 pixels, `(x - 123.7) / 58.4` with `x` up to 1: the whole batch
       is negative and squeezed into a band narrower than 5% of its magnitude (~0.017 wide
-      around -2).
+      around -2). Pixels divided by 255 twice (`ToTensor()`, then an image processor with
+      `do_rescale=True`) and normalised with mean = std = 0.5 give the same signature: all
+      values in [-1, -0.992].
+
+    The first signature is also matched exactly, channel by channel: when the input is
+    `(x - mean[c]) / std[c]` of pixels `x` in 0–255 for the ImageNet, CLIP or 0.5 statistics
+    (each channel's range maps back into 0–255, and the values map back to whole pixel
+    values, or exceed 255 so they cannot be raw pixels), D102 names the constants, even when
+    no pixel is black and every value is positive (about [69, 1000]); D101 then stays silent.
+    Inputs given as keyword arguments (`model(pixel_values=...)`) are read too.
 
     ## Why is this bad?
     Mean/std come in two scales — small (0–1, torchvision) or large
@@ -343,13 +504,15 @@ class NormalizationScaleMismatch(Check):
 
     ## References
     - torchvision `Normalize` (expects tensors in [0, 1] after `ToTensor`): https://pytorch.org/vision/stable/generated/torchvision.transforms.Normalize.html
+    - Hugging Face, `ViTImageProcessor` (`do_rescale`, `rescale_factor=1/255`): https://huggingface.co/docs/transformers/model_doc/vit#transformers.ViTImageProcessor
     """
 
     code = "D102"
     name = "normalization-scale-mismatch"
     severity = Severity.ERROR
     summary = "normalized inputs far outside unit scale: 0–1 mean/std on 0–255 pixels, or the reverse"
-    fix = "use mean/std on the same scale as the pixels: x/255 with 0–1 statistics, or 0–255 pixels with 0–255 statistics"
+    fix = ("use mean/std on the same scale as the pixels: x/255 with 0–1 statistics, or 0–255 pixels with 0–255 "
+           "statistics; rescale once (an image processor after ToTensor() needs do_rescale=False)")
 
     def on_forward(self, event: Forward) -> None:
         stats = _model_input(self, event)
@@ -359,21 +522,36 @@ class NormalizationScaleMismatch(Check):
         means, stds = ((stats.channel_mean_dim1, stats.channel_std_dim1) if layout == "nchw"
                        else (stats.channel_mean_last, stats.channel_std_last))
         kind = normalization_mismatch(stats.min, stats.max, means or (), stds or ())
+        exact = unit_stats_signature(event, stats)
+        if kind is None and exact is not None:
+            kind = "unit-stats-on-255-pixels"
         if kind is None:
             return
-        if kind == "unit-stats-on-255-pixels":
+        extra: dict[str, Any] = {}
+        if kind == "unit-stats-on-255-pixels" and exact is not None:
+            constants = (f"mean ({', '.join(f'{m:g}' for m in exact.mean)}) and std "
+                         f"({', '.join(f'{v:g}' for v in exact.std)})")
+            how = ("every sampled value maps back to a whole pixel value" if exact.integral
+                   else "every channel's range maps back into 0–255")
+            what = (f"values span [{stats.min:.4g}, {stats.max:.4g}] (mean {stats.mean:.4g}): per channel they are "
+                    f"(x − mean) / std of 0–255 pixels x with the {exact.name} {constants} ({how}, up to "
+                    f"{exact.pixel_max:.0f}): 0–1 mean/std were applied to 0–255 pixels")
+            extra = {"matched_statistics": exact.name, "matched_mean": list(exact.mean), "matched_std": list(exact.std),
+                     "integer_pixels": exact.integral}
+        elif kind == "unit-stats-on-255-pixels":
             what = (f"values reach {stats.max:.4g} while the minimum is {stats.min:.3g} (just below 0): "
                     "0–1 mean/std were applied to 0–255 pixels")
         else:
             spread = ", ".join(f"{m:.3g}±{s:.2g}" for m, s in zip(means or (), stds or ()))
             what = (f"every value lies in [{stats.min:.4g}, {stats.max:.4g}] and each channel is squeezed into a "
                     f"narrow band (mean±std per channel: {spread}): 0–255 mean/std were applied to 0–1 pixels, "
-                    "which erases the contrast")
+                    "or 0–1 pixels were divided by 255 a second time (ToTensor() and then an image processor "
+                    "with do_rescale=True); either way the contrast is erased")
         self.report(
             f"{_model_name(event)} input {list(stats.shape)}: {what}.",
             location=event.location,
             evidence={"kind": kind, "min": stats.min, "max": stats.max, "mean": stats.mean, "std": stats.std,
-                      "channel_means": list(means or ()), "channel_stds": list(stds or ())},
+                      "channel_means": list(means or ()), "channel_stds": list(stds or ()), **extra},
             step=event.step,
         )
 
@@ -579,7 +757,7 @@ class ChannelsLastInput(Check):
         if event.is_loss:
             return
         first = self._first.take(event.module)
-        tensor = first_plain_tensor(event.inputs)
+        tensor = model_input_tensor(event.inputs, event.kwargs)
         if first is None or tensor is None:
             return
         shape = tuple(tensor.shape)
@@ -604,6 +782,13 @@ class UnshuffledTrainingData(Check):
     at least 4 batches of ≥ 8 samples have been seen and ≥ 75% of them are single-class
     (one label holds ≥ 90% of the batch) *and* those batches are dominated by at least two
     different labels, the data arrives sorted by class.
+
+    The tally runs over every training batch of the run, not a fixed prefix, in constant
+    memory (counts, and the first and last 8 batch summaries): a first class that spans
+    hundreds of batches (IMDB sorted by label: about 390 batches of 32) is reported at the
+    first batch of the second class. Labels still on the CPU are read on every batch (one
+    `mode` over the batch, no device synchronisation); labels already on an accelerator
+    only on sampled steps.
 
     With C balanced classes a shuffled batch of B samples is single-class with probability
     C·(1/C)^B (0.8% for C=2, B=8; far less for more classes), so three such batches out of
@@ -650,25 +835,24 @@ class UnshuffledTrainingData(Check):
     summary = "training batches arrive in label order (each batch dominated by one class)"
     fix = "shuffle the training data: DataLoader(..., shuffle=True) or a random sampler"
 
-    _MAX_BATCHES = 32
-
     def __init__(self, session) -> None:
         super().__init__(session)
         self._pending: tuple[weakref.ref, tuple[int, float, int], Any] | None = None
-        self._batches: dict[int, list[tuple[int, float, int]]] = {}
+        self._orders: dict[int, LabelOrder] = {}
         self._locations: dict[int, Any] = {}
         self._reported: set[int] = set()
 
     def on_batch(self, event: BatchFetched) -> None:
         self._pending = None
-        if not event.sampled or event.loader is None or id(event.loader) in self._reported:
+        if event.loader is None or id(event.loader) in self._reported:
             return
         labels = label_tensor(event.batch)
-        if labels is None:
+        # Labels still on the CPU (the loader's own output) are read on every batch: a class block
+        # longer than the first window of sampled steps is seen wherever the run stops. Labels
+        # already on an accelerator are read on sampled steps only (reading them synchronises).
+        if labels is None or (labels.device.type != "cpu" and not event.sampled):
             return
-        values = labels.detach().cpu().tolist()
-        label, share = dominant_fraction(values)
-        self._pending = (weakref.ref(event.loader), (label, share, len(values)), event.location)
+        self._pending = (weakref.ref(event.loader), batch_label_summary(labels), event.location)
 
     def on_backward(self, event: Backward) -> None:
         pending, self._pending = self._pending, None
@@ -679,28 +863,32 @@ class UnshuffledTrainingData(Check):
         if loader is None:
             return
         key = id(loader)
-        batches = self._batches.setdefault(key, [])
-        if len(batches) >= self._MAX_BATCHES:
+        if key in self._reported:
             return
-        batches.append(summary)
+        order = self._orders.setdefault(key, LabelOrder())
+        order.add(summary)
         self._locations.setdefault(key, location)
-        found = unshuffled_evidence(batches)
-        if found is None or key in self._reported:
+        found = order.evidence()
+        if found is None:
             return
         self._reported.add(key)
         single, distinct = found
         sampler = type(getattr(loader, "sampler", None)).__name__
         self.report(
-            f"{single} of {len(batches)} training batches from this DataLoader are single-class "
+            f"{single} of {order.usable} training batches from this DataLoader are single-class "
             f"(one label ≥ {DOMINANT_SHARE:.0%} of the batch), dominated by {distinct} different labels in "
-            f"turn (sampler: {sampler}): the training data arrives sorted by class. Shuffled balanced "
+            f"turn (sampler: {sampler}; the longest run: {order.longest[1]} consecutive batches of label "
+            f"{order.longest[0]}): the training data arrives sorted by class. Shuffled balanced "
             "data gives such batches with probability "
             f"≤ {chance_of_single_class_batch(max(distinct, 2), UNSHUFFLED_MIN_BATCH_SIZE):.1%} each.",
             location=self._locations.get(key),
-            evidence={"single_class_batches": single, "batches": len(batches), "dominant_labels": distinct,
-                      "sampler": sampler, "batch_summaries": [list(b) for b in batches]},
+            evidence={"single_class_batches": single, "batches": order.usable, "dominant_labels": distinct,
+                      "sampler": sampler, "longest_run": {"label": order.longest[0], "batches": order.longest[1]},
+                      "first_batches": [list(b) for b in order.first],
+                      "last_batches": [list(b) for b in order.last]},
             step=event.step,
         )
+        del self._orders[key]
 
 
 @register
@@ -884,7 +1072,7 @@ class ConstantInput(Check):
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
-        tensor = first_plain_tensor(event.inputs)
+        tensor = model_input_tensor(event.inputs, event.kwargs)
         if tensor is None or not tensor.is_floating_point() or tensor.dim() < 2 or tensor.shape[0] < 1:
             return
         summary = sample_summary(event, "input0", tensor)
@@ -971,7 +1159,7 @@ class TrainEvalOverlap(Check):
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
-        tensor = first_plain_tensor(event.inputs)
+        tensor = model_input_tensor(event.inputs, event.kwargs)
         if tensor is None or not tensor.is_floating_point() or tensor.dim() < 2:
             return
         training = event.grad_enabled and not event.inference_mode

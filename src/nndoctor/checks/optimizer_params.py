@@ -15,7 +15,7 @@ from nndoctor.checks._params import (
     value_slice,
 )
 from nndoctor.checks._source import attribute_definition
-from nndoctor.events import RunEnd, StepEnd, StepStart
+from nndoctor.events import ManualStep, RunEnd, StepEnd, StepStart
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
 
@@ -249,6 +249,13 @@ class ModelNotUpdating(Check):
       after the step; ``5`` consecutive sampled steps without any change are reported
       (this also catches all-zero gradients, where the write happens but changes nothing).
 
+    Loops without an optimizer (``p -= lr * p.grad`` under ``no_grad``) are watched at their
+    step boundary, the hand-written update (recognised at the next forward of the model):
+    ``5`` consecutive sampled updates that wrote the parameters (their version counters
+    moved) without changing any sampled value are reported. A ``p.data`` write keeps the
+    version, so an update through ``.data`` that changes nothing cannot be told from no
+    update at all, and is not reported.
+
     ## Why is this bad?
     The loop runs, the loss prints, nothing trains: learning rate 0 (a scheduler or a
     warm-up bug), gradients that are all zero (a detached graph, ``loss`` computed on
@@ -295,6 +302,46 @@ class ModelNotUpdating(Check):
         self._untouched: dict[int, int] = {}
         self._reported: set[int] = set()
         self._owners: dict[int, weakref.ref] = {}
+        # Hand-written update loops, per model (by id): a sample of (param, version, values)
+        # taken at the last sampled update, and how many updates in a row changed nothing.
+        self._manual_before: dict[int, tuple[weakref.ref, list[tuple[weakref.ref, int, torch.Tensor]]]] = {}
+        self._manual_unchanged: dict[int, int] = {}
+
+    def on_manual_step(self, event: ManualStep) -> None:
+        module = event.module
+        key = id(module)
+        if key in self._reported:
+            return
+        previous = self._manual_before.pop(key, None)
+        if previous is not None and previous[0]() is module:
+            verdict = manual_update_changed(previous[1])
+            if verdict is not None:
+                count = 0 if verdict else self._manual_unchanged.get(key, 0) + 1
+                self._manual_unchanged[key] = count
+                if count >= self.CONSECUTIVE:
+                    self._report_manual(event, count)
+                    return
+        if not event.sampled:
+            return
+        params = [p for p in module.parameters() if p.requires_grad and p.numel()]
+        if params:
+            self._manual_before[key] = (weakref.ref(module), [
+                (weakref.ref(p), p._version, value_slice(p)) for p in spread_sample(params)])
+
+    def _report_manual(self, event: ManualStep, count: int) -> None:
+        module = event.module
+        self._reported.add(id(module))
+        name = type(module).__name__
+        # The gradients the update applied may be cleared by now (zero_grad before this forward):
+        # the cause is named as the two possibilities, not measured.
+        self.report(
+            f"The hand-written update of {name}'s parameters (no torch optimizer) ran {count} sampled "
+            "times in a row, writing them (their version counters moved) without changing any sampled "
+            "value: its learning rate is 0, or the gradients it applied were zero.",
+            location=event.location,
+            evidence={"consecutive_unchanged_steps": count, "counted": "manual updates", "update": "manual"},
+            step=event.step,
+        )
 
     def _key(self, optimizer) -> int:
         """id(optimizer), with every record forgotten when a new optimizer reuses a finished
@@ -395,6 +442,21 @@ class ModelNotUpdating(Check):
                       "grad_norm": grad_norm},
             step=event.step,
         )
+
+
+def manual_update_changed(before: list[tuple[weakref.ref, int, torch.Tensor]]) -> bool | None:
+    """Did a hand-written update change the sampled parameters? True when some value moved,
+    False when some version moved but no value did (written, unchanged), None when nothing
+    was written in place (no update, or a ``p.data`` write: not known)."""
+    wrote = False
+    for ref, version, values in before:
+        p = ref()
+        if p is None:
+            continue
+        if not torch.equal(value_slice(p), values):
+            return True
+        wrote = wrote or p._version != version
+    return False if wrote else None
 
 
 def all_learning_rates_zero(optimizer) -> bool:

@@ -10,10 +10,15 @@ fingerprint changed) the loop updates by hand, and that forward opens a new step
 seen, the pattern is trusted: later forward-after-backward transitions count as steps
 without reading values again, so no device synchronisation is added to a GPU loop.
 Nothing here runs once a torch optimizer exists.
+
+Each recognised step is also a ``ManualStep`` event (when a check subscribes to it), so the
+checks of the step boundary (O101 missing ``zero_grad``, M106 parameters not changing) see
+hand-written loops too.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -21,6 +26,7 @@ import torch
 from torch.nn.parameter import UninitializedParameter
 
 from nndoctor.engine import StopRun
+from nndoctor.events import ManualStep
 from nndoctor.instrument.stats import has_plain_values
 
 _FINGERPRINT_PARAMS = 4
@@ -57,6 +63,9 @@ class ManualStepDetector:
             return None
         if stepped:
             session.count_manual_step()
+            if session.wants(ManualStep.kind):
+                session.emit(ManualStep(step=session.step, sampled=session.sampled,
+                                        frame=sys._getframe(1), module=module))
             if session.should_stop():
                 raise StopRun(f"--max-steps {session.max_steps} reached")
         return None

@@ -188,6 +188,35 @@ def first_plain_tensor(value: Any) -> torch.Tensor | None:
     return tensor if tensor is not None and has_plain_values(tensor) else None
 
 
+# Keyword names under which models take their main input (Hugging Face's conventions first:
+# Trainer and accelerate loops call ``model(**batch)``), and keywords that are never it.
+_INPUT_KEYWORDS = ("pixel_values", "input_values", "input_features", "inputs_embeds", "images", "image",
+                   "inputs", "input", "x")
+_NOT_INPUT_KEYWORDS = frozenset({
+    "labels", "label", "label_ids", "targets", "target", "y", "attention_mask", "token_type_ids",
+    "position_ids", "head_mask", "pixel_mask", "decoder_attention_mask", "return_loss"})
+
+
+def model_input_tensor(inputs: Any, kwargs: dict[str, Any] | None) -> torch.Tensor | None:
+    """The tensor a model call is fed: its first positional tensor, else its main keyword
+    input (``pixel_values``, ``input_values``, ``inputs_embeds`` … by name; else the first
+    tensor of a keyword that is not a label or a mask: a ``model(**batch)`` batch may put
+    ``labels`` first, as ``default_data_collator`` does). Only tensors whose values can be read."""
+    tensor = first_plain_tensor(inputs)
+    if tensor is not None or not kwargs:
+        return tensor
+    for name in _INPUT_KEYWORDS:
+        value = kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            return value if has_plain_values(value) else None
+    for name, value in kwargs.items():
+        if name not in _NOT_INPUT_KEYWORDS:
+            found = first_plain_tensor(value)
+            if found is not None:
+                return found
+    return None
+
+
 def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
     """All tensors in a nested structure (bounded, to stay cheap on huge batches)."""
     found: list[torch.Tensor] = []

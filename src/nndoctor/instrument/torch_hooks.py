@@ -111,7 +111,9 @@ class Installation:
         from torch.nn.modules import module as module_mod
 
         pre = module_mod.register_module_forward_pre_hook(self._forward_pre)
-        post = module_mod.register_module_forward_hook(self._forward_post, always_call=True)
+        # with_kwargs: models called with keywords only (``model(**batch)``, as Hugging Face's Trainer
+        # does) give their inputs to the checks too.
+        post = module_mod.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True)
         self.patcher.on_undo(pre.remove)
         self.patcher.on_undo(post.remove)
 
@@ -123,7 +125,10 @@ class Installation:
             self._in_loss += 1
         return None
 
-    def _forward_post(self, module: Any, args: tuple, output: Any) -> None:
+    def _forward_post(self, module: Any, args: tuple, *rest: Any) -> None:
+        # Registered with_kwargs: (kwargs, output). But when forward raises, torch calls the
+        # always_call hooks of its exception path without the kwargs: (output,) only.
+        kwargs, output = rest if len(rest) == 2 else (None, rest[0])
         session = self.session
         if not session.active or _compiling():
             return None
@@ -146,7 +151,7 @@ class Installation:
         try:
             if not stack:  # a top-level call from user code
                 if not _without_values(output):
-                    self._root_forward(module, args, output, is_loss)
+                    self._root_forward(module, args, kwargs, output, is_loss)
             elif session.wants("module_output") and session.sampled and not _without_values(output):
                 root = stack[0]
                 session.emit(ev.ModuleOutput(
@@ -159,7 +164,8 @@ class Installation:
             session.internal_error("forward hook", error)
         return None
 
-    def _root_forward(self, module: Any, args: tuple, output: Any, is_loss: bool) -> None:
+    def _root_forward(self, module: Any, args: tuple, kwargs: dict[str, Any] | None, output: Any,
+                      is_loss: bool) -> None:
         session = self.session
         grad_enabled = torch.is_grad_enabled()
         if not is_loss and grad_enabled:
@@ -167,7 +173,7 @@ class Installation:
         if session.wants("forward"):
             session.emit(ev.Forward(
                 step=session.step, sampled=session.sampled, frame=sys._getframe(1), module=module,
-                inputs=args, output=output, training=module.training, grad_enabled=grad_enabled,
+                inputs=args, kwargs=kwargs or None, output=output, training=module.training, grad_enabled=grad_enabled,
                 inference_mode=torch.is_inference_mode_enabled(), is_loss=is_loss,
             ))
         if is_loss and session.wants("loss"):

@@ -44,8 +44,9 @@ SHARED = ("D101", "D107", "O104", "N101", "L106", "D105", "N103")
 _DEAD_FRACTION, _MIN_RELU_SAMPLES, _MIN_RELU_BATCHES, _RELU_BATCH = 0.9, 64, 4, 32
 # L106 keeps at most this many losses per series (halving the resolution beyond, like the PyTorch check).
 _MAX_LOSSES = 4096
-# D105 reads the labels of this many first batches of fit(shuffle=False).
-_LABEL_BATCHES = 16
+# D105 reads the labels of at most this many batches of fit(shuffle=False), spread evenly over the
+# epoch (a first class block may span hundreds of batches: a prefix would see one label only).
+_LABEL_BATCHES = 512
 # O104's thresholds (the PyTorch check's): growth over the first steps' median, or huge outright.
 _GROWTH, _HUGE = 1e3, 1e5
 
@@ -114,7 +115,8 @@ def label_ids(y: Any) -> Any:
 
 
 def ordered_batches(y: Any, batch_size: int, validation_split: float) -> list[tuple[int, float, int]] | None:
-    """The label summaries of the first training batches ``fit`` draws from ``y`` unshuffled."""
+    """The label summaries of the training batches ``fit`` draws from ``y`` unshuffled: every
+    batch of the epoch, or ``_LABEL_BATCHES`` of them spread evenly over it."""
     import math
     from collections import Counter
 
@@ -123,9 +125,12 @@ def ordered_batches(y: Any, batch_size: int, validation_split: float) -> list[tu
         return None
     if validation_split:  # Keras keeps the first part for training, the last for validation
         labels = labels[: int(math.floor(len(labels) * (1.0 - validation_split)))]
+    batches = math.ceil(len(labels) / batch_size) if batch_size > 0 else 0
+    picked = range(batches) if batches <= _LABEL_BATCHES else sorted(
+        {round(i * (batches - 1) / (_LABEL_BATCHES - 1)) for i in range(_LABEL_BATCHES)})
     summaries = []
-    for start in range(0, min(len(labels), _LABEL_BATCHES * batch_size), batch_size):
-        batch = labels[start:start + batch_size].tolist()
+    for index in picked:
+        batch = labels[index * batch_size:(index + 1) * batch_size].tolist()
         label, count = Counter(batch).most_common(1)[0]
         summaries.append((int(label), count / len(batch), len(batch)))
     return summaries
@@ -310,7 +315,7 @@ class SharedCodes:
             how = "shuffle='batch' (which shuffles whole batches, not the samples in them)" if shuffle == "batch" \
                 else "shuffle=False"
             message = (f"fit(..., {how}) trains on the arrays in their stored order, and the labels are sorted by "
-                       f"class: {single} of the first {usable} batches of {batch_size} are single-class (one label "
+                       f"class: {single} of {usable} batches of {batch_size} read over the epoch are single-class (one label "
                        f"≥ {DOMINANT_SHARE:.0%}), dominated by {distinct} different labels in turn. Shuffled balanced "
                        f"data gives such a batch with probability ≤ "
                        f"{chance_single_class(max(distinct, 2), MIN_BATCH_SIZE):.1%}.")
