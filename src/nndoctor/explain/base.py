@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
-from nndoctor.registry import Check, all_checks, is_enabled, note_variant
+from nndoctor.registry import Check, is_enabled, load_families, note_variant, registered_checks
 
 
 class CrashExplanation(Check):
@@ -85,8 +85,18 @@ def variant(cls: type[CrashExplanation]) -> type[CrashExplanation]:
     return cls
 
 
+# The families that define crash explanations: `nndoctor explain` imports these only, not the
+# runtime checks (which import torch: seconds before a pasted log is even read).
+EXPLANATION_FAMILIES = ("nndoctor.explain.checks", "nndoctor.env.checks")
+
+
+def _explanation_classes() -> list[type[Check]]:
+    load_families(EXPLANATION_FAMILIES)
+    return registered_checks()
+
+
 def variants_of(code: str) -> list[type[CrashExplanation]]:
-    all_checks()  # variants live in the explanation modules the registry loads
+    load_families(EXPLANATION_FAMILIES)  # variants live in the explanation modules
     return [v for v in _VARIANTS if v.code == code]
 
 
@@ -94,7 +104,7 @@ def explanations(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list
     """The enabled explanation classes, in the order they are tried."""
     select, ignore = list(select), list(ignore)
     # Any scope: the install checks of ``nndoctor env`` also explain the crashes they cause.
-    found = [c for c in all_checks() if issubclass(c, CrashExplanation) and c.patterns
+    found = [c for c in _explanation_classes() if issubclass(c, CrashExplanation) and c.patterns
              and is_enabled(c, select, ignore)]
     found += [v for v in _VARIANTS if v.patterns and is_enabled(v, select, ignore)]
     return sorted(found, key=lambda c: (c.order, c.code))
