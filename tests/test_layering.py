@@ -313,6 +313,8 @@ STRING_IMPORTERS = {
     "perf.tf_trials": "runs `python -m nndoctor.perf.tf_rerun_child` in a subprocess",
     "perf.tf_rerun_child": "its argparse prog name",
     "report.html": "reads the report's assets with importlib.resources",
+    "explain.base": "EXPLANATION_FAMILIES, the families `nndoctor explain` loads (not the runtime checks: no torch)",
+    "perf.warm_launcher": "WARM_CHILDREN, the re-run child its helper process imports and forks",
 }
 
 

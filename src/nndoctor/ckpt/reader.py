@@ -114,7 +114,9 @@ def read_checkpoint(path: str, *, trust: bool = False, limits: ReadLimits | None
     if is_url(path):  # s3://, gs://: read in place with ranged reads
         from nndoctor.ckpt.remote import read_remote_checkpoint
 
-        return read_remote_checkpoint(path)
+        # torch.save's zip over a URL is read by the same inert zip reader (handed over, so that
+        # remote.py need not import this module back)
+        return read_remote_checkpoint(path, read_zip=_read_zip)
     tf_checkpoint = _tf_location(path)
     if tf_checkpoint is not None:
         from nndoctor.ckpt.tf_checkpoint import read_tf_checkpoint

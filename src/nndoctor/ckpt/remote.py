@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ def _access_error(url: str, error: Exception) -> UsageError:
                       f"credentials in the environment")
 
 
-def read_remote_checkpoint(url: str) -> Checkpoint:
+def read_remote_checkpoint(url: str, read_zip: Callable[..., Checkpoint]) -> Checkpoint:
     """A TensorFlow checkpoint/SavedModel or a safetensors file at ``url``, read in place."""
     from nndoctor.ckpt.tf_checkpoint import locate, read_tf_checkpoint
 
@@ -100,7 +101,6 @@ def read_remote_checkpoint(url: str) -> Checkpoint:
     if len(head) >= 9 and head[8:9] == b"{" and head[6:8] == b"\x00\x00":
         return _read_safetensors(url, files, size)
     if head.startswith(b"PK\x03\x04"):  # torch.save's zip: the same inert reader, on a ranged stream
-        from nndoctor.ckpt.reader import _read_zip
         from nndoctor.limits import ReadLimits
 
         try:
@@ -108,7 +108,7 @@ def read_remote_checkpoint(url: str) -> Checkpoint:
         except Exception as error:  # noqa: BLE001 - object stores raise their own types (auth, network)
             raise _access_error(url, error) from None
         with stream:
-            return _read_zip(url, False, ReadLimits.from_env(), stream=stream, size=size)
+            return read_zip(url, False, ReadLimits.from_env(), stream=stream, size=size)
     raise UsageError(f"{url}: over a URL, ckpt inspect reads TensorFlow checkpoints, SavedModel folders, "
                      f".safetensors files and PyTorch zip checkpoints in place; for this format (first bytes {head[:8]!r}) copy it to a "
                      f"local file first")
