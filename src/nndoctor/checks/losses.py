@@ -552,7 +552,15 @@ class LossNotDecreasing(Check):
     * **not decreasing**: no significant decrease (z > −1.645, one-sided 5%) *and* the
       median of the last third of the losses is not 1% below the median of the first third;
     * **diverging**: a significant increase (z > 2.326, one-sided 1%) *and* the last third's
-      median at least 1.5× the first third's.
+      median at least 1.5× the first third's;
+    * **diverged after a jump**: the median of the last third of the losses is at least 100×
+      the first loss (the loss before any update), whatever the trend since: a learning rate
+      far too high throws the loss up by orders of magnitude within a few steps, after which
+      it may drift down again, which the trend test alone reads as a decrease.
+
+    A loss whose first three values average at least 10× the median of the last third has
+    already converged: the plateau that follows such a fall is not reported as "not
+    decreasing" (the fall can be quick enough for the first third to lie on the plateau).
 
     Runs with several optimizers (GANs, whose losses need not decrease) and losses that go
     negative (log-likelihoods) are not examined. Known false positives: a run resumed at a
@@ -646,7 +654,7 @@ class LossNotDecreasing(Check):
             return
         kind, z, ratio = verdict
         n = len(self._values)
-        what = trend_sentence(kind, z, ratio, n)
+        what = trend_sentence(kind, z, ratio, n, values=self._values)
         self.report(
             what + ".",
             location=self._location,

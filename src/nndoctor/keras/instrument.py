@@ -44,6 +44,8 @@ from nndoctor.user_code import user_location
 # Batches an accelerator's training loss is read late (see KerasObserver.settle_batch): by then the
 # step that computed it has finished, so reading it does not wait.
 LOSS_LAG = 2
+# K101 reads the predictions of this many calls of each loss object in a custom loop.
+_LOOP_LOSS_CALLS = 2
 
 
 @dataclass
@@ -61,6 +63,7 @@ class _Call:
     # (batch, step, loss) of finished batches whose accelerator loss is not read yet (see settle_batch)
     lagged: list[tuple[int, int, Any]] = field(default_factory=list)
     train_function: Any = None  # (model, Keras's train function) while ours wraps it
+    logits_kept: bool = False  # the predictions carry the logits of their softmax/sigmoid (TensorFlow)
 
 
 class KerasObserver:
@@ -133,6 +136,7 @@ class KerasObserver:
         self._callback_cls = _make_callback_class(keras, self)
         self._patch_keras_owned(keras.layers.Layer, "__call__")
         self._patch_keras_owned(model_cls, "predict")
+        self._patch_loss_call(keras)
         patcher.on_undo(self._disable)
         if self.shared is not None:
             patcher.on_undo(lambda: self._guard(self.shared.conclude))
@@ -143,6 +147,49 @@ class KerasObserver:
 
     def _disable(self) -> None:
         self.enabled = False
+
+    # -- K101 in custom loops: a Keras loss object called from the user's code outside fit -------
+    def _patch_loss_call(self, keras: Any) -> None:
+        """A custom loop calls its loss object itself (``loss_fn(y, model(x))``): K101 reads the
+        predictions of its first calls, as ``fit``'s compiled loss is read in ``compute_loss``."""
+        check = next((c for c in self.checks if c.code == "K101"), None)
+        if check is None:
+            return
+        original = self.installation.patcher.patch(keras.losses.Loss, "__call__", None)
+        inspected: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+        def __call__(loss, *args, **kwargs):
+            if not self.calls and self.enabled and inspected.get(loss, 0) < _LOOP_LOSS_CALLS \
+                    and os.getpid() == self.session.pid:
+                frame = sys._getframe(1)
+                self._guard(lambda: self._inspect_loop_loss(check, loss, args, kwargs, frame, inspected))
+            return original(loss, *args, **kwargs)
+
+        __call__.__wrapped__ = original
+        self.installation.patcher.patch(keras.losses.Loss, "__call__", __call__)
+
+    def _inspect_loop_loss(self, check: Any, loss: Any, args: tuple, kwargs: dict, frame: Any,
+                           inspected: weakref.WeakKeyDictionary) -> None:
+        from nndoctor.keras.tf_location import called_from_user, tf_user_location
+
+        config = kf.loss_config(loss)
+        if config is None or config.kind is None or not config.from_logits:
+            inspected[loss] = _LOOP_LOSS_CALLS  # not a cross-entropy on logits: nothing to read
+            return
+        if not called_from_user(frame):
+            return  # a loss called by Keras or another library
+        y_pred = args[1] if len(args) > 1 else kwargs.get("y_pred")
+        pred = kf.summarize(y_pred)
+        if pred is None:
+            return
+        kept = kf.loss_reads_logits(y_pred, self.backend)
+        if pred.has_values:
+            inspected[loss] = inspected.get(loss, 0) + 1
+        location = tf_user_location(frame) if self.backend == "tensorflow" else user_location(frame)
+        check.inspect(kf.BatchFacts(
+            phase="the training loop", call_location=location, compile_location=None, loss=config,
+            output_layer=None, output_activation=None, output_location=None, x=None, y=None,
+            y_pred=pred, first_conv=None, backend=self.backend, logits_kept=kept))
 
     # While Keras computes, the PyTorch instrumentation looks away: on the torch backend Keras
     # layers are torch modules, but the PyTorch checks are not written for Keras's internals
@@ -349,6 +396,7 @@ class KerasObserver:
     def _observe(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> bool:
         """Run the K checks on one batch; True once the predictions had real values."""
         values = inspect.signature(original_loss).bind(model, *args, **kwargs).arguments
+        call.logits_kept = call.logits_kept or kf.loss_reads_logits(values.get("y_pred"), self.backend)
         x, y, y_pred = (kf.summarize(values.get(k)) for k in ("x", "y", "y_pred"))
         return self._inspect(model, call, x, y, y_pred)
 
@@ -411,6 +459,8 @@ class KerasObserver:
                 kf.BatchNormFacts(layer.name, float(layer.momentum), self.layer_location(layer))
                 for layer in layers if type(layer).__name__ == "BatchNormalization"
             ],
+            backend=self.backend,
+            logits_kept=call.logits_kept,
         )
         for check in list(self.checks):
             try:

@@ -290,7 +290,7 @@ class SharedCodes:
             return
         kind, z, ratio = verdict
         n = len(series.values)
-        what = trend_sentence(kind, z, ratio, n, subject=f"the training loss of {series.where}")
+        what = trend_sentence(kind, z, ratio, n, subject=f"the training loss of {series.where}", values=series.values)
         self._emit("L106", what + ".", series.location, {
             "trend": kind, "mann_kendall_z": z, "thirds_ratio": ratio, "losses_observed": n,
             "first": series.values[:3], "last": series.values[-3:]}, step=series.first_step)
