@@ -658,7 +658,7 @@ class LossNotDecreasing(Check):
         self.report(
             what + ".",
             location=self._location,
-            evidence={"trend": kind, "mann_kendall_z": z, "thirds_ratio": ratio, "losses_observed": n,
+            evidence={"trend": kind, "mann_kendall_z": z, "jump_ratio" if kind == "jumped" else "thirds_ratio": ratio, "losses_observed": n,
                       "first": self._values[:3], "last": self._values[-3:]},
             step=self._first_step,
         )

@@ -292,7 +292,7 @@ class SharedCodes:
         n = len(series.values)
         what = trend_sentence(kind, z, ratio, n, subject=f"the training loss of {series.where}", values=series.values)
         self._emit("L106", what + ".", series.location, {
-            "trend": kind, "mann_kendall_z": z, "thirds_ratio": ratio, "losses_observed": n,
+            "trend": kind, "mann_kendall_z": z, "jump_ratio" if kind == "jumped" else "thirds_ratio": ratio, "losses_observed": n,
             "first": series.values[:3], "last": series.values[-3:]}, step=series.first_step)
 
     # -- D105 ------------------------------------------------------------------------------
