@@ -87,6 +87,14 @@ def test_expected_excess_leaves_global_rng_alone():
     L.expected_excess.cache_clear()
     L.expected_excess(7)
     assert torch.equal(torch.rand(3), expected)
+    import numpy as np
+
+    np.random.seed(5)
+    expected_np = np.random.rand(3)
+    np.random.seed(5)
+    L.expected_excess.cache_clear()
+    L.expected_excess(9)
+    assert np.array_equal(np.random.rand(3), expected_np)
 
 
 def test_mann_kendall_z():

@@ -4,7 +4,6 @@ expect logits or log-probabilities, shape broadcasting, the initial loss, the lo
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +12,12 @@ import torch
 
 from nndoctor.events import Backward, LossComputed, RunEnd, StepEnd
 from nndoctor.findings import Location, Severity
+from nndoctor.initial_loss import (  # noqa: F401 - re-exported for the tests and preflight
+    INITIAL_LOGIT_STD,
+    expected_excess,
+    initial_loss_excess,
+    initial_loss_finding,
+)
 from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
 from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
     DIVERGING_RATIO,
@@ -140,32 +145,6 @@ def hand_written_broadcasts(loss: Any, max_nodes: int = 24) -> list[tuple[str, t
                                   out_shape, operand, kind))
         queue.extend(p for p, _ in nexts if p is not None)
     return found
-
-
-# L105: a first loss is suspicious when it exceeds what i.i.d. logits z ~ N(0, σ²) with
-# σ = 3 would give. Standard initialisation gives σ ≈ 0.3–1 (loss ≈ ln C); σ = 3 already
-# means a saturated softmax. The expected loss has no closed form for small C, so it is
-# simulated (own generator: the user's RNG streams are never touched).
-INITIAL_LOGIT_STD = 3.0
-
-
-def initial_loss_excess(losses: Sequence[float], classes: int) -> float | None:
-    """Mean initial loss minus ln(C) (None without data)."""
-    finite = [v for v in losses if math.isfinite(v)]
-    if not finite or classes < 2:
-        return None
-    return sum(finite) / len(finite) - math.log(classes)
-
-
-@functools.lru_cache(maxsize=64)
-def expected_excess(classes: int, sigma: float = INITIAL_LOGIT_STD, values: int = 1 << 18) -> float:
-    """E[cross-entropy] − ln C for i.i.d. N(0, σ²) logits over C classes (Monte Carlo over
-    about ``values`` logits: standard error < 1% of the result for any C)."""
-    generator = torch.Generator().manual_seed(0)
-    rows = max(256, values // classes)
-    logits = torch.randn(rows, classes, generator=generator, dtype=torch.float64) * sigma
-    ce = torch.logsumexp(logits, dim=1) - logits[:, 0]  # the target's logit is just as random
-    return float(ce.mean()) - math.log(classes)
 
 
 # L106: Mann–Kendall trend test over the observed training losses (shared with Keras/TensorFlow).
@@ -520,24 +499,11 @@ class InitialLossSuspicious(Check):
         if self._done:
             return
         self._done = True
-        excess = initial_loss_excess(self._losses, self._classes)
-        if excess is None:
+        found = initial_loss_finding(self._losses, self._classes)
+        if found is None:
             return
-        limit = expected_excess(self._classes)
-        if excess <= limit:
-            return
-        ln_c = math.log(self._classes)
-        mean = excess + ln_c
-        self.report(
-            f"the first loss{'es' if len(self._losses) > 1 else ''} before any optimizer step average "
-            f"{mean:.3g} for {self._classes} classes, while an untrained model should give about "
-            f"ln({self._classes}) = {ln_c:.3g}; the threshold {ln_c + limit:.3g} is the loss of random logits "
-            f"with std {INITIAL_LOGIT_STD:g} (standard initialisation gives ≲ 1): the network starts saturated.",
-            location=self._location,
-            evidence={"initial_losses": [round(v, 4) for v in self._losses], "classes": self._classes,
-                      "ln_classes": ln_c, "threshold": ln_c + limit},
-            step=0,
-        )
+        message, evidence = found
+        self.report(message, location=self._location, evidence=evidence, step=0)
 
 
 @register

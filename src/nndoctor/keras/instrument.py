@@ -64,6 +64,7 @@ class _Call:
     lagged: list[tuple[int, int, Any]] = field(default_factory=list)
     train_function: Any = None  # (model, Keras's train function) while ours wraps it
     logits_kept: bool = False  # the predictions carry the logits of their softmax/sigmoid (TensorFlow)
+    classes: int = 0  # outputs of a sparse/categorical cross-entropy classifier (L105)
 
 
 class KerasObserver:
@@ -82,6 +83,7 @@ class KerasObserver:
         self._keras_depth = 0
         self._saved_active = False
         self.backend = ""
+        self.fitted: weakref.WeakSet[Any] = weakref.WeakSet()  # models whose first fit was seen (L105)
         # TensorFlow backend: (model, phase) -> the variables its traced step writes batch statistics into.
         self.probes: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -151,49 +153,83 @@ class KerasObserver:
     # -- K101 in custom loops: a Keras loss object called from the user's code outside fit -------
     def _patch_loss_call(self, keras: Any) -> None:
         """A custom loop calls its loss object itself (``loss_fn(y, model(x))``): K101 reads the
-        predictions of its first calls, as ``fit``'s compiled loss is read in ``compute_loss``."""
+        predictions of its first calls, as ``fit``'s compiled loss is read in ``compute_loss``, and
+        L105 the value of a classification loss computed before the first optimizer step."""
         check = next((c for c in self.checks if c.code == "K101"), None)
-        if check is None:
+        initial = self.shared is not None and "L105" in self.shared.checks
+        if check is None and not initial:
             return
         original = self.installation.patcher.patch(keras.losses.Loss, "__call__", None)
         inspected: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
         def __call__(loss, *args, **kwargs):
-            if not self.calls and self.enabled and inspected.get(loss, 0) < _LOOP_LOSS_CALLS \
-                    and os.getpid() == self.session.pid:
-                frame = sys._getframe(1)
+            watch = not self.calls and self.enabled and inspected.get(loss, 0) < _LOOP_LOSS_CALLS \
+                and os.getpid() == self.session.pid
+            frame = sys._getframe(1) if watch else None
+            if watch:
                 self._guard(lambda: self._inspect_loop_loss(check, loss, args, kwargs, frame, inspected))
-            return original(loss, *args, **kwargs)
+            result = original(loss, *args, **kwargs)
+            if watch and initial and self.session.step == 0:
+                self._guard(lambda: self._loop_initial_loss(loss, args, kwargs, result, frame))
+            return result
 
         __call__.__wrapped__ = original
         self.installation.patcher.patch(keras.losses.Loss, "__call__", __call__)
 
+    def inspect_loop_input(self, model: Any, x: Any, location: Location | None) -> None:
+        """D101 on the input a custom loop gives its model under a GradientTape (its first call)."""
+        if self.shared is None or "D101" not in self.shared.checks:
+            return
+        self.shared.inspect(kf.BatchFacts(
+            phase="the training loop", call_location=location, compile_location=None, loss=None,
+            output_layer=None, output_activation=None, output_location=None, x=kf.summarize(x), y=None,
+            y_pred=None, first_conv=None, leading_layers=_leading_layers(_layers(model)), backend=self.backend))
+
+    def _loop_location(self, frame: Any) -> Location | None:
+        from nndoctor.keras.tf_location import tf_user_location
+
+        return tf_user_location(frame) if self.backend == "tensorflow" else user_location(frame)
+
     def _inspect_loop_loss(self, check: Any, loss: Any, args: tuple, kwargs: dict, frame: Any,
                            inspected: weakref.WeakKeyDictionary) -> None:
-        from nndoctor.keras.tf_location import called_from_user, tf_user_location
+        from nndoctor.keras.tf_location import called_from_user
 
         config = kf.loss_config(loss)
-        if config is None or config.kind is None or not config.from_logits:
-            inspected[loss] = _LOOP_LOSS_CALLS  # not a cross-entropy on logits: nothing to read
+        if config is None or config.kind is None:
+            inspected[loss] = _LOOP_LOSS_CALLS  # not a cross-entropy: nothing to read
             return
         if not called_from_user(frame):
             return  # a loss called by Keras or another library
         y_pred = args[1] if len(args) > 1 else kwargs.get("y_pred")
-        pred = kf.summarize(y_pred)
+        pred = kf.summarize(y_pred) if config.from_logits and check is not None else None
+        if pred is None or pred.has_values:
+            inspected[loss] = inspected.get(loss, 0) + 1
         if pred is None:
             return
         kept = kf.loss_reads_logits(y_pred, self.backend)
-        if pred.has_values:
-            inspected[loss] = inspected.get(loss, 0) + 1
-        location = tf_user_location(frame) if self.backend == "tensorflow" else user_location(frame)
         check.inspect(kf.BatchFacts(
-            phase="the training loop", call_location=location, compile_location=None, loss=config,
-            output_layer=None, output_activation=None, output_location=None, x=None, y=None,
+            phase="the training loop", call_location=self._loop_location(frame), compile_location=None,
+            loss=config, output_layer=None, output_activation=None, output_location=None, x=None, y=None,
             y_pred=pred, first_conv=None, backend=self.backend, logits_kept=kept))
 
-    # While Keras computes, the PyTorch instrumentation looks away: on the torch backend Keras
-    # layers are torch modules, but the PyTorch checks are not written for Keras's internals
-    # (symbolic "meta" passes, its own losses and optimizers); the K checks cover fit/evaluate.
+    def _loop_initial_loss(self, loss: Any, args: tuple, kwargs: dict, result: Any, frame: Any) -> None:
+        """L105: a sparse/categorical cross-entropy computed eagerly before the first optimizer step."""
+        from nndoctor.keras.tf_location import called_from_user
+
+        config = kf.loss_config(loss)
+        y_pred = args[1] if len(args) > 1 else kwargs.get("y_pred")
+        shape = getattr(y_pred, "shape", None)
+        if config is None or config.kind not in ("sparse", "categorical") or shape is None or len(shape) != 2:
+            return
+        if kf.is_symbolic_value(result) or len(getattr(result, "shape", ()) or ()) != 0 \
+                or not called_from_user(frame):
+            return  # traced (no value), or a per-sample loss (reduction=None)
+        classes = int(shape[-1]) if shape[-1] is not None else 0
+        if classes < 2 or self.shared is None:
+            return
+        value = float(result.detach() if hasattr(result, "detach") else result)  # one scalar, once
+        self.shared.initial_loss(("loop", id(loss)), [value], classes, self._loop_location(frame),
+                                 "the training loop")
     def _enter_keras(self) -> None:
         if self._keras_depth == 0:
             self._saved_active = self.session.active
@@ -384,8 +420,12 @@ class KerasObserver:
             return
         x = record.x_ref() if record.x_ref is not None else None
         self.shared.dead_relu_after_fit(model, x, record.validation_split, record.location)
+        first_fit = model not in self.fitted
+        self.fitted.add(model)
         if not record.means:
             return
+        if first_fit and record.classes and record.means[0][0] == 0:  # batch 0's loss, before the first update
+            self.shared.initial_loss(("fit", id(model)), [record.means[0][1]], record.classes, record.location, "fit")
         series = self.shared.loss_series(("fit", id(model)), record.location, record.first_step, "fit")
         if series is not None:
             for value in shared_codes.batch_losses_from_means(record.means):
@@ -462,6 +502,10 @@ class KerasObserver:
             backend=self.backend,
             logits_kept=call.logits_kept,
         )
+        loss = batch.loss
+        if loss is not None and loss.kind in ("sparse", "categorical") and y_pred is not None \
+                and len(y_pred.shape) == 2 and y_pred.shape[-1] >= 2:
+            call.classes = int(y_pred.shape[-1])
         for check in list(self.checks):
             try:
                 check.inspect(batch)
