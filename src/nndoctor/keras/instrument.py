@@ -61,10 +61,13 @@ class _Call:
     validation_split: float = 0.0
     logs: Any = None  # what fit's train function returned for the last batch (see watch_train_function)
     # (batch, step, loss) of finished batches whose accelerator loss is not read yet (see settle_batch)
-    lagged: list[tuple[int, int, Any]] = field(default_factory=list)
+    lagged: list[tuple[int, int, Any, Any]] = field(default_factory=list)
     train_function: Any = None  # (model, Keras's train function) while ours wraps it
     logits_kept: bool = False  # the predictions carry the logits of their softmax/sigmoid (TensorFlow)
-    classes: int = 0  # outputs of a sparse/categorical cross-entropy classifier (L105)
+    classes: int = 0  # outputs of a sparse/categorical cross-entropy classifier (L105, L108)
+    accuracies: list[tuple[int, float]] = field(default_factory=list)  # (batch, logs' accuracy): L108
+    label_counts: list[float] | None = None  # class counts of the y given to fit (L108)
+    batch_size: int = 32
 
 
 class KerasObserver:
@@ -316,6 +319,9 @@ class KerasObserver:
                 record.x_ref = None
         stateful = any(getattr(layer, "stateful", False) for layer in _layers(given["self"])) \
             if "self" in given else False  # a stateful RNN needs the order: shuffle=False is required there
+        record.batch_size = int(given.get("batch_size") or 32)
+        if self.shared is not None and given.get("y") is not None:
+            record.label_counts = self.shared.label_counts(given["y"], record.validation_split)
         if self.shared is not None and given.get("y") is not None and hasattr(x, "shape") and not stateful:
             batch_size = given.get("batch_size") or 32
             self.shared.unshuffled_fit(given["y"], given.get("shuffle", True), int(batch_size),
@@ -351,11 +357,14 @@ class KerasObserver:
             return
         value = self._batch_loss(model, call)
         if value is not None:
-            call.lagged.append((batch, self.session.step, value))
+            accuracy = _returned_accuracy(call.logs) if call.label_counts is not None else None
+            call.lagged.append((batch, self.session.step, value, accuracy))
         keep = LOSS_LAG if not flush and value is not None and _on_accelerator(value) else 0
         while len(call.lagged) > keep:
-            batch_, step, loss = call.lagged.pop(0)
+            batch_, step, loss, accuracy = call.lagged.pop(0)
             self.training_loss(model, batch_, float(loss), step)
+            if accuracy is not None:
+                call.accuracies.append((batch_, float(accuracy)))
 
     def _batch_loss(self, model: Any, call: _Call) -> Any:
         """The running mean of the loss after the batch just finished: the scalar fit's train function
@@ -426,6 +435,10 @@ class KerasObserver:
             return
         if first_fit and record.classes and record.means[0][0] == 0:  # batch 0's loss, before the first update
             self.shared.initial_loss(("fit", id(model)), [record.means[0][1]], record.classes, record.location, "fit")
+        if record.classes and record.label_counts is not None and len(record.label_counts) <= record.classes:
+            counts = record.label_counts + [0.0] * (record.classes - len(record.label_counts))
+            self.shared.loss_at_chance(("fit", id(model)), record.means, record.accuracies, counts,
+                                       record.batch_size, record.location)
         series = self.shared.loss_series(("fit", id(model)), record.location, record.first_step, "fit")
         if series is not None:
             for value in shared_codes.batch_losses_from_means(record.means):
@@ -577,6 +590,20 @@ def _returned_loss(logs: Any) -> Any:
     if shape is None or len(shape) != 0:
         return None
     return value
+
+
+_ACCURACY_KEYS = ("accuracy", "acc", "sparse_categorical_accuracy", "categorical_accuracy")
+
+
+def _returned_accuracy(logs: Any) -> Any:
+    """The running accuracy a train function returned (a compiled accuracy metric), or None."""
+    if not isinstance(logs, dict):
+        return None
+    for key in _ACCURACY_KEYS:
+        value = logs.get(key)
+        if isinstance(value, (int, float)) or (value is not None and len(getattr(value, "shape", (1,))) == 0):
+            return value
+    return None
 
 
 def _on_accelerator(value: Any) -> bool:

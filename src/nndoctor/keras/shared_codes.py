@@ -20,6 +20,7 @@ import statistics
 from typing import Any
 
 from nndoctor.catalog_table import Rule, is_enabled, rule
+from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence
 from nndoctor.image_batches import (
     flattened_image_side,
     image_layout,
@@ -44,7 +45,7 @@ _SCALE_PRESERVING = {"Reshape", "Permute", "Flatten", "Cropping2D", "ZeroPadding
 _KERAS_FIX = ("scale pixels to 0–1 (keras.layers.Rescaling(1/255) as the first layer, or x / 255) and "
               "normalize with the mean/std of your data or of the pretrained weights")
 _LEARNED = {"Conv1D", "Conv2D", "Conv3D", "SeparableConv2D", "DepthwiseConv2D", "Dense"}
-SHARED = ("D101", "D107", "O104", "N101", "L106", "D105", "N103", "L105")
+SHARED = ("D101", "D107", "O104", "N101", "L106", "D105", "N103", "L105", "L108")
 # N103's thresholds (the PyTorch check's): ≥ 90% of a ReLU layer's units never active over at least
 # 64 samples in 4 batches; a batch is 32 samples (the PyTorch check reads the first 32 of each batch).
 _DEAD_FRACTION, _MIN_RELU_SAMPLES, _MIN_RELU_BATCHES, _RELU_BATCH = 0.9, 64, 4, 32
@@ -396,3 +397,35 @@ class SharedCodes:
         message, evidence = found
         self._emit("L105", message.replace("before any optimizer step", f"of {where} before any update"),
                    location, evidence, step=0)
+
+    # -- L108 ------------------------------------------------------------------------------
+    def label_counts(self, y: Any, validation_split: float) -> list[float] | None:
+        """Class counts of the training part of the labels given to ``fit`` (L108's prior)."""
+        if "L108" not in self.checks:
+            return None
+        import numpy as np
+
+        labels = label_ids(y)
+        if labels is None or labels.size == 0 or labels.min() < 0:
+            return None
+        if validation_split:
+            labels = labels[: int(math.floor(len(labels) * (1.0 - validation_split)))]
+        return [float(c) for c in np.bincount(labels)]
+
+    def loss_at_chance(self, key: object, means: list[tuple[int, float]], accuracies: list[tuple[int, float]],
+                       counts: list[float], batch_size: int, location: Any) -> None:
+        """L108 on one fit: each batch's loss (and accuracy, when a metric gives it) from the running
+        epoch means; steps counted from the start of this fit."""
+        if "L108" not in self.checks or ("L108", key) in self._seen:
+            return
+        losses = batch_losses_from_means(means)
+        rates = batch_losses_from_means(accuracies) if len(accuracies) == len(means) else []
+        use_accuracy = len(rates) == len(losses)
+        batches = [BatchOutcome(step, loss, round(rates[step] * batch_size) if use_accuracy else -1,
+                                batch_size if use_accuracy else 0) for step, loss in enumerate(losses)]
+        found = at_chance(batches, counts)
+        if found is None:
+            return
+        self._seen.add(("L108", key))
+        self._emit("L108", chance_sentence(found).replace("the classifier", "the classifier trained by fit", 1) + ".",
+                   location, found, step=found["from_step"])
