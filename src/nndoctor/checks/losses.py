@@ -433,6 +433,11 @@ class InitialLossSuspicious(Check):
     standard initialisation gives (σ ≈ 0.3–1, loss ≈ ln C). Known false positives: a run resumed from a checkpoint that is
     confidently wrong on the new data (e.g. a new label mapping) — which is worth knowing too.
 
+    On Keras 3 (torch and TensorFlow backends) the same rule reads the first batch's loss of a
+    model's first ``fit`` (a sparse/categorical cross-entropy; C is the output width), and in
+    custom loops the first eager call of a Keras cross-entropy loss object before any
+    optimizer step.
+
     ## Why is this bad?
     A too-large initial loss means the network starts saturated: inputs not normalised,
     a bad initialisation scale, a final layer with a large bias, or a temperature/scale
