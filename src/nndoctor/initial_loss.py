@@ -14,6 +14,11 @@ import math
 from collections.abc import Sequence
 
 INITIAL_LOGIT_STD = 3.0
+# Keras: Dense layers start with glorot-uniform weights (variance 2/(fan_in + fan_out)), whose
+# logits spread about √6 times more than PyTorch's default Linear init for a narrow head, and
+# the first loss is one batch: the threshold allows logits of std 5 (measured false alarm at σ = 3:
+# a BatchNormalization + Dense(2, softmax) model whose first batch loss was 1.97 for 2 classes).
+KERAS_INITIAL_LOGIT_STD = 5.0
 
 
 def initial_loss_excess(losses: Sequence[float], classes: int) -> float | None:
@@ -39,12 +44,13 @@ def expected_excess(classes: int, sigma: float = INITIAL_LOGIT_STD, values: int 
     return float(ce.mean()) - math.log(classes)
 
 
-def initial_loss_finding(losses: Sequence[float], classes: int) -> tuple[str, dict] | None:
+def initial_loss_finding(losses: Sequence[float], classes: int,
+                         sigma: float = INITIAL_LOGIT_STD) -> tuple[str, dict] | None:
     """L105's statement and evidence when the first losses exceed the threshold, else None."""
     excess = initial_loss_excess(losses, classes)
     if excess is None:
         return None
-    limit = expected_excess(classes)
+    limit = expected_excess(classes, sigma)
     if excess <= limit:
         return None
     ln_c = math.log(classes)
@@ -53,7 +59,7 @@ def initial_loss_finding(losses: Sequence[float], classes: int) -> tuple[str, di
         f"the first loss{'es' if len(losses) > 1 else ''} before any optimizer step "
         f"{'average' if len(losses) > 1 else 'is'} {mean:.3g} for {classes} classes, while an untrained model should give about "
         f"ln({classes}) = {ln_c:.3g}; the threshold {ln_c + limit:.3g} is the loss of random logits "
-        f"with std {INITIAL_LOGIT_STD:g} (standard initialisation gives ≲ 1): the network starts saturated "
+        f"with std {sigma:g} (standard initialisation gives ≲ 1): the network starts saturated "
         f"or its inputs are far from unit scale.")
     evidence = {"initial_losses": [round(v, 4) for v in losses], "classes": classes,
                 "ln_classes": ln_c, "threshold": ln_c + limit}

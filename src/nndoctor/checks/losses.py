@@ -436,7 +436,8 @@ class InitialLossSuspicious(Check):
     On Keras 3 (torch and TensorFlow backends) the same rule reads the first batch's loss of a
     model's first ``fit`` (a sparse/categorical cross-entropy; C is the output width), and in
     custom loops the first eager call of a Keras cross-entropy loss object before any
-    optimizer step.
+    optimizer step, with logits of std 5 as the threshold (Keras's glorot-uniform default
+    spreads a narrow head's logits more than PyTorch's, and the first loss is one batch).
 
     ## Why is this bad?
     A too-large initial loss means the network starts saturated: inputs not normalised,

@@ -27,7 +27,7 @@ from nndoctor.image_batches import (
     raw_flattened_pixels,
     unnormalized_pixels,
 )
-from nndoctor.initial_loss import initial_loss_finding
+from nndoctor.initial_loss import KERAS_INITIAL_LOGIT_STD, initial_loss_finding
 from nndoctor.keras import nonfinite
 from nndoctor.keras.facts import BatchFacts
 from nndoctor.loss_trend import TREND_MIN_STEPS, loss_trend, trend_sentence
@@ -380,9 +380,11 @@ class SharedCodes:
         message = (f"{what} {problem}: {x.dtype}{list(x.shape)} in "
                    f"[{x.min:.4g}, {x.max:.4g}] reach the first layer ({leading[-1]}) unscaled "
                    "(normalised images stay within about ±3).")
-        self._emit("D101", message, batch.call_location, {
-            "input_shape": list(x.shape), "dtype": x.dtype, "min": x.min, "max": x.max,
-            "first_layer": leading[-1], "flattened_image": list(flat) if flat else None}, _KERAS_FIX)
+        evidence = {"input_shape": list(x.shape), "dtype": x.dtype, "min": x.min, "max": x.max,
+                    "first_layer": leading[-1]}
+        if flat is not None:
+            evidence["flattened_image"] = list(flat)
+        self._emit("D101", message, batch.call_location, evidence, _KERAS_FIX)
 
     # -- L105 ------------------------------------------------------------------------------
     def initial_loss(self, key: object, losses: list[float], classes: int, location: Any, where: str) -> None:
@@ -391,7 +393,7 @@ class SharedCodes:
         if "L105" not in self.checks or ("L105", key) in self._seen:
             return
         self._seen.add(("L105", key))
-        found = initial_loss_finding(losses, classes)
+        found = initial_loss_finding(losses, classes, KERAS_INITIAL_LOGIT_STD)
         if found is None:
             return
         message, evidence = found
