@@ -161,3 +161,12 @@ def chance_sentence(found: dict) -> str:
             f"through it (Mann–Kendall z = {found['mann_kendall_z']:.2f}): the labels look independent of the inputs "
             f"(or the model sits on a plateau longer than {found['to_step'] - found['from_step']} steps before it "
             f"starts to learn)")
+
+
+def confirmed(batches: Sequence[BatchOutcome], counts: Sequence[float], found: dict) -> bool:
+    """An early decision still stands at the end of the run: the batches after it do not show a
+    model that learns (accuracy significantly above majority + δ). A correct model that sat on a
+    plateau and then learned withdraws it (measured: the keras-io transformer text classifier
+    stays at chance for its first epoch, then learns); so does a model that memorises its random
+    labels, a miss accepted to keep false alarms away."""
+    return not learning([b for b in batches if b.step > found["to_step"]], counts)

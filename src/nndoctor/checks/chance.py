@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence, learning
+from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence, confirmed, learning
 from nndoctor.events import LossComputed, RunEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.stats import has_plain_values
@@ -35,7 +35,10 @@ class LossAtChance(Check):
     decrease at z < −1.645 over the window with its last third below H(y): a correct model that
     learns slowly also sits near chance for a while, but its loss keeps falling past H(y)). It reports at the first look where all hold (at least 50 steps and 8
     batches after the burn-in), and stops watching once the accuracy is significantly above
-    that bound, or after 2,000 steps.
+    that bound, or after 2,000 steps. The decision is reported at the end of the run, unless
+    the batches after it show the model learning (accuracy significantly above the bound): a
+    correct model that sat on a plateau first is not reported; a model that memorises its
+    random labels later is not either (a miss accepted to keep false alarms away).
 
     ## Why is this bad?
     A classifier stuck at H(y) has learned the class frequencies and nothing else: the
@@ -92,6 +95,7 @@ class LossAtChance(Check):
         self._location: Location | None = None
         self._last_step = -1
         self._decided = False
+        self._found: dict | None = None  # an early decision, reported at the end unless the model learns after it
 
     def on_loss(self, event: LossComputed) -> None:
         if self._decided or event.step == self._last_step:
@@ -159,10 +163,17 @@ class LossAtChance(Check):
         if len(self.session.state.optimizers) > 1:
             return  # adversarial/multi-task training: losses at chance can be intended
         counts = self._counts.tolist()
-        found = at_chance(self._outcomes, counts)
-        if found is None:
-            if learning(self._outcomes, counts):
-                self._stop()  # the model beats the majority rate: nothing more to watch
+        if self._found is None:
+            self._found = at_chance(self._outcomes, counts)
+            if self._found is None:
+                if learning(self._outcomes, counts):
+                    self._stop()  # the model beats the majority rate: nothing more to watch
+                return
+        found = self._found
+        if not confirmed(self._outcomes, counts, found):
+            self._stop()  # it learned after a plateau: no report
+            return
+        if not final:
             return
         self._stop()
         self.report(chance_sentence(found) + ".", location=self._location, evidence=found,
@@ -170,6 +181,7 @@ class LossAtChance(Check):
 
     def _stop(self) -> None:
         self._decided = True
+        self._found = None
         self._rows = self._counts = None
         self._outcomes.clear()
 

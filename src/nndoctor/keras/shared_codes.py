@@ -20,7 +20,7 @@ import statistics
 from typing import Any
 
 from nndoctor.catalog_table import Rule, is_enabled, rule
-from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence
+from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence, confirmed
 from nndoctor.image_batches import (
     flattened_image_side,
     image_layout,
@@ -426,7 +426,7 @@ class SharedCodes:
         batches = [BatchOutcome(step, loss, round(rates[step] * batch_size) if use_accuracy else -1,
                                 batch_size if use_accuracy else 0) for step, loss in enumerate(losses)]
         found = at_chance(batches, counts)
-        if found is None:
+        if found is None or not confirmed(batches, counts, found):
             return
         self._seen.add(("L108", key))
         self._emit("L108", chance_sentence(found).replace("the classifier", "the classifier trained by fit", 1) + ".",
