@@ -6,6 +6,7 @@ D101 without importing the PyTorch checks (and PyTorch).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 _IMAGE_CHANNELS = (1, 3, 4)
@@ -40,3 +41,36 @@ def unnormalized_pixels(dtype: str, minimum: float, maximum: float) -> str | Non
     if maximum > 25:
         return "0–255 pixels"
     return None
+
+
+# Flattened images: (N, side² · channels) columns with a square side of at least this many pixels.
+_MIN_FLAT_SIDE = 16
+
+
+def flattened_image_side(shape: Sequence[int]) -> tuple[int, int] | None:
+    """(side, channels) when a 2-D batch has as many columns as a square image of 1 or 3
+    channels with a side of at least 16 pixels (784 = 28², 3072 = 32²·3), else None."""
+    if len(shape) != 2:
+        return None
+    columns = int(shape[1])
+    for channels in (1, 3):
+        if columns % channels:
+            continue
+        side = math.isqrt(columns // channels)
+        if side >= _MIN_FLAT_SIDE and side * side * channels == columns:
+            return side, channels
+    return None
+
+
+def raw_flattened_pixels(shape: Sequence[int], dtype: str, minimum: float, maximum: float,
+                         integer_valued: bool) -> str | None:
+    """D101 on a 2-D batch: flattened 8-bit pixels still in 0–255, or None.
+
+    Only when it is clearly that: as many columns as a square image, whole numbers in [0, 255]
+    (uint8, or floats with integer values) and a maximum above 100 (a batch of real images has
+    bright pixels; counts or small integer features rarely fill that range)."""
+    if flattened_image_side(shape) is None or minimum < 0 or maximum > 255 or not integer_valued:
+        return None
+    if dtype == "uint8" and maximum > 1:
+        return "uint8 pixels"
+    return "0–255 pixels" if maximum > 100 else None

@@ -87,6 +87,14 @@ def test_expected_excess_leaves_global_rng_alone():
     L.expected_excess.cache_clear()
     L.expected_excess(7)
     assert torch.equal(torch.rand(3), expected)
+    import numpy as np
+
+    np.random.seed(5)
+    expected_np = np.random.rand(3)
+    np.random.seed(5)
+    L.expected_excess.cache_clear()
+    L.expected_excess(9)
+    assert np.array_equal(np.random.rand(3), expected_np)
 
 
 def test_mann_kendall_z():
@@ -111,3 +119,21 @@ def test_loss_trend_verdicts():
     assert L.loss_trend(flat[: L.TREND_MIN_POINTS - 1]) is None  # too few points
     assert L.loss_trend([-v for v in flat]) is None  # negative objectives are not judged
     assert L.thirds_ratio([1, 1, 1, 2, 2, 2]) == 2.0
+
+
+def test_a_loss_that_already_fell_tenfold_has_converged_and_a_jump_is_divergence():
+    from nndoctor import loss_trend as LT
+
+    rng = random.Random(2)
+    floor = [0.09 + 0.01 * rng.gauss(0, 1) for _ in range(570)]
+    converged = [6.7, 5.6, 0.25, 0.15, 0.1, *floor]  # a 70× fall within a few steps, then the floor
+    assert L.mann_kendall_z(converged) > L.NOT_DECREASING_Z  # the trend alone reads "does not go down"
+    assert L.loss_trend(converged) is None
+    assert L.loss_trend([0.5, 0.3, 0.2, *floor])[0] == "not-decreasing"  # a fall of 3× is not convergence
+    drifting_down = [1e-4, 20.0, 900.0, *[20.0 * math.exp(-i / 40) + 1.0 for i in range(120)]]
+    assert L.mann_kendall_z(drifting_down) < -5  # the trend test sees a decrease
+    kind, _, ratio = L.loss_trend(drifting_down)
+    assert kind == "jumped" and ratio > LT.JUMP_RATIO
+    sentence = L.trend_sentence(kind, 0.0, ratio, len(drifting_down), values=drifting_down)
+    assert "first loss 0.0001" in sentence and "threshold 100×" in sentence
+    assert L.loss_trend([0.0, *floor]) is not None and LT.jump_ratio([0.0, 1.0]) == 1.0  # a first loss of 0

@@ -1,89 +1,58 @@
-"""Classification that never leaves chance level: L108 loss-at-chance."""
+"""Classification that never leaves chance level: L108 loss-at-chance (the rule is
+``nndoctor.chance_level``, shared with Keras)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 
+from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence, confirmed, learning
 from nndoctor.events import LossComputed, RunEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.stats import has_plain_values
 from nndoctor.registry import Check, register
 
-BURN_IN_STEPS = 50  # early losses are near chance in every run
-MIN_OBSERVATIONS = 3  # sampled steps after the burn-in
-MIN_SPAN_STEPS = 200  # between the first and the last of them
-LOSS_TOLERANCE = 0.05  # relative to the chance level
-ACCURACY_MARGIN = 0.02
-
-
-@dataclass(frozen=True)
-class Observation:
-    step: int
-    loss: float
-    correct: int
-    seen: int
-
-
-def entropy(counts: Sequence[float]) -> float:
-    total = sum(counts)
-    return -sum(c / total * math.log(c / total) for c in counts if c > 0) if total else 0.0
-
-
-def at_chance(observations: Sequence[Observation], counts: Sequence[float]) -> dict | None:
-    """Evidence that the loss stayed at the label prior's entropy and the accuracy at the
-    majority rate over the observed window; None when the window is too short or the model
-    is doing better than chance."""
-    late = [o for o in observations if o.step >= BURN_IN_STEPS]
-    if len(late) < MIN_OBSERVATIONS or late[-1].step - late[0].step < MIN_SPAN_STEPS:
-        return None
-    classes = len(counts)
-    total = sum(counts)
-    if classes < 2 or total == 0:
-        return None
-    prior_entropy = entropy(counts)
-    uniform = math.log(classes)
-    low = prior_entropy * (1 - LOSS_TOLERANCE)
-    high = uniform * (1 + LOSS_TOLERANCE)
-    if not all(low <= o.loss <= high for o in late):
-        return None
-    if late[-1].loss < late[0].loss - LOSS_TOLERANCE * prior_entropy:
-        return None  # still going down: slow learning, not decoupled labels
-    majority = max(counts) / total
-    seen = sum(o.seen for o in late)
-    accuracy = sum(o.correct for o in late) / seen
-    noise = 3 * math.sqrt(majority * (1 - majority) / seen)
-    if accuracy > majority + noise + ACCURACY_MARGIN:
-        return None
-    return {"losses": [round(o.loss, 4) for o in late], "steps": [o.step for o in late],
-            "prior_entropy": round(prior_entropy, 4), "ln_classes": round(uniform, 4),
-            "accuracy": round(accuracy, 4), "majority_rate": round(majority, 4), "classes": classes}
+# Vocabulary-sized targets (language models) are left out: the per-step argmax over a
+# vocabulary is not free, and next-token targets are no "labels" that can be shuffled.
+MAX_CLASSES = 1000
+# The test is about the first steps: a run still undecided after this many is left alone.
+MAX_WATCHED_STEPS = 2000
 
 
 @register
 class LossAtChance(Check):
     """
     ## What it does
-    On sampled steps, for classification losses (``cross_entropy``, ``nll_loss`` with
-    integer class targets, mean reduction, no label smoothing or class weights) records
-    the loss, the batch accuracy of the logits' argmax, and the class counts of the
-    targets. After a burn-in of 50 steps, when at least 3 sampled steps spanning at least
-    200 steps all have a loss within 5% of chance — between the label prior's entropy
-    H(y) (what a model that learned only the class frequencies scores) and ln(C) — the loss
-    is not going down, and the accuracy is no better than always predicting the most
-    frequent class (plus 3 standard errors and 2 points), it reports that the labels
-    carry no information the model can use.
+    For classification losses (``cross_entropy``, ``nll_loss`` with integer class targets,
+    mean reduction (or a sum, divided by the targets counted, as Hugging Face models compute
+    it under ``Trainer``), no label smoothing or class weights, at most 1,000 classes) records, at
+    every training step and on the loss's device (read on sampled steps), the loss, how many
+    argmax predictions were right, and the class counts of the targets. After a burn-in of 20
+    steps, it runs a sequential test over all the batches since: at looks spaced
+    geometrically in the number of predictions, it asks whether the accuracy is significantly
+    below the majority-class rate + 10 points (Chernoff's bound, α = 0.01 split over the
+    looks) while the loss stays at the label prior's entropy H(y) (its 99% lower bound above
+    95% of H(y), its mean below 1.25·ln C) and does not go down through H(y) (no Mann–Kendall
+    decrease at z < −1.645 over the window with its last third below H(y): a correct model that
+    learns slowly also sits near chance for a while, but its loss keeps falling past H(y)). It reports at the first look where all hold (at least 50 steps and 8
+    batches after the burn-in), and stops watching once the accuracy is significantly above
+    that bound, or after 2,000 steps. The decision is reported at the end of the run, unless
+    the batches after it show the model learning (accuracy significantly above the bound): a
+    correct model that sat on a plateau first is not reported; a model that memorises its
+    random labels later is not either (a miss accepted to keep false alarms away).
 
     ## Why is this bad?
     A classifier stuck at H(y) has learned the class frequencies and nothing else: the
     labels are decoupled from the inputs. Typical causes: inputs and labels shuffled
     separately, the label column read from the wrong field, a dataset that returns the
     label of another index, augmentations applied to the image list but not the label
-    list. Training runs to the end and looks stable. L105 only looks at the first losses
-    and L106 at the trend; this check names the level the loss is stuck at.
+    list. Training runs to the end and looks stable; a large model may even memorise the
+    random labels in later epochs, which the test does not wait for. L105 only looks at
+    the first losses and L106 at the trend; this check names the level the loss is stuck at.
+
+    On Keras 3 the same test runs on the batches of ``fit`` (each batch's loss, and its
+    accuracy when the model is compiled with an accuracy metric, recovered from the running
+    epoch means Keras logs), with the class counts of the ``y`` given to ``fit``; without an
+    accuracy metric the loss alone decides, over at least 80 steps and 30 batches.
 
     ## Example
     ```python
@@ -96,13 +65,17 @@ class LossAtChance(Check):
     perm = torch.randperm(len(X))
     X, y = X[perm], y[perm]                # one permutation for both
     ```
-    Short runs (under ~250 steps with the default sampling) are not judged: every model
-    starts at chance. A genuinely unlearnable task looks the same; so does a learning rate
-    so low that nothing moves (M106 and L106 say more about that).
+    A genuinely unlearnable task looks the same; so does a correct model that sits on a
+    plateau at chance for more than ~50 steps after the burn-in before it starts to learn
+    (measured: an embedding-bag text classifier with Adam 1e-3 stays at the prior for its
+    whole first epoch of 96 steps, then learns) and a learning rate so low that nothing
+    moves: the decision is made early on purpose, so such a run is reported too. M106 and
+    L106 say more about those.
 
     ## References
     - Zhang et al., "Understanding deep learning requires rethinking generalization" (random labels), ICLR 2017: https://arxiv.org/abs/1611.03530
     - Karpathy, "A Recipe for Training Neural Networks" (verify loss @ init, input-independent baseline): https://karpathy.github.io/2019/04/25/recipe/
+    - Wald, "Sequential Tests of Statistical Hypotheses", Annals of Mathematical Statistics 1945: https://doi.org/10.1214/aoms/1177731118
     """
 
     code = "L108"
@@ -114,56 +87,108 @@ class LossAtChance(Check):
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._observations: list[Observation] = []
-        self._counts: list[float] = []
+        self._outcomes: list[BatchOutcome] = []
+        self._classes = 0
+        self._counts: torch.Tensor | None = None  # per-class target counts, on the loss's device
+        self._rows: torch.Tensor | None = None  # (loss, correct, seen) of the steps not read yet
+        self._steps: list[int] = []  # their steps
         self._location: Location | None = None
         self._last_step = -1
+        self._decided = False
+        self._found: dict | None = None  # an early decision, reported at the end unless the model learns after it
 
     def on_loss(self, event: LossComputed) -> None:
-        if not event.sampled or event.step == self._last_step:
+        if self._decided or event.step == self._last_step:
+            return
+        if event.step > MAX_WATCHED_STEPS:
+            self._flush()
+            self._decide(final=True)
+            self._stop()
             return
         if event.function not in ("cross_entropy", "nll_loss") or not _plain_classification(event):
             return
         logits, target, output = event.input, event.target, event.output
         classes = int(logits.shape[1])
-        if self._counts and len(self._counts) != classes:
+        if classes > MAX_CLASSES or (self._classes and classes != self._classes):
             return
+        if self._rows is None or self._rows.device != output.device:
+            self._flush()
+            size = 4 * self.session.sample_every + self.session.full_window + 8
+            self._rows = torch.zeros(size, 3, dtype=torch.float32, device=output.device)
+            if self._counts is None or self._counts.device != output.device:
+                counts = torch.zeros(classes, dtype=torch.float64, device=output.device)
+                if self._counts is not None:
+                    counts += self._counts.to(output.device)
+                self._counts = counts
+        if len(self._steps) >= self._rows.shape[0]:
+            if event.sampled:
+                self._flush()
+            return  # full until the next sampled step reads it
         ignore = event.options.get("ignore_index", -100)
-        with torch.no_grad():
-            keep = target != ignore
-            labels = target[keep]
-            if labels.numel() == 0 or int(labels.min()) < 0 or int(labels.max()) >= classes:
-                return
-            correct = (logits.detach()[keep].argmax(1) == labels).sum()
-            counts = torch.bincount(labels, minlength=classes)
-            values = torch.cat([output.detach().float().reshape(1), correct.reshape(1).float(),
-                                counts.float()]).cpu().tolist()
-        if not math.isfinite(values[0]):
+        counts_on_device = self._counts
+        if counts_on_device is None:
             return
+        with torch.no_grad():  # no host sync: every value stays on the device until a sampled step
+            valid = (target != ignore) & (target >= 0) & (target < classes)
+            safe = torch.where(valid, target, torch.zeros_like(target))
+            correct = ((logits.detach().argmax(1) == safe) & valid).sum()
+            row = self._rows[len(self._steps)]
+            loss = output.detach().float().reshape(())
+            if event.options.get("reduction", "mean") == "sum":  # Trainer's loss over the items of a batch
+                loss = loss / valid.sum().clamp(min=1)
+            row[0].copy_(loss)
+            row[1].copy_(correct)
+            row[2].copy_(valid.sum())
+            counts_on_device.scatter_add_(0, safe.long(), valid.to(counts_on_device.dtype))
         self._last_step = event.step
-        if not self._counts:
-            self._counts = [0.0] * classes
+        self._steps.append(event.step)
+        if not self._classes:
+            self._classes = classes
             self._location = event.location
-        self._counts = [a + b for a, b in zip(self._counts, values[2:])]
-        self._observations.append(Observation(event.step, values[0], int(values[1]), int(labels.numel())))
-        if len(self._observations) > 256:
-            del self._observations[: len(self._observations) - 256]
+        if event.sampled:
+            self._flush()
+            self._decide(final=False)
 
-    def on_run_end(self, event: RunEnd) -> None:
+    def _flush(self) -> None:
+        if self._rows is None or not self._steps:
+            return
+        values = self._rows[: len(self._steps)].tolist()  # the only sync, on sampled steps
+        self._outcomes.extend(BatchOutcome(step, loss, int(correct), int(seen))
+                              for step, (loss, correct, seen) in zip(self._steps, values, strict=True))
+        self._steps.clear()
+
+    def _decide(self, *, final: bool) -> None:
+        if self._decided or self._counts is None:
+            return
         if len(self.session.state.optimizers) > 1:
             return  # adversarial/multi-task training: losses at chance can be intended
-        found = at_chance(self._observations, self._counts)
-        if found is None:
+        counts = self._counts.tolist()
+        if self._found is None:
+            self._found = at_chance(self._outcomes, counts)
+            if self._found is None:
+                if learning(self._outcomes, counts):
+                    self._stop()  # the model beats the majority rate: nothing more to watch
+                return
+        found = self._found
+        if not confirmed(self._outcomes, counts, found):
+            self._stop()  # it learned after a plateau: no report
             return
-        self.report(
-            f"the classification loss stayed at chance for {found['steps'][-1] - found['steps'][0]} steps: "
-            f"{', '.join(f'{v:.3g}' for v in found['losses'][-4:])} at steps "
-            f"{', '.join(str(s) for s in found['steps'][-4:])}, against the label prior's entropy "
-            f"{found['prior_entropy']:.3g} (ln {found['classes']} = {found['ln_classes']:.3g}), with accuracy "
-            f"{found['accuracy']:.1%} where always predicting the most frequent class gives "
-            f"{found['majority_rate']:.1%}: the labels look independent of the inputs.",
-            location=self._location, evidence=found, step=found["steps"][0],
-        )
+        if not final:
+            return
+        self._stop()
+        self.report(chance_sentence(found) + ".", location=self._location, evidence=found,
+                    step=found["from_step"])
+
+    def _stop(self) -> None:
+        self._decided = True
+        self._found = None
+        self._rows = self._counts = None
+        self._outcomes.clear()
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self._flush()
+        self._decide(final=True)
+        self._stop()
 
 
 def _plain_classification(event: LossComputed) -> bool:
@@ -177,6 +202,6 @@ def _plain_classification(event: LossComputed) -> bool:
     if not output.requires_grad:
         return False  # evaluation, not training
     options = event.options
-    if options.get("reduction", "mean") != "mean" or options.get("weight") is not None:
+    if options.get("reduction", "mean") not in ("mean", "sum") or options.get("weight") is not None:
         return False
     return not options.get("label_smoothing")

@@ -391,6 +391,12 @@ class UnnormalizedInput(Check):
     first Conv/Linear layer still in raw pixel units: `uint8` tensors, or float values from
     0 up to 255 (maximum above 25), or beyond 255 (16-bit data).
 
+    On Keras 3 it reads the data given to ``fit``/``evaluate`` and, on the TensorFlow backend,
+    the first batch a custom ``GradientTape`` loop gives its model. There it also covers
+    images flattened to one row (N, side²·channels, e.g. 784 = 28² MNIST columns, 3072 =
+    32²·3) when they are clearly raw pixels: whole numbers in [0, 255] (``uint8``, or floats
+    with a maximum above 100) going into a first ``Dense`` layer.
+
     ## Why is this bad?
     Weights are initialised (and pretrained) for inputs of unit scale. Inputs 255 times too
     large saturate activations, blow up the first layer's gradients and make the learning

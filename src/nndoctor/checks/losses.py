@@ -4,7 +4,6 @@ expect logits or log-probabilities, shape broadcasting, the initial loss, the lo
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +12,12 @@ import torch
 
 from nndoctor.events import Backward, LossComputed, RunEnd, StepEnd
 from nndoctor.findings import Location, Severity
+from nndoctor.initial_loss import (  # noqa: F401 - re-exported for the tests and preflight
+    INITIAL_LOGIT_STD,
+    expected_excess,
+    initial_loss_excess,
+    initial_loss_finding,
+)
 from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
 from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
     DIVERGING_RATIO,
@@ -140,32 +145,6 @@ def hand_written_broadcasts(loss: Any, max_nodes: int = 24) -> list[tuple[str, t
                                   out_shape, operand, kind))
         queue.extend(p for p, _ in nexts if p is not None)
     return found
-
-
-# L105: a first loss is suspicious when it exceeds what i.i.d. logits z ~ N(0, σ²) with
-# σ = 3 would give. Standard initialisation gives σ ≈ 0.3–1 (loss ≈ ln C); σ = 3 already
-# means a saturated softmax. The expected loss has no closed form for small C, so it is
-# simulated (own generator: the user's RNG streams are never touched).
-INITIAL_LOGIT_STD = 3.0
-
-
-def initial_loss_excess(losses: Sequence[float], classes: int) -> float | None:
-    """Mean initial loss minus ln(C) (None without data)."""
-    finite = [v for v in losses if math.isfinite(v)]
-    if not finite or classes < 2:
-        return None
-    return sum(finite) / len(finite) - math.log(classes)
-
-
-@functools.lru_cache(maxsize=64)
-def expected_excess(classes: int, sigma: float = INITIAL_LOGIT_STD, values: int = 1 << 18) -> float:
-    """E[cross-entropy] − ln C for i.i.d. N(0, σ²) logits over C classes (Monte Carlo over
-    about ``values`` logits: standard error < 1% of the result for any C)."""
-    generator = torch.Generator().manual_seed(0)
-    rows = max(256, values // classes)
-    logits = torch.randn(rows, classes, generator=generator, dtype=torch.float64) * sigma
-    ce = torch.logsumexp(logits, dim=1) - logits[:, 0]  # the target's logit is just as random
-    return float(ce.mean()) - math.log(classes)
 
 
 # L106: Mann–Kendall trend test over the observed training losses (shared with Keras/TensorFlow).
@@ -454,6 +433,12 @@ class InitialLossSuspicious(Check):
     standard initialisation gives (σ ≈ 0.3–1, loss ≈ ln C). Known false positives: a run resumed from a checkpoint that is
     confidently wrong on the new data (e.g. a new label mapping) — which is worth knowing too.
 
+    On Keras 3 (torch and TensorFlow backends) the same rule reads the first batch's loss of a
+    model's first ``fit`` (a sparse/categorical cross-entropy; C is the output width), and in
+    custom loops the first eager call of a Keras cross-entropy loss object before any
+    optimizer step, with logits of std 5 as the threshold (Keras's glorot-uniform default
+    spreads a narrow head's logits more than PyTorch's, and the first loss is one batch).
+
     ## Why is this bad?
     A too-large initial loss means the network starts saturated: inputs not normalised,
     a bad initialisation scale, a final layer with a large bias, or a temperature/scale
@@ -520,24 +505,11 @@ class InitialLossSuspicious(Check):
         if self._done:
             return
         self._done = True
-        excess = initial_loss_excess(self._losses, self._classes)
-        if excess is None:
+        found = initial_loss_finding(self._losses, self._classes)
+        if found is None:
             return
-        limit = expected_excess(self._classes)
-        if excess <= limit:
-            return
-        ln_c = math.log(self._classes)
-        mean = excess + ln_c
-        self.report(
-            f"the first loss{'es' if len(self._losses) > 1 else ''} before any optimizer step average "
-            f"{mean:.3g} for {self._classes} classes, while an untrained model should give about "
-            f"ln({self._classes}) = {ln_c:.3g}; the threshold {ln_c + limit:.3g} is the loss of random logits "
-            f"with std {INITIAL_LOGIT_STD:g} (standard initialisation gives ≲ 1): the network starts saturated.",
-            location=self._location,
-            evidence={"initial_losses": [round(v, 4) for v in self._losses], "classes": self._classes,
-                      "ln_classes": ln_c, "threshold": ln_c + limit},
-            step=0,
-        )
+        message, evidence = found
+        self.report(message, location=self._location, evidence=evidence, step=0)
 
 
 @register
@@ -552,7 +524,15 @@ class LossNotDecreasing(Check):
     * **not decreasing**: no significant decrease (z > −1.645, one-sided 5%) *and* the
       median of the last third of the losses is not 1% below the median of the first third;
     * **diverging**: a significant increase (z > 2.326, one-sided 1%) *and* the last third's
-      median at least 1.5× the first third's.
+      median at least 1.5× the first third's;
+    * **diverged after a jump**: the median of the last third of the losses is at least 100×
+      the first loss (the loss before any update), whatever the trend since: a learning rate
+      far too high throws the loss up by orders of magnitude within a few steps, after which
+      it may drift down again, which the trend test alone reads as a decrease.
+
+    A loss whose first three values average at least 10× the median of the last third has
+    already converged: the plateau that follows such a fall is not reported as "not
+    decreasing" (the fall can be quick enough for the first third to lie on the plateau).
 
     Runs with several optimizers (GANs, whose losses need not decrease) and losses that go
     negative (log-likelihoods) are not examined. Known false positives: a run resumed at a
@@ -646,11 +626,11 @@ class LossNotDecreasing(Check):
             return
         kind, z, ratio = verdict
         n = len(self._values)
-        what = trend_sentence(kind, z, ratio, n)
+        what = trend_sentence(kind, z, ratio, n, values=self._values)
         self.report(
             what + ".",
             location=self._location,
-            evidence={"trend": kind, "mann_kendall_z": z, "thirds_ratio": ratio, "losses_observed": n,
+            evidence={"trend": kind, "mann_kendall_z": z, "jump_ratio" if kind == "jumped" else "thirds_ratio": ratio, "losses_observed": n,
                       "first": self._values[:3], "last": self._values[-3:]},
             step=self._first_step,
         )

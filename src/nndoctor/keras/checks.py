@@ -27,12 +27,13 @@ class KerasCheck(Check):
         # Every registered Keras check overrides this; reaching it is a programming error.
         raise TypeError(f"{type(self).__name__} must define inspect()")
 
-    def _report_once(self, key: object, message: str, *, location: Location | None, evidence: dict) -> None:
+    def _report_once(self, key: object, message: str, *, location: Location | None, evidence: dict,
+                     severity: Severity | None = None) -> None:
         seen = self.__dict__.setdefault("_seen", set())
         if key in seen:
             return
         seen.add(key)
-        self.report(message, location=location, evidence=evidence, step=self.session.step)
+        self.report(message, location=location, evidence=evidence, step=self.session.step, severity=severity)
 
 
 def _where(location: Location | None) -> str:
@@ -45,15 +46,32 @@ class SoftmaxWithFromLogits(KerasCheck):
 
     ## What it does
     Looks at the compiled loss of a single-output model and at the predictions of the first
-    batch of ``fit``/``evaluate``. It fires when the loss is a cross-entropy with
-    ``from_logits=True`` and the model's last layer applies ``softmax``/``sigmoid``, or the
-    predictions are probabilities (every value in [0, 1], every row summing to 1).
+    batch of ``fit``/``evaluate``, and at the first calls of a Keras loss object from your own
+    code (a custom ``GradientTape`` loop). It fires when the loss is a cross-entropy with
+    ``from_logits=True`` and the model's last layer applies ``softmax``/``sigmoid``, the
+    predictions are probabilities (every value in [0, 1], every row summing to 1), or, on the
+    TensorFlow backend, the predictions are the output of a Keras softmax/sigmoid (a traced
+    ``Softmax``/``Sigmoid`` op inside ``tf.function``).
+
+    What happens then depends on the backend (measured with Keras 3.15):
+
+    * **torch backend**, and **TensorFlow when the probabilities were made any other way**
+      (``tf.nn.softmax`` or a cast after the softmax, run eagerly): the loss applies
+      softmax/sigmoid to the probabilities again. It sees values squeezed into [0, 1], the
+      gradients shrink, training is slow or stalls, and nothing crashes (error).
+    * **TensorFlow backend, output of a Keras softmax/sigmoid**: Keras keeps the logits on the
+      tensor the activation returns (and traces a ``Softmax`` op back to its input inside
+      ``tf.function``) and computes the loss on those logits, whatever ``from_logits`` says; it
+      prints a ``UserWarning``. Loss and gradients equal those of a linear head with
+      ``from_logits=True``: this run trains. The code still says two contradictory things, and
+      it breaks silently when the backend changes to torch, or when the probabilities pass
+      through another op before the loss (warning).
 
     ## Why is this bad?
-    With ``from_logits=True`` Keras applies softmax (or sigmoid) itself. Applied twice, the
-    loss sees values squeezed into a narrow range: the gradients shrink, training is slow
-    or stalls, and nothing crashes. The Keras docs say to use ``from_logits=True`` only when
-    the predictions are unnormalized logits.
+    With ``from_logits=True`` the loss treats its input as unnormalized logits. The Keras docs
+    say to use it only with a linear head. Where the backend does not rescue the mismatch,
+    softmax is applied twice and the model learns little; where it does, the result depends on
+    an implementation detail of one backend.
 
     ## Example
     ```python
@@ -72,6 +90,8 @@ class SoftmaxWithFromLogits(KerasCheck):
     - Keras losses, `from_logits`: https://keras.io/api/losses/probabilistic_losses/
     - TensorFlow, Basic classification ("from_logits=True" with a linear head):
       https://www.tensorflow.org/tutorials/keras/classification
+    - Keras source, TensorFlow backend, ``_get_logits`` (the substitution and its UserWarning):
+      https://github.com/keras-team/keras/blob/master/keras/src/backend/tensorflow/nn.py
     """
 
     code = "K101"
@@ -82,24 +102,44 @@ class SoftmaxWithFromLogits(KerasCheck):
 
     def inspect(self, batch: BatchFacts) -> None:
         loss, pred = batch.loss, batch.y_pred
-        if loss is None or loss.kind is None or not loss.from_logits or pred is None or not pred.has_values:
+        if loss is None or loss.kind is None or not loss.from_logits or pred is None:
+            return
+        in_loop = batch.phase not in ("fit", "evaluate")
+        if not pred.has_values and not (in_loop and batch.logits_kept):
             return  # wait for a batch with real predictions: the message states their range
         structural = batch.output_activation in _PROBABILITY_ACTIVATIONS
-        measured = pred is not None and looks_like_probabilities(pred)
-        if not (structural or measured):
+        measured = pred.has_values and looks_like_probabilities(pred)
+        if not (structural or measured or batch.logits_kept):
             return
-        what = (f"the last layer '{batch.output_layer}' applies {batch.output_activation}" if structural
-                else "the predictions are probabilities")
-        ranges = f"; predictions in [{pred.min:.3g}, {pred.max:.3g}]"
-        sums = (f", rows sum to 1 within {pred.row_sum_deviation:.1e}"
-                if measured else "")
-        message = (f"{loss.name}(from_logits=True) receives probabilities: {what}{ranges}{sums}. "
-                   f"Keras applies softmax/sigmoid again inside the loss, which flattens the gradients"
-                   f"{_where(batch.output_location) if structural else ''}.")
+        if structural:
+            what = f"the last layer '{batch.output_layer}' applies {batch.output_activation}"
+        elif batch.logits_kept:
+            what = "the predictions are the output of a Keras softmax/sigmoid"
+        else:
+            what = "the predictions are probabilities"
+        ranges = f"; predictions in [{pred.min:.3g}, {pred.max:.3g}]" if pred.has_values else ""
+        sums = f", rows sum to 1 within {pred.row_sum_deviation:.1e}" if measured else ""
+        where_layer = _where(batch.output_location) if structural else ""
+        if batch.logits_kept:
+            severity = Severity.WARNING
+            consequence = (
+                f"On the TensorFlow backend Keras 3 computes this loss on the logits before that softmax/sigmoid "
+                f"(the tensor keeps them), so this run trains as a linear head with from_logits=True would{where_layer}; "
+                f"the code is inconsistent all the same: the same code applies softmax/sigmoid twice on the torch "
+                f"backend, and on TensorFlow as soon as the probabilities pass through another op before the loss "
+                f"(tf.nn.softmax or a cast, run eagerly).")
+        else:
+            severity = Severity.ERROR
+            consequence = (f"The loss applies softmax/sigmoid to them again, which flattens the gradients{where_layer}"
+                           + (" (Keras on TensorFlow substitutes the logits only for the direct output of its own "
+                              "softmax/sigmoid, which these are not)." if batch.backend == "tensorflow" else "."))
+        message = f"{loss.name}(from_logits=True) receives probabilities: {what}{ranges}{sums}. {consequence}"
         where = batch.compile_location or batch.call_location
-        self._report_once(("loss", where), message, location=where, evidence={
+        self._report_once(("loss", where), message, location=where, severity=severity, evidence={
             "loss": loss.name, "from_logits": True, "output_activation": batch.output_activation,
-            "pred_min": pred.min, "pred_max": pred.max})
+            "pred_min": pred.min if pred.has_values else None, "pred_max": pred.max if pred.has_values else None,
+            "backend": batch.backend, "loss_uses_logits_before_activation": batch.logits_kept,
+            "phase": batch.phase})
 
 
 @register

@@ -78,6 +78,10 @@ class BatchFacts:
     # Class names of the layers up to the first learned one (Conv/Dense), InputLayer left out.
     leading_layers: tuple[str, ...] = ()
     batch_norms: list[BatchNormFacts] = field(default_factory=list)
+    backend: str = ""
+    # TensorFlow backend: the predictions carry the logits of the Keras softmax/sigmoid that made
+    # them (see ``loss_reads_logits``), so a cross-entropy computes on those logits.
+    logits_kept: bool = False
 
 
 # -- pure helpers ------------------------------------------------------------------------
@@ -190,6 +194,23 @@ def looks_like_probabilities(summary: ArraySummary) -> bool:
         and summary.min >= -PROBABILITY_TOLERANCE and summary.max <= 1 + PROBABILITY_TOLERANCE
         and summary.row_sum_deviation <= PROBABILITY_TOLERANCE
     )
+
+
+def loss_reads_logits(value: Any, backend: str) -> bool:
+    """Whether a Keras cross-entropy given ``value`` computes on the logits before its softmax or
+    sigmoid rather than on ``value``: on the TensorFlow backend, Keras's softmax/sigmoid (the
+    activation, ``keras.ops``) keep their input on the output tensor (``_keras_logits``), and in a
+    traced function an output made by a ``Softmax``/``Sigmoid`` op is traced back to that op's
+    input; the loss then uses those logits whatever ``from_logits`` says. The torch backend has no
+    such substitution."""
+    if backend != "tensorflow" or value is None:
+        return False
+    if getattr(value, "_keras_logits", None) is not None:
+        return True
+    if type(value).__name__ != "SymbolicTensor":
+        return False  # an eager tensor has no op to trace back
+    op = getattr(value, "op", None)
+    return getattr(op, "type", None) in ("Softmax", "Sigmoid")
 
 
 def activation_name(layer: Any) -> str | None:

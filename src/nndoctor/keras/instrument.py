@@ -44,6 +44,8 @@ from nndoctor.user_code import user_location
 # Batches an accelerator's training loss is read late (see KerasObserver.settle_batch): by then the
 # step that computed it has finished, so reading it does not wait.
 LOSS_LAG = 2
+# K101 reads the predictions of this many calls of each loss object in a custom loop.
+_LOOP_LOSS_CALLS = 2
 
 
 @dataclass
@@ -59,8 +61,13 @@ class _Call:
     validation_split: float = 0.0
     logs: Any = None  # what fit's train function returned for the last batch (see watch_train_function)
     # (batch, step, loss) of finished batches whose accelerator loss is not read yet (see settle_batch)
-    lagged: list[tuple[int, int, Any]] = field(default_factory=list)
+    lagged: list[tuple[int, int, Any, Any]] = field(default_factory=list)
     train_function: Any = None  # (model, Keras's train function) while ours wraps it
+    logits_kept: bool = False  # the predictions carry the logits of their softmax/sigmoid (TensorFlow)
+    classes: int = 0  # outputs of a sparse/categorical cross-entropy classifier (L105, L108)
+    accuracies: list[tuple[int, float]] = field(default_factory=list)  # (batch, logs' accuracy): L108
+    label_counts: list[float] | None = None  # class counts of the y given to fit (L108)
+    batch_size: int = 32
 
 
 class KerasObserver:
@@ -79,6 +86,7 @@ class KerasObserver:
         self._keras_depth = 0
         self._saved_active = False
         self.backend = ""
+        self.fitted: weakref.WeakSet[Any] = weakref.WeakSet()  # models whose first fit was seen (L105)
         # TensorFlow backend: (model, phase) -> the variables its traced step writes batch statistics into.
         self.probes: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -133,6 +141,7 @@ class KerasObserver:
         self._callback_cls = _make_callback_class(keras, self)
         self._patch_keras_owned(keras.layers.Layer, "__call__")
         self._patch_keras_owned(model_cls, "predict")
+        self._patch_loss_call(keras)
         patcher.on_undo(self._disable)
         if self.shared is not None:
             patcher.on_undo(lambda: self._guard(self.shared.conclude))
@@ -144,9 +153,86 @@ class KerasObserver:
     def _disable(self) -> None:
         self.enabled = False
 
-    # While Keras computes, the PyTorch instrumentation looks away: on the torch backend Keras
-    # layers are torch modules, but the PyTorch checks are not written for Keras's internals
-    # (symbolic "meta" passes, its own losses and optimizers); the K checks cover fit/evaluate.
+    # -- K101 in custom loops: a Keras loss object called from the user's code outside fit -------
+    def _patch_loss_call(self, keras: Any) -> None:
+        """A custom loop calls its loss object itself (``loss_fn(y, model(x))``): K101 reads the
+        predictions of its first calls, as ``fit``'s compiled loss is read in ``compute_loss``, and
+        L105 the value of a classification loss computed before the first optimizer step."""
+        check = next((c for c in self.checks if c.code == "K101"), None)
+        initial = self.shared is not None and "L105" in self.shared.checks
+        if check is None and not initial:
+            return
+        original = self.installation.patcher.patch(keras.losses.Loss, "__call__", None)
+        inspected: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+        def __call__(loss, *args, **kwargs):
+            watch = not self.calls and self.enabled and inspected.get(loss, 0) < _LOOP_LOSS_CALLS \
+                and os.getpid() == self.session.pid
+            frame = sys._getframe(1) if watch else None
+            if watch:
+                self._guard(lambda: self._inspect_loop_loss(check, loss, args, kwargs, frame, inspected))
+            result = original(loss, *args, **kwargs)
+            if watch and initial and self.session.step == 0:
+                self._guard(lambda: self._loop_initial_loss(loss, args, kwargs, result, frame))
+            return result
+
+        __call__.__wrapped__ = original
+        self.installation.patcher.patch(keras.losses.Loss, "__call__", __call__)
+
+    def inspect_loop_input(self, model: Any, x: Any, location: Location | None) -> None:
+        """D101 on the input a custom loop gives its model under a GradientTape (its first call)."""
+        if self.shared is None or "D101" not in self.shared.checks:
+            return
+        self.shared.inspect(kf.BatchFacts(
+            phase="the training loop", call_location=location, compile_location=None, loss=None,
+            output_layer=None, output_activation=None, output_location=None, x=kf.summarize(x), y=None,
+            y_pred=None, first_conv=None, leading_layers=_leading_layers(_layers(model)), backend=self.backend))
+
+    def _loop_location(self, frame: Any) -> Location | None:
+        from nndoctor.keras.tf_location import tf_user_location
+
+        return tf_user_location(frame) if self.backend == "tensorflow" else user_location(frame)
+
+    def _inspect_loop_loss(self, check: Any, loss: Any, args: tuple, kwargs: dict, frame: Any,
+                           inspected: weakref.WeakKeyDictionary) -> None:
+        from nndoctor.keras.tf_location import called_from_user
+
+        config = kf.loss_config(loss)
+        if config is None or config.kind is None:
+            inspected[loss] = _LOOP_LOSS_CALLS  # not a cross-entropy: nothing to read
+            return
+        if not called_from_user(frame):
+            return  # a loss called by Keras or another library
+        y_pred = args[1] if len(args) > 1 else kwargs.get("y_pred")
+        pred = kf.summarize(y_pred) if config.from_logits and check is not None else None
+        if pred is None or pred.has_values:
+            inspected[loss] = inspected.get(loss, 0) + 1
+        if pred is None:
+            return
+        kept = kf.loss_reads_logits(y_pred, self.backend)
+        check.inspect(kf.BatchFacts(
+            phase="the training loop", call_location=self._loop_location(frame), compile_location=None,
+            loss=config, output_layer=None, output_activation=None, output_location=None, x=None, y=None,
+            y_pred=pred, first_conv=None, backend=self.backend, logits_kept=kept))
+
+    def _loop_initial_loss(self, loss: Any, args: tuple, kwargs: dict, result: Any, frame: Any) -> None:
+        """L105: a sparse/categorical cross-entropy computed eagerly before the first optimizer step."""
+        from nndoctor.keras.tf_location import called_from_user
+
+        config = kf.loss_config(loss)
+        y_pred = args[1] if len(args) > 1 else kwargs.get("y_pred")
+        shape = getattr(y_pred, "shape", None)
+        if config is None or config.kind not in ("sparse", "categorical") or shape is None or len(shape) != 2:
+            return
+        if kf.is_symbolic_value(result) or len(getattr(result, "shape", ()) or ()) != 0 \
+                or not called_from_user(frame):
+            return  # traced (no value), or a per-sample loss (reduction=None)
+        classes = int(shape[-1]) if shape[-1] is not None else 0
+        if classes < 2 or self.shared is None:
+            return
+        value = float(result.detach() if hasattr(result, "detach") else result)  # one scalar, once
+        self.shared.initial_loss(("loop", id(loss)), [value], classes, self._loop_location(frame),
+                                 "the training loop")
     def _enter_keras(self) -> None:
         if self._keras_depth == 0:
             self._saved_active = self.session.active
@@ -233,6 +319,9 @@ class KerasObserver:
                 record.x_ref = None
         stateful = any(getattr(layer, "stateful", False) for layer in _layers(given["self"])) \
             if "self" in given else False  # a stateful RNN needs the order: shuffle=False is required there
+        record.batch_size = int(given.get("batch_size") or 32)
+        if self.shared is not None and given.get("y") is not None:
+            record.label_counts = self.shared.label_counts(given["y"], record.validation_split)
         if self.shared is not None and given.get("y") is not None and hasattr(x, "shape") and not stateful:
             batch_size = given.get("batch_size") or 32
             self.shared.unshuffled_fit(given["y"], given.get("shuffle", True), int(batch_size),
@@ -268,11 +357,14 @@ class KerasObserver:
             return
         value = self._batch_loss(model, call)
         if value is not None:
-            call.lagged.append((batch, self.session.step, value))
+            accuracy = _returned_accuracy(call.logs) if call.label_counts is not None else None
+            call.lagged.append((batch, self.session.step, value, accuracy))
         keep = LOSS_LAG if not flush and value is not None and _on_accelerator(value) else 0
         while len(call.lagged) > keep:
-            batch_, step, loss = call.lagged.pop(0)
+            batch_, step, loss, accuracy = call.lagged.pop(0)
             self.training_loss(model, batch_, float(loss), step)
+            if accuracy is not None:
+                call.accuracies.append((batch_, float(accuracy)))
 
     def _batch_loss(self, model: Any, call: _Call) -> Any:
         """The running mean of the loss after the batch just finished: the scalar fit's train function
@@ -337,8 +429,16 @@ class KerasObserver:
             return
         x = record.x_ref() if record.x_ref is not None else None
         self.shared.dead_relu_after_fit(model, x, record.validation_split, record.location)
+        first_fit = model not in self.fitted
+        self.fitted.add(model)
         if not record.means:
             return
+        if first_fit and record.classes and record.means[0][0] == 0:  # batch 0's loss, before the first update
+            self.shared.initial_loss(("fit", id(model)), [record.means[0][1]], record.classes, record.location, "fit")
+        if record.classes and record.label_counts is not None and len(record.label_counts) <= record.classes:
+            counts = record.label_counts + [0.0] * (record.classes - len(record.label_counts))
+            self.shared.loss_at_chance(("fit", id(model)), record.means, record.accuracies, counts,
+                                       record.batch_size, record.location)
         series = self.shared.loss_series(("fit", id(model)), record.location, record.first_step, "fit")
         if series is not None:
             for value in shared_codes.batch_losses_from_means(record.means):
@@ -349,6 +449,7 @@ class KerasObserver:
     def _observe(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> bool:
         """Run the K checks on one batch; True once the predictions had real values."""
         values = inspect.signature(original_loss).bind(model, *args, **kwargs).arguments
+        call.logits_kept = call.logits_kept or kf.loss_reads_logits(values.get("y_pred"), self.backend)
         x, y, y_pred = (kf.summarize(values.get(k)) for k in ("x", "y", "y_pred"))
         return self._inspect(model, call, x, y, y_pred)
 
@@ -411,7 +512,13 @@ class KerasObserver:
                 kf.BatchNormFacts(layer.name, float(layer.momentum), self.layer_location(layer))
                 for layer in layers if type(layer).__name__ == "BatchNormalization"
             ],
+            backend=self.backend,
+            logits_kept=call.logits_kept,
         )
+        loss = batch.loss
+        if loss is not None and loss.kind in ("sparse", "categorical") and y_pred is not None \
+                and len(y_pred.shape) == 2 and y_pred.shape[-1] >= 2:
+            call.classes = int(y_pred.shape[-1])
         for check in list(self.checks):
             try:
                 check.inspect(batch)
@@ -483,6 +590,20 @@ def _returned_loss(logs: Any) -> Any:
     if shape is None or len(shape) != 0:
         return None
     return value
+
+
+_ACCURACY_KEYS = ("accuracy", "acc", "sparse_categorical_accuracy", "categorical_accuracy")
+
+
+def _returned_accuracy(logs: Any) -> Any:
+    """The running accuracy a train function returned (a compiled accuracy metric), or None."""
+    if not isinstance(logs, dict):
+        return None
+    for key in _ACCURACY_KEYS:
+        value = logs.get(key)
+        if isinstance(value, (int, float)) or (value is not None and len(getattr(value, "shape", (1,))) == 0):
+            return value
+    return None
 
 
 def _on_accelerator(value: Any) -> bool:

@@ -75,9 +75,7 @@ def walk_layers(model: Any, x: Any, visit: Any, rows: int = MAX_ROWS) -> int | N
     walkable = hasattr(graph, "_run_through_graph") and len(getattr(graph, "inputs", ()) or ()) == 1
     if not walkable and not isinstance(model, keras.Sequential):
         return None
-    batch = x[:rows]
-    if not hasattr(batch, "device"):  # NumPy: as the backend's own tensor, like fit does
-        batch = keras.ops.convert_to_tensor(batch)
+    batch = _as_fit_input(x[:rows])
 
     def run(layer: Any, *args: Any, **kwargs: Any) -> Any:
         if "training" in kwargs or _takes_training(layer):
@@ -96,6 +94,21 @@ def walk_layers(model: Any, x: Any, visit: Any, rows: int = MAX_ROWS) -> int | N
             for layer in model.layers:
                 output = run(layer, output)
     return int(batch.shape[0])
+
+
+def _as_fit_input(batch: Any) -> Any:
+    """The rows as ``fit`` gives them to the model: the backend's own tensor, floating values cast
+    to ``keras.config.floatx()`` (Keras's data adapters cast float64 arrays, e.g. NumPy's default
+    noise, to float32: a float64 batch would not meet the float32 variables of the layers)."""
+    import keras
+    from keras.src import backend
+
+    if not hasattr(batch, "device"):  # NumPy: as the backend's own tensor, like fit does
+        batch = keras.ops.convert_to_tensor(batch)
+    dtype = backend.standardize_dtype(batch.dtype)
+    if backend.is_float_dtype(dtype) and dtype != keras.config.floatx():
+        batch = keras.ops.cast(batch, keras.config.floatx())
+    return batch
 
 
 def first_nonfinite_layer(model: Any, x: Any) -> tuple[LayerOutcome | None, int] | None:

@@ -20,7 +20,14 @@ import statistics
 from typing import Any
 
 from nndoctor.catalog_table import Rule, is_enabled, rule
-from nndoctor.image_batches import image_layout, unnormalized_pixels
+from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence, confirmed
+from nndoctor.image_batches import (
+    flattened_image_side,
+    image_layout,
+    raw_flattened_pixels,
+    unnormalized_pixels,
+)
+from nndoctor.initial_loss import KERAS_INITIAL_LOGIT_STD, initial_loss_finding
 from nndoctor.keras import nonfinite
 from nndoctor.keras.facts import BatchFacts
 from nndoctor.loss_trend import TREND_MIN_STEPS, loss_trend, trend_sentence
@@ -38,7 +45,7 @@ _SCALE_PRESERVING = {"Reshape", "Permute", "Flatten", "Cropping2D", "ZeroPadding
 _KERAS_FIX = ("scale pixels to 0–1 (keras.layers.Rescaling(1/255) as the first layer, or x / 255) and "
               "normalize with the mean/std of your data or of the pretrained weights")
 _LEARNED = {"Conv1D", "Conv2D", "Conv3D", "SeparableConv2D", "DepthwiseConv2D", "Dense"}
-SHARED = ("D101", "D107", "O104", "N101", "L106", "D105", "N103")
+SHARED = ("D101", "D107", "O104", "N101", "L106", "D105", "N103", "L105", "L108")
 # N103's thresholds (the PyTorch check's): ≥ 90% of a ReLU layer's units never active over at least
 # 64 samples in 4 batches; a batch is 32 samples (the PyTorch check reads the first 32 of each batch).
 _DEAD_FRACTION, _MIN_RELU_SAMPLES, _MIN_RELU_BATCHES, _RELU_BATCH = 0.9, 64, 4, 32
@@ -295,9 +302,9 @@ class SharedCodes:
             return
         kind, z, ratio = verdict
         n = len(series.values)
-        what = trend_sentence(kind, z, ratio, n, subject=f"the training loss of {series.where}")
+        what = trend_sentence(kind, z, ratio, n, subject=f"the training loss of {series.where}", values=series.values)
         self._emit("L106", what + ".", series.location, {
-            "trend": kind, "mann_kendall_z": z, "thirds_ratio": ratio, "losses_observed": n,
+            "trend": kind, "mann_kendall_z": z, "jump_ratio" if kind == "jumped" else "thirds_ratio": ratio, "losses_observed": n,
             "first": series.values[:3], "last": series.values[-3:]}, step=series.first_step)
 
     # -- D105 ------------------------------------------------------------------------------
@@ -356,19 +363,76 @@ class SharedCodes:
 
     def _unnormalized_input(self, batch: BatchFacts) -> None:
         x = batch.x
-        if x is None or not x.has_values or image_layout(x.shape) is None or batch.phase in self._seen:
+        if x is None or not x.has_values or batch.phase in self._seen:
+            return
+        flat = flattened_image_side(x.shape) if image_layout(x.shape) is None else None
+        if image_layout(x.shape) is None and flat is None:
             return
         leading = batch.leading_layers
         if not leading or leading[-1] not in _LEARNED or any(n not in _SCALE_PRESERVING for n in leading[:-1]):
             return  # the model may rescale its input before the first learned layer
-        dtype = "torch.uint8" if x.dtype == "uint8" else x.dtype
-        problem = unnormalized_pixels(dtype, x.min, x.max)
+        if flat is not None:
+            problem = raw_flattened_pixels(x.shape, x.dtype, x.min, x.max, x.integer_valued)
+            what = f"the inputs given to {batch.phase} are flattened images ({flat[0]}×{flat[0]}" + \
+                (f"×{flat[1]}" if flat[1] > 1 else "") + ") of"
+        else:
+            dtype = "torch.uint8" if x.dtype == "uint8" else x.dtype
+            problem = unnormalized_pixels(dtype, x.min, x.max)
+            what = f"the images given to {batch.phase} are"
         if problem is None:
             return
         self._seen.add(batch.phase)
-        message = (f"the images given to {batch.phase} are {problem}: {x.dtype}{list(x.shape)} in "
+        message = (f"{what} {problem}: {x.dtype}{list(x.shape)} in "
                    f"[{x.min:.4g}, {x.max:.4g}] reach the first layer ({leading[-1]}) unscaled "
                    "(normalised images stay within about ±3).")
-        self._emit("D101", message, batch.call_location, {
-            "input_shape": list(x.shape), "dtype": x.dtype, "min": x.min, "max": x.max,
-            "first_layer": leading[-1]}, _KERAS_FIX)
+        evidence = {"input_shape": list(x.shape), "dtype": x.dtype, "min": x.min, "max": x.max,
+                    "first_layer": leading[-1]}
+        if flat is not None:
+            evidence["flattened_image"] = list(flat)
+        self._emit("D101", message, batch.call_location, evidence, _KERAS_FIX)
+
+    # -- L105 ------------------------------------------------------------------------------
+    def initial_loss(self, key: object, losses: list[float], classes: int, location: Any, where: str) -> None:
+        """L105 on the first loss(es) of a model's training, before any update: a classification
+        loss far above ln(C) (saturated logits, unscaled inputs)."""
+        if "L105" not in self.checks or ("L105", key) in self._seen:
+            return
+        self._seen.add(("L105", key))
+        found = initial_loss_finding(losses, classes, KERAS_INITIAL_LOGIT_STD)
+        if found is None:
+            return
+        message, evidence = found
+        self._emit("L105", message.replace("before any optimizer step", f"of {where} before any update"),
+                   location, evidence, step=0)
+
+    # -- L108 ------------------------------------------------------------------------------
+    def label_counts(self, y: Any, validation_split: float) -> list[float] | None:
+        """Class counts of the training part of the labels given to ``fit`` (L108's prior)."""
+        if "L108" not in self.checks:
+            return None
+        import numpy as np
+
+        labels = label_ids(y)
+        if labels is None or labels.size == 0 or labels.min() < 0:
+            return None
+        if validation_split:
+            labels = labels[: int(math.floor(len(labels) * (1.0 - validation_split)))]
+        return [float(c) for c in np.bincount(labels)]
+
+    def loss_at_chance(self, key: object, means: list[tuple[int, float]], accuracies: list[tuple[int, float]],
+                       counts: list[float], batch_size: int, location: Any) -> None:
+        """L108 on one fit: each batch's loss (and accuracy, when a metric gives it) from the running
+        epoch means; steps counted from the start of this fit."""
+        if "L108" not in self.checks or ("L108", key) in self._seen:
+            return
+        losses = batch_losses_from_means(means)
+        rates = batch_losses_from_means(accuracies) if len(accuracies) == len(means) else []
+        use_accuracy = len(rates) == len(losses)
+        batches = [BatchOutcome(step, loss, round(rates[step] * batch_size) if use_accuracy else -1,
+                                batch_size if use_accuracy else 0) for step, loss in enumerate(losses)]
+        found = at_chance(batches, counts)
+        if found is None or not confirmed(batches, counts, found):
+            return
+        self._seen.add(("L108", key))
+        self._emit("L108", chance_sentence(found).replace("the classifier", "the classifier trained by fit", 1) + ".",
+                   location, found, step=found["from_step"])

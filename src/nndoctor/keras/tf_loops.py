@@ -62,6 +62,7 @@ class LoopObserver:
         self.signatures: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = weakref.WeakKeyDictionary()
         self.mode_layers: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
         self.trained: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.inputs_seen: weakref.WeakSet[Any] = weakref.WeakSet()  # models whose loop input D101 read
         # Model calls under the current tape, waiting for the optimizer step that shows what is trained.
         self.pending: list[tuple[weakref.ref, ModelCall]] = []
         # The last model called from the user's code under a tape (weakly) and its input, held
@@ -130,6 +131,8 @@ class LoopObserver:
         try:
             if self.tape_depth and args and not self.inside_fit:
                 self._remember_input(layer, args[0], sys._getframe(2))
+                if layer not in self.inputs_seen:
+                    self._inspect_input(layer, args[0], sys._getframe(2))
             if self.flags is not None:
                 self._record_call(layer, kwargs, sys._getframe(2))
             return original(layer, *args, **kwargs)
@@ -153,6 +156,16 @@ class LoopObserver:
                 self.flags.evaluation_with_flag(call, self.session.step)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
+
+    def _inspect_input(self, layer: Any, x: Any, caller: Any) -> None:
+        """D101 on the first batch the user's code gives a model under a tape (eager values only)."""
+        try:
+            if not called_from_user(caller):
+                return
+            self.inputs_seen.add(layer)
+            self.observer.inspect_loop_input(layer, x, tf_user_location(caller))
+        except Exception as error:  # noqa: BLE001 - observer rule
+            self.session.internal_error("keras model input", error)
 
     def _remember_input(self, layer: Any, x: Any, caller: Any) -> None:
         try:
