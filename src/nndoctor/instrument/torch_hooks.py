@@ -152,12 +152,17 @@ class Installation:
             if not stack:  # a top-level call from user code
                 if not _without_values(output):
                     self._root_forward(module, args, kwargs, output, is_loss)
-            elif session.wants("module_output") and session.sampled and not _without_values(output):
-                root = stack[0]
-                session.emit(ev.ModuleOutput(
-                    step=session.step, sampled=True, module=module,
-                    qualname=self.qualname(root, module), root=root, inputs=args, output=output,
-                ))
+            else:
+                if is_loss and not self._in_loss and not _without_values(output):
+                    # A loss module the model calls inside its own forward (Hugging Face models
+                    # compute CrossEntropyLoss()(logits, labels) in forward when given labels).
+                    self._loss_module_called(module, args, output, sys._getframe(0))
+                if session.wants("module_output") and session.sampled and not _without_values(output):
+                    root = stack[0]
+                    session.emit(ev.ModuleOutput(
+                        step=session.step, sampled=True, module=module,
+                        qualname=self.qualname(root, module), root=root, inputs=args, output=output,
+                    ))
         except StopRun:
             raise
         except Exception as error:  # noqa: BLE001
@@ -176,14 +181,20 @@ class Installation:
                 inputs=args, kwargs=kwargs or None, output=output, training=module.training, grad_enabled=grad_enabled,
                 inference_mode=torch.is_inference_mode_enabled(), is_loss=is_loss,
             ))
-        if is_loss and session.wants("loss"):
-            name = _LOSS_MODULE_FUNCTION.get(type(module).__name__, type(module).__name__)
-            options = {k: getattr(module, k) for k in _LOSS_OPTION_NAMES if hasattr(module, k)}
-            session.emit(ev.LossComputed(
-                step=session.step, sampled=session.sampled, frame=sys._getframe(1), function=name,
-                module=module, input=args[0] if args else None,
-                target=args[1] if len(args) > 1 else None, output=output, options=options,
-            ))
+        if is_loss:
+            self._loss_module_called(module, args, output, sys._getframe(1))
+
+    def _loss_module_called(self, module: Any, args: tuple, output: Any, frame: Any) -> None:
+        session = self.session
+        if not session.wants("loss"):
+            return
+        name = _LOSS_MODULE_FUNCTION.get(type(module).__name__, type(module).__name__)
+        options = {k: getattr(module, k) for k in _LOSS_OPTION_NAMES if hasattr(module, k)}
+        session.emit(ev.LossComputed(
+            step=session.step, sampled=session.sampled, frame=frame, function=name,
+            module=module, input=args[0] if args else None,
+            target=args[1] if len(args) > 1 else None, output=output, options=options,
+        ))
 
     def qualname(self, root: Any, module: Any) -> str:
         """``layer3.1.conv2`` for a submodule of ``root`` ('' for the root itself)."""
