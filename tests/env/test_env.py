@@ -238,7 +238,11 @@ def test_env_command_without_a_driver_reports_the_real_install(tmp_path, monkeyp
     assert report["extra"]["environment"]["shadowing"][0]["name"] == "random"
     assert any(f["code"] == "R102" for f in report["findings"])
     r102 = next(f for f in report["findings"] if f["code"] == "R102")
-    assert status == (1 if r102["severity"] == "error" else 0)
+    # The exit status follows the findings; this machine's own packages may have real problems
+    # too (V105: an unmet requirement of something installed beside the tests).
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert status == (1 if errors else 0)
+    assert r102["severity"] in ("error", "warning")
     assert "NVIDIA driver: none found" in captured.err
 
 

@@ -227,7 +227,7 @@ def test_ignored_signals_stay_ignored_for_the_programs_the_script_starts(tmp_pat
         import json, signal, subprocess, sys
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         probe = "import signal; print(int(signal.getsignal(signal.SIGHUP)), int(signal.getsignal(signal.SIGTERM)))"
-        out = childproc.run([sys.executable, "-c", probe], timeout=60).stdout
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
         json.dump({{"here": repr(signal.getsignal(signal.SIGHUP)), "child": out.split()}}, open({str(seen)!r}, "w"))
     '''))
     hup_before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup

@@ -23,7 +23,9 @@ PREFLIGHT = FIXTURES / "preflight"
 # Correct programs preflight cannot test, and says why: the training runs in child processes
 # (mp.spawn), or no torch optimizer steps (a hand-written update). A model called as
 # model(**batch) is replayed with its keyword arguments (the forward hook sees them).
-TRAINED_ELSEWHERE = {"ddp_spawn_gloo", "hand_written_sgd_then_saliency"}
+# Programs preflight does not test: training in other processes, or hand-written parameter updates
+# (preflight starts at the first optimizer step, and these loops have no optimizer).
+TRAINED_ELSEWHERE = {"ddp_spawn_gloo", "hand_written_sgd_then_saliency", "word_language_model_zipf_tokens"}
 CODES = ("M107", "H101", "H102")
 
 
