@@ -110,8 +110,8 @@ def pytest_addoption(parser):
 # The inner loop is ``pytest -m "not slow"``. Which tests are slow is measured, not guessed: a run
 # with --record-durations (on a quiet 2-core machine, `pytest -n 2`) stores every test's setup +
 # call + teardown seconds in tests/durations.json; a test over SLOW_S there is marked ``slow``, and
-# so is every test of a module whose setups add up to over SLOW_S (a module-scoped subprocess or
-# model that any of its tests would pay). Tests missing from the file are not marked.
+# so is every test of a module where one setup took over SLOW_S (a module-scoped subprocess or
+# model: whichever of its tests runs first pays it). Tests missing from the file are not marked.
 DURATIONS = Path(__file__).parent / "durations.json"
 SLOW_S = 5.0
 _recorded: dict[str, dict[str, float]] = {}
@@ -127,17 +127,18 @@ def pytest_collection_modifyitems(config, items):
     import json
 
     durations = json.loads(DURATIONS.read_text())
-    slow_modules = {module for module, total in _setup_totals(durations).items() if total > SLOW_S}
+    slow_modules = {module for module, longest in _longest_setups(durations).items() if longest > SLOW_S}
     for item in items:
         if durations.get(item.nodeid, {}).get("total", 0.0) > SLOW_S or _module_of(item.nodeid) in slow_modules:
             item.add_marker(pytest.mark.slow)
 
 
-def _setup_totals(durations: dict) -> dict[str, float]:
-    totals: dict[str, float] = {}
+def _longest_setups(durations: dict) -> dict[str, float]:
+    longest: dict[str, float] = {}
     for nodeid, times in durations.items():
-        totals[_module_of(nodeid)] = totals.get(_module_of(nodeid), 0.0) + times.get("setup", 0.0)
-    return totals
+        module = _module_of(nodeid)
+        longest[module] = max(longest.get(module, 0.0), times.get("setup", 0.0))
+    return longest
 
 
 def pytest_runtest_logreport(report):

@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-from nndoctor.checks.chance import Observation, at_chance, entropy
+from nndoctor.chance_level import BatchOutcome, at_chance
 from tests.conftest import BUGGY, run_script
 
 BUG = BUGGY / "L108_labels_shuffled_separately.py"
-
-
-def _obs(losses, steps=(100, 200, 300), correct=28):
-    return [Observation(s, v, correct, 100) for s, v in zip(steps, losses)]
-
-
-def test_entropy_of_a_uniform_prior_is_ln_c():
-    assert abs(entropy([5, 5, 5, 5]) - 1.3863) < 1e-3
-
-
-def test_at_chance_needs_the_window_and_the_level():
-    counts = [25, 25, 25, 25]
-    assert at_chance(_obs([1.39, 1.38, 1.39]), counts) is not None
-    assert at_chance(_obs([1.39, 1.38]), counts) is None  # too few observations
-    assert at_chance(_obs([1.39, 1.38, 1.39], steps=(60, 100, 150)), counts) is None  # too short a span
-    assert at_chance(_obs([1.39, 1.38, 1.39], steps=(0, 5, 10)), counts) is None  # burn-in only
-    assert at_chance(_obs([1.2, 1.0, 0.8]), counts) is None  # learning
-    assert at_chance(_obs([1.39, 1.38, 1.39], correct=60), counts) is None  # above the majority rate
+# The sequential rule itself (early decisions, learning models, short runs, the loss-only case,
+# the bounds) is tested in test_chance_level.py; here: a skewed prior, and whole programs.
 
 
 def test_skewed_prior_uses_its_entropy():
-    counts = [90, 10]  # H = 0.325, ln 2 = 0.693
-    assert at_chance(_obs([0.33, 0.32, 0.33], correct=90), counts) is not None
-    assert at_chance(_obs([0.10, 0.09, 0.08], correct=97), counts) is None
+    counts = [700, 300]  # H(y) = 0.611, ln 2 = 0.693; majority rate 0.7
+    at_majority = [BatchOutcome(step, 0.62, 22, 32) for step in range(20, 100)]  # 68.8% ≈ the majority rate
+    assert at_chance(at_majority, counts)["prior_entropy"] == 0.6109
+    learned = [BatchOutcome(step, 0.2, 22, 32) for step in range(20, 100)]  # loss far below H(y)
+    assert at_chance(learned, counts) is None
 
 
 def test_the_same_program_with_one_permutation_is_silent(tmp_path):
