@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from nndoctor.ckpt.protowire import ProtoError, as_bytes, as_int, fields, read_varint, signed64
 from nndoctor.errors import UsageError
+from nndoctor.protowire import ProtoError, as_bytes, as_int, fields, read_varint, signed64
 
 _TABLE_MAGIC = 0xDB4775248B80FB57
 _FOOTER_SIZE = 48

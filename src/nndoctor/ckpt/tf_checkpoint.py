@@ -17,10 +17,10 @@ import numpy as np
 
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict
 from nndoctor.ckpt.keras_weights import KerasLayerWeights, _guess_kind
-from nndoctor.ckpt.protowire import ProtoError
 from nndoctor.ckpt.tf_bundle import OBJECT_GRAPH_KEY, ByteSource, LocalFiles, TensorBundle
 from nndoctor.ckpt.tf_objects import NamedVariable, name_variables, parse_object_graph
 from nndoctor.errors import UsageError
+from nndoctor.protowire import ProtoError
 
 _SHARD = re.compile(r"^(?P<prefix>.+)\.data-\d{5}-of-\d{5}$")
 _STATE_LINE = re.compile(r'^\s*model_checkpoint_path:\s*"(?P<path>(?:[^"\\]|\\.)*)"', re.MULTILINE)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from nndoctor.ckpt.protowire import as_bytes, as_int, fields
+from nndoctor.protowire import as_bytes, as_int, fields
 
 _OPTIMIZER_CHILDREN = {"_iterations", "iter", "_learning_rate"}
 ATTRIBUTE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"

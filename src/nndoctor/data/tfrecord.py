@@ -23,6 +23,7 @@ from nndoctor.data.crc32c import masked_crc32c
 from nndoctor.data.formats import IMAGE_FORMATS, sniff
 from nndoctor.data.storage import open_input
 from nndoctor.limits import ReadLimits, megabytes
+from nndoctor.protowire import ProtoError, read_varint
 
 TFRECORD_VERSION = 2
 # Examples kept per (file, signature) and per (file, key, length) so that a minority of odd
@@ -129,18 +130,10 @@ def iter_records(stream: IO[bytes], max_record: int | None = None,
 
 # -- tf.train.Example ----------------------------------------------------------------------
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result, shift = 0, 0
-    while True:
-        if pos >= len(buf):
-            raise NotAnExample("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise NotAnExample("varint too long")
+    try:
+        return read_varint(buf, pos)
+    except ProtoError as error:
+        raise NotAnExample(str(error)) from None
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:

@@ -1,5 +1,6 @@
-"""A minimal reader of the protocol-buffer wire format, for the few TensorFlow messages that
-``nndoctor ckpt`` reads (BundleHeaderProto, BundleEntryProto, TrackableObjectGraph).
+"""A minimal reader of the protocol-buffer wire format, for the few TensorFlow messages nndoctor
+reads: ``nndoctor ckpt``'s BundleHeaderProto, BundleEntryProto and TrackableObjectGraph, and
+``nndoctor data``'s tf.train.Example varints.
 
 TensorFlow's generated classes would need TensorFlow (or its protobuf definitions) installed;
 the wire format is small and stable, so it is decoded here. Input comes from untrusted files:
