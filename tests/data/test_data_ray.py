@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 from conftest import photo
@@ -16,9 +18,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
+    # ray.init installs a SIGTERM handler calling sys.exit(15); later tests in this worker fork
+    # children that must inherit the handler they had before (tests/hostile).
+    sigterm_before = signal.getsignal(signal.SIGTERM)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+    signal.signal(signal.SIGTERM, sigterm_before)
 
 
 def comparable(result) -> list[tuple]:

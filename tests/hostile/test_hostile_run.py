@@ -245,6 +245,15 @@ def test_ignored_signals_stay_ignored_for_the_programs_the_script_starts(tmp_pat
 def test_forked_children_get_pythons_own_sigterm_and_os_exit(tmp_path):
     """A DataLoader worker or multiprocessing child stopped with terminate() dies at once of
     SIGTERM, as without nndoctor, and writes no report of its own."""
+    # The default handler, whatever an earlier test in this worker left (ray.init's exits 15).
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        _forked_child_is_terminated(tmp_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _forked_child_is_terminated(tmp_path):
     seen = tmp_path / "seen.json"
     script = tmp_path / "forks.py"
     script.write_text(textwrap.dedent(f'''

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -48,6 +49,9 @@ class RayPool:
     def __init__(self, workers: int | None, address: str | None) -> None:
         ray = _ray()
         self._owned = False
+        # ray.init replaces the process's SIGTERM handler with one calling sys.exit(15), which
+        # forked children would then inherit; the handler the caller had comes back on exit.
+        self._sigterm_before = signal.getsignal(signal.SIGTERM)
         if not ray.is_initialized():
             try:
                 if address:
@@ -84,3 +88,5 @@ class RayPool:
     def __exit__(self, *exc: Any) -> None:
         if self._owned:
             _ray().shutdown()
+            if self._sigterm_before is not None:
+                signal.signal(signal.SIGTERM, self._sigterm_before)
