@@ -55,6 +55,9 @@ KEYS: dict[str, _Key] = {
     "tensorboard": _Key("path", "tensorboard"),
     "quiet": _Key("bool", "quiet"),
     "report-unused-ignores": _Key("bool", "report_unused_ignores"),
+    # nndoctor perf: seconds for the whole run (--budget) and re-runs per change (--try-repeats).
+    "budget": _Key("float", "budget"),
+    "try-repeats": _Key("int", "try_repeats"),
 }
 
 

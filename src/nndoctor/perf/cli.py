@@ -9,13 +9,20 @@ warnings and advice, so the default ``error`` threshold leaves it at 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
 
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
 from nndoctor.perf.classify import classify_step, order_advice
 from nndoctor.perf.recorder import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
+from nndoctor.perf.schedule import DEFAULT_BUDGET_S
 from nndoctor.perf.session import run_perf
 from nndoctor.perf.trials import parse_tries
 from nndoctor.report.delivery import ReportDelivery
@@ -43,6 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default 2)")
     parser.add_argument("--try-repeats", type=int, default=3, metavar="N",
                         help="re-runs of the script per step change and for the baseline, interleaved (default 3)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                        help="seconds for the whole run, measured window and --try included (default "
+                             f"{DEFAULT_BUDGET_S:g}); a re-run starts only when its estimated cost fits, and every "
+                             "change left out is listed with its predicted gain and the command that measures it")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -62,18 +73,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
     if args.try_repeats < 2:
         raise UsageError("--try-repeats must be at least 2 (the noise comes from the repeats)")
+    if not args.budget > 0:
+        raise UsageError("--budget must be a positive number of seconds")
     try:
         tries = parse_tries(args.tries)
     except ValueError as error:
         raise UsageError(str(error)) from None
     select, ignore = selectors(args)
     config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds,
-                        try_repeats=args.try_repeats,
+                        try_repeats=args.try_repeats, budget=args.budget, started=time.monotonic(),
                         try_all=any(p.strip().lower() == "all" for v in args.tries for p in v.split(",")))
     output = ReportDelivery.from_args(args, also_scan=[] if target.is_module else [target.name])
     shows_text = not args.quiet and args.output_format == "text"
     announce = (lambda line: print(f"nndoctor perf: {line}", file=sys.stderr, flush=True)) if shows_text else None
-    with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+    with stdout_to_stderr(args.json == "-" or args.output_format == "json"), sigterm_interrupts() as signals:
         report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce)
     if result.framework == "tensorflow":
         measured, step_class, advised = tensorflow_diagnosis(report, result)
@@ -92,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
     report.extra["perf"] = {**result.to_json(), "step_class": step_class,
                             "advice": order_advice(advised, step_class["class"])}
     perf = report.extra["perf"]
+    interrupted = signals.received or ("SIGINT" if perf["trials"].get("interrupted") or
+                                        report.status == "interrupted" else None)
+    if interrupted:
+        perf["interrupted"] = interrupted
 
     def show(stream, json_path) -> None:
         print("\n".join(["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""]), file=stream)
@@ -101,4 +118,33 @@ def run(args: argparse.Namespace) -> int:
         output.deliver(report, render_text=show)
     finally:
         output.close()
+    if interrupted:  # as a shell shows it: 128 + the signal
+        return 143 if interrupted == "SIGTERM" else 130
     return exit_status(report, fail_threshold(args))
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[Any]:
+    """SIGTERM becomes a KeyboardInterrupt while perf runs, like Ctrl-C: the measured window or
+    the trial in progress stops, and the report keeps everything that finished (``received``
+    says which signal came). A second SIGTERM ends the process the default way."""
+    state = _Signals()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        state.received = "SIGTERM"
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+class _Signals:
+    received: str | None = None

@@ -193,6 +193,9 @@ def advice(result: Any) -> list[dict[str, Any]]:
     if b.steps and result.facts.sync_kinds and frequent_syncs(b.syncs_per_step):
         items.append({"change": "fewer-syncs", "syncs_per_step": b.syncs_per_step,
                       "locations": [str(k) for k in result.facts.sync_locations]})
+    best = trials.get("best")
+    if isinstance(best, dict):
+        return items + best_point_advice(trials, best)
     for name in ("amp", "channels_last", "cudnn-benchmark", "compile", "tf32", "fused-optimizer", "sdpa",
                  "cuda-graphs"):
         outcome = trial_outcome(trials, name)
@@ -202,6 +205,29 @@ def advice(result: Any) -> list[dict[str, Any]]:
     if batch and batch.get("pays_off"):
         items.append(batch_size_advice(batch))
     return items + combined_advice(trials, {item["change"] for item in items})
+
+
+def best_point_advice(trials: dict[str, Any], best: dict[str, Any]) -> list[dict[str, Any]]:
+    """The best measured configuration (perf/schedule.py's ``best_point``): one item per change
+    in it, then the combination with its measured ratio against the baseline. A change that paid
+    alone but is not part of the best point is left out: applied with it, it was slower."""
+    items: list[dict[str, Any]] = []
+    for name in best["changes"]:
+        if name.startswith("batch-size="):
+            batch = trial_outcome(trials, "batch-size")
+            if batch and batch.get("best"):
+                items.append(batch_size_advice(batch))
+            continue
+        outcome = trials.get(name) or {}
+        item: dict[str, Any] = {"change": name, "measured_speedup": outcome.get("speedup"),
+                                "noise": outcome.get("noise")}
+        if not outcome.get("pays_off"):
+            item["measured_with"] = [n for n in best["changes"] if n != name]
+        items.append(item)
+    if len(best["changes"]) > 1:
+        items.append({"change": "combination", "changes": list(best["changes"]),
+                      "measured_speedup": best["speedup"], "measured_as": best["measured_as"]})
+    return items
 
 
 def combined_advice(trials: dict[str, Any], advised: set[str]) -> list[dict[str, Any]]:

@@ -30,6 +30,10 @@ class PerfConfig:
     try_seconds: float = 2.0  # time box of one --try loader configuration
     try_repeats: int = 3  # interleaved re-runs of the script per step change (and of the baseline)
     try_all: bool = False  # --try all: the other framework's changes are left out silently
+    # --budget: seconds for the whole perf run (the measured window included), counted from
+    # ``started`` (time.monotonic(); None: from the start of the run).
+    budget: float = 300.0
+    started: float | None = None
 
     @property
     def last_step(self) -> int:
@@ -59,6 +63,14 @@ class LoopFacts:
     steps_seen: int = 0
     # Kernel-level busy time and idle breakdown of the last warm-up steps (torch.profiler).
     kernel_timeline: dict[str, Any] | None = None
+    # The first optimizer stepped: its class and whether it already runs fused / foreach kernels.
+    optimizer_name: str = ""
+    optimizer_fused: bool | None = None
+    optimizer_foreach: bool | None = None
+    # The first training forward of the warm-up, traced (perf/sdpa.py's AttentionTracer):
+    # None when it was not traced (no warm-up step, or the trace failed).
+    attention: dict[str, Any] | None = None
+    tf32_matmul: bool = False
 
 
 def _first_tensor(value: Any) -> Any:
@@ -126,6 +138,8 @@ class PerfRecorder:
         self.window_done = False
         self.on_window_end: Any = None  # callable(recorder) set by the perf session
         self._kernel_profiler: Any = None
+        self._attention_tracer: Any = None
+        self._traced_root: int | None = None
 
     # -- window ----------------------------------------------------------------------------
     def measuring(self) -> bool:
@@ -167,6 +181,7 @@ class PerfRecorder:
             return
         if self.begin("forward"):
             self._top_forward = id(module)
+            self._trace_attention(module)
         if self._gpu_start is None and self.measuring() and kind == "cuda":
             self._gpu_start = _cuda_event()
 
@@ -198,8 +213,46 @@ class PerfRecorder:
         if loader is not None:
             self._batches[loader] = self._batches.get(loader, 0) + 1
 
+    def _trace_attention(self, module: Any) -> None:
+        """Trace the first training forward of the warm-up (never a measured step): which
+        attention it runs, hand-written or fused, and its share of the matmul work."""
+        if (self.facts.attention is not None or self._attention_tracer is not None or self.config.warmup < 1
+                or self.session.step != 0 or not getattr(module, "training", False)):
+            return
+        try:
+            import torch
+
+            if not torch.is_grad_enabled():
+                return
+            from nndoctor.perf.sdpa import AttentionTracer
+
+            self._attention_tracer = AttentionTracer()
+            self._traced_root = id(module)
+            self._attention_tracer.start(module)
+        except Exception as error:  # noqa: BLE001 - observer rule: the prediction goes without it
+            self._finish_attention_trace(error)
+
+    def _finish_attention_trace(self, error: BaseException | None = None) -> None:
+        tracer, self._attention_tracer = self._attention_tracer, None
+        if tracer is None:
+            return
+        try:
+            tracer.stop()
+        except Exception as stop_error:  # noqa: BLE001
+            error = error or stop_error
+        if error is not None:
+            self.facts.attention = {"traced": False, "error": f"{type(error).__name__}: {error}"}
+            return
+        self.facts.attention = {
+            "traced": True, "handwritten_modules": [type(m).__name__ for m in tracer.modules],
+            "handwritten": len(tracer.modules), "sdpa_calls": tracer.sdpa_calls,
+            "attention_flop_share": (tracer.attention_flops / tracer.matmul_flops if tracer.matmul_flops else 0.0),
+        }
+
     def on_forward(self, event: Any) -> None:
         module = event.module
+        if self._attention_tracer is not None and self._traced_root == id(module):
+            self._finish_attention_trace()
         if self._phase == "forward" and self._top_forward == id(module):
             self.end("forward")
             self._top_forward = None
@@ -250,7 +303,19 @@ class PerfRecorder:
 
     def on_step_start(self, event: Any) -> None:
         self.optimizer_ref = weakref.ref(event.optimizer)
+        if not self.facts.optimizer_name:
+            self._note_optimizer(event.optimizer)
         self.begin("optimizer")
+
+    def _note_optimizer(self, optimizer: Any) -> None:
+        while hasattr(optimizer, "optimizer") and not hasattr(optimizer, "param_groups"):
+            optimizer = optimizer.optimizer  # a wrapper (Accelerate, AMP scaler shims)
+        facts = self.facts
+        facts.optimizer_name = type(optimizer).__name__
+        groups = getattr(optimizer, "param_groups", None) or [{}]
+        facts.optimizer_fused = any(bool(g.get("fused")) for g in groups)
+        foreach = [g.get("foreach") for g in groups]
+        facts.optimizer_foreach = None if all(f is None for f in foreach) else any(bool(f) for f in foreach)
 
     def on_checkpoint_save(self, event: Any) -> None:
         self.add_outside_phase("io", event.seconds)
@@ -276,6 +341,8 @@ class PerfRecorder:
             self.close_window()
 
     def on_run_end(self, event: Any) -> None:
+        if self._attention_tracer is not None:
+            self._finish_attention_trace(RuntimeError("the traced forward did not return"))
         if self._kernel_profiler is not None:
             self._kernel_profiler.abandon()  # the run ended inside the profiled steps
         if not self.window_done:
@@ -302,6 +369,13 @@ class PerfRecorder:
     def close_window(self) -> None:
         """Resolve GPU timings (one synchronisation, after the window) and run the trials."""
         self.window_done = True
+        try:
+            import torch
+
+            self.facts.tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32
+                                          or torch.get_float32_matmul_precision() != "highest")
+        except Exception:  # noqa: BLE001 - a torch without these flags: TF32 reads as off
+            pass
         if self._gpu_pending:
             import torch
 

@@ -98,13 +98,18 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
             for key in ("confirm_error", "confirm_skipped"):
                 if loader.get(key):
                     lines.append(f"  {loader[key]}")
+        elif loader.get("not_measured"):
+            lines.append(f"--try loader: {loader.get('text') or 'not measured (' + loader['not_measured'] + ')'}")
+            if loader.get("command"):
+                lines.append(f"  measure it alone: {loader['command']}")
         else:
             lines.append(f"--try loader: {loader.get('skipped') or loader.get('error')}")
     baseline = trials.get("baseline") or {}
     if baseline.get("measure") == "re-run":
-        lines.append(f"--try step changes: your script re-run {baseline['repeats']}× per change, interleaved with "
-                     f"the baseline, each change injected ({baseline['warmup']} warm-up + {baseline['steps']} "
-                     "measured steps a run):")
+        done = f" ({baseline['re_runs']} re-runs in all)" if baseline.get("re_runs") is not None else ""
+        lines.append(f"--try step changes: your script re-run {baseline['repeats']}× per change at most, fewer once "
+                     f"the verdict is clear, interleaved with the baseline, each change injected "
+                     f"({baseline['warmup']} warm-up + {baseline['steps']} measured steps a run){done}:")
     for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
                  "cuda-graphs", "batch-size", *TF_TRIAL_NAMES):
         result = trials.get(name)
@@ -113,16 +118,46 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         if name == "batch-size" and result.get("sizes"):
             lines += batch_size_lines(result)
             continue
+        if result.get("not_measured"):
+            lines += not_measured_lines(name, result)
+            continue
         if "speedup" not in result:
             lines.append(f"--try {name}: {result.get('skipped') or result.get('error')}")
             continue
         verdict = "pays off" if result["pays_off"] else ("changes the loss" if not result["loss_ok"] else "no gain")
         loss = f"{result['loss_change']:.2%}" if result.get("loss_change") is not None else "not read"
+        runs = f", {result['runs']} run(s)" if result.get("runs") else ""
         lines.append(f"--try {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → "
-                     f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}, "
-                     f"loss change {loss}): {verdict}")
+                     f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}{runs}, "
+                     f"loss change {loss}): {verdict} — measured{_predicted_suffix(result)}")
         lines += [f"  applied: {text}" for text in result.get("applied") or [] if name in TF_TRIAL_NAMES]
-    return lines + combined_lines(trials.get("combined"))
+    lines += combined_lines(trials.get("combined"))
+    best = trials.get("best")
+    if isinstance(best, dict):
+        lines.append(f"best measured point: {' + '.join(best['changes'])} — {best['speedup']:.2f}× the baseline "
+                     f"(measured {best['measured_as']}); the advice applies exactly these")
+    budget = trials.get("budget")
+    if isinstance(budget, dict):
+        lines.append(f"budget: {budget['used_s']:.0f} s of {budget['seconds']:g} s used (--budget)")
+    if trials.get("interrupted"):
+        lines.append(f"--try {trials['interrupted']}: the trials above finished; the rest were not measured")
+    return lines
+
+
+def _predicted_suffix(result: dict[str, Any]) -> str:
+    bound = (result.get("predicted") or {}).get("bound")
+    return f"; predicted up to {bound:.2f}× before measuring" if bound is not None else ""
+
+
+def not_measured_lines(name: str, result: dict[str, Any]) -> list[str]:
+    """A change the budget (or an interruption) left out: its prediction, labelled, and the
+    command that measures it alone."""
+    from nndoctor.perf.predict import prediction_text
+
+    lines = [f"--try {name}: not measured ({result['not_measured']}); {prediction_text(result.get('predicted') or {})}"]
+    if result.get("command"):
+        lines.append(f"  measure it alone: {result['command']}")
+    return lines
 
 
 def combined_lines(combined: dict[str, Any] | None) -> list[str]:
@@ -132,9 +167,13 @@ def combined_lines(combined: dict[str, Any] | None) -> list[str]:
     changes = ", ".join(combined["changes"])
     unit = combined.get("unit", "samples/s")
     rate_key = "steps_per_s" if unit == "steps/s" else "samples_per_s"
+    if combined.get("not_measured"):
+        return [f"--try together ({changes}): not measured ({combined['not_measured']})"]
     if combined.get("error") or not combined.get(rate_key):
         return [f"--try together ({changes}): {combined.get('error') or 'not timed'}"]
-    lines = [f"--try together ({changes}): {combined[rate_key]:.1f} {unit}"]
+    ratio = (f", {combined['speedup']:.2f}× the baseline (interleaved, noise {combined['noise']:.1%})"
+             if combined.get("speedup") else "")
+    lines = [f"--try together ({changes}): {combined[rate_key]:.1f} {unit}{ratio}"]
     for added in combined.get("added", []):
         name = " + ".join(added["added"])
         if "speedup" in added:
@@ -142,6 +181,8 @@ def combined_lines(combined: dict[str, Any] | None) -> list[str]:
             runs = f", {added['runs']} runs each" if added.get("runs", 0) > 3 else ""
             lines.append(f"  + {name}: {added['speedup']:.2f}× on top ({added[rate_key]:.1f} {unit}, "
                          f"noise {added['noise']:.1%}{runs}): {verdict}")
+        elif added.get("not_measured"):
+            lines.append(f"  + {name}: not measured ({added['not_measured']})")
         else:
             lines.append(f"  + {name}: {added.get('error')}")
     return lines

@@ -67,14 +67,15 @@ def child_command(target: Any, changes: list[str], warmup: int, steps: int, out:
 
 
 def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str,
-              min_steps: int | None = None, child: str = CHILD) -> dict[str, Any]:
-    """One re-run; the child's own output is kept only to explain a failure."""
+              min_steps: int | None = None, child: str = CHILD, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One re-run; the child's own output is kept only to explain a failure. ``env``: variables
+    set for the re-run on top of this process's environment (the run-private compile cache)."""
     with tempfile.TemporaryDirectory(prefix="nndoctor-try-") as folder:
         out = os.path.join(folder, "result.json")
         log = os.path.join(folder, "log.txt")
         command = child_command(target, changes, warmup, steps, out, min_steps, child)
         try:
-            returncode = _launch(command, child, cwd, log)
+            returncode = _launch(command, child, cwd, log, {**os.environ, **(env or {})})
         except subprocess.TimeoutExpired:
             return {"error": f"the re-run did not finish within {CHILD_TIMEOUT_S:.0f} s "
                              "(NNDOCTOR_TRY_TIMEOUT)"}
@@ -86,16 +87,16 @@ def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str
         return {"error": f"the re-run exited with status {returncode}: {tail[-1] if tail else 'no output'}"}
 
 
-def _launch(command: list[str], child: str, cwd: str, log: str) -> int:
+def _launch(command: list[str], child: str, cwd: str, log: str, env: dict[str, str] | None = None) -> int:
     """Run ``python -m child ARGS`` (``command``): forked from a warm helper that has torch
     imported when it can be (warm_launcher), else in a fresh process; its return code."""
     if warm_launcher.enabled(child):
         try:
-            return warm_launcher.launcher_for(child).run(command[3:], cwd, log, CHILD_TIMEOUT_S)
+            return warm_launcher.launcher_for(child).run(command[3:], cwd, log, CHILD_TIMEOUT_S, env=env)
         except warm_launcher.LauncherFailed:
             pass  # the same re-run in a fresh process
     with open(log, "w") as handle:
-        done = subprocess.run(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
+        done = subprocess.run(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT, env=env,
                               stdin=subprocess.DEVNULL, timeout=CHILD_TIMEOUT_S, check=False)
     return done.returncode
 
@@ -150,37 +151,43 @@ def try_changes(target: Any, changes: tuple[str, ...], *, warmup: int, steps: in
     if factors:
         results["batch-size"] = summarize_batch_sizes(runs, factors)
     for name in (n for n in wanted if n != "batch-size"):
-        failed = [r for r in runs[name] if "error" in r]
-        if failed:
-            results[name] = {"error": f"{failed[0]['error']} (the script with --try {name} injected)",
-                             "applied": failed[0].get("applied", [])}
-            continue
-        if not any(r.get("applied") for r in runs[name]):
-            notes = [n for r in runs[name] for n in r.get("notes", [])]
-            results[name] = {"skipped": "; ".join(dict.fromkeys(notes)) or _not_applicable(name)}
-            continue
-        verdict = speedup_verdict(base_times, [r["seconds_per_step"] for r in runs[name]])
-        final = [r.get("final_loss") for r in runs[name]]
-        base_loss, variant_loss = _median(base_final), _median(final)
-        change = (abs(variant_loss - base_loss) / max(abs(base_loss), 1e-12)
-                  if base_loss is not None and variant_loss is not None else None)
-        allowed = LOSS_TOLERANCE.get(name, 0.01) + 3 * _relative_spread(base_final)
-        # A loop whose loss nndoctor cannot read (a TF step returning nothing) is timed unchecked.
-        unchecked = base_loss is None and variant_loss is None
-        verdict.update({
-            "loss_baseline": base_loss, "loss_variant": variant_loss, "loss_change": change,
-            "loss_allowed": allowed, "loss_checked": not unchecked,
-            "loss_ok": unchecked or (change is not None and change <= allowed),
-            "times_s": [r["seconds_per_step"] for r in runs[name]],
-            "applied": runs[name][0].get("applied", []),
-            "notes": runs[name][0].get("notes", []),
-            "measure": "re-run",
-        })
-        verdict["pays_off"] = bool(verdict["pays_off"] and verdict["loss_ok"])
-        results[name] = verdict
+        results[name] = change_verdict(name, runs["baseline"], runs[name])
     results["baseline"] = {"times_s": base_times, "loss": _median(base_final), "measure": "re-run",
                            "repeats": repeats, "warmup": warmup, "steps": steps}
     return results
+
+
+def change_verdict(name: str, baseline: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One change's result from its re-runs and the baseline's: an error, a skip (the change
+    applied nowhere), or the speed-up verdict with the loss check."""
+    base_times = [r["seconds_per_step"] for r in baseline]
+    base_final = [r.get("final_loss") for r in baseline]
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return {"error": f"{failed[0]['error']} (the script with --try {name} injected)",
+                "applied": failed[0].get("applied", [])}
+    if not any(r.get("applied") for r in runs):
+        notes = [n for r in runs for n in r.get("notes", [])]
+        return {"skipped": "; ".join(dict.fromkeys(notes)) or _not_applicable(name)}
+    verdict = speedup_verdict(base_times, [r["seconds_per_step"] for r in runs])
+    final = [r.get("final_loss") for r in runs]
+    base_loss, variant_loss = _median(base_final), _median(final)
+    change = (abs(variant_loss - base_loss) / max(abs(base_loss), 1e-12)
+              if base_loss is not None and variant_loss is not None else None)
+    allowed = LOSS_TOLERANCE.get(name, 0.01) + 3 * _relative_spread(base_final)
+    # A loop whose loss nndoctor cannot read (a TF step returning nothing) is timed unchecked.
+    unchecked = base_loss is None and variant_loss is None
+    verdict.update({
+        "loss_baseline": base_loss, "loss_variant": variant_loss, "loss_change": change,
+        "loss_allowed": allowed, "loss_checked": not unchecked,
+        "loss_ok": unchecked or (change is not None and change <= allowed),
+        "times_s": [r["seconds_per_step"] for r in runs],
+        "applied": runs[0].get("applied", []),
+        "notes": runs[0].get("notes", []),
+        "measure": "re-run",
+    })
+    verdict["pays_off"] = bool(verdict["pays_off"] and verdict["loss_ok"])
+    return verdict
 
 
 def _smaller_batch_failed(runs: dict[str, list[dict[str, Any]]], name: str) -> bool:

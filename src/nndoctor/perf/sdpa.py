@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _MATMULS = {"matmul", "__matmul__", "bmm"}
+_FLOP_OPS = _MATMULS | {"linear", "mm", "addmm", "baddbmm"}  # counted for the attention's share
 _SOFTMAX = {"softmax"}
 _DROPOUT = {"dropout"}
 # Calls that carry the scores along on the way to softmax (scaling, masking, casts).
@@ -82,6 +83,11 @@ class AttentionTracer:
         self._mode = _Mode()
         self._hooks: list[Any] = []
         self.started = self.stopped = False
+        # What ``perf/predict.py`` reads: fused attention calls already there, and the
+        # multiply-adds of every matmul against those of the attention (its Q Kᵀ and P V).
+        self.sdpa_calls = 0
+        self.matmul_flops = 0.0
+        self.attention_flops = 0.0
 
     def start(self, root: Any = None) -> None:
         """From inside ``root``'s forward pre-hook (``root`` is then already being called)."""
@@ -115,8 +121,19 @@ class AttentionTracer:
         if not isinstance(out, torch.Tensor):
             return
         first = id(inputs[0]) if inputs else None
+        if name == "scaled_dot_product_attention":
+            self.sdpa_calls += 1
+            if len(inputs) >= 3:  # (B, H, T, d) x (B, H, S, d): Q Kᵀ and P V
+                flops = 4.0 * out.numel() * inputs[1].shape[-2]
+                self.matmul_flops += flops
+                self.attention_flops += flops
+            return
+        if name in _FLOP_OPS and inputs and inputs[0].dim() >= 1:
+            self.matmul_flops += 2.0 * out.numel() * inputs[0].shape[-1]
         if name in _MATMULS:
             if first in self._probs:
+                # P V, and Q Kᵀ before it has the same multiply-adds (T×T×d per head).
+                self.attention_flops += 4.0 * out.numel() * inputs[0].shape[-1]
                 module = self.stack[-1] if self.stack else None
                 if module is not None and all(m is not module for m in self.modules):
                     self.modules.append(module)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,7 +125,8 @@ class PerfSession(Session):
         run.announce(f"measured {run.config.steps} steps; now trying "
                      f"{', '.join(run.config.tries)} on the captured step and loader")
         try:
-            run.trials = run_trials(recorder, run.config, run.target, run.cwd, announce=run.announce)
+            # Filled in place: a trial interrupted by Ctrl-C / SIGTERM leaves the finished ones.
+            run_trials(recorder, run.config, run.target, run.cwd, announce=run.announce, results=run.trials)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.internal_error("perf --try", error)
         finally:
@@ -152,15 +154,18 @@ def tensorflow_run(run: PerfRun) -> bool:
 
 
 def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: str,
-               announce: Callable[[str], None] | None = None) -> dict[str, Any]:
+               announce: Callable[[str], None] | None = None,
+               results: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The --try trials, into ``results`` (in place) and returned."""
     import torch
 
-    from nndoctor.perf import loader_trials, rerun, step_trials, trials
+    from nndoctor.perf import loader_trials, predict, rerun, schedule, step_trials, trials
 
-    results: dict[str, Any] = {
+    results = {} if results is None else results
+    results.update({
         name: {"skipped": f"--try {name} is a Keras/TensorFlow change and this script trains with PyTorch; "
                           f"{trials.TF_EQUIVALENTS[name]}"}
-        for name in config.tries if name in trials.TF_TRIALS and not config.try_all}
+        for name in config.tries if name in trials.TF_TRIALS and not config.try_all})
     facts = recorder.facts
     cuda = facts.device == "cuda"
     device = facts.device if cuda else "cpu"
@@ -174,20 +179,70 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     step = None if missing else step_trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
                                                     recorder.captured_target, device)
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
+    budget = schedule.Budget(config.budget, config.started if config.started is not None else time.monotonic())
+    predictions: dict[str, Any] = {}
+    if step_tries or "loader" in config.tries:
+        facts_for_plan = predict.plan_facts(summarize(recorder.records), facts, _capability(cuda))
+        order, predictions = predict.plan(step_tries + (("loader",) if "loader" in config.tries else ()),
+                                          facts_for_plan)
+        order = [name for name in order if name != "loader"]
+        if announce:
+            for name, prediction in predictions.items():
+                announce(f"--try {name}: {predict.prediction_text(prediction)}")
+    else:
+        order = []
     if step_tries:
         # The user's own loop, re-run with each change injected: any step shape works.
         if announce:
-            announce(f"re-running the script with {', '.join(step_tries)} injected, against the baseline")
+            announce(f"re-running the script with {', '.join(order) or 'nothing'} injected, most promising "
+                     f"first, against the baseline; budget {config.budget:g} s, {max(0.0, budget.left()):.0f} s left")
         if cuda:
             torch.cuda.empty_cache()  # the re-runs need the memory this process no longer uses
         steps = rerun.window_steps(config.steps, _median_step_seconds(recorder))
-        results.update(rerun.try_changes(target, step_tries, warmup=config.warmup, steps=steps,
-                                         repeats=config.try_repeats, cwd=cwd, device=device,
-                                         min_steps=config.steps))
-        combined = try_combined_changes(results, step_tries, target, config, cwd, device, announce, steps)
-        if combined is not None:
-            results["combined"] = combined
-    if "loader" in config.tries:
+        warmup = max(config.warmup, rerun.MIN_COMPILED_WARMUP) if any(
+            n in rerun.COMPILED for n in order) else config.warmup
+        cache = schedule.CompileCache()
+
+        def run_child(changes: list[str]) -> dict[str, Any]:
+            return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps, env=cache.env)
+
+        scheduler = schedule.TrialScheduler(run_child, budget=budget, repeats=config.try_repeats, device=device,
+                                            announce=announce, measure_alone=schedule.measure_alone_command(target),
+                                            first_estimate=budget.elapsed())
+        cuda_only = {name: {"skipped": f"{why}; this run trained on {device}"}
+                     for name, why in rerun.CUDA_ONLY.items() if name in order and device != "cuda"}
+        results.update(cuda_only)
+        try:
+            scheduler.run_all([n for n in order if n not in cuda_only],
+                              {n: p for n, p in predictions.items() if n in step_tries and n not in cuda_only},
+                              results)
+        finally:
+            cache.close()
+        results["baseline"] = {"times_s": scheduler.baseline.times(), "measure": "re-run",
+                               "repeats": config.try_repeats, "runs": len(scheduler.baseline.runs),
+                               "warmup": warmup, "steps": steps, "re_runs": scheduler.runs_done,
+                               "loss": rerun._median([r.get("final_loss") for r in scheduler.baseline.ok_runs()])}
+        best = schedule.best_point(results)
+        if best:
+            results["best"] = best
+        results["budget"] = {"seconds": config.budget, "used_s": round(budget.elapsed(), 1),
+                             "longest_re_run_s": max((r.get("wall_s", 0.0) for r in scheduler.all_runs), default=0.0)}
+        if scheduler.interrupted:
+            return results
+    if "loader" in config.tries and config.try_all and "skip" in predictions.get("loader", {}):
+        # Under --try all a loader that cannot matter is not timed; asked for by name, it is.
+        results["loader"] = {"skipped": predictions["loader"]["skip"], "predicted": predictions["loader"]}
+    if "loader" in config.tries and "loader" not in results:
+        loader_cost = (len(loader_trials.loader_grid(loader_trials.available_cpus(), cuda, facts.loader_config)) + 3) \
+            * config.try_seconds * 1.5
+        if not budget.fits(loader_cost):
+            results["loader"] = {"not_measured": "budget", "predicted": predictions.get("loader"),
+                                 "command": schedule.measure_alone_command(target)("loader"),
+                                 "text": f"not measured (budget): about {loader_cost:.0f} s needed, "
+                                         f"{max(0.0, budget.left()):.0f} s left; "
+                                         + predict.prediction_text(predictions.get("loader") or {})}
+            return results
+    if "loader" in config.tries and "loader" not in results:
         # The loader is confirmed against the step as it will be once the step changes that
         # paid off are applied (a faster step needs more loading): hence after the step trials.
         paid = [name for name in ("amp", "channels_last") if (results.get(name) or {}).get("pays_off")]
@@ -207,32 +262,25 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 if missing:
                     results["loader"]["confirm_skipped"] = (f"no end-to-end timing: could not rebuild the step "
                                                             f"(no {', '.join(missing)} seen)")
+            except KeyboardInterrupt:
+                results["loader"] = {"not_measured": "interrupted", "predicted": predictions.get("loader")}
+                results["interrupted"] = "interrupted (Ctrl-C or SIGTERM)"
             except Exception as error:  # noqa: BLE001
                 results["loader"] = {"error": f"{type(error).__name__}: {error}"}
     return results
 
 
+def _capability(cuda: bool) -> tuple[int, int] | None:
+    if not cuda:
+        return None
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(torch.cuda.current_device()))  # type: ignore[return-value]
+
+
 def _median_step_seconds(recorder: PerfRecorder) -> float | None:
     walls = [record.wall for record in recorder.records if record.wall]
     return statistics.median(walls) if walls else None
-
-
-def try_combined_changes(results: dict[str, Any], tried: tuple[str, ...], target: Target, config: PerfConfig,
-                         cwd: str, device: str, announce: Callable[[str], None] | None,
-                         steps: int) -> dict[str, Any] | None:
-    """The changes that paid off alone, re-run together (and with CUDA graphs on top)."""
-    from nndoctor.perf import combine, rerun
-
-    if not combine.paying_set(results):
-        return None
-    warmup = max(config.warmup, rerun.MIN_COMPILED_WARMUP)
-
-    def run(changes: list[str]) -> dict[str, Any]:
-        if announce:
-            announce(f"re-running the script with {', '.join(changes)} together")
-        return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps)
-
-    return combine.try_combined(results, tried, run, repeats=config.try_repeats, device=device)
 
 
 def device_info(facts: LoopFacts) -> DeviceInfo:

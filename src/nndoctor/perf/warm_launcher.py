@@ -69,10 +69,11 @@ class WarmLauncher:
         reply: dict[str, Any] = json.loads(line)
         return reply
 
-    def run(self, argv: list[str], cwd: str, log: str, timeout: float) -> int:
+    def run(self, argv: list[str], cwd: str, log: str, timeout: float, env: dict[str, str] | None = None) -> int:
         """Run the child with ``argv`` in a fork; its return code (``subprocess.TimeoutExpired``
-        after ``timeout`` seconds, the fork killed)."""
-        request = {"argv": argv, "cwd": cwd, "env": dict(os.environ), "log": log}
+        after ``timeout`` seconds, the fork killed; on Ctrl-C / SIGTERM here the fork is killed
+        and the helper closed before the interruption goes on)."""
+        request = {"argv": argv, "cwd": cwd, "env": dict(os.environ) if env is None else env, "log": log}
         with self._lock:
             assert self._process.stdin is not None
             try:
@@ -95,6 +96,12 @@ class WarmLauncher:
             except (ValueError, KeyError) as error:
                 self.close()
                 raise LauncherFailed(f"the warm helper answered nonsense: {error}") from error
+            except BaseException:  # KeyboardInterrupt (SIGTERM in perf): no re-run outlives us
+                _kill(pid)
+                self._process.kill()
+                self._process.wait()
+                self.close()
+                raise
 
     def close(self) -> None:
         if self._process.poll() is None:

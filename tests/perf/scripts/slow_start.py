@@ -1,0 +1,19 @@
+"""A tiny MLP whose start is slow (it sleeps first, like a model that takes long to build):
+every --try re-run pays the sleep, which is what the --budget tests need. Argument: seconds."""
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+for _step in range(10_000):
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()

@@ -1,0 +1,231 @@
+"""``nndoctor perf --budget``: predictions and pruning before anything is re-run, adaptive
+repeats, the winners measured together, the budget kept, and partial results on SIGTERM.
+
+The scheduler tests drive ``TrialScheduler`` with a fake re-run whose step times are known and
+whose cost advances a fake clock (fast, exact); two end-to-end tests run the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nndoctor.perf import schedule
+from nndoctor.perf.diagnosis import best_point_advice
+from nndoctor.perf.predict import PlanFacts, amdahl, plan, predict, prediction_text
+from nndoctor.perf.render import trial_lines
+
+SCRIPTS = Path(__file__).parent / "scripts"
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def gpu_facts(**changes) -> PlanFacts:
+    """The decoder of issue 29 as the breakdown saw it: optimizer 43% (foreach=False), GPU busy 99%."""
+    facts = PlanFacts(device="cuda", capability=(9, 0),
+                      fractions={"data": 0.0, "h2d": 0.0, "forward": 0.12, "backward": 0.12, "optimizer": 0.43,
+                                 "io": 0.0, "sync": 0.28, "other": 0.05},
+                      gpu_busy=0.99, optimizer_name="AdamW", optimizer_fused=False, optimizer_foreach=False,
+                      attention={"traced": True, "handwritten": 8, "handwritten_modules": ["Attention"],
+                                 "sdpa_calls": 0, "attention_flop_share": 0.1},
+                      loader_batch_size=None)
+    for key, value in changes.items():
+        setattr(facts, key, value)
+    return facts
+
+
+# -- predictions and pruning ---------------------------------------------------------------------
+def test_optimizer_share_predicts_the_fused_optimizer_gain_by_amdahl():
+    prediction = predict("fused-optimizer", gpu_facts())
+    assert prediction["kind"] == "prediction"
+    assert prediction["bound"] == pytest.approx(1 / (1 - 0.43 + 0.43 / 4), abs=1e-3)
+    assert "43%" in prediction["basis"] and "foreach=False" in prediction["basis"]
+    assert amdahl(0.5, 2.0) == pytest.approx(4 / 3)
+
+
+def test_changes_that_cannot_apply_are_skipped_with_the_reason():
+    facts = gpu_facts()
+    order, predictions = plan(("amp", "channels_last", "cudnn-benchmark", "cuda-graphs", "sdpa", "tf32",
+                               "fused-optimizer", "compile", "batch-size"), facts)
+    assert "convolution" in predictions["channels_last"]["skip"]
+    assert "convolution" in predictions["cudnn-benchmark"]["skip"]
+    assert "busy 99%" in predictions["cuda-graphs"]["skip"]
+    assert "DataLoader" in predictions["batch-size"]["skip"]
+    assert set(order) == {"amp", "sdpa", "tf32", "fused-optimizer", "compile"}
+    # Most promising first: bf16 tensor cores on fp32 lead; the 43% optimizer step comes
+    # before torch.compile and the attention (a small share of this step's matmul work).
+    bounds = [predictions[n]["bound"] for n in order]
+    assert bounds == sorted(bounds, reverse=True) and order[0] == "amp"
+    assert order.index("fused-optimizer") < order.index("compile") < order.index("sdpa")
+    sdpa_already = gpu_facts(attention={"traced": True, "handwritten": 0, "handwritten_modules": [],
+                                        "sdpa_calls": 8, "attention_flop_share": 0.1})
+    assert "scaled_dot_product_attention already" in predict("sdpa", sdpa_already)["skip"]
+    assert "fused=True" in predict("fused-optimizer", gpu_facts(optimizer_fused=True))["skip"]
+    assert "autocast already" in predict("amp", gpu_facts(autocast=True))["skip"]
+    assert "allowed already" in predict("tf32", gpu_facts(tf32_matmul=True))["skip"]
+    launch_bound = predict("cuda-graphs", gpu_facts(gpu_busy=0.4))
+    assert launch_bound["bound"] == pytest.approx(2.5)
+
+
+def test_every_unmeasured_prediction_is_labelled_as_one():
+    text = prediction_text(predict("fused-optimizer", gpu_facts()))
+    assert text.startswith("predicted up to 1.48×") and "a prediction, not a measurement" in text
+
+
+# -- the scheduler, on a fake re-run -----------------------------------------------------------
+class FakeRuns:
+    """Re-runs with known step times; each costs ``cost`` seconds of a fake clock."""
+
+    def __init__(self, monkeypatch, times: dict[str, float], cost: float = 10.0, noise: float = 0.0,
+                 interrupt_at: int | None = None) -> None:
+        self.now, self.cost, self.times, self.noise = 1000.0, cost, times, noise
+        self.calls: list[list[str]] = []
+        self.interrupt_at = interrupt_at
+        monkeypatch.setattr(schedule.time, "monotonic", lambda: self.now)
+
+    def __call__(self, changes: list[str]) -> dict:
+        if self.interrupt_at is not None and len(self.calls) + 1 == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.calls.append(list(changes))
+        self.now += self.cost
+        seconds = self.times[",".join(sorted(changes))]
+        # Alternating ± noise: the repeats of one configuration spread by 2 × noise.
+        seconds *= 1 + (self.noise if len(self.calls) % 2 else -self.noise)
+        return {"seconds_per_step": seconds, "final_loss": 1.0, "applied": list(changes) or ["baseline"],
+                "samples_per_step": 32}
+
+
+def scheduler(fake: FakeRuns, budget: float, repeats: int = 3) -> schedule.TrialScheduler:
+    return schedule.TrialScheduler(fake, budget=schedule.Budget(budget, started=fake.now), repeats=repeats,
+                                   device="cuda", measure_alone=lambda name: f"nndoctor perf --try {name} train.py")
+
+
+def run_plan(fake, budget, tries, repeats=3):
+    order, predictions = plan(tries, gpu_facts())
+    trials: dict = {}
+    sched = scheduler(fake, budget, repeats)
+    sched.run_all(order, predictions, trials)
+    trials["best"] = schedule.best_point(trials)
+    return sched, trials
+
+
+def test_the_budget_is_kept_and_the_rest_listed_with_prediction_and_command(monkeypatch):
+    fake = FakeRuns(monkeypatch, {"": 0.1, "amp": 0.05, "fused-optimizer": 0.07, "sdpa": 0.09, "tf32": 0.08,
+                                  "compile": 0.09})
+    started = fake.now
+    tries = ("amp", "fused-optimizer", "sdpa", "compile")
+    _, trials = run_plan(fake, 35.0, tries)
+    # Each re-run started only when its estimated cost fitted (10 s measured; a compiling one
+    # is estimated at 10 s + 45 s until one was timed).
+    assert fake.now - started <= 35.0
+    measured = [n for n in tries if "speedup" in trials[n]]
+    left = [n for n in tries if trials[n].get("not_measured") == "budget"]
+    assert measured == ["amp", "fused-optimizer"] and sorted(left) == ["compile", "sdpa"]
+    for name in left:
+        assert trials[name]["command"] == f"nndoctor perf --try {name} train.py"
+        assert trials[name]["predicted"]["kind"] == "prediction"
+    lines = "\n".join(trial_lines(trials))
+    assert "--try sdpa: not measured (budget); predicted up to" in lines
+    assert "a prediction, not a measurement" in lines
+    assert "measure it alone: nndoctor perf --try compile train.py" in lines
+
+
+def test_a_clear_gain_needs_one_run_a_small_one_several(monkeypatch):
+    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.097}, cost=1.0, noise=0.004)
+    _, trials = run_plan(fake, 1000.0, ("amp", "fused-optimizer"), repeats=5)
+    assert trials["amp"]["runs"] == 1 and trials["amp"]["stopped"] == "clear" and trials["amp"]["pays_off"]
+    assert trials["fused-optimizer"]["runs"] == 5 and trials["fused-optimizer"]["stopped"] == "repeats"
+    # Interleaved: each further run of a change follows another baseline run.
+    assert fake.calls[:3] == [[], ["amp"], ["fused-optimizer"]] and fake.calls[3] == []
+
+
+def test_the_winners_are_measured_together_and_the_advice_names_the_combination(monkeypatch):
+    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.070, "sdpa": 0.099,
+                                  "amp,fused-optimizer": 0.025, "amp,fused-optimizer,sdpa": 0.025})
+    _, trials = run_plan(fake, 1000.0, ("amp", "fused-optimizer", "sdpa"))
+    combined = trials["combined"]
+    assert combined["changes"] == ["amp", "fused-optimizer"]
+    assert combined["speedup"] == pytest.approx(4.0) and combined["over"] == "baseline"
+    assert ["amp", "fused-optimizer"] in fake.calls  # re-run as one set, not multiplied
+    best = trials["best"]
+    assert best["changes"] == ["amp", "fused-optimizer"] and best["speedup"] == pytest.approx(4.0)
+    advice = best_point_advice(trials, best)
+    assert [a["change"] for a in advice] == ["amp", "fused-optimizer", "combination"]
+    assert advice[-1]["measured_speedup"] == pytest.approx(4.0)
+    assert "best measured point: amp + fused-optimizer — 4.00× the baseline" in "\n".join(trial_lines(trials))
+
+
+def test_a_set_slower_than_its_best_member_is_not_advised(monkeypatch):
+    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "tf32": 0.080, "amp,tf32": 0.060})
+    _, trials = run_plan(fake, 1000.0, ("amp", "tf32"))
+    assert trials["combined"]["speedup"] == pytest.approx(100 / 60)
+    assert trials["best"]["changes"] == ["amp"]
+
+
+def test_an_interruption_keeps_the_finished_trials(monkeypatch):
+    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.070, "sdpa": 0.09},
+                    interrupt_at=3)
+    sched, trials = run_plan(fake, 1000.0, ("amp", "fused-optimizer", "sdpa"))
+    assert trials["amp"]["pays_off"] and trials["amp"]["speedup"] == pytest.approx(2.0)
+    assert trials["fused-optimizer"]["not_measured"] == "interrupted"
+    assert trials["sdpa"]["not_measured"] == "interrupted" and "interrupted" in trials["interrupted"]
+
+
+# -- end to end ----------------------------------------------------------------------------------
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+@pytest.mark.slow
+def test_cli_keeps_the_budget_with_slow_re_runs(tmp_path):
+    out = tmp_path / "perf.json"
+    budget = 40.0
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "nndoctor", "perf", "--warmup", "1", "--steps", "3",
+                           "--try", "fused-optimizer,amp,compile", "--budget", str(budget), "--json", str(out),
+                           str(SCRIPTS / "slow_start.py"), "3"],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    trials = json.loads(out.read_text())["extra"]["perf"]["trials"]
+    re_runs = trials["baseline"]["re_runs"]
+    # The run (from nndoctor's start to the end of the trials) exceeds the budget by one re-run at most.
+    used = trials["budget"]["used_s"]
+    assert used <= budget + trials["budget"]["longest_re_run_s"], (trials["budget"], done.stderr[-3000:])
+    assert elapsed >= used
+    left = [n for n in ("fused-optimizer", "amp", "compile") if trials[n].get("not_measured") == "budget"]
+    assert left, trials  # 40 s cannot hold the script, the baseline, two changes and a compiled one
+    for name in left:
+        assert trials[name]["command"].startswith(f"nndoctor perf --try {name} ")
+    assert re_runs >= 2 and "not measured (budget)" in done.stderr
+    assert "ETA ~" in done.stderr  # progress lines, with the measured re-run cost
+
+
+@pytest.mark.slow
+def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
+    out = tmp_path / "perf.json"
+    process = subprocess.Popen([sys.executable, "-m", "nndoctor", "perf", "--warmup", "1", "--steps", "3",
+                                "--try", "fused-optimizer,amp,compile", "--budget", "600", "--json", str(out),
+                                str(SCRIPTS / "slow_start.py"), "2"],
+                               stderr=subprocess.PIPE, text=True, env=_env())
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "re-run 3:" in line:  # the baseline and the first change have finished
+            process.send_signal(signal.SIGTERM)
+            break
+    rest = process.stderr.read()
+    code = process.wait(timeout=120)
+    assert code == 143, "".join(seen) + rest
+    perf = json.loads(out.read_text())["extra"]["perf"]
+    trials = perf["trials"]
+    assert perf["interrupted"] == "SIGTERM"
+    finished = [n for n in ("fused-optimizer", "amp", "compile") if "speedup" in trials[n]]
+    interrupted = [n for n in ("fused-optimizer", "amp", "compile") if trials[n].get("not_measured") == "interrupted"]
+    assert len(finished) == 1 and len(interrupted) == 2, trials
