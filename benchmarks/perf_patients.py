@@ -263,21 +263,180 @@ if __name__ == "__main__":
     main()
 '''
 
+DECODER_SCRIPT = r'''
+"""A nanoGPT-style decoder written the way tutorials write it (the patient of issue 29 in
+benchmarks/perf_advice.py): 8 layers, d 768, 12 heads, sequence 512, batch 16, vocab 16k,
+hand-written causal attention (softmax(q kᵀ / √d) with a mask), GELU MLP, tied embeddings,
+AdamW with neither foreach nor fused kernels, fp32, gradient clipping, loss.item() every step.
+Every size is a flag, so the CPU smoke test runs it tiny."""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--vocab", type=int, default=16384)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr-scale", type=float, default=1.0)
+    p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--sdpa", action="store_true", help="F.scaled_dot_product_attention(is_causal=True)")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile-mode", default=None)
+    p.add_argument("--fused", action="store_true", help="AdamW(fused=True)")
+    p.add_argument("--tf32", action="store_true")
+    p.add_argument("--sync-every", type=int, default=1, help="read the loss with .item() every N steps")
+    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    return p.parse_args(argv)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.heads, self.sdpa = args.heads, args.sdpa
+        self.c_attn = nn.Linear(args.width, 3 * args.width)
+        self.c_proj = nn.Linear(args.width, args.width)
+        self.register_buffer("bias", torch.tril(torch.ones(args.seq, args.seq)).view(1, 1, args.seq, args.seq))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(args.width), nn.LayerNorm(args.width)
+        self.attn = CausalSelfAttention(args)
+        self.mlp = nn.Sequential(nn.Linear(args.width, 4 * args.width), nn.GELU(),
+                                 nn.Linear(4 * args.width, args.width))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.wte = nn.Embedding(args.vocab, args.width)
+        self.wpe = nn.Embedding(args.seq, args.width)
+        self.h = nn.ModuleList(Block(args) for _ in range(args.layers))
+        self.ln_f = nn.LayerNorm(args.width)
+        self.lm_head = nn.Linear(args.width, args.vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied embeddings
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
+
+    def forward(self, idx):
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def build(args):
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(0)
+    model = GPT(args).to(args.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr * args.lr_scale, weight_decay=0.1,
+                                  foreach=False, fused=args.fused)
+    step_model = model
+    if args.compile or args.compile_mode:
+        step_model = torch.compile(model, mode=args.compile_mode)
+    return model, step_model, optimizer
+
+
+def sync(args):
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def train(args, model, step_model, optimizer):
+    """Samples/s over the measured steps (device synchronised at both ends)."""
+    running, started = 0.0, None
+    for step in range(args.warmup_steps + args.steps):
+        if step == args.warmup_steps:
+            sync(args)
+            started = time.perf_counter()
+        batch = torch.randint(0, args.vocab, (args.batch_size, args.seq + 1), device=args.device)
+        x, y = batch[:, :-1], batch[:, 1:]
+        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.amp):
+            logits = step_model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if args.sync_every and (step + 1) % args.sync_every == 0:
+            running += loss.item()
+    sync(args)
+    return args.batch_size * args.steps / (time.perf_counter() - started)
+
+
+def main():
+    args = parse()
+    rate = train(args, *build(args))
+    print(f"SAMPLES_PER_S {rate:.2f}", flush=True)
+    print(f"TOKENS_PER_S {rate * args.seq:.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+SCRIPTS = {"lm": LM_SCRIPT, "mlp": MLP_SCRIPT, "decoder": DECODER_SCRIPT}
+
 TINY = {  # CPU smoke-test sizes
     "lm": ["--device", "cpu", "--layers", "2", "--width", "32", "--heads", "4", "--seq", "32", "--vocab", "128",
            "--batch-size", "4", "--warmup-steps", "2", "--steps", "4"],
     "mlp": ["--device", "cpu", "--samples", "4096", "--hidden", "64", "--warmup-steps", "5", "--steps", "40"],
+    "decoder": ["--device", "cpu", "--layers", "2", "--width", "32", "--heads", "4", "--seq", "32", "--vocab", "128",
+                "--batch-size", "4", "--warmup-steps", "2", "--steps", "4"],
 }
 FULL = {
     "lm": ["--warmup-steps", "5", "--steps", "20"],
     "mlp": ["--warmup-steps", "20", "--steps", "800"],  # ≥ 1 s a point even at batch 256
+    "decoder": ["--warmup-steps", "3", "--steps", "15"],  # ~1.6 s a point at the naive ~106 ms a step
 }
 # What `nndoctor perf --try` measures on each patient, and its window.
 TRIES = {
     "lm": ("amp,sdpa,compile,fused-optimizer", ["--warmup", "5", "--steps", "10"]),
     "mlp": ("cuda-graphs,fused-optimizer,batch-size", ["--warmup", "10", "--steps", "200"]),
+    # As a new user runs it: every change, the default window and the default budget.
+    "decoder": ("all", []),
 }
 TINY_TRIES = {
+    "decoder": ("amp,sdpa,fused-optimizer", ["--warmup", "2", "--steps", "3", "--budget", "90"]),
     "lm": ("amp,sdpa,fused-optimizer", ["--warmup", "2", "--steps", "3"]),
     "mlp": ("batch-size,fused-optimizer,cuda-graphs", ["--warmup", "3", "--steps", "20"]),
 }
@@ -289,6 +448,20 @@ def lm_grid(tiny: bool) -> list[list[str]]:
     grid = []
     for amp, sdpa, fused in itertools.product((False, True), repeat=3):
         grid.append(["--sync-every", "100"] + ["--amp"] * amp + ["--sdpa"] * sdpa + ["--fused"] * fused)
+    if not tiny:
+        grid.append(["--sync-every", "100", "--amp", "--sdpa", "--fused", "--compile"])
+    return grid
+
+
+def decoder_grid(tiny: bool) -> list[list[str]]:
+    """The changes issue 29 names, kept small enough for one 9-minute command: bf16 autocast ×
+    SDPA × fused AdamW eagerly, TF32 alone and with SDPA + fused, and torch.compile on the corner
+    with bf16 + SDPA + fused (a compiled point costs ~1 min). The loss is read every 100 steps
+    at every point (the per-step .item() is advice of its own, not in question here)."""
+    grid = []
+    for amp, sdpa, fused in itertools.product((False, True), repeat=3):
+        grid.append(["--sync-every", "100"] + ["--amp"] * amp + ["--sdpa"] * sdpa + ["--fused"] * fused)
+    grid += [["--sync-every", "100", "--tf32"], ["--sync-every", "100", "--tf32", "--sdpa", "--fused"]]
     if not tiny:
         grid.append(["--sync-every", "100", "--amp", "--sdpa", "--fused", "--compile"])
     return grid
@@ -345,7 +518,7 @@ def measure_in_process(script: Path, patient: str, base: list[str], flags: list[
     module = _load(script, f"patient_{patient}")
     args = module.parse(base + flags)
     torch._dynamo.reset()  # every compiled point compiles its own graphs, none inherits guards
-    if patient == "lm":
+    if patient in ("lm", "decoder"):
         model, step_model, optimizer = module.build(args)
         rate = module.train(args, model, step_model, optimizer)
     else:
@@ -381,7 +554,7 @@ def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
     two stages fit the device tool's 10-minute calls one at a time)."""
     patient = args.patient
     script = work / f"{patient}.py"
-    script.write_text(LM_SCRIPT if patient == "lm" else MLP_SCRIPT)
+    script.write_text(SCRIPTS[patient])
     base = (TINY if args.tiny else FULL)[patient]
     tries, window = (TINY_TRIES if args.tiny else TRIES)[patient]
     results: dict = {"patient": patient, "tiny": args.tiny, "base_flags": base, "tries": tries}
@@ -393,7 +566,7 @@ def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
     except ImportError:
         raise SystemExit("torch is not installed") from None
     if not args.tiny and results["card"] == "cpu":
-        raise SystemExit("--patient lm/mlp needs a CUDA GPU; pass --tiny for the CPU smoke test")
+        raise SystemExit(f"--patient {patient} needs a CUDA GPU; pass --tiny for the CPU smoke test")
 
     if args.stage in ("perf", "all"):
         report, terminal, seconds = run_perf(work, script, base, tries, window, args.try_repeats,
@@ -418,8 +591,9 @@ def run_patient(args: argparse.Namespace, out: Path, work: Path) -> dict:
     if args.stage == "perf":
         return results
 
-    batch = int(base[base.index("--batch-size") + 1]) if "--batch-size" in base else (16 if patient == "lm" else 32)
-    grid = lm_grid(args.tiny) if patient == "lm" else mlp_grid(args.tiny, batch)
+    batch = int(base[base.index("--batch-size") + 1]) if "--batch-size" in base else (32 if patient == "mlp" else 16)
+    grid = {"lm": lambda: lm_grid(args.tiny), "decoder": lambda: decoder_grid(args.tiny),
+            "mlp": lambda: mlp_grid(args.tiny, batch)}[patient]()
     rows: list[dict] = []
 
     def one(label: str, flags: list[str], round_index: int) -> None:
@@ -459,10 +633,20 @@ def confirm(args: argparse.Namespace, out: Path, work: Path) -> dict:
     grid_result = json.loads(Path(args.grid_result).read_text())
     patient = grid_result["patient"]
     script = work / f"{patient}.py"
-    script.write_text(LM_SCRIPT if patient == "lm" else MLP_SCRIPT)
+    script.write_text(SCRIPTS[patient])
     base = grid_result["base_flags"]
     advised = grid_result["advised_flags"]
-    grid_rows = [r for r in grid_result["rows"] if r["samples_per_s"]]
+    confirmed = fresh_confirm(script, patient, base, advised, grid_result["rows"], args.confirm_top,
+                              args.confirm_repeats)
+    confirmed["summary"]["grid_selection"] = grid_result.get("summary")
+    return {"patient": patient, "card": grid_result.get("card"), "base_flags": base, **confirmed}
+
+
+def fresh_confirm(script: Path, patient: str, base: list[str], advised: list[str], grid_rows: list[dict],
+                  top: int, repeats: int) -> dict:
+    """The advised flags and the grid's ``top`` best points re-measured on fresh runs,
+    interleaved (odd rounds reversed); advised/best by these medians only (winner's curse)."""
+    grid_rows = [r for r in grid_rows if r["samples_per_s"]]
     by_flags: dict[frozenset[str], list[float]] = {}
     labels: dict[frozenset[str], list[str]] = {}
     for row in grid_rows:
@@ -470,10 +654,10 @@ def confirm(args: argparse.Namespace, out: Path, work: Path) -> dict:
         labels.setdefault(key, row["flags"])
         by_flags.setdefault(key, []).append(row["samples_per_s"])
     ranked = sorted(by_flags, key=lambda key: statistics.median(by_flags[key]), reverse=True)
-    candidates = [("advised", advised)] + [("grid", labels[key]) for key in ranked[:args.confirm_top]
+    candidates = [("advised", advised)] + [("grid", labels[key]) for key in ranked[:top]
                                            if key != _key(advised)]
     rows: list[dict] = []
-    for round_index in range(args.confirm_repeats):
+    for round_index in range(repeats):
         order = candidates if round_index % 2 == 0 else candidates[::-1]
         for label, flags in order:
             rate = measure_in_process(script, patient, base, flags)
@@ -485,16 +669,50 @@ def confirm(args: argparse.Namespace, out: Path, work: Path) -> dict:
     advised_median = medians[" ".join(advised) or "(naive)"]
     best_flags = max(medians, key=medians.get)
     summary = {
-        "statistic": f"median over {args.confirm_repeats} fresh interleaved rounds",
+        "statistic": f"median over {repeats} fresh interleaved rounds",
         "advised_flags": advised, "advised_samples_per_s": advised_median,
         "best_flags": best_flags, "best_samples_per_s": medians[best_flags],
         "advised_over_best": advised_median / medians[best_flags], "medians": medians,
-        "grid_selection": grid_result.get("summary"),
     }
     summary["advised_within_90pct_of_best"] = summary["advised_over_best"] >= 0.9
     print(json.dumps(summary, indent=1), flush=True)
-    return {"patient": patient, "card": grid_result.get("card"), "base_flags": base, "rows": rows,
-            "summary": summary}
+    return {"rows": rows, "summary": summary}
+
+
+def run_decoder(args: argparse.Namespace, out: Path, work: Path) -> dict:
+    """Issue 29's benchmark in one command: ``nndoctor perf --try all`` with the default budget
+    on the decoder, the grid (one round), then the advice and the grid's best point re-measured
+    fresh and interleaved. The JSON says how long perf took, what it advised (the combination
+    and the ratio it measured) and advised / fresh best."""
+    started = time.perf_counter()
+    results = run_patient(args, out, work)
+    if args.stage != "all":
+        return results
+    perf_trials = results.get("trials") or {}
+    script = work / "decoder.py"
+    confirmed = fresh_confirm(script, "decoder", results["base_flags"], results["advised_flags"],
+                              results["rows"], args.confirm_top, args.confirm_repeats)
+    combination = next((a for a in results["advice"] if a.get("change") == "combination"), None)
+    results["fresh"] = confirmed
+    results["headline"] = {
+        "card": results.get("card"),
+        "perf_wall_s": round(results.get("perf_seconds") or 0.0, 1),
+        "perf_budget_s": (perf_trials.get("budget") or {}).get("seconds"),
+        "perf_budget_used_s": (perf_trials.get("budget") or {}).get("used_s"),
+        "advised_changes": [a["change"] for a in results["advice"] if a.get("change") != "combination"],
+        "advised_flags": results["advised_flags"],
+        "advice_combination": combination,
+        "perf_best_point": perf_trials.get("best"),
+        "not_measured_by_perf": sorted(name for name, t in perf_trials.items()
+                                       if isinstance(t, dict) and t.get("not_measured")),
+        "fresh_best_flags": confirmed["summary"]["best_flags"],
+        "advised_over_fresh_best": confirmed["summary"]["advised_over_best"],
+        "advised_within_90pct_of_best": confirmed["summary"]["advised_within_90pct_of_best"],
+        "grid_advised_over_naive": (results.get("summary") or {}).get("advised_over_naive"),
+        "total_wall_s": round(time.perf_counter() - started, 1),
+    }
+    print(json.dumps(results["headline"], indent=1), flush=True)
+    return results
 
 
 def summarize(rows: list[dict]) -> dict:

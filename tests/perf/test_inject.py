@@ -49,3 +49,38 @@ def test_cuda_graphs_and_compile_together_compile_once(monkeypatch):
     injector = ChangeInjector(Session(checks=[]), ["compile", "cuda-graphs"])
     _first_training_forward(injector, torch.nn.Linear(2, 2))
     assert compiled == ["reduce-overhead"]
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1) @ v
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.attention = _Attention()
+
+    def forward(self, x):
+        h = self.proj(x)
+        return self.attention(h, h, h)
+
+
+@pytest.mark.parametrize(("also", "then"), [("compile", "inductor"), ("cuda-graphs", "reduce-overhead")])
+def test_sdpa_with_compile_is_one_compilation_that_rewrites_the_attention(monkeypatch, also, then):
+    """A module compiled inside an outer torch.compile is inlined and its own backend never
+    runs: with compile (or CUDA graphs) the root is compiled once by the SDPA-rewriting backend,
+    which hands the rewritten graph to Inductor."""
+    from nndoctor.perf.sdpa import SdpaRewriter
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda function, mode=None, backend=None: compiled.append(backend) or function)
+    model = _Model().train()
+    injector = ChangeInjector(Session(checks=[]), ["sdpa", also])
+    with torch.enable_grad():
+        model(torch.randn(2, 3, 4))  # the first training forward: the tracer sees the attention
+    _first_training_forward(injector, model)
+    assert len(compiled) == 1 and isinstance(compiled[0], SdpaRewriter) and compiled[0].then == then
+    assert model.attention._compiled_call_impl is None  # no inner compile to be inlined
+    assert any(entry.startswith("compile") for entry in injector.applied)

@@ -30,7 +30,7 @@ def test_try_amp_measures_every_step_shape(script):
     assert report.status == "stopped", report.traceback
     amp = result.trials["amp"]
     assert "error" not in amp and "skipped" not in amp, amp
-    assert amp["measure"] == "re-run" and len(amp["times_s"]) == 2 and amp["speedup"] > 0
+    assert amp["measure"] == "re-run" and 1 <= len(amp["times_s"]) <= 2 and amp["speedup"] > 0  # adaptive repeats
     assert any(a.startswith("autocast(torch.bfloat16)") for a in amp["applied"]), amp["applied"]
     assert amp["loss_change"] is not None and amp["loss_baseline"] is not None
     # bf16 autocast changes the numbers a little, not the training.

@@ -88,8 +88,9 @@ class ChangeInjector:
         if event.is_loss or not event.grad_enabled or not event.training or id(module) in self._models:
             return
         self._models.add(id(module))
+        compiled = False
         if self._tracer is not None and self._tracer.started and not self._tracer.stopped:
-            self._apply_sdpa(module)
+            compiled = self._apply_sdpa(module)
         if "channels_last" in self.changes:
             import torch
 
@@ -100,6 +101,8 @@ class ChangeInjector:
             device_type = _device_type(module)
             self._wrap_forward(module, lambda forward: _autocast(forward, device_type))
             self.applied.append(f"autocast({autocast_dtype(device_type)}) on {type(module).__name__}")
+        if compiled:
+            return  # sdpa with compile / cuda-graphs: one compilation did both (_apply_sdpa)
         if "cuda-graphs" in self.changes:
             # torch.compile's CUDA graphs: one graph replay instead of a launch per kernel.
             _compile_forward(module, "reduce-overhead")
@@ -148,7 +151,13 @@ class ChangeInjector:
         handle = module_mod.register_module_forward_pre_hook(first_call)
         self._undo.append(handle.remove)
 
-    def _apply_sdpa(self, root: Any) -> None:
+    def _apply_sdpa(self, root: Any) -> bool:
+        """Replace the hand-written attention the traced forward ran. With compile or
+        cuda-graphs also asked for, the root's forward is compiled once by a backend that
+        rewrites the attention and hands the graph to Inductor (True: the root is compiled);
+        a module compiled inside an outer torch.compile would be inlined, its rewrite lost."""
+        import torch
+
         from nndoctor.perf.sdpa import SdpaRewriter
 
         self._tracer.stop()
@@ -156,10 +165,18 @@ class ChangeInjector:
         found = [m for m in self._tracer.modules if id(m) in names]
         if not found:
             self.notes.append("no hand-written attention (softmax(Q Kᵀ) V) in the training forward")
-            return
+            return False
+        then = "reduce-overhead" if "cuda-graphs" in self.changes else "inductor" if "compile" in self.changes else None
+        if then is not None:
+            where = f"{type(root).__name__} ({len(found)} attention module(s))"
+            root.forward = torch.compile(root.forward, backend=SdpaRewriter(where, self.applied, self.notes, then))
+            self.applied.append(f"compile{'(mode=' + repr(then) + ')' if then == 'reduce-overhead' else ''} on "
+                                f"{type(root).__name__}")
+            return True
         for module in found:
             where = f"{names[id(module)] or 'the model'} ({type(module).__name__})"
             module.compile(backend=SdpaRewriter(where, self.applied, self.notes))
+        return False
 
     # -- batch-size ------------------------------------------------------------------------
     def _scale_batch_samplers(self, factor: int) -> None:

@@ -179,7 +179,9 @@ def _sdpa(f: PlanFacts, c: float) -> dict[str, Any]:
     # The scaling, mask and softmax read and write the T×T scores several times: memory-bound
     # work its FLOPs understate, so the part SDPA acts on is taken as three times its FLOP share.
     share = min(1.0, 3.0 * flops) * c
-    return _prediction(amdahl(share, 3.0), f"hand-written attention in {', '.join(attention['handwritten_modules'][:2])}"
+    names = attention.get("handwritten_modules") or []
+    where = ", ".join(f"{name} ×{names.count(name)}" if names.count(name) > 1 else name for name in dict.fromkeys(names))
+    return _prediction(amdahl(share, 3.0), f"hand-written attention in {where}"
                                            f" ({flops:.0%} of the forward's matmul FLOPs, with its T×T softmax and mask "
                                            f"taken as ~{share:.0%} of the step); fused attention typically makes that "
                                            "up to 3× faster")

@@ -35,8 +35,9 @@ from nndoctor.perf.predict import COMPILING, prediction_text
 from nndoctor.perf.timeline import relative_noise, speedup_verdict
 
 DEFAULT_BUDGET_S = 300.0
-# Noise assumed before the baseline has been re-run twice (then the measured spread counts).
-NOISE_PRIOR = 0.05
+# Noise assumed before the baseline has been re-run twice (then the measured spread counts):
+# repeat spreads of a few % on a dedicated GPU; a CPU shared with other work spreads more.
+NOISE_PRIOR = {"cuda": 0.05, "cpu": 0.15}
 GAIN_FLOOR = 0.03
 # Before a compiling re-run was timed, it is estimated at a plain re-run plus this much.
 COMPILE_GUESS_S = {"cuda": 45.0, "cpu": 20.0}
@@ -79,13 +80,13 @@ class Pool:
         return [r for r in self.runs if "error" not in r and r.get("seconds_per_step")]
 
 
-def decided(base: list[float], variant: list[float]) -> bool:
+def decided(base: list[float], variant: list[float], prior: float = NOISE_PRIOR["cuda"]) -> bool:
     """Is the verdict clear against the noise? Clearly faster (gain over twice the noise) or
     clearly slower (a loss over the noise)."""
     if not base or not variant:
         return False
     noise = relative_noise(base) if len(base) >= 2 else 0.0
-    noise = max(noise, relative_noise(variant), NOISE_PRIOR if len(base) < 2 else 0.0, GAIN_FLOOR)
+    noise = max(noise, relative_noise(variant), prior if len(base) < 2 else 0.0, GAIN_FLOOR)
     gain = statistics.median(base) / statistics.median(variant) - 1.0
     return gain > 2 * noise or gain < -noise
 
@@ -178,7 +179,7 @@ class TrialScheduler:
                 unit = "sample" if per_sample else "step"
                 self.announce(f"  {label}: {_ms(statistics.median(variant), unit)} vs {_ms(statistics.median(base), unit)}"
                               f" → {ratio:.2f}× after {len(variant)} run(s)")
-            if decided(base, variant):
+            if decided(base, variant, NOISE_PRIOR.get(self.device, NOISE_PRIOR["cpu"])):
                 return pool, "clear"
             if len(pool.runs) >= self.repeats:
                 return pool, "repeats"

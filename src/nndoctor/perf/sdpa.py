@@ -372,10 +372,27 @@ class SdpaRewriter:
     ``applied`` and ``notes`` are the injector's lists: what was replaced, and why a found
     attention was left as written."""
 
-    def __init__(self, where: str, applied: list[str], notes: list[str]) -> None:
+    def __init__(self, where: str, applied: list[str], notes: list[str], then: str | None = None) -> None:
         self.where, self.applied, self.notes = where, applied, notes
+        # None: run the rewritten graph eagerly (the attention kernel alone is measured);
+        # "inductor" / "reduce-overhead": hand it on to Inductor (with CUDA graphs), for
+        # --try sdpa together with compile or cuda-graphs — one compilation of the whole forward.
+        self.then = then
+
+    def _finish(self, gm: Any, example_inputs: list[Any]) -> Any:
+        if self.then is None:
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = {"triton.cudagraphs": True} if self.then == "reduce-overhead" else None
+        return compile_fx(gm, example_inputs, config_patches=patches)
 
     def __call__(self, gm: Any, example_inputs: list[Any]) -> Any:
+        found = self._rewrite(gm, example_inputs)
+        return self._finish(found if found is not None else gm, example_inputs)
+
+    def _rewrite(self, gm: Any, example_inputs: list[Any]) -> Any:
+        """The graph with its attention replaced, or None (left as written, with the note)."""
         import torch
 
         fused, done, refused = rewrite(gm)
@@ -389,11 +406,11 @@ class SdpaRewriter:
             if not any(n.startswith(f"attention in {self.where} left as written: {reason}") for n in self.notes):
                 self.notes.append(note)
         if not done:
-            return gm.forward
+            return None
         if any(_target_name(n) in _IN_PLACE for n in gm.graph.nodes):
             self.notes.append(f"attention in {self.where} left as written: the graph changes tensors in "
                               "place, so the outputs cannot be compared safely")
-            return gm.forward
+            return None
         plain_check, _, _ = rewrite(gm, dropout=False)
         strip_only = _without_attention_rewrite(gm)
         with torch.no_grad():
@@ -401,11 +418,11 @@ class SdpaRewriter:
         if not agree:
             self.notes.append(f"attention in {self.where} left as written: scaled_dot_product_attention's "
                               f"output differs by {worst:.2e} (relative) on the real inputs")
-            return gm.forward
+            return None
         entry = f"sdpa in {self.where} ({'; '.join(dict.fromkeys(done))}; outputs agree within {worst:.1e})"
         if not any(a.startswith(f"sdpa in {self.where} ") for a in self.applied):  # once, not per recompile
             self.applied.append(entry)
-        return fused.forward
+        return fused
 
 
 def _without_attention_rewrite(gm: Any) -> Any:
