@@ -120,8 +120,8 @@ def test_the_budget_is_kept_and_the_rest_listed_with_prediction_and_command(monk
     started = fake.now
     tries = ("amp", "fused-optimizer", "sdpa", "compile")
     _, trials = run_plan(fake, 35.0, tries)
-    # Each re-run started only when its estimated cost fitted (10 s measured; a compiling one
-    # is estimated at 10 s + 45 s until one was timed).
+    # Each re-run started only when its estimated cost fitted (10 s measured; compile is
+    # estimated at 10 s + 45 s and sdpa at 10 s + 10 s until one of its kind was timed).
     assert fake.now - started <= 35.0
     measured = [n for n in tries if "speedup" in trials[n]]
     left = [n for n in tries if trials[n].get("not_measured") == "budget"]
@@ -229,3 +229,44 @@ def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
     finished = [n for n in ("fused-optimizer", "amp", "compile") if "speedup" in trials[n]]
     interrupted = [n for n in ("fused-optimizer", "amp", "compile") if trials[n].get("not_measured") == "interrupted"]
     assert len(finished) == 1 and len(interrupted) == 2, trials
+
+
+# -- cheap re-runs, configuration ----------------------------------------------------------------
+def test_a_re_run_stops_warming_up_once_two_steps_take_the_same_time(monkeypatch):
+    from types import SimpleNamespace
+
+    from nndoctor.perf import rerun_child
+
+    clock = iter([0.0, 5.0, 5.1, 5.2, 5.3, 5.4, 5.5, 5.6, 5.7, 5.8])  # step 1 compiles, then 100 ms a step
+    monkeypatch.setattr(rerun_child.time, "perf_counter", lambda: next(clock))
+    step_clock = rerun_child.StepClock(None, (8, 2), min_warmup=2)
+    event = SimpleNamespace(optimizer=object())
+    for _ in range(6):
+        step_clock.on_step_end(event)
+    # Steps end at 0, 5.0, 5.1, 5.2: steps 3 and 4 took 100 ms each — the window starts after
+    # step 4 instead of 8, and times steps 5 and 6.
+    assert step_clock.warmup == 4
+    assert step_clock.seconds_per_step == pytest.approx(0.1)
+
+
+def test_budget_and_try_repeats_can_be_set_in_the_project_configuration(tmp_path):
+    import argparse
+
+    from nndoctor.config import apply
+    from nndoctor.errors import UsageError
+    from nndoctor.perf.cli import configure
+
+    (tmp_path / "pyproject.toml").write_text("[tool.nndoctor]\nbudget = 120\ntry-repeats = 4\n")
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args([str(script)])
+    apply(args, [str(script)])
+    assert args.budget == 120 and args.try_repeats == 4
+    args = parser.parse_args(["--budget", "30", str(script)])
+    apply(args, ["--budget", "30", str(script)])
+    assert args.budget == 30  # the command line wins
+    (tmp_path / "pyproject.toml").write_text("[tool.nndoctor]\nbudget = \"soon\"\n")
+    with pytest.raises(UsageError, match="budget"):
+        apply(parser.parse_args([str(script)]), [str(script)])

@@ -91,3 +91,25 @@ def test_confirm_remeasures_advised_and_the_grids_best_points(patients, tmp_path
     assert summary["advised_over_best"] == pytest.approx(150 / 160)
     assert summary["advised_within_90pct_of_best"] is True
     assert summary["grid_selection"] == {"advised_over_best": 0.75}
+
+
+def test_the_decoder_patient_is_the_tutorial_model_and_runs_tiny(patients, tmp_path):
+    """The issue-29 decoder: hand-written attention, AdamW without foreach/fused, tied embeddings;
+    every grid option runs at the CPU smoke-test size (one in-process point each)."""
+    source = patients.DECODER_SCRIPT
+    assert "foreach=False, fused=args.fused" in source and "self.lm_head.weight = self.wte.weight" in source
+    assert "att = F.softmax(att, dim=-1)" in source and "clip_grad_norm_" in source
+    grid = patients.decoder_grid(tiny=False)
+    assert ["--sync-every", "100", "--amp", "--sdpa", "--fused", "--compile"] in grid
+    assert ["--sync-every", "100", "--tf32", "--sdpa", "--fused"] in grid and len(grid) == 11
+    script = tmp_path / "decoder.py"
+    script.write_text(source)
+    base = [*patients.TINY["decoder"][:-4], "--warmup-steps", "1", "--steps", "1"]
+    for flags in (["--amp", "--sdpa", "--fused"], []):
+        assert patients.measure_in_process(script, "decoder", base, flags) > 0
+
+
+def test_the_combination_item_adds_no_flag_of_its_own(patients):
+    advice = [{"change": "amp"}, {"change": "fused-optimizer"},
+              {"change": "combination", "changes": ["amp", "fused-optimizer"], "measured_speedup": 3.1}]
+    assert patients.advice_to_flags(advice) == ["--amp", "--fused"]

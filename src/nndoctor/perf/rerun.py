@@ -33,6 +33,8 @@ CUDA_ONLY = {"cudnn-benchmark": "cuDNN autotuning acts on CUDA devices only",
 # Changes compiled on their first calls: the window starts after at least this many steps.
 COMPILED = ("compile", "cuda-graphs", "sdpa")
 MIN_COMPILED_WARMUP = 3
+# The fewest warm-up steps of a re-run whose step times are already stable (rerun_child).
+MIN_STABLE_WARMUP = 2
 # --try batch-size: K times the batch, larger K only while the smaller fit.
 BATCH_FACTORS = {"cuda": (2, 4, 8), "cpu": (2, 4)}
 CHILD_TIMEOUT_S = float(os.environ.get("NNDOCTOR_TRY_TIMEOUT", "900"))
@@ -56,9 +58,11 @@ CHILD = "nndoctor.perf.rerun_child"  # the TensorFlow re-run is nndoctor.perf.tf
 
 
 def child_command(target: Any, changes: list[str], warmup: int, steps: int, out: str,
-                  min_steps: int | None = None, child: str = CHILD) -> list[str]:
+                  min_steps: int | None = None, child: str = CHILD, min_warmup: int | None = None) -> list[str]:
     command = [sys.executable, "-m", child, "--changes", ",".join(changes),
                "--warmup", str(warmup), "--steps", str(steps), "--out", out]
+    if min_warmup is not None and min_warmup < warmup:
+        command += ["--min-warmup", str(min_warmup)]
     if min_steps is not None and min_steps < steps:
         command += ["--min-steps", str(min_steps)]
     if target.is_module:
@@ -67,13 +71,14 @@ def child_command(target: Any, changes: list[str], warmup: int, steps: int, out:
 
 
 def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str,
-              min_steps: int | None = None, child: str = CHILD, env: dict[str, str] | None = None) -> dict[str, Any]:
+              min_steps: int | None = None, child: str = CHILD, env: dict[str, str] | None = None,
+              min_warmup: int | None = None) -> dict[str, Any]:
     """One re-run; the child's own output is kept only to explain a failure. ``env``: variables
     set for the re-run on top of this process's environment (the run-private compile cache)."""
     with tempfile.TemporaryDirectory(prefix="nndoctor-try-") as folder:
         out = os.path.join(folder, "result.json")
         log = os.path.join(folder, "log.txt")
-        command = child_command(target, changes, warmup, steps, out, min_steps, child)
+        command = child_command(target, changes, warmup, steps, out, min_steps, child, min_warmup)
         try:
             returncode = _launch(command, child, cwd, log, {**os.environ, **(env or {})})
         except subprocess.TimeoutExpired:

@@ -58,15 +58,24 @@ def _peak_memory() -> int | None:
     return int(torch.cuda.max_memory_allocated())
 
 
+STABLE = 0.10  # two consecutive warm-up steps within 10% of each other: warm
+
+
 class StepClock:
     """Times the window between the end of step ``warmup`` and the end of step ``warmup + steps``
     of the first optimizer to step (a GAN's second optimizer steps in the same iteration)."""
 
     subscriber_name = "perf --try step clock"
 
-    def __init__(self, session: Any, window: tuple[int, int], min_steps: int | None = None) -> None:
+    def __init__(self, session: Any, window: tuple[int, int], min_steps: int | None = None,
+                 min_warmup: int | None = None) -> None:
         self.session = session
         self.warmup, self.steps = window
+        # --min-warmup: the warm-up may end after this many steps, once two consecutive steps
+        # took the same time within STABLE (compilation, autotuning and allocator growth done);
+        # at the latest it ends after ``warmup`` steps.
+        self.min_warmup = max(1, min(min_warmup or self.warmup, self.warmup))
+        self._warmup_ends: list[float] = []
         # A script that ends before the window is complete still gives a timing once this
         # many steps were measured (--min-steps; windows are lengthened for very short steps).
         self.min_steps = min(min_steps or self.steps, self.steps)
@@ -107,7 +116,11 @@ class StepClock:
         if id(event.optimizer) != self.lead:
             return
         self.count += 1
-        if self.count == self.warmup:
+        if self.started is None and self.count < self.warmup:
+            self._warmup_ends.append(time.perf_counter())
+            if self.count >= self.min_warmup and self._stable():
+                self.warmup = self.count  # the window starts now
+        if self.count == self.warmup and self.started is None:
             _sync()
             _reset_peak_memory()
             self.started = time.perf_counter()
@@ -117,6 +130,13 @@ class StepClock:
             self.peak_memory_bytes = _peak_memory()
         elif self.started is not None and self.seconds_per_step is None:
             self.last_end = time.perf_counter()  # no sync inside the window
+
+    def _stable(self) -> bool:
+        ends = self._warmup_ends
+        if len(ends) < 3:
+            return False
+        last, before = ends[-1] - ends[-2], ends[-2] - ends[-3]
+        return abs(last - before) <= STABLE * max(last, before)
 
     @property
     def measured_steps(self) -> int:
@@ -147,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", default="")
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--min-warmup", type=int, default=None,
+                        help="the warm-up may end after this many steps once step times are stable")
     parser.add_argument("--min-steps", type=int, default=None,
                         help="the fewest measured steps that still count when the script ends early")
     parser.add_argument("--out", required=True)
@@ -157,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Target(args.module, rest, is_module=True) if args.module else Target(rest[0], rest[1:])
     session = Session(checks=[])
     injector = ChangeInjector(session, [c for c in args.changes.split(",") if c])
-    clock = StepClock(session, (max(1, args.warmup), args.steps), args.min_steps)
+    clock = StepClock(session, (max(1, args.warmup), args.steps), args.min_steps, args.min_warmup)
     session.subscribe(injector)
     session.subscribe(clock)
     out_path = os.path.abspath(args.out)
@@ -170,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "first_loss": clock.first_loss,
         "final_loss": clock.final_loss,
         "steps_seen": clock.count,
+        "warmup_steps": clock.warmup,
         "measured_steps": measured if clock.seconds_per_step is not None else 0,
         "samples_per_step": clock.samples / measured if clock.samples and measured else None,
         "peak_memory_bytes": clock.peak_memory_bytes,

@@ -39,8 +39,10 @@ DEFAULT_BUDGET_S = 300.0
 # repeat spreads of a few % on a dedicated GPU; a CPU shared with other work spreads more.
 NOISE_PRIOR = {"cuda": 0.05, "cpu": 0.15}
 GAIN_FLOOR = 0.03
-# Before a compiling re-run was timed, it is estimated at a plain re-run plus this much.
-COMPILE_GUESS_S = {"cuda": 45.0, "cpu": 20.0}
+# Before a re-run of a kind was timed, it is estimated at a plain re-run plus this much:
+# Inductor compiles the forward and backward (compile, cuda-graphs); sdpa alone only traces
+# the attention modules with Dynamo and runs them eagerly.
+COMPILE_GUESS_S = {"inductor": {"cuda": 45.0, "cpu": 20.0}, "dynamo": {"cuda": 10.0, "cpu": 5.0}}
 
 RunChild = Callable[[list[str]], dict[str, Any]]
 
@@ -105,18 +107,26 @@ class TrialScheduler:
         self.announce = announce or (lambda line: None)
         self.measure_alone = measure_alone or (lambda name: f"nndoctor perf --try {name} SCRIPT")
         self.baseline = Pool([])
-        self.costs: dict[str, list[float]] = {"plain": [], "compiling": []}
+        self.costs: dict[str, list[float]] = {"plain": [], "inductor": [], "dynamo": []}
         self.interrupted: str | None = None
         self.runs_done = 0
         self.all_runs: list[dict[str, Any]] = []
 
     # -- costs -----------------------------------------------------------------------------
+    @staticmethod
+    def cost_kind(changes: list[str]) -> str:
+        if any(c in ("compile", "cuda-graphs") for c in changes):
+            return "inductor"
+        return "dynamo" if any(c in COMPILING for c in changes) else "plain"
+
     def estimate(self, changes: list[str]) -> float:
-        kind = "compiling" if any(c in COMPILING for c in changes) else "plain"
+        kind = self.cost_kind(changes)
         if self.costs[kind]:
             return statistics.median(self.costs[kind])
         plain = statistics.median(self.costs["plain"]) if self.costs["plain"] else self.first_estimate
-        return plain + (COMPILE_GUESS_S.get(self.device, 20.0) if kind == "compiling" else 0.0)
+        if kind == "plain":
+            return plain
+        return plain + COMPILE_GUESS_S[kind].get(self.device, COMPILE_GUESS_S[kind]["cpu"])
 
     def run(self, changes: list[str], label: str) -> dict[str, Any]:
         """One re-run, announced with its ETA, its cost recorded."""
@@ -135,7 +145,7 @@ class TrialScheduler:
         result.setdefault("wall_s", round(cost, 2))
         self.all_runs.append(result)
         if "error" not in result:
-            self.costs["compiling" if any(c in COMPILING for c in changes) else "plain"].append(cost)
+            self.costs[self.cost_kind(changes)].append(cost)
         return result
 
     def fits(self, changes: list[str], extra: float = 0.0) -> bool:

@@ -204,7 +204,10 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
         cache = schedule.CompileCache()
 
         def run_child(changes: list[str]) -> dict[str, Any]:
-            return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps, env=cache.env)
+            # The warm-up ends early once two steps take the same time (compiled changes: after 3 at least).
+            least = rerun.MIN_COMPILED_WARMUP if any(c in rerun.COMPILED for c in changes) else rerun.MIN_STABLE_WARMUP
+            return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps, env=cache.env,
+                                   min_warmup=least)
 
         scheduler = schedule.TrialScheduler(run_child, budget=budget, repeats=config.try_repeats, device=device,
                                             announce=announce, measure_alone=schedule.measure_alone_command(target),
