@@ -270,3 +270,44 @@ def test_budget_and_try_repeats_can_be_set_in_the_project_configuration(tmp_path
     (tmp_path / "pyproject.toml").write_text("[tool.nndoctor]\nbudget = \"soon\"\n")
     with pytest.raises(UsageError, match="budget"):
         apply(parser.parse_args([str(script)]), [str(script)])
+
+
+def test_predictions_stay_labelled_in_findings_and_html(monkeypatch):
+    """A change the budget left out: the finding and the HTML report carry its prediction,
+    labelled as one, and the command that measures it."""
+    from nndoctor.findings import Report
+    from nndoctor.perf.diagnosis import _measured_advice
+    from nndoctor.perf.measured_checks import NoMixedPrecision
+    from nndoctor.report.html import render_html
+
+    prediction = predict("amp", gpu_facts())
+    trials = {"amp": {"not_measured": "budget", "predicted": prediction, "command": "nndoctor perf --try amp t.py"}}
+    finding = _measured_advice(NoMixedPrecision, trials, "amp", "float32 training", None, {})
+    assert "not measured (budget)" in finding.message and "a prediction, not a measurement" in finding.message
+    assert finding.evidence["measured"] is False and finding.evidence["predicted"]["kind"] == "prediction"
+    report = Report()
+    report.extra["perf"] = {"breakdown": {"steps": 3, "phases_s": {"forward": 0.3}, "fractions": {"forward": 1.0},
+                                          "median_step_s": 0.1}, "trials": trials}
+    page = render_html(report)
+    assert "--try amp: not measured (budget); predicted up to" in page and "a prediction, not a measurement" in page
+
+
+def test_a_failing_set_is_measured_again_without_its_riskiest_change(monkeypatch):
+    times = {"": 0.100, "amp": 0.050, "compile": 0.080, "sdpa": 0.080, "amp,compile": 0.040}
+    fake = FakeRuns(monkeypatch, times)
+    original = fake.__call__
+
+    def run(changes):
+        if sorted(changes) == ["amp", "compile", "sdpa"]:
+            fake.calls.append(list(changes))
+            return {"error": "BackendCompilerFailed: boom", "applied": []}
+        return original(changes)
+
+    order, predictions = plan(("amp", "compile", "sdpa"), gpu_facts())
+    trials: dict = {}
+    schedule.TrialScheduler(run, budget=schedule.Budget(1000.0, started=fake.now), repeats=3,
+                            device="cuda").run_all(order, predictions, trials)
+    combined = trials["combined"]
+    assert combined["failed_set"]["changes"] == ["amp", "compile", "sdpa"]
+    assert combined["changes"] == ["amp", "compile"] and combined["speedup"] == pytest.approx(2.5)
+    assert schedule.best_point(trials)["changes"] == ["amp", "compile"]

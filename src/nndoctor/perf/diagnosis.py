@@ -39,6 +39,15 @@ def _measured_advice(cls: type[Check], trials: dict[str, Any], name: str, claim:
     outcome = trial_outcome(trials, name)
     if outcome is None:
         tried = trials.get(name)
+        if isinstance(tried, dict) and tried.get("not_measured"):
+            from nndoctor.perf.predict import prediction_text
+
+            return cls.finding(f"{claim}; not measured ({tried['not_measured']}), "
+                               f"{prediction_text(tried.get('predicted') or {})}; measure it alone: "
+                               f"{tried.get('command') or 'nndoctor perf --try ' + name.replace('_', '-')}",
+                               location=location, evidence={**evidence, "measured": False,
+                                                            "predicted": tried.get("predicted")},
+                               severity=Severity.INFO)
         if isinstance(tried, dict) and (tried.get("error") or tried.get("skipped")):
             # --try was given and could not measure: say why, never "pass --try".
             why = tried.get("error") or tried.get("skipped")

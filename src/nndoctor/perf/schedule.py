@@ -290,6 +290,20 @@ class TrialScheduler:
             combined["not_measured"] = "budget"
             return
         failed = [r for r in pool.runs if "error" in r]
+        fallback = _without_riskiest(together)
+        if failed and fallback and len(fallback) >= 2:
+            # The set failed although each change ran alone: the compiled changes interact
+            # most (the attention rewrite inside Inductor's graph). Once more without one.
+            self.announce(f"  together ({', '.join(together)}) failed: {failed[0]['error']}; "
+                          f"trying {', '.join(fallback)}")
+            combined["failed_set"] = {"changes": together, "error": failed[0]["error"]}
+            together = fallback
+            combined["changes"] = together
+            pool, why = self.measure("together", together, self.baseline, per_sample=per_sample,
+                                     label=" + ".join(together))
+            combined.update({"stopped": why, "runs": len(pool.runs)})
+            rates = pool.times(per_sample)
+            failed = [r for r in pool.runs if "error" in r]
         if failed or not rates or not base:
             combined["error"] = failed[0]["error"] if failed else "no step timed"
             return
@@ -343,6 +357,17 @@ def best_point(trials: dict[str, Any]) -> dict[str, Any] | None:
     if not candidates:
         return None
     return max(candidates, key=lambda c: c["speedup"])
+
+
+def _without_riskiest(changes: list[str]) -> list[str] | None:
+    """The set without the change most likely to break it in combination: SDPA's rewrite when
+    it shares a compilation with compile / cuda-graphs, else the compilation itself."""
+    compiled = [c for c in changes if c in ("compile", "cuda-graphs")]
+    if "sdpa" in changes and compiled:
+        return [c for c in changes if c != "sdpa"]
+    if compiled:
+        return [c for c in changes if c not in compiled]
+    return None
 
 
 def _label(changes: list[str]) -> str:

@@ -111,7 +111,23 @@ def _perf_breakdown_html(report: Report) -> str:
     median = breakdown.get("median_step_s")
     head = f"median step {1000 * median:.1f} ms over {steps} measured steps" if median else f"{steps} measured steps"
     return (f'<h2>Where the step time goes</h2><p class="note">{html.escape(head)}</p>'
-            f'<table class="evidence perf" id="perf-breakdown">{"".join(rows)}</table>')
+            f'<table class="evidence perf" id="perf-breakdown">{"".join(rows)}</table>' + _perf_trials_html(perf))
+
+
+def _perf_trials_html(perf: Any) -> str:
+    """The --try results as the terminal shows them: measured lines say "measured", predicted
+    gains of changes not measured say "a prediction, not a measurement"."""
+    trials = (perf or {}).get("trials") or {}
+    if not trials:
+        return ""
+    try:
+        from nndoctor.perf.render import trial_lines
+
+        lines = trial_lines(trials)
+    except Exception:  # noqa: BLE001 - the breakdown above still stands
+        return ""
+    return (f'<h3>What --try measured (and predicted)</h3><pre class="mono" id="perf-trials">'
+            f'{html.escape(chr(10).join(lines))}</pre>') if lines else ""
 
 
 def render_html(report: Report, *, title: str | None = None, display_location: Any = str,
