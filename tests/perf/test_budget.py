@@ -136,7 +136,8 @@ def test_the_budget_is_kept_and_the_rest_listed_with_prediction_and_command(monk
 
 
 def test_a_clear_gain_needs_one_run_a_small_one_several(monkeypatch):
-    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.097}, cost=1.0, noise=0.004)
+    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.097, "amp,fused-optimizer": 0.048},
+                    cost=1.0, noise=0.004)
     _, trials = run_plan(fake, 1000.0, ("amp", "fused-optimizer"), repeats=5)
     assert trials["amp"]["runs"] == 1 and trials["amp"]["stopped"] == "clear" and trials["amp"]["pays_off"]
     assert trials["fused-optimizer"]["runs"] == 5 and trials["fused-optimizer"]["stopped"] == "repeats"
@@ -145,11 +146,13 @@ def test_a_clear_gain_needs_one_run_a_small_one_several(monkeypatch):
 
 
 def test_the_winners_are_measured_together_and_the_advice_names_the_combination(monkeypatch):
-    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.070, "sdpa": 0.099,
+    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.070, "sdpa": 0.120,
                                   "amp,fused-optimizer": 0.025, "amp,fused-optimizer,sdpa": 0.025})
     _, trials = run_plan(fake, 1000.0, ("amp", "fused-optimizer", "sdpa"))
     combined = trials["combined"]
     assert combined["changes"] == ["amp", "fused-optimizer"]
+    # sdpa lost alone (0.83×): measured on top of the set instead, where it gained nothing.
+    assert combined["added"][0]["added"] == ["sdpa"] and not combined["added"][0]["pays_off"]
     assert combined["speedup"] == pytest.approx(4.0) and combined["over"] == "baseline"
     assert ["amp", "fused-optimizer"] in fake.calls  # re-run as one set, not multiplied
     best = trials["best"]
@@ -311,3 +314,19 @@ def test_a_failing_set_is_measured_again_without_its_riskiest_change(monkeypatch
     assert combined["failed_set"]["changes"] == ["amp", "compile", "sdpa"]
     assert combined["changes"] == ["amp", "compile"] and combined["speedup"] == pytest.approx(2.5)
     assert schedule.best_point(trials)["changes"] == ["amp", "compile"]
+
+
+def test_a_change_neutral_alone_joins_the_set_and_is_advised_only_as_measured_there(monkeypatch):
+    """The issue's decoder: fused AdamW gains nothing alone on a GPU-bound fp32 step (the
+    optimizer's host time hides behind the GPU work) and pays once bf16 made the GPU fast."""
+    fake = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050, "fused-optimizer": 0.100,
+                                  "amp,fused-optimizer": 0.025})
+    _, trials = run_plan(fake, 1000.0, ("amp", "fused-optimizer"))
+    assert not trials["fused-optimizer"]["pays_off"]
+    combined = trials["combined"]
+    assert combined["changes"] == ["amp", "fused-optimizer"] and combined["neutral_alone"] == ["fused-optimizer"]
+    advice = best_point_advice(trials, trials["best"])
+    fused = next(a for a in advice if a["change"] == "fused-optimizer")
+    assert fused["measured_with"] == ["amp"] and fused["measured_speedup"] == pytest.approx(1.0)
+    assert advice[-1] == {"change": "combination", "changes": ["amp", "fused-optimizer"],
+                          "measured_speedup": pytest.approx(4.0), "measured_as": "together, interleaved with the baseline"}

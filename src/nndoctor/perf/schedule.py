@@ -273,15 +273,16 @@ class TrialScheduler:
 
     # -- together ------------------------------------------------------------------------------
     def _together(self, results: dict[str, Any], order: list[str], predictions: dict[str, dict[str, Any]]) -> None:
-        together = combine.paying_set(results)
+        together = together_set(results)
         if len(together) < 2:
             return
+        neutral = [name for name in together if name in results and not results[name].get("pays_off")]
         per_sample = any(name.startswith("batch-size=") for name in together)
         self.announce(f"[together] the changes that paid alone, re-run as one set: {', '.join(together)}")
         pool, why = self.measure("together", together, self.baseline, per_sample=per_sample,
                                  label=" + ".join(together))
         combined: dict[str, Any] = {"changes": together, "measure": "re-run", "stopped": why,
-                                    "runs": len(pool.runs), "added": []}
+                                    "runs": len(pool.runs), "added": [], "neutral_alone": neutral}
         results["combined"] = combined
         base, rates = self.baseline.times(per_sample), pool.times(per_sample)
         unit, rate_key = ("samples/s", "samples_per_s") if per_sample else ("steps/s", "steps_per_s")
@@ -312,7 +313,10 @@ class TrialScheduler:
                          "noise": verdict["noise"], "pays_off": verdict["pays_off"], "base_s": verdict["base_s"],
                          "variant_s": verdict["variant_s"], "over": "baseline"})
         self.announce(f"  together ({', '.join(together)}): {verdict['speedup']:.2f}× the baseline")
-        for name in combine.additions(results, tuple(order), together, self.device):
+        extra = [name for name in combine.additions(results, tuple(order), together, self.device)
+                 if not (name == "compile" and "cuda-graphs" in together)]
+        extra.sort(key=lambda name: -((predictions.get(name) or {}).get("bound") or 1.0))  # most promising first
+        for name in extra:
             changes = combine._with(together, [name])
             added_pool, added_why = self.measure(f"+{name}", changes, pool, per_sample=per_sample,
                                                  label=" + ".join(changes))
@@ -332,6 +336,25 @@ class TrialScheduler:
             combined["added"].append(added)
         paying = [v for v in combined["added"] if v.get("pays_off")]
         combined["best_added"] = max(paying, key=lambda v: v["speedup"]) if paying else None
+
+
+def together_set(results: dict[str, Any]) -> list[str]:
+    """The changes re-run together: those that paid alone, and those that neither paid nor
+    lost alone (speed-up within the noise, loss unchanged). Changes that bound different parts
+    of the step pay only together: a host-bound optimizer step (a loop over the parameters)
+    costs nothing while the GPU is the bottleneck, and half the step once mixed precision made
+    the GPU work fast — measured alone, fused AdamW gains nothing there."""
+    chosen = combine.paying_set(results)
+    for name in combine.COMBINABLE:
+        outcome = results.get(name) or {}
+        if name in chosen or "speedup" not in outcome or not outcome.get("loss_ok", True):
+            continue
+        if outcome["speedup"] >= 1.0 - max(outcome.get("noise") or 0.0, GAIN_FLOOR):
+            chosen.append(name)
+    if "compile" in chosen and "cuda-graphs" in chosen:
+        chosen.remove("compile")  # reduce-overhead is torch.compile too: one compile, with graphs
+    batch = [c for c in chosen if c.startswith("batch-size=")]
+    return [c for c in combine.COMBINABLE if c in chosen] + batch
 
 
 def best_point(trials: dict[str, Any]) -> dict[str, Any] | None:
