@@ -33,10 +33,15 @@ def test_conv_net_facts_and_measured_trials():
     assert result.device.capability >= (7, 0)
     for name in ("amp", "channels_last", "cudnn-benchmark"):
         trial = result.trials[name]
+        if "skipped" in trial:  # pruned before re-running (e.g. cudnn.benchmark on already): says why
+            assert trial["predicted"]["skip"] == trial["skipped"], trial
+            continue
         assert trial["speedup"] > 0 and trial["loss_ok"], trial
     codes = {f.code: f for f in diagnose(result)}
     # Each of P105/P106/P110 is either confirmed by its measurement (warning) or withdrawn.
     for code, name in (("P105", "amp"), ("P106", "channels_last"), ("P110", "cudnn-benchmark")):
+        if "speedup" not in result.trials[name]:
+            continue
         assert (code in codes) == bool(result.trials[name]["pays_off"])
         if code in codes:
             assert codes[code].severity == Severity.WARNING and codes[code].evidence["measured"]
@@ -47,7 +52,8 @@ def test_try_compile_times_the_compiled_step_and_checks_its_loss():
     _, result = run_perf(Target(str(SCRIPTS / "small_convnet.py"), []), config)
     trial = result.trials["compile"]
     assert "error" not in trial, trial
-    assert trial["speedup"] > 0 and len(trial["times_s"]) == config.try_repeats
+    # Adaptive repeats: one re-run when the verdict is clear, up to --try-repeats when not.
+    assert trial["speedup"] > 0 and 1 <= len(trial["times_s"]) <= config.try_repeats
     assert trial["loss_ok"], trial  # the compiled step computes the same loss (within 1%)
 
 

@@ -9,6 +9,7 @@ findings are derived from it by ``perf/diagnosis.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -333,6 +334,8 @@ def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
     """Run ``target`` under a perf session; the report carries the run-scope P findings.
 
     ``announce`` receives a line for each thing being measured, as it starts."""
+    if config.started is None:  # the budget counts from here: the script's own run included
+        config = dataclasses.replace(config, started=time.monotonic())
     run = PerfRun(config, target=target, announce=announce or _silent)
     session = PerfSession(run, select=select, ignore=ignore, command=target.command)
     run.announce(f"running {' '.join(target.command)}: {config.warmup} warm-up optimizer steps, "
