@@ -186,27 +186,31 @@ def _env() -> dict:
 
 @pytest.mark.slow
 def test_cli_keeps_the_budget_with_slow_re_runs(tmp_path):
+    """Re-runs that sleep 12 s each (the script's own run does not): a 45 s budget holds at most
+    the script and a few re-runs; the rest is listed with its prediction and command."""
     out = tmp_path / "perf.json"
-    budget = 40.0
+    budget = 45.0
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "nndoctor", "perf", "--warmup", "1", "--steps", "3",
                            "--try", "fused-optimizer,amp,compile", "--budget", str(budget), "--json", str(out),
-                           str(SCRIPTS / "slow_start.py"), "3"],
+                           str(SCRIPTS / "slow_start.py"), "12", str(tmp_path / "starts")],
                           capture_output=True, text=True, env=_env(), timeout=300)
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-2000:]
     trials = json.loads(out.read_text())["extra"]["perf"]["trials"]
-    re_runs = trials["baseline"]["re_runs"]
-    # The run (from nndoctor's start to the end of the trials) exceeds the budget by one re-run at most.
+    # From nndoctor's start to the end of the trials: over the budget by one re-run at most.
     used = trials["budget"]["used_s"]
     assert used <= budget + trials["budget"]["longest_re_run_s"], (trials["budget"], done.stderr[-3000:])
     assert elapsed >= used
     left = [n for n in ("fused-optimizer", "amp", "compile") if trials[n].get("not_measured") == "budget"]
-    assert left, trials  # 40 s cannot hold the script, the baseline, two changes and a compiled one
+    assert left, trials  # a compiling re-run alone is estimated at 12 s + 20 s
     for name in left:
         assert trials[name]["command"].startswith(f"nndoctor perf --try {name} ")
-    assert re_runs >= 2 and "not measured (budget)" in done.stderr
-    assert "ETA ~" in done.stderr  # progress lines, with the measured re-run cost
+        assert trials[name]["predicted"]["kind"] == "prediction"
+    assert "not measured (budget)" in done.stderr
+    if trials["baseline"]["re_runs"]:
+        assert "ETA ~" in done.stderr  # progress lines, with the measured re-run cost
+        assert trials["budget"]["longest_re_run_s"] >= 12  # the re-runs slept, the script's own run did not
 
 
 @pytest.mark.slow
@@ -214,13 +218,13 @@ def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
     out = tmp_path / "perf.json"
     process = subprocess.Popen([sys.executable, "-m", "nndoctor", "perf", "--warmup", "1", "--steps", "3",
                                 "--try", "fused-optimizer,amp,compile", "--budget", "600", "--json", str(out),
-                                str(SCRIPTS / "slow_start.py"), "2"],
+                                str(SCRIPTS / "slow_start.py"), "1"],
                                stderr=subprocess.PIPE, text=True, env=_env())
     assert process.stderr is not None
     seen = []
     for line in process.stderr:
         seen.append(line)
-        if "re-run 3:" in line:  # the baseline and the first change have finished
+        if "stopped:" in line:  # the first change's verdict: one trial has finished
             process.send_signal(signal.SIGTERM)
             break
     rest = process.stderr.read()
@@ -231,7 +235,9 @@ def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
     assert perf["interrupted"] == "SIGTERM"
     finished = [n for n in ("fused-optimizer", "amp", "compile") if "speedup" in trials[n]]
     interrupted = [n for n in ("fused-optimizer", "amp", "compile") if trials[n].get("not_measured") == "interrupted"]
-    assert len(finished) == 1 and len(interrupted) == 2, trials
+    assert len(finished) >= 1 and finished[0] in seen[-1], (trials, seen[-1])
+    assert interrupted and len(finished) + len(interrupted) == 3, trials
+    assert "were not measured" in rest  # the text report says so too
 
 
 # -- cheap re-runs, configuration ----------------------------------------------------------------
