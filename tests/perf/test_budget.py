@@ -336,3 +336,18 @@ def test_a_change_neutral_alone_joins_the_set_and_is_advised_only_as_measured_th
     assert fused["measured_with"] == ["amp"] and fused["measured_speedup"] == pytest.approx(1.0)
     assert advice[-1] == {"change": "combination", "changes": ["amp", "fused-optimizer"],
                           "measured_speedup": pytest.approx(4.0), "measured_as": "together, interleaved with the baseline"}
+
+
+def test_a_noisy_window_keeps_one_run_from_deciding(monkeypatch):
+    """The same 2× gain: decided after one run on a steady machine, re-run when the script's own
+    step times already spread widely (a shared CPU)."""
+    steady = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050})
+    order, predictions = plan(("amp",), gpu_facts())
+    trials: dict = {}
+    scheduler(steady, 1000.0).run_all(order, predictions, trials)
+    assert trials["amp"]["runs"] == 1
+    noisy = FakeRuns(monkeypatch, {"": 0.100, "amp": 0.050})
+    trials = {}
+    schedule.TrialScheduler(noisy, budget=schedule.Budget(1000.0, started=noisy.now), repeats=3, device="cuda",
+                            noise_floor=0.6).run_all(order, predictions, trials)
+    assert trials["amp"]["runs"] == 2  # one more interleaved pair; then the measured spread decides

@@ -98,8 +98,12 @@ class TrialScheduler:
 
     def __init__(self, run_child: Callable[..., dict[str, Any]], *, budget: Budget, repeats: int,
                  device: str, announce: Callable[[str], None] | None = None,
-                 measure_alone: Callable[[str], str] | None = None, first_estimate: float = 0.0) -> None:
+                 measure_alone: Callable[[str], str] | None = None, first_estimate: float = 0.0,
+                 noise_floor: float = 0.0) -> None:
         self._run_child = run_child
+        # The noise assumed until the baseline was re-run twice: the device's prior, or more
+        # when the script's own window already varied more (step times' spread / √steps).
+        self.noise_prior = max(NOISE_PRIOR.get(device, NOISE_PRIOR["cpu"]), noise_floor)
         # Before any re-run was timed: what the script took to reach the end of its measured
         # window in this process (start, model build, warm-up, window) — one re-run's work.
         self.first_estimate = first_estimate
@@ -189,7 +193,7 @@ class TrialScheduler:
                 unit = "sample" if per_sample else "step"
                 self.announce(f"  {label}: {_ms(statistics.median(variant), unit)} vs {_ms(statistics.median(base), unit)}"
                               f" → {ratio:.2f}× after {len(variant)} run(s)")
-            if decided(base, variant, NOISE_PRIOR.get(self.device, NOISE_PRIOR["cpu"])):
+            if decided(base, variant, self.noise_prior):
                 return pool, "clear"
             if len(pool.runs) >= self.repeats:
                 return pool, "repeats"

@@ -212,7 +212,8 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
 
         scheduler = schedule.TrialScheduler(run_child, budget=budget, repeats=config.try_repeats, device=device,
                                             announce=announce, measure_alone=schedule.measure_alone_command(target),
-                                            first_estimate=budget.elapsed())
+                                            first_estimate=budget.elapsed(),
+                                            noise_floor=_window_noise(recorder))
         cuda_only = {name: {"skipped": f"{why}; this run trained on {device}"}
                      for name, why in rerun.CUDA_ONLY.items() if name in order and device != "cuda"}
         results.update(cuda_only)
@@ -272,6 +273,15 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             except Exception as error:  # noqa: BLE001
                 results["loader"] = {"error": f"{type(error).__name__}: {error}"}
     return results
+
+
+def _window_noise(recorder: PerfRecorder) -> float:
+    """The spread of the script's own step times over its window, scaled to a window mean
+    (/ √steps): how far two re-runs' medians may differ by chance, before any was repeated."""
+    from nndoctor.perf.timeline import relative_noise
+
+    walls = [record.wall for record in recorder.records if record.wall]
+    return relative_noise(walls) / len(walls) ** 0.5 if len(walls) >= 2 else 0.0
 
 
 def _capability(cuda: bool) -> tuple[int, int] | None:
