@@ -689,6 +689,10 @@ def run_decoder(args: argparse.Namespace, out: Path, work: Path) -> dict:
     if args.stage != "all":
         return results
     perf_trials = results.get("trials") or {}
+    # Written now and again at the end: a call cut short still leaves perf's result and the grid.
+    partial = Path(args.out) if str(args.out).endswith(".json") else out / "perf_advice_decoder.json"
+    partial.write_text(json.dumps({**results, "stage_done": "perf and grid"}, indent=1, default=str))
+    print(f"perf and grid done after {time.perf_counter() - started:.0f} s; re-measuring fresh", flush=True)
     script = work / "decoder.py"
     confirmed = fresh_confirm(script, "decoder", results["base_flags"], results["advised_flags"],
                               results["rows"], args.confirm_top, args.confirm_repeats)
