@@ -31,7 +31,7 @@ def paying_set(results: dict[str, Any]) -> list[str]:
     return chosen
 
 
-def _rates(runs: list[dict[str, Any]], per_sample: bool = True) -> list[float]:
+def seconds_per_unit(runs: list[dict[str, Any]], per_sample: bool = True) -> list[float]:
     """Seconds per sample (a larger batch is among the changes) or per step (it is not: then
     batches made in the loop, which no DataLoader counts, are fine)."""
     if not per_sample:
@@ -62,7 +62,7 @@ MAX_ROUNDS = 5
 GAIN_FLOOR = 0.03
 
 
-def _with(together: list[str], added: list[str]) -> list[str]:
+def with_added(together: list[str], added: list[str]) -> list[str]:
     base = [name for name in together if not (name == "compile" and "cuda-graphs" in added)]
     return base + added
 
@@ -77,7 +77,7 @@ def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, r
     if not together or (len(together) < 2 and not extra):
         return None
     added_sets = [[name] for name in extra] + ([extra] if len(extra) > 1 else [])
-    variants = {"together": together, **{"+" + "+".join(a): _with(together, a) for a in added_sets}}
+    variants = {"together": together, **{"+" + "+".join(a): with_added(together, a) for a in added_sets}}
     runs: dict[str, list[dict[str, Any]]] = {key: [] for key in variants}
     for _ in range(repeats):
         for key, changes in variants.items():
@@ -88,7 +88,7 @@ def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, r
             return {"changes": together, "error": runs["together"][-1]["error"]}
     per_sample = any(name.startswith("batch-size=") for changes in variants.values() for name in changes)
     _settle_undecided(variants, runs, run, per_sample)
-    rates = _rates(runs["together"], per_sample)
+    rates = seconds_per_unit(runs["together"], per_sample)
     unit, rate_key = ("samples/s", "samples_per_s") if per_sample else ("steps/s", "steps_per_s")
     combined: dict[str, Any] = {
         "changes": together, "measure": "re-run", "unit": unit,
@@ -101,7 +101,7 @@ def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, r
     for added in added_sets:
         key = "+" + "+".join(added)
         failed = [r for r in runs[key] if "error" in r]
-        added_rates = _rates(runs[key], per_sample)
+        added_rates = seconds_per_unit(runs[key], per_sample)
         if failed or not added_rates or not rates:
             combined["added"].append({"added": added, "error": failed[0]["error"] if failed
                                       else "not timed (see the set it was added to)"})
@@ -116,10 +116,10 @@ def try_combined(results: dict[str, Any], tried: tuple[str, ...], run: Any, *, r
 
 
 def _undecided(runs: dict[str, list[dict[str, Any]]], per_sample: bool) -> list[str]:
-    base = _rates(runs["together"], per_sample)
+    base = seconds_per_unit(runs["together"], per_sample)
     found = []
     for key, done in runs.items():
-        rates = _rates(done, per_sample)
+        rates = seconds_per_unit(done, per_sample)
         if key == "together" or any("error" in r for r in done) or not rates or not base:
             continue
         verdict = speedup_verdict(base, rates, floor=GAIN_FLOOR)

@@ -76,7 +76,7 @@ class Pool:
     runs: list[dict[str, Any]] = field(default_factory=list)
 
     def times(self, per_sample: bool = False) -> list[float]:
-        return combine._rates(self.ok_runs(), per_sample)
+        return combine.seconds_per_unit(self.ok_runs(), per_sample)
 
     def ok_runs(self) -> list[dict[str, Any]]:
         return [r for r in self.runs if "error" not in r and r.get("seconds_per_step")]
@@ -321,7 +321,7 @@ class TrialScheduler:
                  if not (name == "compile" and "cuda-graphs" in together)]
         extra.sort(key=lambda name: -((predictions.get(name) or {}).get("bound") or 1.0))  # most promising first
         for name in extra:
-            changes = combine._with(together, [name])
+            changes = combine.with_added(together, [name])
             added_pool, added_why = self.measure(f"+{name}", changes, pool, per_sample=per_sample,
                                                  label=" + ".join(changes))
             if added_why == "budget" and not added_pool.runs:
@@ -420,7 +420,7 @@ class CompileCache:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def measure_alone_command(target: Any, budget: float | None = None) -> Callable[[str], str]:
+def measure_alone_command(target: Any) -> Callable[[str], str]:
     """The command that measures one change alone on the user's script."""
     def command(name: str) -> str:
         words = ["nndoctor", "perf", "--try", name]
