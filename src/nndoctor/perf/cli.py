@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     report.extra["perf"] = {**result.to_json(), "step_class": step_class,
                             "advice": order_advice(advised, step_class["class"])}
     perf = report.extra["perf"]
-    interrupted = signals.received or ("SIGINT" if perf["trials"].get("interrupted") or
+    interrupted = signals.received or ("SIGINT" if (perf.get("trials") or {}).get("interrupted") or
                                         report.status == "interrupted" else None)
     if interrupted:
         perf["interrupted"] = interrupted
