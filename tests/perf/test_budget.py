@@ -72,6 +72,29 @@ def test_changes_that_cannot_apply_are_skipped_with_the_reason():
     assert launch_bound["bound"] == pytest.approx(2.5)
 
 
+def test_a_batch_sampler_inside_the_loader_makes_batch_size_applicable():
+    """DataLoader(sampler=BatchSampler(..., batch_size=32), batch_size=None), as the MLP patient
+    builds it: the batches' size is the sampler's, and --try batch-size scales it."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+
+    from nndoctor.perf.recorder import loader_config
+
+    dataset = TensorDataset(torch.zeros(64, 3))
+    loader = DataLoader(dataset, sampler=BatchSampler(SequentialSampler(dataset), batch_size=32, drop_last=True),
+                        batch_size=None)
+    config = loader_config(loader)
+    assert config["batch_size"] is None and config["sampler_batch_size"] == 32
+    assert loader_config(DataLoader(dataset, batch_size=8))["sampler_batch_size"] == 8
+    # An idle GPU between small kernels: up to the largest batch factor, ordered first.
+    small_kernels = gpu_facts(loader_batch_size=32, gpu_busy=0.76, optimizer_foreach=True,
+                              fractions={"forward": 0.3, "backward": 0.3, "optimizer": 0.16, "sync": 0.2,
+                                         "other": 0.04})
+    order, predictions = plan(("cuda-graphs", "fused-optimizer", "batch-size"), small_kernels)
+    assert predictions["batch-size"]["bound"] == 8.0 and order[0] == "batch-size"
+    assert predict("batch-size", gpu_facts(loader_batch_size=32))["bound"] == pytest.approx(1 / 0.99, abs=1e-3)
+
+
 def test_every_unmeasured_prediction_is_labelled_as_one():
     text = prediction_text(predict("fused-optimizer", gpu_facts()))
     assert text.startswith("predicted up to 1.48×") and "a prediction, not a measurement" in text

@@ -67,7 +67,8 @@ def plan_facts(breakdown: Any, facts: Any, capability: tuple[int, int] | None) -
         input_shapes=max(1, len(facts.input_shapes)), optimizer_name=facts.optimizer_name,
         optimizer_fused=facts.optimizer_fused, optimizer_foreach=facts.optimizer_foreach,
         attention=facts.attention, tf32_matmul=facts.tf32_matmul,
-        loader_batch_size=(facts.loader_config or {}).get("batch_size"),
+        loader_batch_size=((facts.loader_config or {}).get("batch_size")
+                           or (facts.loader_config or {}).get("sampler_batch_size")),
     )
 
 
@@ -139,6 +140,15 @@ def predict(change: str, f: PlanFacts) -> dict[str, Any]:
             return _skip("the batches do not come from a torch DataLoader/BatchSampler whose batch_size could "
                          "be changed (e.g. tensors made in the loop)")
         if cuda and f.gpu_busy is not None:
+            if f.gpu_busy < BUSY_FOR_NO_GRAPHS:
+                # Idle gaps between kernels mean small kernels: a K× batch runs nearly the same
+                # launches on K× the samples, so samples/s can grow up to K×, not just by the gaps.
+                from nndoctor.perf.rerun import BATCH_FACTORS
+
+                top = max(BATCH_FACTORS["cuda"])
+                return _prediction(float(top), f"the GPU was busy only {f.gpu_busy:.0%} of the step (small kernels): "
+                                               f"a {top}× batch runs about the same launches on {top}× the samples, "
+                                               f"up to {top}× the samples/s")
             return _prediction(1.0 / max(f.gpu_busy, 1e-3), f"the GPU was busy {f.gpu_busy:.0%} of the step: a "
                                                             "larger batch can fill at most the idle rest (samples/s)")
         return _prediction(None, "a larger batch's gain cannot be bounded from this breakdown")

@@ -396,7 +396,18 @@ def loader_config(loader: Any) -> dict[str, Any]:
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "prefetch_factor": getattr(loader, "prefetch_factor", None),
         "batch_size": getattr(loader, "batch_size", None),
+        # DataLoader(sampler=BatchSampler(...), batch_size=None): the batches' size is the
+        # sampler's, and --try batch-size scales every BatchSampler (perf/inject.py).
+        "sampler_batch_size": _sampler_batch_size(loader),
     }
+
+
+def _sampler_batch_size(loader: Any) -> int | None:
+    for sampler in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+        size = getattr(sampler, "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    return None
 
 
 def _cuda_event() -> Any:
