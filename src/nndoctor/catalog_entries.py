@@ -2053,4 +2053,16 @@ ENTRIES = (
         'heuristic': False,
         'false_positives': None,
     },
+    {
+        'code': 'X113',
+        'name': 'rank-died',
+        'severity': 'error',
+        'scope': 'run',
+        'summary': 'a rank died without Python (signal, segfault, native abort): its last step and collective',
+        'fix': "read the dead rank's native error and last collective above; run torchrun with --redirects 3 --log-dir DIR to keep each rank's output",
+        'module': 'nndoctor.checks.distributed',
+        'class_name': 'RankDied',
+        'heuristic': False,
+        'false_positives': None,
+    },
 )

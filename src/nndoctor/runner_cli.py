@@ -9,6 +9,7 @@ otherwise the script's own non-zero ``sys.exit`` / ``os._exit`` code.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from nndoctor import watchdog
 from nndoctor.cli import add_common_options
@@ -90,11 +91,23 @@ def run(args: argparse.Namespace) -> int:
         attach(session, stop=getattr(args, "preflight_stop", False))
     try:
         # Under torchrun rank 0 alone reports, after merging every rank's part.
-        with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
-            report = run_target(target, session, deliver=output.deliver if rank is None else None)
+        deliver: Any = output.deliver
+        handoff = None
         if rank is not None:
-            from nndoctor.distributed.rank_run import finish_rank
+            from nndoctor.distributed.rank_run import finish_rank, sigterm_handoff
 
+            handoff = sigterm_handoff()
+
+            # SIGTERM (torchrun stopping the ranks after one failed) and os._exit end the rank
+            # the same way as the script's own end: its part, and the merge where this rank merges.
+            def deliver_rank(report: Any) -> None:
+                finish_rank(report, session, rank, args, deliver=output.deliver)
+
+            deliver = deliver_rank
+
+        with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+            report = run_target(target, session, deliver=deliver, handoff=handoff)
+        if rank is not None:
             return finish_rank(report, session, rank, args, deliver=output.deliver)
         preamble = []
         if preflight:

@@ -911,4 +911,88 @@ class EvalSamplerPadding(Check):
         )
 
 
+# -- X113 ----------------------------------------------------------------------------------
+_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+@register
+class RankDied(CrossRankCheck):
+    """
+    ## What it does
+    Under `torchrun`, each rank notes cheaply (in a memory-mapped file, like NCCL's flight
+    recorder) its last optimizer step, its backward passes and every `torch.distributed`
+    collective it enters: operation, element count, dtype and your line. When a rank dies
+    without running any Python — SIGKILL (the kernel's out-of-memory killer, a scheduler), a
+    segfault, or a C++ abort such as gloo's `EnforceNotMet` or NCCL's watchdog — the surviving
+    ranks merge the report anyway and name the dead rank, its signal, what it was doing and,
+    when torchrun keeps the rank's output (`--redirects`/`--tee` with `--log-dir`), its native
+    error message.
+
+    ## Why is this bad?
+    A rank that dies this way prints no Python traceback; torchrun then stops every other rank,
+    whose errors ("Connection reset by peer", a collective timeout) point away from the cause.
+    The dead rank's last collective and native error are what say why the job failed.
+
+    ## Example
+    ```python
+    if rank == 0:
+        dist.all_reduce(total)     # rank 1 is already in DDP's gradient all-reduce: gloo aborts
+    ```
+
+    ## Use instead
+    Call every collective on every rank in the same order; for a rank killed by the kernel,
+    lower its host-memory use (fewer DataLoader workers, no full dataset copy per rank).
+
+    ## References
+    - PyTorch docs, torchrun (`--redirects`, `--tee`, `--log-dir`): https://pytorch.org/docs/stable/elastic/run.html
+    - PyTorch docs, debugging torch.distributed applications: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
+    - PyTorch docs, NCCL flight recorder: https://pytorch.org/docs/stable/torch_nccl_debugging.html
+    """
+
+    code = "X113"
+    name = "rank-died"
+    severity = Severity.ERROR
+    summary = "a rank died without Python (signal, segfault, native abort): its last step and collective"
+    fix = "read the dead rank's native error and last collective above; run torchrun with --redirects 3 --log-dir DIR to keep each rank's output"
+
+    @classmethod
+    def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        from nndoctor.distributed.positions import describe_position, location_of
+
+        found = []
+        several_hosts = len({p.get("host") for p in parts}) > 1
+        for part in parts:
+            died = part.get("died")
+            # SIGTERM / SIGINT / SIGHUP stop a process on purpose: the launcher (mp.spawn,
+            # torchrun) stopping the other ranks after one failed, or the user.
+            if not died or died.get("signal") in _STOP_SIGNALS:
+                continue
+            flight = died.get("flight")
+            signal_name = died.get("signal")
+            how = (f"{signal_name} (inferred: it left no part and no fatal-signal trace, so nothing "
+                   "in the process could react)") if died.get("signal_inferred") else signal_name
+            native = died.get("native_error")
+            if native:
+                native_text = f" Its last native error: {' '.join(native.split())[:400]}"
+            elif died.get("torchrun"):
+                native_text = (" Its native error text was not kept (run torchrun with --redirects 3 "
+                               "--log-dir DIR to keep it).")
+            else:
+                native_text = " Any native error text it printed went to its stderr."
+            host = f" on {part.get('host')}" if several_hosts else ""
+            finding = cls.finding(
+                f"Rank {part.get('rank')} (pid {part.get('pid')}{host}) died of {how} "
+                f"without running Python, {describe_position(flight)}.{native_text}",
+                location=location_of(flight),
+                evidence={"rank": part.get("rank"), "signal": signal_name,
+                          "signal_inferred": bool(died.get("signal_inferred")),
+                          "last_step": (flight or {}).get("step"), "flight": flight,
+                          "native_error": native, "fatal_trace": died.get("fatal_trace")},
+            )
+            finding.ranks = [int(part.get("rank") or 0)]
+            finding.first_step = (flight or {}).get("step")
+            found.append(finding)
+        return found
+
+
 __all__ = ["cross_rank_findings"]

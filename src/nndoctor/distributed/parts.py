@@ -114,7 +114,11 @@ def wait_for_stalls(folder: str, count: int, timeout_s: float, poll_s: float = 0
 
 def remove_parts(folder: str) -> None:
     """Delete the parts and their folder (best effort: another process may still read them)."""
-    for path in [*Path(folder).glob(_PART_GLOB), *Path(folder).glob(_STALL_GLOB)]:
+    # With the ranks' flight records (nndoctor.distributed.flight) and the merge claim.
+    records = [path for glob in ("alive-rank-*.json", "flight-rank-*.bin", "fatal-rank-*.txt")
+               for path in Path(folder).glob(glob)]
+    for path in [*Path(folder).glob(_PART_GLOB), *Path(folder).glob(_STALL_GLOB), *records,
+                 Path(folder) / "merge.claim"]:
         try:
             path.unlink()
         except OSError:
