@@ -9,6 +9,7 @@ otherwise the script's own non-zero ``sys.exit`` / ``os._exit`` code.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from nndoctor import watchdog
@@ -36,6 +37,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preflight", action="store_true",
                         help="at the first optimizer step, run active tests on copies of the model, then train on")
     watchdog.add_options(parser)
+    parser.add_argument("--merge-dir", metavar="DIR_OR_URL",
+                        help="under torchrun on several nodes: a folder every node sees, or an fsspec "
+                             "URL (s3://...), where the ranks leave their report parts for rank 0 "
+                             "(default: torchrun's own rendezvous store)")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -80,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps,
                       **session_options(args))
     watchdog.configure(session, args)
+    if getattr(args, "merge_dir", None):
+        from nndoctor.distributed.transport import MERGE_DIR_ENV
+
+        os.environ[MERGE_DIR_ENV] = args.merge_dir
     if args.html or args.tensorboard:
         from nndoctor.history import attach as record_history
 

@@ -169,3 +169,14 @@ def remove_records(folder: str, ranks: Any) -> None:
         for path in (alive_path(folder, rank), flight_path(folder, rank), fatal_path(folder, rank)):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def registered_ranks(folder: str) -> list[int]:
+    """The ranks that registered in this node's folder."""
+    ranks = []
+    for path in Path(folder).glob("alive-rank-*.json"):
+        try:
+            ranks.append(int(path.stem.rsplit("-", 1)[1]))
+        except ValueError:
+            continue
+    return sorted(ranks)

@@ -53,7 +53,13 @@ def write_part(folder: str, rank: int, world_size: int | None, report: Report, d
     path = part_path(folder, rank, os.getpid() if unique else None)
     if stall:
         path = path.with_name("stall-" + path.name)
-    part = {
+    atomic_write_text(path, json.dumps(build_part(rank, world_size, report, data), ensure_ascii=False))
+    return path
+
+
+def build_part(rank: int, world_size: int | None, report: Report, data: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part: its report and the plain numbers the cross-rank checks compare."""
+    return {
         "rank": rank,
         "world_size": world_size,
         "pid": os.getpid(),
@@ -61,8 +67,6 @@ def write_part(folder: str, rank: int, world_size: int | None, report: Report, d
         "report": report.to_json(__version__),
         "data": data,
     }
-    atomic_write_text(path, json.dumps(part, ensure_ascii=False))
-    return path
 
 
 def _load(paths: list[Path]) -> list[dict[str, Any]]:

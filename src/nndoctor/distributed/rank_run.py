@@ -10,6 +10,7 @@ LEVEL (torchrun then exits non-zero, which is what CI needs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -107,11 +108,14 @@ def finish_rank(report: Report, session: Any, info: RankInfo, args: argparse.Nam
         except OSError as error:
             print(f"nndoctor: rank {info.rank} could not write its report part to {folder}: {error}",
                   file=sys.stderr)
+        transport = send_part(info, report, session, folder, term.received)
         own = script_status(report)
-        if not (info.is_leader or take_over_merge(folder, info, report, term.received)):
+        if not (info.is_leader or take_over_merge(folder, info, report, term.received, transport)):
+            if transport is not None:
+                forget_sent_part(folder, info.rank)
             return own
         try:
-            merged = gather_and_merge(folder, info, report, session, term.received)
+            merged = gather_and_merge(folder, info, report, session, term.received, transport)
         except Exception as error:  # noqa: BLE001 - observer rule: fall back to this rank's report
             session.internal_error("merging the ranks' reports", error)
             merged = report
@@ -125,7 +129,47 @@ def finish_rank(report: Report, session: Any, info: RankInfo, args: argparse.Nam
     return own
 
 
-def take_over_merge(folder: str, info: RankInfo, report: Report, terminated: threading.Event) -> bool:
+def send_part(info: RankInfo, report: Report, session: Any, folder: str,
+              terminated: threading.Event) -> Any:
+    """Across nodes (or to a named merge folder): send this rank's part, and the parts of the
+    ranks of this node that died without Python. Returns the transport (None: node-local)."""
+    from nndoctor.distributed.dead_ranks import dead_here, dead_rank_part
+    from nndoctor.distributed.flight import registered_ranks
+    from nndoctor.distributed.parts import build_part
+    from nndoctor.distributed.transport import open_transport
+
+    try:
+        transport = open_transport(info)
+        if transport is None:
+            return None
+        transport.put("part", info.rank, build_part(info.rank, info.world_size, report, rank_data(session)))
+        if report.status != "completed" or terminated.is_set():
+            for rank in registered_ranks(folder):
+                alive = dead_here(folder, rank)
+                if alive is not None:
+                    transport.put("dead", rank, dead_rank_part(folder, rank, alive))
+        return transport
+    except Exception as error:  # noqa: BLE001 - observer rule: the part stays on this node
+        print(f"nndoctor: rank {info.rank} could not send its report part to the merging rank "
+              f"({type(error).__name__}: {error}); it stays in {folder}", file=sys.stderr)
+        session.internal_error("sending this rank's report part", error)
+        return None
+
+
+def forget_sent_part(folder: str, rank: int) -> None:
+    """The part went to the merging rank: this node keeps nothing of a rank that finished."""
+    from nndoctor.distributed.flight import remove_records
+    from nndoctor.distributed.parts import part_path
+
+    with contextlib.suppress(OSError):
+        part_path(folder, rank).unlink()
+    remove_records(folder, [rank])
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
+def take_over_merge(folder: str, info: RankInfo, report: Report, terminated: threading.Event,
+                    transport: Any = None) -> bool:
     """Should this rank merge because rank 0 died? Only a rank that ended abnormally looks (a
     rank that completed has no reason to think rank 0 did not), for a few seconds: rank 0's
     abort may land just after this rank's collective failed because of it."""
@@ -139,7 +183,7 @@ def take_over_merge(folder: str, info: RankInfo, report: Report, terminated: thr
         if part_path(folder, 0).exists():
             return False  # rank 0 finished with Python: it merges
         if dead_here(folder, 0) is not None:
-            return claim_merge(folder)
+            return transport.claim() if transport is not None else claim_merge(folder)
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
@@ -183,15 +227,49 @@ def gather(folder: str, world_size: int, timeout_s: float, terminated: threading
         time.sleep(poll_s)
 
 
+def gather_sent(transport: Any, folder: str, world_size: int, timeout_s: float,
+                terminated: threading.Event, poll_s: float = 0.2) -> list[dict[str, Any]]:
+    """``gather`` for parts sent across nodes: each rank's part, or the part a surviving rank of
+    its node sent for it when it died, or (a rank of this node) what it left here."""
+    from nndoctor.distributed.dead_ranks import dead_here, dead_rank_part
+
+    found: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    terminated_deadline: float | None = None
+    while True:
+        for rank in range(world_size):
+            if rank in found:
+                continue
+            part = transport.get("part", rank) or transport.get("dead", rank)
+            if part is None and (alive := dead_here(folder, rank)) is not None:
+                part = dead_rank_part(folder, rank, alive)
+            if part is not None:
+                found[rank] = part
+        now = time.monotonic()
+        if terminated.is_set() and terminated_deadline is None:
+            terminated_deadline = now + 3.0
+        if len(found) >= world_size or now >= deadline or (
+                terminated_deadline is not None and now >= terminated_deadline):
+            return [found[r] for r in sorted(found)]
+        time.sleep(poll_s)
+
+
 def gather_and_merge(folder: str, info: RankInfo, report: Report, session: Any,
-                     terminated: threading.Event | None = None) -> Report:
+                     terminated: threading.Event | None = None, transport: Any = None) -> Report:
     from nndoctor.distributed.flight import remove_records
 
     terminated = terminated if terminated is not None else threading.Event()
     # This rank ended abnormally: the others are likely blocked in a collective waiting for it,
     # and will not finish; do not hold the report back for long.
     timeout = GATHER_TIMEOUT_S if report.status == "completed" else min(GATHER_TIMEOUT_S, 5.0)
-    parts = gather(folder, info.world_size, timeout, terminated)
+    if transport is not None:
+        parts = gather_sent(transport, folder, info.world_size, timeout, terminated)
+        for rank in range(info.world_size):
+            for kind in ("part", "dead"):
+                with contextlib.suppress(Exception):
+                    transport.remove(kind, rank)
+    else:
+        parts = gather(folder, info.world_size, timeout, terminated)
     merged = merge_parts(parts, command=report.command, world_size=info.world_size,
                          select=list(session.select), ignore=list(session.ignore))
     if terminated.is_set() and merged.status == "completed":
