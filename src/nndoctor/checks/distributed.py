@@ -12,6 +12,7 @@ process group, so the checks cannot hang or reorder the user's communication.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import weakref
 from collections.abc import Iterable
@@ -32,6 +33,16 @@ def _is_ddp(module: Any) -> bool:
     except ImportError:
         return False
     return isinstance(module, DistributedDataParallel)
+
+
+def _fsdp_unsharded(module: Any) -> bool:
+    """An FSDP (1) wrapper with the NO_SHARD strategy: every rank holds every parameter."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None) if fsdp is not None else None
+    if wrapper is None or not isinstance(module, wrapper):
+        return False
+    strategy = getattr(getattr(module, "sharding_strategy", None), "name", None)
+    return strategy == "NO_SHARD"
 
 
 def _location_json(location: Location | None) -> dict[str, Any] | None:
@@ -374,35 +385,70 @@ class RankDivergence(CrossRankCheck):
     """
     ## What it does
     After `optimizer.step()` on sampled steps, every rank records a cheap checksum (the L2
-    norm) of each parameter of its `DistributedDataParallel` model; the checksums are compared
-    across ranks when the reports are merged, naming the first parameter and step where they
-    differ.
+    norm) of each parameter of its replicated model — a `DistributedDataParallel` model, an
+    FSDP model with the `NO_SHARD` strategy, or a model whose every parameter was sent with
+    `dist.broadcast` (hand-rolled data parallelism); the checksums are compared across ranks
+    when the reports are merged, naming the first parameter and step where they differ.
+    Sharded FSDP parameters are not compared: each rank holds a different shard by design.
 
     ## Why is this bad?
-    DDP keeps replicas identical only if every rank applies the same update to the same
-    starting weights. A rank-dependent learning rate, a parameter changed on one rank, or a
-    parameter the reducer does not know about makes the replicas drift apart silently: the
-    model each rank saves or evaluates is different.
+    Data-parallel replicas stay identical only if every rank applies the same update to the
+    same starting weights. A rank-dependent learning rate, an LR scheduler stepped on one rank
+    only, a parameter changed on one rank, or a parameter the reducer does not know about makes
+    the replicas drift apart silently: the model each rank saves or evaluates is different.
 
     ## Example
     ```python
     optimizer = SGD(model.parameters(), lr=0.1 * (rank + 1))
+    if rank == 0:
+        scheduler.step()             # hand-rolled data parallelism: only rank 0 decays its LR
     ```
 
     ## Use instead
-    Use the same optimizer settings on every rank, change parameters only before wrapping in
-    DDP, and let DDP broadcast the initial weights.
+    Use the same optimizer settings on every rank and step the scheduler on every rank,
+    change parameters only before wrapping in DDP, and let DDP broadcast the initial weights.
 
     ## References
     - PyTorch notes, Distributed Data Parallel (replicas stay in sync because every rank
       applies the same averaged gradients): https://pytorch.org/docs/stable/notes/ddp.html
+    - PyTorch tutorial, Writing distributed applications (data parallelism by hand: broadcast
+      the parameters, all-reduce the gradients): https://pytorch.org/tutorials/intermediate/dist_tuto.html
     """
 
     code = "X104"
     name = "rank-divergence"
     severity = Severity.ERROR
-    summary = "parameters differ across ranks after a step"
-    fix = "apply the same update on every rank: same optimizer settings, no rank-conditional parameter changes"
+    summary = "parameters of a replicated model (DDP, FSDP NO_SHARD, broadcast) differ across ranks"
+    fix = "apply the same update on every rank: same optimizer settings and scheduler steps, no rank-conditional parameter changes"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._broadcast_roots: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def replicated_model(self) -> tuple[Any, str] | None:
+        """The model every rank holds a full copy of, and how it is replicated: a DDP wrapper's
+        module, an FSDP model that does not shard (NO_SHARD), or a model whose every parameter
+        was broadcast by hand. Sharded FSDP parameters differ across ranks by design."""
+        roots = list(self.session.state.roots)
+        for module in roots:
+            if _is_ddp(module):
+                return module.module, "DDP"
+        for module in roots:
+            if _fsdp_unsharded(module):
+                return module, "FSDP (NO_SHARD)"
+        from nndoctor.instrument.ddp_hooks import broadcast_addresses
+
+        addresses = broadcast_addresses(self.session)
+        if not addresses or _world_size() < 2:
+            return None
+        for module in roots:
+            if module in self._broadcast_roots:
+                return module, "parameters broadcast from one rank"
+            params = [p for p in module.parameters() if p.requires_grad]
+            if params and all(p.data_ptr() in addresses for p in params):
+                self._broadcast_roots.add(module)
+                return module, "parameters broadcast from one rank"
+        return None
 
     def on_step_end(self, event: Any) -> None:
         if not event.sampled:
@@ -411,12 +457,13 @@ class RankDivergence(CrossRankCheck):
         checksums = data.setdefault("param_checksums", {})
         if len(checksums) >= _MAX_RECORDED_STEPS:
             return
-        ddps = [m for m in list(self.session.state.roots) if _is_ddp(m)]
-        if not ddps:
+        found = self.replicated_model()
+        if found is None:
             return
+        model, how = found
         import torch
 
-        named = [(n, p) for n, p in ddps[0].module.named_parameters()]
+        named = [(n, p) for n, p in model.named_parameters()]
         if not named:
             return
         with torch.no_grad():
@@ -426,6 +473,7 @@ class RankDivergence(CrossRankCheck):
         if "param_names" not in data:
             data["param_names"] = [n for n, _ in named]
             data["step_location"] = _location_json(event.location)
+            data["replicated_by"] = how
 
     @classmethod
     def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
@@ -442,12 +490,16 @@ class RankDivergence(CrossRankCheck):
         location = next((_location_from_json((p.get("data") or {}).get("step_location")) for p in parts
                          if (p.get("data") or {}).get("step_location")), None)
         shown = ", ".join(f"rank {r}: {v:.6g}" for r, v in values.items())
+        how = next(((p.get("data") or {}).get("replicated_by") for p in parts
+                    if (p.get("data") or {}).get("replicated_by")), "DDP")
+        kind = "DDP replicas" if how == "DDP" else f"model replicas ({how})"
         finding = cls.finding(
-            f"The DDP replicas diverged: after optimizer step {step} parameter {name} differs "
-            f"across ranks (L2 norm {shown}). DDP keeps replicas identical only when every rank "
+            f"The {kind} diverged: after optimizer step {step} parameter {name} differs "
+            f"across ranks (L2 norm {shown}). Replicas stay identical only when every rank "
             "applies the same update.",
             location=location,
-            evidence={"step": step, "parameter": name, "norm_by_rank": {str(k): v for k, v in values.items()}},
+            evidence={"step": step, "parameter": name, "norm_by_rank": {str(k): v for k, v in values.items()},
+                      "replicated_by": how},
         )
         finding.first_step = step
         finding.ranks = sorted(values)

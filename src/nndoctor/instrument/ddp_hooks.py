@@ -62,6 +62,10 @@ class CollectiveState:
 
 DDP_REGISTRY = StashKey[DdpRegistry]("DDP wrappers")
 COLLECTIVE_STATE = StashKey[CollectiveState]("current collective")
+# Storage addresses of the tensors this process broadcast (``dist.broadcast``): a model whose
+# every parameter was broadcast is replicated by hand (X104 compares its replicas).
+BROADCAST_ADDRESSES = StashKey[set[int]]("tensors broadcast")
+_MAX_BROADCAST_ADDRESSES = 1_000_000
 # Under torchrun: this rank's flight record (nndoctor.distributed.flight.FlightRecorder).
 FLIGHT_RECORDER = StashKey[Any]("flight recorder")
 
@@ -190,6 +194,20 @@ def _tensor_facts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, s
     return 0, ""
 
 
+def _note_broadcast(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    tensor = args[0] if args else kwargs.get("tensor")
+    try:
+        addresses = session.stash.get_or_create(BROADCAST_ADDRESSES, set)
+        if len(addresses) < _MAX_BROADCAST_ADDRESSES:
+            addresses.add(int(tensor.data_ptr()))  # p.data and p share it
+    except Exception:  # noqa: BLE001 - not a tensor: nothing to note
+        pass
+
+
+def broadcast_addresses(session: Any) -> set[int]:
+    return session.stash.get(BROADCAST_ADDRESSES, set())
+
+
 def _patch_collectives(session: Any, patcher: Any, dist: Any, recorder: Any = None) -> None:
     state = collective_state(session)
 
@@ -202,6 +220,8 @@ def _patch_collectives(session: Any, patcher: Any, dist: Any, recorder: Any = No
             state.name, state.since, state.location = name, time.monotonic(), None
             state.count += 1
             state.frame_ref = frame  # resolved by the watchdog only if it has to report
+            if name == "broadcast":
+                _note_broadcast(session, args, kwargs)
             if recorder is not None:
                 try:
                     numel, dtype = _tensor_facts(args, kwargs)
