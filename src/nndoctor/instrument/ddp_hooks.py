@@ -195,7 +195,7 @@ def _tensor_facts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, s
 
 
 def _note_broadcast(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    tensor = args[0] if args else kwargs.get("tensor")
+    tensor: Any = args[0] if args else kwargs.get("tensor")
     try:
         addresses = session.stash.get_or_create(BROADCAST_ADDRESSES, set)
         if len(addresses) < _MAX_BROADCAST_ADDRESSES:
