@@ -31,11 +31,18 @@ from typing import Any
 
 from nndoctor.atomic import atomic_write_text
 
-# seq, step, collectives entered, element count, in a collective, DDP model, phase, op, dtype,
-# the collective's user line, the phase's user line
-_LAYOUT = struct.Struct("<QqQqBB24s32s16s160s160s")
+# Three regions, each written only when it changes, so that a step costs one small pack_into:
+# the state (written every step): seq, step, phase code, in a collective, DDP model;
+_STATE = struct.Struct("<QqBBB")
+# the last collective entered: collectives entered, element count, op, dtype, user line;
+_COLLECTIVE = struct.Struct("<Qq32s16s160s")
+_COLLECTIVE_AT = 32
+# the user line of the phase (a backward's line).
+_WHERE = struct.Struct("<160s")
+_WHERE_AT = _COLLECTIVE_AT + _COLLECTIVE.size
 _SIZE = 512
-assert _LAYOUT.size <= _SIZE
+assert _STATE.size <= _COLLECTIVE_AT and _WHERE_AT + _WHERE.size <= _SIZE
+PHASES = ("started", "backward", "after backward", "after step")
 
 
 def _text(raw: bytes) -> str:
@@ -87,24 +94,28 @@ class FlightRecorder:
 
     # -- writing -------------------------------------------------------------------------
     def _write(self) -> None:
-        # One pack_into: a memory copy of a few hundred bytes, done before a kill can land.
+        # One pack_into: a memory copy of a few bytes, done before a kill can land.
         self._seq += 1
-        _LAYOUT.pack_into(self._map, 0, self._seq, self.step, self.count, self.numel,
-                          self.in_collective, self.ddp, self.phase.encode()[:24],
-                          self.op.encode()[:32], self.dtype.encode()[:16],
-                          self.location.encode()[-160:], self.phase_location.encode()[-160:])
+        _STATE.pack_into(self._map, 0, self._seq, self.step, PHASES.index(self.phase),
+                         self.in_collective, self.ddp)
+
+    def _write_where(self) -> None:
+        _WHERE.pack_into(self._map, _WHERE_AT, self.phase_location.encode()[-160:])
 
     def note_phase(self, phase: str, step: int, location: str | None = None) -> None:
         self.phase, self.step = phase, step
-        if location is not None:
-            self.phase_location = location
         self.in_collective = False
+        if location is not None and location != self.phase_location:
+            self.phase_location = location
+            self._write_where()
         self._write()
 
     def enter(self, op: str, numel: int, dtype: str, location: str) -> None:
         self.op, self.numel, self.dtype, self.location = op, numel, dtype, location
         self.in_collective = True
         self.count += 1
+        _COLLECTIVE.pack_into(self._map, _COLLECTIVE_AT, self.count, numel, op.encode()[:32],
+                              dtype.encode()[:16], location.encode()[-160:])
         self._write()
 
     def leave(self) -> None:
@@ -141,19 +152,22 @@ class FlightRecorder:
 
 
 def read_flight(folder: str, rank: int) -> dict[str, Any] | None:
-    """The last complete record of ``rank`` (None when it has none)."""
+    """The last record of ``rank`` (None when it has none)."""
     try:
-        raw = flight_path(folder, rank).read_bytes()[: _LAYOUT.size]
+        raw = flight_path(folder, rank).read_bytes()
     except OSError:
         return None
-    if len(raw) < _LAYOUT.size:
+    if len(raw) < _SIZE:
         return None
-    seq, step, count, numel, inside, ddp, phase, op, dtype, location, phase_location = _LAYOUT.unpack(raw)
+    seq, step, phase, inside, ddp = _STATE.unpack_from(raw, 0)
     if seq == 0:
         return None  # never written
+    count, numel, op, dtype, location = _COLLECTIVE.unpack_from(raw, _COLLECTIVE_AT)
+    (phase_location,) = _WHERE.unpack_from(raw, _WHERE_AT)
     return {"step": step, "collectives": count, "in_collective": bool(inside), "ddp": bool(ddp),
-            "phase": _text(phase), "op": _text(op), "numel": numel, "dtype": _text(dtype),
-            "location": _text(location), "phase_location": _text(phase_location)}
+            "phase": PHASES[phase] if phase < len(PHASES) else "started", "op": _text(op),
+            "numel": numel, "dtype": _text(dtype), "location": _text(location),
+            "phase_location": _text(phase_location)}
 
 
 def read_alive(folder: str, rank: int) -> dict[str, Any] | None:

@@ -133,6 +133,7 @@ class _FlightNotes:
         self.recorder.note_phase("backward", event.step, _user_line(event.frame))
 
     def on_backward_done(self, event: Any) -> None:
+        # Past DDP's gradient all-reduce: a rank that dies now was not in it.
         self.recorder.note_phase("after backward", event.step)
 
     def on_step_end(self, event: Any) -> None:
