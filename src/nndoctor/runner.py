@@ -81,11 +81,13 @@ def check_target(target: Target) -> None:
 
 
 def run_target(target: Target, session: Session, *,
-               deliver: Callable[[Report], None] | None = None) -> Report:
+               deliver: Callable[[Report], None] | None = None,
+               handoff: dict[int, Callable[[int, Any], None]] | None = None) -> Report:
     """Run ``target`` under ``session`` and return the finished report.
 
     With ``deliver`` (the CLI's way of writing the JSON and printing the report), SIGTERM and
-    ``os._exit`` during the run also end with a delivered report (``nndoctor.signals``).
+    ``os._exit`` during the run also end with a delivered report (``nndoctor.signals``);
+    ``handoff`` gives signals the handler that takes over from the guard when the script ends.
     """
     from nndoctor.instrument.extensions import install
 
@@ -112,7 +114,7 @@ def run_target(target: Target, session: Session, *,
 
     installation = install(session)
     status, crash = "completed", None
-    guard = _abrupt_end_guard(session, installation, deliver)
+    guard = _abrupt_end_guard(session, installation, deliver, handoff)
     process_state, thread_stops = ProcessState(), ThreadStops()
     try:
         with guard, thread_stops:
@@ -155,8 +157,9 @@ def run_target(target: Target, session: Session, *,
     return report
 
 
-def _abrupt_end_guard(session: Session, installation: Any,
-                      deliver: Callable[[Report], None] | None) -> contextlib.AbstractContextManager:
+def _abrupt_end_guard(session: Session, installation: Any, deliver: Callable[[Report], None] | None,
+                      handoff: dict[int, Callable[[int, Any], None]] | None = None,
+                      ) -> contextlib.AbstractContextManager:
     if deliver is None:
         return contextlib.nullcontext()
     from nndoctor.signals import AbruptEndGuard
@@ -167,4 +170,4 @@ def _abrupt_end_guard(session: Session, installation: Any,
         finish(session, installation, status, None)
         deliver(session.report)
 
-    return AbruptEndGuard(session, end_run)
+    return AbruptEndGuard(session, end_run, handoff)

@@ -9,6 +9,8 @@ otherwise the script's own non-zero ``sys.exit`` / ``os._exit`` code.
 from __future__ import annotations
 
 import argparse
+import os
+from typing import Any
 
 from nndoctor import watchdog
 from nndoctor.cli import add_common_options
@@ -35,6 +37,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preflight", action="store_true",
                         help="at the first optimizer step, run active tests on copies of the model, then train on")
     watchdog.add_options(parser)
+    parser.add_argument("--merge-dir", metavar="DIR_OR_URL",
+                        help="under torchrun on several nodes: a folder every node sees, or an fsspec "
+                             "URL (s3://...), where the ranks leave their report parts for rank 0 "
+                             "(default: torchrun's own rendezvous store)")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
@@ -79,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     session = Session(select=select, ignore=ignore, command=target.command, max_steps=args.max_steps,
                       **session_options(args))
     watchdog.configure(session, args)
+    if getattr(args, "merge_dir", None):
+        from nndoctor.distributed.transport import MERGE_DIR_ENV
+
+        os.environ[MERGE_DIR_ENV] = args.merge_dir
     if args.html or args.tensorboard:
         from nndoctor.history import attach as record_history
 
@@ -90,11 +100,23 @@ def run(args: argparse.Namespace) -> int:
         attach(session, stop=getattr(args, "preflight_stop", False))
     try:
         # Under torchrun rank 0 alone reports, after merging every rank's part.
-        with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
-            report = run_target(target, session, deliver=output.deliver if rank is None else None)
+        deliver: Any = output.deliver
+        handoff = None
         if rank is not None:
-            from nndoctor.distributed.rank_run import finish_rank
+            from nndoctor.distributed.rank_run import finish_rank, sigterm_handoff
 
+            handoff = sigterm_handoff()
+
+            # SIGTERM (torchrun stopping the ranks after one failed) and os._exit end the rank
+            # the same way as the script's own end: its part, and the merge where this rank merges.
+            def deliver_rank(report: Any) -> None:
+                finish_rank(report, session, rank, args, deliver=output.deliver)
+
+            deliver = deliver_rank
+
+        with stdout_to_stderr(args.json == "-" or args.output_format == "json"):
+            report = run_target(target, session, deliver=deliver, handoff=handoff)
+        if rank is not None:
             return finish_rank(report, session, rank, args, deliver=output.deliver)
         preamble = []
         if preflight:

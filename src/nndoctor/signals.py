@@ -58,7 +58,11 @@ def _leave_forked_child() -> None:
 class AbruptEndGuard:
     """Install around a script run; undo everything on exit (usable as a context manager)."""
 
-    def __init__(self, session: Session, end_run: EndRun) -> None:
+    def __init__(self, session: Session, end_run: EndRun,
+                 handoff: dict[int, Callable[[int, Any], None]] | None = None) -> None:
+        # signal -> the handler that takes over when the run ends, where nndoctor's process had
+        # the default one (a torchrun rank notes SIGTERM while it writes its part and merges).
+        self._handoff = dict(handoff or {})
         self._session = session
         self._end_run = end_run
         self._pid = os.getpid()
@@ -108,6 +112,8 @@ class AbruptEndGuard:
         signal.signal, signal.getsignal = self._real_signal, self._real_getsignal  # type: ignore[assignment]
         # nndoctor's own process gets back the handlers it had before the script started.
         for signum, handler in self._before.items():
+            if handler in (None, signal.SIG_DFL) and signum in self._handoff:
+                handler = self._handoff[signum]
             self._real_signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def _leave_child(self) -> None:

@@ -15,6 +15,7 @@ from nndoctor.checks import (  # noqa: F401
     eval_layers,
     evaluation,
     finetuning,
+    fsdp,
     gradient_flow,
     gradients,
     inputs,

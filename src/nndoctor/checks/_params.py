@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from nndoctor.dtensor import local_tensor
+
 
 def optimizer_params(optimizer: Any) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
@@ -30,11 +32,12 @@ def grad_slice(p: torch.Tensor, n: int = 64) -> torch.Tensor | None:
     g = p.grad
     if g is None or g.is_sparse:
         return None
-    return g.detach().reshape(-1)[:n].clone()
+    return local_tensor(g.detach()).reshape(-1)[:n].clone()
 
 
 def value_slice(p: torch.Tensor, n: int = 64) -> torch.Tensor:
-    return p.detach().reshape(-1)[:n].clone()
+    """A small copy of the start of a parameter (of this rank's shard for a DTensor)."""
+    return local_tensor(p.detach()).reshape(-1)[:n].clone()
 
 
 def learning_rates(optimizer: Any) -> list[float]:

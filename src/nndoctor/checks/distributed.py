@@ -12,6 +12,7 @@ process group, so the checks cannot hang or reorder the user's communication.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import weakref
 from collections.abc import Iterable
@@ -32,6 +33,16 @@ def _is_ddp(module: Any) -> bool:
     except ImportError:
         return False
     return isinstance(module, DistributedDataParallel)
+
+
+def _fsdp_unsharded(module: Any) -> bool:
+    """An FSDP (1) wrapper with the NO_SHARD strategy: every rank holds every parameter."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None) if fsdp is not None else None
+    if wrapper is None or not isinstance(module, wrapper):
+        return False
+    strategy = getattr(getattr(module, "sharding_strategy", None), "name", None)
+    return strategy == "NO_SHARD"
 
 
 def _location_json(location: Location | None) -> dict[str, Any] | None:
@@ -374,35 +385,70 @@ class RankDivergence(CrossRankCheck):
     """
     ## What it does
     After `optimizer.step()` on sampled steps, every rank records a cheap checksum (the L2
-    norm) of each parameter of its `DistributedDataParallel` model; the checksums are compared
-    across ranks when the reports are merged, naming the first parameter and step where they
-    differ.
+    norm) of each parameter of its replicated model — a `DistributedDataParallel` model, an
+    FSDP model with the `NO_SHARD` strategy, or a model whose every parameter was sent with
+    `dist.broadcast` (hand-rolled data parallelism); the checksums are compared across ranks
+    when the reports are merged, naming the first parameter and step where they differ.
+    Sharded FSDP parameters are not compared: each rank holds a different shard by design.
 
     ## Why is this bad?
-    DDP keeps replicas identical only if every rank applies the same update to the same
-    starting weights. A rank-dependent learning rate, a parameter changed on one rank, or a
-    parameter the reducer does not know about makes the replicas drift apart silently: the
-    model each rank saves or evaluates is different.
+    Data-parallel replicas stay identical only if every rank applies the same update to the
+    same starting weights. A rank-dependent learning rate, an LR scheduler stepped on one rank
+    only, a parameter changed on one rank, or a parameter the reducer does not know about makes
+    the replicas drift apart silently: the model each rank saves or evaluates is different.
 
     ## Example
     ```python
     optimizer = SGD(model.parameters(), lr=0.1 * (rank + 1))
+    if rank == 0:
+        scheduler.step()             # hand-rolled data parallelism: only rank 0 decays its LR
     ```
 
     ## Use instead
-    Use the same optimizer settings on every rank, change parameters only before wrapping in
-    DDP, and let DDP broadcast the initial weights.
+    Use the same optimizer settings on every rank and step the scheduler on every rank,
+    change parameters only before wrapping in DDP, and let DDP broadcast the initial weights.
 
     ## References
     - PyTorch notes, Distributed Data Parallel (replicas stay in sync because every rank
       applies the same averaged gradients): https://pytorch.org/docs/stable/notes/ddp.html
+    - PyTorch tutorial, Writing distributed applications (data parallelism by hand: broadcast
+      the parameters, all-reduce the gradients): https://pytorch.org/tutorials/intermediate/dist_tuto.html
     """
 
     code = "X104"
     name = "rank-divergence"
     severity = Severity.ERROR
-    summary = "parameters differ across ranks after a step"
-    fix = "apply the same update on every rank: same optimizer settings, no rank-conditional parameter changes"
+    summary = "parameters of a replicated model (DDP, FSDP NO_SHARD, broadcast) differ across ranks"
+    fix = "apply the same update on every rank: same optimizer settings and scheduler steps, no rank-conditional parameter changes"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._broadcast_roots: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def replicated_model(self) -> tuple[Any, str] | None:
+        """The model every rank holds a full copy of, and how it is replicated: a DDP wrapper's
+        module, an FSDP model that does not shard (NO_SHARD), or a model whose every parameter
+        was broadcast by hand. Sharded FSDP parameters differ across ranks by design."""
+        roots = list(self.session.state.roots)
+        for module in roots:
+            if _is_ddp(module):
+                return module.module, "DDP"
+        for module in roots:
+            if _fsdp_unsharded(module):
+                return module, "FSDP (NO_SHARD)"
+        from nndoctor.instrument.ddp_hooks import broadcast_addresses
+
+        addresses = broadcast_addresses(self.session)
+        if not addresses or _world_size() < 2:
+            return None
+        for module in roots:
+            if module in self._broadcast_roots:
+                return module, "parameters broadcast from one rank"
+            params = [p for p in module.parameters() if p.requires_grad]
+            if params and all(p.data_ptr() in addresses for p in params):
+                self._broadcast_roots.add(module)
+                return module, "parameters broadcast from one rank"
+        return None
 
     def on_step_end(self, event: Any) -> None:
         if not event.sampled:
@@ -411,12 +457,13 @@ class RankDivergence(CrossRankCheck):
         checksums = data.setdefault("param_checksums", {})
         if len(checksums) >= _MAX_RECORDED_STEPS:
             return
-        ddps = [m for m in list(self.session.state.roots) if _is_ddp(m)]
-        if not ddps:
+        found = self.replicated_model()
+        if found is None:
             return
+        model, how = found
         import torch
 
-        named = [(n, p) for n, p in ddps[0].module.named_parameters()]
+        named = [(n, p) for n, p in model.named_parameters()]
         if not named:
             return
         with torch.no_grad():
@@ -426,6 +473,7 @@ class RankDivergence(CrossRankCheck):
         if "param_names" not in data:
             data["param_names"] = [n for n, _ in named]
             data["step_location"] = _location_json(event.location)
+            data["replicated_by"] = how
 
     @classmethod
     def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
@@ -442,12 +490,16 @@ class RankDivergence(CrossRankCheck):
         location = next((_location_from_json((p.get("data") or {}).get("step_location")) for p in parts
                          if (p.get("data") or {}).get("step_location")), None)
         shown = ", ".join(f"rank {r}: {v:.6g}" for r, v in values.items())
+        how = next(((p.get("data") or {}).get("replicated_by") for p in parts
+                    if (p.get("data") or {}).get("replicated_by")), "DDP")
+        kind = "DDP replicas" if how == "DDP" else f"model replicas ({how})"
         finding = cls.finding(
-            f"The DDP replicas diverged: after optimizer step {step} parameter {name} differs "
-            f"across ranks (L2 norm {shown}). DDP keeps replicas identical only when every rank "
+            f"The {kind} diverged: after optimizer step {step} parameter {name} differs "
+            f"across ranks (L2 norm {shown}). Replicas stay identical only when every rank "
             "applies the same update.",
             location=location,
-            evidence={"step": step, "parameter": name, "norm_by_rank": {str(k): v for k, v in values.items()}},
+            evidence={"step": step, "parameter": name, "norm_by_rank": {str(k): v for k, v in values.items()},
+                      "replicated_by": how},
         )
         finding.first_step = step
         finding.ranks = sorted(values)
@@ -909,6 +961,90 @@ class EvalSamplerPadding(Check):
             evidence={"dataset_length": length, "num_replicas": replicas, "duplicated_samples": padded},
             step=step,
         )
+
+
+# -- X113 ----------------------------------------------------------------------------------
+_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+@register
+class RankDied(CrossRankCheck):
+    """
+    ## What it does
+    Under `torchrun`, each rank notes cheaply (in a memory-mapped file, like NCCL's flight
+    recorder) its last optimizer step, its backward passes and every `torch.distributed`
+    collective it enters: operation, element count, dtype and your line. When a rank dies
+    without running any Python — SIGKILL (the kernel's out-of-memory killer, a scheduler), a
+    segfault, or a C++ abort such as gloo's `EnforceNotMet` or NCCL's watchdog — the surviving
+    ranks merge the report anyway and name the dead rank, its signal, what it was doing and,
+    when torchrun keeps the rank's output (`--redirects`/`--tee` with `--log-dir`), its native
+    error message.
+
+    ## Why is this bad?
+    A rank that dies this way prints no Python traceback; torchrun then stops every other rank,
+    whose errors ("Connection reset by peer", a collective timeout) point away from the cause.
+    The dead rank's last collective and native error are what say why the job failed.
+
+    ## Example
+    ```python
+    if rank == 0:
+        dist.all_reduce(total)     # rank 1 is already in DDP's gradient all-reduce: gloo aborts
+    ```
+
+    ## Use instead
+    Call every collective on every rank in the same order; for a rank killed by the kernel,
+    lower its host-memory use (fewer DataLoader workers, no full dataset copy per rank).
+
+    ## References
+    - PyTorch docs, torchrun (`--redirects`, `--tee`, `--log-dir`): https://pytorch.org/docs/stable/elastic/run.html
+    - PyTorch docs, debugging torch.distributed applications: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
+    - PyTorch docs, NCCL flight recorder: https://pytorch.org/docs/stable/torch_nccl_debugging.html
+    """
+
+    code = "X113"
+    name = "rank-died"
+    severity = Severity.ERROR
+    summary = "a rank died without Python (signal, segfault, native abort): its last step and collective"
+    fix = "read the dead rank's native error and last collective above; run torchrun with --redirects 3 --log-dir DIR to keep each rank's output"
+
+    @classmethod
+    def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        from nndoctor.distributed.positions import describe_position, location_of
+
+        found = []
+        several_hosts = len({p.get("host") for p in parts}) > 1
+        for part in parts:
+            died = part.get("died")
+            # SIGTERM / SIGINT / SIGHUP stop a process on purpose: the launcher (mp.spawn,
+            # torchrun) stopping the other ranks after one failed, or the user.
+            if not died or died.get("signal") in _STOP_SIGNALS:
+                continue
+            flight = died.get("flight")
+            signal_name = died.get("signal")
+            how = (f"{signal_name} (inferred: it left no part and no fatal-signal trace, so nothing "
+                   "in the process could react)") if died.get("signal_inferred") else signal_name
+            native = died.get("native_error")
+            if native:
+                native_text = f" Its last native error: {' '.join(native.split())[:400]}"
+            elif died.get("torchrun"):
+                native_text = (" Its native error text was not kept (run torchrun with --redirects 3 "
+                               "--log-dir DIR to keep it).")
+            else:
+                native_text = " Any native error text it printed went to its stderr."
+            host = f" on {part.get('host')}" if several_hosts else ""
+            finding = cls.finding(
+                f"Rank {part.get('rank')} (pid {part.get('pid')}{host}) died of {how} "
+                f"without running Python, {describe_position(flight)}.{native_text}",
+                location=location_of(flight),
+                evidence={"rank": part.get("rank"), "signal": signal_name,
+                          "signal_inferred": bool(died.get("signal_inferred")),
+                          "last_step": (flight or {}).get("step"), "flight": flight,
+                          "native_error": native, "fatal_trace": died.get("fatal_trace")},
+            )
+            finding.ranks = [int(part.get("rank") or 0)]
+            finding.first_step = (flight or {}).get("step")
+            found.append(finding)
+        return found
 
 
 __all__ = ["cross_rank_findings"]

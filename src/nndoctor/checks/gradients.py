@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from nndoctor.checks._params import optimizer_params, spread_sample
+from nndoctor.checks._params import optimizer_params, spread_sample, value_slice
 from nndoctor.events import RunEnd, StepEnd, StepStart
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.numerics_probe import (
@@ -326,7 +326,7 @@ class UpdateScale(Check):
             return
         weights = [p for p in optimizer_params(event.optimizer) if p.dim() >= 2 and p.grad is not None]
         self._before[id(event.optimizer)] = [
-            (weakref.ref(p), p.detach().reshape(-1)[: self.SLICE].clone()) for p in spread_sample(weights)
+            (weakref.ref(p), value_slice(p, self.SLICE)) for p in spread_sample(weights)
         ]
         if id(event.optimizer) not in self._where:
             self._where[id(event.optimizer)] = (event.location, type(event.optimizer).__name__)
@@ -335,7 +335,7 @@ class UpdateScale(Check):
         before = self._before.pop(id(event.optimizer), None)
         if not before:
             return
-        pairs = [(old, p.detach().reshape(-1)[: self.SLICE]) for old, p in
+        pairs = [(old, value_slice(p, self.SLICE)) for old, p in
                  ((old, ref()) for ref, old in before) if p is not None]
         ratios = [r for r in update_ratios(pairs) if r is not None] if pairs else []
         if ratios:

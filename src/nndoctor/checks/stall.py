@@ -135,6 +135,41 @@ class CollectiveMismatch(CrossRankCheck):
 
     @classmethod
     def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        return cls._from_stalls(parts) or cls._from_flight_records(parts)
+
+    @classmethod
+    def _from_flight_records(cls, parts: list[dict[str, Any]]) -> list[Finding]:
+        """A run that ended with a failed rank: the collective each rank was last in, from the
+        flight records (nndoctor.distributed.flight), differs between ranks."""
+        from nndoctor.distributed.positions import collective_key, describe_position, location_of
+
+        if all(p["report"].get("status") in ("completed", "stopped") for p in parts):
+            return []
+        flights = {p["rank"]: (p.get("data") or {}).get("flight") for p in parts}
+        keys = {r: collective_key(f) for r, f in flights.items() if f and collective_key(f)}
+        if len(set(keys.values())) < 2:
+            return []
+        described = " while ".join(
+            f"rank {r} was {describe_position(flights[r])}" for r in sorted(keys))
+        first = min(r for r in keys if (flights[r] or {}).get("in_collective")) if any(
+            (flights[r] or {}).get("in_collective") for r in keys) else min(keys)
+        died = {p["rank"]: p["died"].get("signal") for p in parts if p.get("died")}
+        ending = "; ".join(f"rank {r} then died of {sig}" for r, sig in sorted(died.items()))
+        finding = cls.finding(
+            f"The ranks were in different collectives when the run failed: {described}"
+            f"{' (' + ending + ')' if ending else ''}. Every rank must call the same collectives "
+            "in the same order; a collective that only some ranks call (for example inside "
+            "`if rank == 0:`) is paired with a different one on the other ranks and fails or hangs.",
+            location=location_of(flights[first]),
+            evidence={"positions": {str(r): describe_position(flights[r]) for r in sorted(keys)},
+                      "source": "flight records", **({"died": {str(r): s for r, s in died.items()}} if died else {})},
+        )
+        finding.ranks = sorted(keys)
+        finding.first_step = min(int((flights[r] or {}).get("step") or 0) for r in keys)
+        return [finding]
+
+    @classmethod
+    def _from_stalls(cls, parts: list[dict[str, Any]]) -> list[Finding]:
         positions = blocked_positions(parts)
         stalled = {r: rec for r, rec in positions.items() if rec}
         in_collective = {r: rec for r, rec in stalled.items() if rec.get("collective")}

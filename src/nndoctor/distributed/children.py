@@ -16,6 +16,7 @@ import itertools
 import os
 import sys
 import tempfile
+import weakref
 from typing import Any
 
 from nndoctor.distributed.parts import CHILD_PART, rank_data, read_parts, remove_parts, write_part
@@ -90,6 +91,7 @@ def install(installation: Any) -> None:
     session = installation.session
     owner_pid = os.getpid()
     state: dict[str, Any] = {"folder": None}
+    started: list[weakref.ref] = []
     counter = itertools.count()
     _CURRENT["installation"] = installation
 
@@ -107,12 +109,18 @@ def install(installation: Any) -> None:
 
     @functools.wraps(original_start)
     def start(process):
+        wrapped = False
         if session.active and os.getpid() == owner_pid:
             try:
-                _wrap_target(process, config, counter)
+                wrapped = _wrap_target(process, config, counter)
             except Exception as error:  # noqa: BLE001 - observer rule: start it unobserved
                 session.internal_error("child process instrumentation", error)
-        return original_start(process)
+        result = original_start(process)
+        if wrapped:
+            # By weak reference: its exit status names the signal of a child that died
+            # without Python (it then wrote no part).
+            started.append(weakref.ref(process))
+        return result
 
     installation.patcher.patch(mp_process.BaseProcess, "start", start)
     launched = _watch_subprocesses(installation, owner_pid)
@@ -123,9 +131,12 @@ def install(installation: Any) -> None:
         if state["folder"] is None:
             _note_unobserved(session, launched)
             return
+        from nndoctor.distributed.dead_ranks import dead_children
         from nndoctor.distributed.merge import attach_children
-
         parts = read_parts(state["folder"])
+        processes = [p for p in (ref() for ref in started) if p is not None]
+        exitcodes = {p.pid: p.exitcode for p in processes if p.pid is not None}
+        parts += dead_children(state["folder"], parts, exitcodes)
         attach_children(session.report, parts, list(session.select), list(session.ignore))
         remove_parts(state["folder"])
         # The report's headline counts the steps the children trained.
@@ -173,16 +184,20 @@ def _note_unobserved(session: Any, launched: list[str]) -> None:
     )
 
 
-def _wrap_target(process: Any, config: Any, counter: Any) -> None:
+def _wrap_target(process: Any, config: Any, counter: Any) -> bool:
+    """Instrument the child's target; True when it is (or already was) ours."""
     target = getattr(process, "_target", None)
-    if target is None or isinstance(target, ChildEntry):
-        return
+    if target is None:
+        return False
+    if isinstance(target, ChildEntry):
+        return True
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")
     if spawn_module is not None and target is getattr(spawn_module, "_wrap", None):
         fn, index, *rest = process._args
         if not isinstance(fn, ChildEntry):
             process._args = (ChildEntry(fn, config(), int(index)), index, *rest)
-        return
+        return True
     if _is_library_target(target):
-        return
+        return False
     process._target = ChildEntry(target, config(), next(counter))
+    return True

@@ -60,7 +60,9 @@ def merge_findings(target: Report, parts: list[dict[str, Any]]) -> None:
 
 
 def merged_status(parts: list[dict[str, Any]]) -> str:
-    statuses = {p["report"].get("status", "completed") for p in parts}
+    # A rank that died without Python (SIGKILL, SIGABRT, a segfault) crashed the run.
+    statuses = {"crashed" if p["report"].get("status") == "died" else p["report"].get("status", "completed")
+                for p in parts}
     return next((s for s in _STATUS_ORDER if s in statuses), "completed")
 
 
@@ -84,6 +86,11 @@ def merge_parts(parts: list[dict[str, Any]], *, command: list[str], world_size: 
         code = body.get("exit_code")
         if code and report.exit_code is None:
             report.exit_code = code
+    # The first rank's crash that Python saw stands for the run's (the no-known-cause block).
+    crash = next(((p["report"].get("extra") or {}).get("crash") for p in parts
+                  if (p["report"].get("extra") or {}).get("crash")), None)
+    if crash:
+        report.extra["crash"] = crash
     ranks_present: set[Any] = {p.get("rank") for p in parts}
     present = sorted(ranks_present)
     report.distributed = {
@@ -91,6 +98,10 @@ def merge_parts(parts: list[dict[str, Any]], *, command: list[str], world_size: 
         "missing_ranks": [r for r in range(world_size) if r not in present],
         "ranks": [rank_detail(p) for p in parts],
     }
+    dead = [{"rank": p.get("rank"), "pid": p.get("pid"), "host": p.get("host"), **p["died"]}
+            for p in parts if p.get("died")]
+    if dead:
+        report.distributed["dead_ranks"] = dead
     return report
 
 
@@ -148,4 +159,6 @@ def rank_detail(part: dict[str, Any]) -> dict[str, Any]:
         detail["exit_code"] = body["exit_code"]
     if body.get("traceback"):
         detail["traceback"] = body["traceback"]
+    if part.get("died"):
+        detail["signal"] = part["died"].get("signal")
     return detail

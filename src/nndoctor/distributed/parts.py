@@ -53,7 +53,13 @@ def write_part(folder: str, rank: int, world_size: int | None, report: Report, d
     path = part_path(folder, rank, os.getpid() if unique else None)
     if stall:
         path = path.with_name("stall-" + path.name)
-    part = {
+    atomic_write_text(path, json.dumps(build_part(rank, world_size, report, data), ensure_ascii=False))
+    return path
+
+
+def build_part(rank: int, world_size: int | None, report: Report, data: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part: its report and the plain numbers the cross-rank checks compare."""
+    return {
         "rank": rank,
         "world_size": world_size,
         "pid": os.getpid(),
@@ -61,8 +67,6 @@ def write_part(folder: str, rank: int, world_size: int | None, report: Report, d
         "report": report.to_json(__version__),
         "data": data,
     }
-    atomic_write_text(path, json.dumps(part, ensure_ascii=False))
-    return path
 
 
 def _load(paths: list[Path]) -> list[dict[str, Any]]:
@@ -114,7 +118,11 @@ def wait_for_stalls(folder: str, count: int, timeout_s: float, poll_s: float = 0
 
 def remove_parts(folder: str) -> None:
     """Delete the parts and their folder (best effort: another process may still read them)."""
-    for path in [*Path(folder).glob(_PART_GLOB), *Path(folder).glob(_STALL_GLOB)]:
+    # With the ranks' flight records (nndoctor.distributed.flight) and the merge claim.
+    records = [path for glob in ("alive-rank-*.json", "flight-rank-*.bin", "fatal-rank-*.txt")
+               for path in Path(folder).glob(glob)]
+    for path in [*Path(folder).glob(_PART_GLOB), *Path(folder).glob(_STALL_GLOB), *records,
+                 Path(folder) / "merge.claim"]:
         try:
             path.unlink()
         except OSError:

@@ -10,15 +10,17 @@ LEVEL (torchrun then exits non-zero, which is what CI needs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from nndoctor.distributed.context import RankInfo, parts_dir_for
 from nndoctor.distributed.merge import merge_parts
-from nndoctor.distributed.parts import rank_data, remove_parts, wait_for_parts, write_part
+from nndoctor.distributed.parts import rank_data, remove_parts, write_part
 from nndoctor.findings import Report
 from nndoctor.selection import fail_threshold
 
@@ -26,8 +28,8 @@ from nndoctor.selection import fail_threshold
 GATHER_TIMEOUT_S = float(os.environ.get("NNDOCTOR_GATHER_TIMEOUT", "120"))
 
 
-class _Terminated(Exception):
-    """SIGTERM while rank 0 waits: torchrun is stopping the ranks; report what is there."""
+# How long a rank that ended abnormally watches for rank 0's death before leaving the merge to it.
+TAKEOVER_WAIT_S = float(os.environ.get("NNDOCTOR_TAKEOVER_WAIT", "3"))
 
 
 def parts_dir(info: RankInfo) -> str:
@@ -52,57 +54,228 @@ def fail_on_given(args: argparse.Namespace, argv: list[str] | None = None) -> bo
     return any(token == "--fail-on" or token.startswith("--fail-on=") for token in ours)
 
 
+# torchrun's SIGTERM (sent to every rank once one failed) after the script ended: noted instead
+# of killing the rank half-way through its part or the merge; waits then end early. torchrun's
+# stop grace (30 s) is longer than any wait below.
+_SIGTERM_RECEIVED = threading.Event()
+
+
+def _note_sigterm(signum: int, frame: Any) -> None:
+    _SIGTERM_RECEIVED.set()
+
+
+def sigterm_handoff() -> dict[int, Any]:
+    """For the run's signal guard: from the script's end on, SIGTERM is only noted."""
+    return {signal.SIGTERM: _note_sigterm}
+
+
+class _SigtermNoted:
+    """While a rank finishes (main thread only), SIGTERM is noted in ``received``."""
+
+    def __init__(self) -> None:
+        self.received = _SIGTERM_RECEIVED
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _SigtermNoted:
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._previous = signal.signal(signal.SIGTERM, _note_sigterm)
+                self._installed = True
+            except (ValueError, OSError):
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._installed:
+            previous = signal.SIG_DFL if self._previous is _note_sigterm else self._previous
+            signal.signal(signal.SIGTERM, previous)
+            # The rank then exits with its script's status: torchrun is stopping it anyway.
+            self.received.clear()
+
+
 def finish_rank(report: Report, session: Any, info: RankInfo, args: argparse.Namespace,
                 deliver: Any = None) -> int:
-    """Close this rank's run; on rank 0 gather, merge, write and print the one report."""
+    """Close this rank's run; the merging rank gathers, merges, writes and prints the one report.
+
+    The merging rank is rank 0, or, when rank 0 died without Python (SIGABRT, SIGKILL, a
+    segfault) on this node, the first surviving rank that claims its place.
+    """
     folder = parts_dir(info)
-    try:
-        write_part(folder, info.rank, info.world_size, report, rank_data(session))
-    except OSError as error:
-        print(f"nndoctor: rank {info.rank} could not write its report part to {folder}: {error}",
-              file=sys.stderr)
-    own = script_status(report)
-    if not info.is_leader:
-        return own
-    try:
-        merged = gather_and_merge(folder, info, report, session)
-    except Exception as error:  # noqa: BLE001 - observer rule: fall back to this rank's report
-        session.internal_error("merging the ranks' reports", error)
-        merged = report
-    if deliver is not None:
-        deliver(merged)
-    else:
-        emit_report(merged, args)
+    with _SigtermNoted() as term:
+        try:
+            write_part(folder, info.rank, info.world_size, report, rank_data(session))
+        except OSError as error:
+            print(f"nndoctor: rank {info.rank} could not write its report part to {folder}: {error}",
+                  file=sys.stderr)
+        transport = send_part(info, report, session, folder, term.received)
+        own = script_status(report)
+        if not (info.is_leader or take_over_merge(folder, info, report, term.received, transport)):
+            if transport is not None:
+                forget_sent_part(folder, info.rank)
+            return own
+        try:
+            merged = gather_and_merge(folder, info, report, session, term.received, transport)
+        except Exception as error:  # noqa: BLE001 - observer rule: fall back to this rank's report
+            session.internal_error("merging the ranks' reports", error)
+            merged = report
+        if deliver is not None:
+            deliver(merged)
+        else:
+            emit_report(merged, args)
     threshold = fail_threshold(args)
     if own == 0 and fail_on_given(args) and merged.reaches(threshold):
         return 1
     return own
 
 
-def gather_and_merge(folder: str, info: RankInfo, report: Report, session: Any) -> Report:
-    terminated = False
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def on_term(signum, frame):
-            raise _Terminated
-        previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        # Rank 0 crashed: the others are likely blocked in a collective waiting for it, and
-        # will not finish; do not hold the crash report back for long.
-        timeout = min(GATHER_TIMEOUT_S, 5.0) if report.status == "crashed" else GATHER_TIMEOUT_S
-        parts = wait_for_parts(folder, info.world_size, timeout)
-    except _Terminated:
-        from nndoctor.distributed.parts import read_parts
+def send_part(info: RankInfo, report: Report, session: Any, folder: str,
+              terminated: threading.Event) -> Any:
+    """Across nodes (or to a named merge folder): send this rank's part, and the parts of the
+    ranks of this node that died without Python. Returns the transport (None: node-local)."""
+    from nndoctor.distributed.dead_ranks import dead_here, dead_rank_part
+    from nndoctor.distributed.flight import registered_ranks
+    from nndoctor.distributed.parts import build_part
+    from nndoctor.distributed.transport import open_transport
 
-        parts, terminated = read_parts(folder), True
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    try:
+        transport = open_transport(info)
+        if transport is None:
+            return None
+        transport.put("part", info.rank, build_part(info.rank, info.world_size, report, rank_data(session)))
+        if report.status != "completed" or terminated.is_set():
+            for rank in registered_ranks(folder):
+                alive = dead_here(folder, rank)
+                if alive is not None:
+                    transport.put("dead", rank, dead_rank_part(folder, rank, alive))
+        return transport
+    except Exception as error:  # noqa: BLE001 - observer rule: the part stays on this node
+        print(f"nndoctor: rank {info.rank} could not send its report part to the merging rank "
+              f"({type(error).__name__}: {error}); it stays in {folder}", file=sys.stderr)
+        session.internal_error("sending this rank's report part", error)
+        return None
+
+
+def forget_sent_part(folder: str, rank: int) -> None:
+    """The part went to the merging rank: this node keeps nothing of a rank that finished."""
+    from nndoctor.distributed.flight import remove_records
+    from nndoctor.distributed.parts import part_path
+
+    with contextlib.suppress(OSError):
+        part_path(folder, rank).unlink()
+    remove_records(folder, [rank])
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
+def take_over_merge(folder: str, info: RankInfo, report: Report, terminated: threading.Event,
+                    transport: Any = None) -> bool:
+    """Should this rank merge because rank 0 died? Only a rank that ended abnormally looks (a
+    rank that completed has no reason to think rank 0 did not), for a few seconds: rank 0's
+    abort may land just after this rank's collective failed because of it."""
+    from nndoctor.distributed.dead_ranks import dead_here
+    from nndoctor.distributed.parts import part_path
+
+    if report.status == "completed" and not terminated.is_set():
+        return False
+    deadline = time.monotonic() + TAKEOVER_WAIT_S
+    while True:
+        if part_path(folder, 0).exists():
+            return False  # rank 0 finished with Python: it merges
+        if dead_here(folder, 0) is not None:
+            return transport.claim() if transport is not None else claim_merge(folder)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def claim_merge(folder: str) -> bool:
+    """The first surviving rank to claim the merge gets it (an exclusive file creation)."""
+    try:
+        os.close(os.open(os.path.join(folder, "merge.claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except OSError:
+        return False
+    return True
+
+
+def gather(folder: str, world_size: int, timeout_s: float, terminated: threading.Event,
+           poll_s: float = 0.1) -> list[dict[str, Any]]:
+    """The parts of every rank, waiting until each rank wrote one or died on this node, or until
+    ``timeout_s`` (3 s once SIGTERM came: the other ranks are being stopped too). A rank that
+    died without a part is represented by what it left (``dead_ranks.dead_rank_part``)."""
+    from nndoctor.distributed.dead_ranks import dead_here, dead_rank_part
+    from nndoctor.distributed.parts import read_parts
+
+    deadline = time.monotonic() + timeout_s
+    terminated_deadline: float | None = None
+    while True:
+        parts = read_parts(folder)
+        present = {p.get("rank") for p in parts}
+        missing = [r for r in range(world_size) if r not in present]
+        dead = {r: alive for r in missing if (alive := dead_here(folder, r)) is not None}
+        now = time.monotonic()
+        if terminated.is_set() and terminated_deadline is None:
+            terminated_deadline = now + 3.0
+        if len(dead) == len(missing) or now >= deadline or (
+                terminated_deadline is not None and now >= terminated_deadline):
+            # A part may have landed between the listing and the liveness check.
+            parts = read_parts(folder)
+            present = {p.get("rank") for p in parts}
+            return parts + [dead_rank_part(folder, r, alive) for r, alive in dead.items() if r not in present]
+        time.sleep(poll_s)
+
+
+def gather_sent(transport: Any, folder: str, world_size: int, timeout_s: float,
+                terminated: threading.Event, poll_s: float = 0.2) -> list[dict[str, Any]]:
+    """``gather`` for parts sent across nodes: each rank's part, or the part a surviving rank of
+    its node sent for it when it died, or (a rank of this node) what it left here."""
+    from nndoctor.distributed.dead_ranks import dead_here, dead_rank_part
+
+    found: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    terminated_deadline: float | None = None
+    while True:
+        for rank in range(world_size):
+            if rank in found:
+                continue
+            part = transport.get("part", rank) or transport.get("dead", rank)
+            if part is None and (alive := dead_here(folder, rank)) is not None:
+                part = dead_rank_part(folder, rank, alive)
+            if part is not None:
+                found[rank] = part
+        now = time.monotonic()
+        if terminated.is_set() and terminated_deadline is None:
+            terminated_deadline = now + 3.0
+        if len(found) >= world_size or now >= deadline or (
+                terminated_deadline is not None and now >= terminated_deadline):
+            return [found[r] for r in sorted(found)]
+        time.sleep(poll_s)
+
+
+def gather_and_merge(folder: str, info: RankInfo, report: Report, session: Any,
+                     terminated: threading.Event | None = None, transport: Any = None) -> Report:
+    from nndoctor.distributed.flight import remove_records
+
+    terminated = terminated if terminated is not None else threading.Event()
+    # This rank ended abnormally: the others are likely blocked in a collective waiting for it,
+    # and will not finish; do not hold the report back for long.
+    timeout = GATHER_TIMEOUT_S if report.status == "completed" else min(GATHER_TIMEOUT_S, 5.0)
+    if transport is not None:
+        parts = gather_sent(transport, folder, info.world_size, timeout, terminated)
+        for rank in range(info.world_size):
+            for kind in ("part", "dead"):
+                with contextlib.suppress(Exception):
+                    transport.remove(kind, rank)
+    else:
+        parts = gather(folder, info.world_size, timeout, terminated)
     merged = merge_parts(parts, command=report.command, world_size=info.world_size,
                          select=list(session.select), ignore=list(session.ignore))
-    if terminated and merged.status == "completed":
+    if terminated.is_set() and merged.status == "completed":
         merged.status = "interrupted"
     if len({p.get("rank") for p in parts}) >= info.world_size:
+        remove_records(folder, range(info.world_size))
         remove_parts(folder)
     return merged
 

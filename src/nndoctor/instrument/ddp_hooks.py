@@ -62,6 +62,12 @@ class CollectiveState:
 
 DDP_REGISTRY = StashKey[DdpRegistry]("DDP wrappers")
 COLLECTIVE_STATE = StashKey[CollectiveState]("current collective")
+# Storage addresses of the tensors this process broadcast (``dist.broadcast``): a model whose
+# every parameter was broadcast is replicated by hand (X104 compares its replicas).
+BROADCAST_ADDRESSES = StashKey[set[int]]("tensors broadcast")
+_MAX_BROADCAST_ADDRESSES = 1_000_000
+# Under torchrun: this rank's flight record (nndoctor.distributed.flight.FlightRecorder).
+FLIGHT_RECORDER = StashKey[Any]("flight recorder")
 
 
 def registry(session: Any) -> DdpRegistry:
@@ -105,15 +111,105 @@ def install(installation: Any) -> None:
                                     location=str(where) if where else None)
                 ddp_registry.by_inner[self.module] = record
                 ddp_registry.by_wrapper[self] = record
+                flight = session.stash.get(FLIGHT_RECORDER, None)
+                if flight is not None:
+                    flight.ddp = True
             except Exception as error:  # noqa: BLE001 - observer rule
                 session.internal_error("DDP wrap record", error)
 
     patcher.patch(DistributedDataParallel, "__init__", ddp_init)
-    _patch_collectives(session, patcher, dist)
+    recorder = _start_flight_recorder(session, patcher)
+    _patch_collectives(session, patcher, dist, recorder)
     _patch_init_process_group(session, patcher, dist)
 
 
-def _patch_collectives(session: Any, patcher: Any, dist: Any) -> None:
+class _FlightNotes:
+    """Notes each backward and optimizer step in the flight record (a subscriber, no catalog code)."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+
+    def on_backward(self, event: Any) -> None:
+        self.recorder.note_phase("backward", event.step, _user_line(event.frame))
+
+    def on_backward_done(self, event: Any) -> None:
+        # Past DDP's gradient all-reduce: a rank that dies now was not in it.
+        self.recorder.note_phase("after backward", event.step)
+
+    def on_step_end(self, event: Any) -> None:
+        self.recorder.note_phase("after step", event.step, "")
+
+
+def _user_line(frame: Any) -> str:
+    from nndoctor.user_code import user_location
+
+    where = user_location(frame) if frame is not None else None
+    return str(where) if where else ""
+
+
+def _start_flight_recorder(session: Any, patcher: Any) -> Any:
+    """Under torchrun (or in a process the script started): this rank's flight record, for the
+    report when it dies without Python."""
+    from nndoctor.distributed.context import torchrun_rank
+    from nndoctor.distributed.parts import child_part
+
+    info = torchrun_rank()
+    child = child_part(session)
+    if info is not None:
+        from nndoctor.distributed.rank_run import parts_dir
+
+        folder, rank, world = parts_dir(info), info.rank, info.world_size
+    elif child is not None:  # a process the script started (mp.spawn): its index
+        folder, rank, world = child[0], child[1], 0
+    else:
+        return None
+    from nndoctor.distributed.flight import FlightRecorder
+
+    try:
+        recorder = FlightRecorder(folder, rank, world)
+        recorder.catch_fatal_signals()
+    except Exception as error:  # noqa: BLE001 - observer rule: the run goes on without a record
+        session.internal_error("flight recorder", error)
+        return None
+    session.stash[FLIGHT_RECORDER] = recorder
+    session.subscribe(_FlightNotes(recorder))
+
+    def close() -> None:
+        rank_data(session)["flight"] = recorder.snapshot()
+        recorder.close()
+
+    patcher.on_undo(close)
+    return recorder
+
+
+def _tensor_facts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, str]:
+    """(element count, dtype) of the collective's tensor: the first tensor among its first
+    arguments, or the first of a tensor list."""
+    import torch
+
+    for value in (*args[:2], kwargs.get("tensor"), kwargs.get("tensor_list")):
+        if isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if isinstance(value, torch.Tensor):
+            return int(value.numel()), str(value.dtype).replace("torch.", "")
+    return 0, ""
+
+
+def _note_broadcast(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    tensor: Any = args[0] if args else kwargs.get("tensor")
+    try:
+        addresses = session.stash.get_or_create(BROADCAST_ADDRESSES, set)
+        if len(addresses) < _MAX_BROADCAST_ADDRESSES:
+            addresses.add(int(tensor.data_ptr()))  # p.data and p share it
+    except Exception:  # noqa: BLE001 - not a tensor: nothing to note
+        pass
+
+
+def broadcast_addresses(session: Any) -> set[int]:
+    return session.stash.get(BROADCAST_ADDRESSES, set())
+
+
+def _patch_collectives(session: Any, patcher: Any, dist: Any, recorder: Any = None) -> None:
     state = collective_state(session)
 
     def make(name: str, original: Any) -> Any:
@@ -125,10 +221,22 @@ def _patch_collectives(session: Any, patcher: Any, dist: Any) -> None:
             state.name, state.since, state.location = name, time.monotonic(), None
             state.count += 1
             state.frame_ref = frame  # resolved by the watchdog only if it has to report
+            if name == "broadcast":
+                _note_broadcast(session, args, kwargs)
+            if recorder is not None:
+                try:
+                    numel, dtype = _tensor_facts(args, kwargs)
+                    recorder.enter(name, numel, dtype, _user_line(frame))
+                except Exception as error:  # noqa: BLE001 - observer rule
+                    session.internal_error("flight record", error)
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 state.name, state.frame_ref = None, None
+            # Only a collective that returned is left: one that raised stays the last one entered.
+            if recorder is not None:
+                recorder.leave()
+            return result
 
         return collective
 

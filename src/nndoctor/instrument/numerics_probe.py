@@ -69,10 +69,15 @@ class GradientStats:
 
 def gradient_stats(params: list[torch.Tensor], names: dict[int, str]) -> GradientStats | None:
     """Norms of every dense gradient among ``params``: one fused computation, one sync."""
-    with_grads = [p for p in params if p.grad is not None and not p.grad.is_sparse]
+    from nndoctor.dtensor import local_tensor
+
+    # A sharded (DTensor) gradient is read through this rank's shard: its norm is the shard's,
+    # its RMS an estimate of the whole gradient's; a rank holding no elements of it skips it.
+    with_grads = [p for p in params if p.grad is not None and not p.grad.is_sparse
+                  and local_tensor(p.grad).numel() > 0]
     if not with_grads:
         return None
-    grads = [p.grad.detach() for p in with_grads if p.grad is not None]
+    grads = [local_tensor(p.grad.detach()) for p in with_grads if p.grad is not None]
     with torch.no_grad():
         by_device: dict[tuple[torch.device, torch.dtype], list[int]] = {}
         for i, g in enumerate(grads):
@@ -94,7 +99,7 @@ def gradient_stats(params: list[torch.Tensor], names: dict[int, str]) -> Gradien
     return GradientStats(
         names=tuple(names.get(id(p), f"param[{i}]") for i, p in enumerate(with_grads)),
         norms=tuple(norms),
-        numels=tuple(p.numel() for p in with_grads),
+        numels=tuple(g.numel() for g in grads),
         dims=tuple(p.dim() for p in with_grads),
     )
 

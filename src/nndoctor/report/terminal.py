@@ -88,7 +88,9 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
         console.print(Text("\nThe script raised:", style="bold"))
         console.print(Text(cap_lists(report.traceback.rstrip()), style="dim"))
     console.print()
-    if report.status == "crashed" and not any(f.code.startswith("E") for f in findings):
+    # A rank that died (X113) or ranks in different collectives (X110) explain a distributed crash.
+    if report.status == "crashed" and not any(f.code.startswith("E") or f.code in ("X110", "X113")
+                                              for f in findings):
         render_no_known_cause(console, report.extra.get("crash") or {})
         console.print()
     not_observed = report.extra.get("not_observed")  # a launcher ran the training elsewhere
