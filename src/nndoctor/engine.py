@@ -18,7 +18,7 @@ from nndoctor.events import Event
 from nndoctor.findings import Finding, InternalError, Report
 from nndoctor.registry import Check, enabled_checks
 from nndoctor.stash import Stash
-from nndoctor.subscribers import Subscriber, describe, handler_names
+from nndoctor.subscribers import Subscriber, describe, handler_names, is_sampled_only
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
 DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "100"))
@@ -30,6 +30,13 @@ class StopRun(BaseException):
 
     A BaseException so that a user's ``except Exception`` does not swallow it.
     """
+
+
+def _without(table: dict[str, list[tuple[Subscriber, Any]]],
+             subscriber: Subscriber) -> dict[str, list[tuple[Subscriber, Any]]]:
+    """The dispatch table less one subscriber: new lists, so a dispatch in progress is unaffected."""
+    kept = {kind: [(c, h) for c, h in handlers if c is not subscriber] for kind, handlers in table.items()}
+    return {kind: handlers for kind, handlers in kept.items() if handlers}
 
 
 class RunState:
@@ -118,6 +125,8 @@ class Session:
         classes = list(checks) if checks is not None else enabled_checks(select, ignore)
         self.checks: list[Check] = []
         self._handlers: dict[str, list[tuple[Subscriber, Any]]] = {}
+        # The same, less the handlers marked ``sampled_only``: what an unsampled step's event reaches.
+        self._every_step: dict[str, list[tuple[Subscriber, Any]]] = {}
         for cls in classes:
             self._add_check(cls)
 
@@ -134,11 +143,20 @@ class Session:
         """Dispatch events to any object with ``on_<kind>`` methods (checks, and internal
         helpers with no catalog code: the perf recorder, the preflight probe, the history)."""
         for kind, method in handler_names(type(subscriber)).items():
-            self._handlers.setdefault(kind, []).append((subscriber, getattr(subscriber, method)))
+            handler = getattr(subscriber, method)
+            # New lists (copy on write): a dispatch in progress iterates the old ones.
+            self._handlers[kind] = [*self._handlers.get(kind, ()), (subscriber, handler)]
+            if not is_sampled_only(handler):
+                self._every_step[kind] = [*self._every_step.get(kind, ()), (subscriber, handler)]
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
         return kind in self._handlers
+
+    def wants_now(self, kind: str, sampled: bool) -> bool:
+        """Would an event of this kind reach a handler on a step that is (not) sampled?
+        The instrumentation asks before building an event on the hot path."""
+        return kind in (self._handlers if sampled else self._every_step)
 
     def needed_probes(self) -> frozenset[str]:
         """The probes (``nndoctor.probes``) that the enabled checks and listeners declare."""
@@ -148,18 +166,20 @@ class Session:
     @property
     def sampled(self) -> bool:
         """Is the current step fully instrumented?"""
-        return self.is_sampled(self.step) or self._phase_sampled
+        step = self.step  # is_sampled inlined: asked several times on every step
+        return step < self.full_window or step % self.sample_every == 0 or self._phase_sampled
 
     def is_sampled(self, step: int) -> bool:
         return step < self.full_window or step % self.sample_every == 0
 
     def emit(self, event: Event) -> None:
         """Give the event to every check that subscribed to its kind; never raise."""
-        handlers = self._handlers.get(event.kind)
+        handlers = (self._handlers if event.sampled else self._every_step).get(event.kind)
         if not handlers or os.getpid() != self.pid:
             return
         try:
-            for subscriber, handler in list(handlers):
+            # No copy: ``_disable`` replaces the lists instead of changing them.
+            for subscriber, handler in handlers:
                 try:
                     handler(event)
                 except StopRun:
@@ -171,9 +191,8 @@ class Session:
             event.release()
 
     def _disable(self, subscriber: Subscriber) -> None:
-        for kind, handlers in self._handlers.items():
-            self._handlers[kind] = [(c, h) for c, h in handlers if c is not subscriber]
-        self._handlers = {k: v for k, v in self._handlers.items() if v}
+        self._handlers = _without(self._handlers, subscriber)
+        self._every_step = _without(self._every_step, subscriber)
 
     # -- findings and errors -------------------------------------------------------------
     def add_finding(self, finding: Finding) -> Finding:

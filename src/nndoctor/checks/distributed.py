@@ -20,6 +20,7 @@ from typing import Any
 from nndoctor.distributed.parts import rank_data
 from nndoctor.findings import Finding, Location, Severity
 from nndoctor.registry import Check, all_checks, is_enabled, register
+from nndoctor.subscribers import sampled_only
 
 _MAX_RECORDED_BATCHES = 64
 _MAX_RECORDED_STEPS = 32
@@ -136,6 +137,7 @@ class MissingDistributedSampler(CrossRankCheck):
         super().__init__(session)
         self._last_key: str | None = None
 
+    @sampled_only
     def on_batch(self, event: Any) -> None:
         if not event.sampled:
             return
@@ -314,6 +316,7 @@ class UnsyncedBatchNorm(Check):
         super().__init__(session)
         self._done: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    @sampled_only
     def on_forward(self, event: Any) -> None:
         module = event.module
         if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
@@ -404,6 +407,7 @@ class RankDivergence(CrossRankCheck):
     summary = "parameters differ across ranks after a step"
     fix = "apply the same update on every rank: same optimizer settings, no rank-conditional parameter changes"
 
+    @sampled_only
     def on_step_end(self, event: Any) -> None:
         if not event.sampled:
             return
@@ -626,6 +630,7 @@ class ParamsChangedAfterWrap(Check):
     summary = "parameters added, replaced or moved after DDP was built"
     fix = "finish building the model (layers, .to(device), dtype) before wrapping it in DDP"
 
+    @sampled_only
     def on_forward(self, event: Any) -> None:
         module = event.module
         if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
@@ -699,6 +704,7 @@ class AccumulationWithoutNoSync(Check):
         self._location: Location | None = None
         self._grad_bytes = 0
 
+    @sampled_only
     def on_forward(self, event: Any) -> None:
         module = event.module
         if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):

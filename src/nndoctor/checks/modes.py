@@ -147,7 +147,8 @@ class TrainInEvalMode(Check):
         module = event.module
         state = self.session.state
         if module.training:
-            if state.is_trained(module):
+            # Known once is enough: is_trained walks the optimizers' parameters.
+            if module not in self._trained_in_train_mode and state.is_trained(module):
                 self._trained_in_train_mode.add(module)
             return
         if module not in self._trained_in_train_mode:
