@@ -16,6 +16,7 @@ from typing import Any
 
 from nndoctor.events import Event
 from nndoctor.findings import Finding, InternalError, Report
+from nndoctor.optimizers import unwrap_optimizer
 from nndoctor.registry import Check, enabled_checks
 from nndoctor.stash import Stash
 from nndoctor.subscribers import Subscriber, describe, handler_names, is_sampled_only
@@ -218,8 +219,6 @@ class Session:
     # Each optimizer's own count is in ``state.step_counts``; ``state.total_steps`` counts
     # every update, manual ones included.
     def count_step(self, optimizer: Any) -> None:
-        from nndoctor.optimizers import unwrap_optimizer
-
         optimizer = unwrap_optimizer(optimizer)
         counts = self.state.step_counts
         counts[optimizer] = own = counts.get(optimizer, 0) + 1
@@ -243,8 +242,6 @@ class Session:
 
     def step_sampled(self, optimizer: Any) -> bool:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""
-        from nndoctor.optimizers import unwrap_optimizer
-
         own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
         return self.is_sampled(self.step) or own < self.full_window
 
