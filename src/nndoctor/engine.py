@@ -33,10 +33,13 @@ class StopRun(BaseException):
     """
 
 
-def _without(table: dict[str, list[tuple[Subscriber, Any]]],
-             subscriber: Subscriber) -> dict[str, list[tuple[Subscriber, Any]]]:
-    """The dispatch table less one subscriber: new lists, so a dispatch in progress is unaffected."""
-    kept = {kind: [(c, h) for c, h in handlers if c is not subscriber] for kind, handlers in table.items()}
+def _without(table: dict[str, list[tuple[Subscriber, Any]]], subscriber: Subscriber,
+             kinds: Iterable[str] = ()) -> dict[str, list[tuple[Subscriber, Any]]]:
+    """The dispatch table less one subscriber (for ``kinds`` only, if given): new lists, so a
+    dispatch in progress is unaffected."""
+    only = frozenset(kinds)
+    kept = {kind: [(c, h) for c, h in handlers if c is not subscriber or (only and kind not in only)]
+            for kind, handlers in table.items()}
     return {kind: handlers for kind, handlers in kept.items() if handlers}
 
 
@@ -190,6 +193,13 @@ class Session:
                     self._disable(subscriber)
         finally:
             event.release()
+
+    def unsubscribe(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Stop dispatching these kinds to ``subscriber``: a check whose handler has nothing
+        left to do (decided, reported once) stops costing a call on every step. Safe during
+        dispatch: the tables are replaced, not changed."""
+        self._handlers = _without(self._handlers, subscriber, kinds)
+        self._every_step = _without(self._every_step, subscriber, kinds)
 
     def _disable(self, subscriber: Subscriber) -> None:
         self._handlers = _without(self._handlers, subscriber)

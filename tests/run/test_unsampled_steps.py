@@ -65,7 +65,7 @@ def _subscriber_classes() -> list[type]:
 def test_every_sampled_only_handler_returns_at_once_on_unsampled_steps():
     marked = []
     for cls in _subscriber_classes():
-        for kind, method in handler_names(cls).items():
+        for method in handler_names(cls).values():
             function = getattr(cls, method)
             if is_sampled_only(function):
                 marked.append(f"{cls.__name__}.{method}")
@@ -189,3 +189,36 @@ def test_a_submodule_forward_on_an_unsampled_step_leaves_the_module_stack_empty(
             assert installation._stack == []
     finally:
         finish(session, installation, "completed", None)
+
+
+def test_a_handler_that_unsubscribes_itself_is_not_called_again():
+    class Once:
+        subscriber_name = "once"
+        calls = 0
+
+        def __init__(self, session: Session) -> None:
+            self.session = session
+
+        def on_step_end(self, event: StepEnd) -> None:
+            Once.calls += 1
+            self.session.unsubscribe(self, "step_end")
+
+        def on_run_end(self, event) -> None:
+            pass
+
+    class Counter_:
+        subscriber_name = "counter"
+        calls = 0
+
+        def on_step_end(self, event: StepEnd) -> None:
+            Counter_.calls += 1
+
+    session = Session(checks=[])
+    once = Once(session)
+    session.subscribe(once)
+    session.subscribe(Counter_())
+    for _ in range(3):
+        session.emit(StepEnd(sampled=False))
+    # Unsubscribing during its own dispatch: the others of that dispatch still run.
+    assert (Once.calls, Counter_.calls) == (1, 3)
+    assert session.wants("run_end")  # other kinds keep their handler

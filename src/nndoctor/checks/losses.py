@@ -508,6 +508,7 @@ class InitialLossSuspicious(Check):
         if self._done:
             return
         self._done = True
+        self.session.unsubscribe(self, "loss", "step_end")  # step 0 is over
         found = initial_loss_finding(self._losses, self._classes)
         if found is None:
             return

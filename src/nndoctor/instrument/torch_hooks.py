@@ -589,13 +589,12 @@ def _without_values(value: Any) -> bool:
     """Meta or fake tensors (shape inference, ``torch.device("meta")`` models) carry no values:
     no event is emitted about them, so no check reads data that does not exist."""
     if isinstance(value, torch.Tensor):
-        tensor = value
-    else:
-        from nndoctor.instrument.stats import first_tensor
+        return value.is_meta or type(value).__name__ == "FakeTensor"
+    from nndoctor.instrument.stats import first_tensor
 
-        tensor = first_tensor(value)
-        if tensor is None:
-            return False
+    tensor = first_tensor(value)
+    if tensor is None:
+        return False
     return tensor.is_meta or type(tensor).__name__ == "FakeTensor"
 
 
