@@ -164,7 +164,8 @@ def launch(args: argparse.Namespace, doctored: bool, workdir: str) -> tuple[dict
     report_path = os.path.join(workdir, "report.json")
     if os.path.exists(report_path):
         os.unlink(report_path)
-    nndoctor = ["-m", "nndoctor", "run", "--quiet", "--json", report_path] if doctored else []
+    nndoctor = ["-m", "nndoctor", "run", "--quiet", "--json", report_path,
+                *args.nndoctor_args.split()] if doctored else []
     if args.gpus > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
         command = [*launcher, *nndoctor, os.path.abspath(__file__), *script_args]
@@ -193,6 +194,7 @@ def summarize(args: argparse.Namespace, plain: list[dict], doctored: list[dict],
         "launcher": "torchrun" if args.gpus > 1 else "python", "model": args.model,
         "batch_per_rank": args.batch, "amp": args.amp, "channels_last": args.channels_last,
         "warmup_steps": args.warmup, "timed_steps": args.steps, "rounds": args.rounds,
+        "nndoctor_args": args.nndoctor_args,
         "plain_ms_per_step": [s / args.steps * 1e3 for s in p],
         "nndoctor_ms_per_step": [s / args.steps * 1e3 for s in d],
         "throughput_ratio": sum(d) / sum(p),  # all timed steps of all rounds, sampled ones included
@@ -218,6 +220,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--steps", type=int, help="timed steps per launch")
     parser.add_argument("--rounds", type=int)
+    parser.add_argument("--nndoctor-args", default="",
+                        help="extra options of the nndoctor side, to bisect a cost: '--ignore ALL' (hooks "
+                             "and engine alone), '--select X104' …")
     parser.add_argument("--out", help="write the result as JSON into this folder")
     parser.add_argument("--json", help="write the result as JSON to this file")
     args = parser.parse_args()
@@ -256,7 +261,9 @@ def main() -> None:
     paths = [args.json] if args.json else []
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        paths.append(os.path.join(args.out, f"ddp_overhead_{args.model}_{args.gpus}x{args.device}.json"))
+        tag = "".join(c if c.isalnum() else "_" for c in args.nndoctor_args).strip("_")
+        paths.append(os.path.join(args.out, f"ddp_overhead_{args.model}_{args.gpus}x{args.device}"
+                                  + (f"_{tag}" if tag else "") + ".json"))
     for path in paths:
         with open(path, "w") as handle:
             json.dump(result, handle, indent=2)

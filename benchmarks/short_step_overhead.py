@@ -12,6 +12,8 @@ per step and the ratio, per round and as medians over rounds.
     python benchmarks/short_step_overhead.py                       # 7 rounds × 20,000 steps, ~3 min
     python benchmarks/short_step_overhead.py --sides plain,all,none --rounds 5   # none: --ignore ALL
     python benchmarks/short_step_overhead.py --rounds 1 --steps 500 # smoke run
+    # before/after a change: a side "all@SRC" imports nndoctor from SRC (PYTHONPATH)
+    python benchmarks/short_step_overhead.py --sides plain,all,all@../main/src --steps 5000
 
 With ``--patient`` the script is the patient itself (what the driver launches).
 """
@@ -58,19 +60,22 @@ def patient(args: argparse.Namespace) -> None:
 
 def launch(args: argparse.Namespace, side: str, workdir: str) -> dict:
     script = ["--patient", "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    extra = SIDES[side] if side in SIDES else ["--select", side]
-    nndoctor = [] if extra is None else ["-m", "nndoctor", "run", "--quiet",
-                                         "--json", os.path.join(workdir, f"{side}.json"), *extra]
+    checks, _, source = side.partition("@")
+    extra = SIDES[checks] if checks in SIDES else ["--select", checks]
+    report = os.path.join(workdir, f"{len(os.listdir(workdir))}.json")
+    nndoctor = [] if extra is None else ["-m", "nndoctor", "run", "--quiet", "--json", report, *extra]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(source)) if source else None
     result = subprocess.run([sys.executable, *nndoctor, os.path.abspath(__file__), *script],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=env)
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith(_MARK)), None)
     if line is None:
         sys.exit(f"{side} launch failed (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     measured = json.loads(line[len(_MARK):])
     if extra is not None:
-        report = json.load(open(os.path.join(workdir, f"{side}.json")))
-        measured["internal_errors"] = len(report.get("internal_errors", []))
-        measured["findings"] = sorted({f["code"] for f in report.get("findings", [])})
+        with open(report) as handle:
+            written = json.load(handle)
+        measured["internal_errors"] = len(written.get("internal_errors", []))
+        measured["findings"] = sorted({f["code"] for f in written.get("findings", [])})
     return measured
 
 
@@ -81,7 +86,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--sides", default="plain,all",
-                        help="comma-separated: plain, all (every check), none (--ignore ALL), or check codes")
+                        help="comma-separated: plain, all (every check), none (--ignore ALL), or check codes; "
+                             "SIDE@SRC imports nndoctor from SRC")
     parser.add_argument("--json", help="write the numbers here too")
     args = parser.parse_args()
     if args.patient:
