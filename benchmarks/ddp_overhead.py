@@ -48,7 +48,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 _MARK = "DDP_STEP_RESULT "
 # Per model: (warm-up steps, timed steps, rounds) that resolve ~1% within ~4 minutes on H100s.
-DEFAULTS = {"resnet50": (30, 500, 3), "resnet18": (30, 500, 3), "smallcnn": (20, 300, 3), "mlp": (50, 5000, 5)}
+DEFAULTS = {"resnet50": (30, 400, 3), "resnet18": (30, 400, 3), "smallcnn": (20, 300, 3), "mlp": (50, 5000, 4)}
 
 
 def _model_and_batches(args, device, rank: int):
