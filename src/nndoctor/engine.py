@@ -19,7 +19,14 @@ from nndoctor.findings import Finding, InternalError, Report
 from nndoctor.optimizers import unwrap_optimizer
 from nndoctor.registry import Check, enabled_checks
 from nndoctor.stash import Stash
-from nndoctor.subscribers import Subscriber, describe, handler_names, is_sampled_only
+from nndoctor.subscribers import (
+    LOSS_FORWARD,
+    Subscriber,
+    describe,
+    handler_names,
+    is_model_forwards_only,
+    is_sampled_only,
+)
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
 DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "100"))
@@ -148,10 +155,14 @@ class Session:
         helpers with no catalog code: the perf recorder, the preflight probe, the history)."""
         for kind, method in handler_names(type(subscriber)).items():
             handler = getattr(subscriber, method)
-            # New lists (copy on write): a dispatch in progress iterates the old ones.
-            self._handlers[kind] = [*self._handlers.get(kind, ()), (subscriber, handler)]
-            if not is_sampled_only(handler):
-                self._every_step[kind] = [*self._every_step.get(kind, ()), (subscriber, handler)]
+            routes = [kind]
+            if kind == "forward" and not is_model_forwards_only(handler):
+                routes.append(LOSS_FORWARD)
+            for route in routes:
+                # New lists (copy on write): a dispatch in progress iterates the old ones.
+                self._handlers[route] = [*self._handlers.get(route, ()), (subscriber, handler)]
+                if not is_sampled_only(handler):
+                    self._every_step[route] = [*self._every_step.get(route, ()), (subscriber, handler)]
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
@@ -176,9 +187,10 @@ class Session:
     def is_sampled(self, step: int) -> bool:
         return step < self.full_window or step % self.sample_every == 0
 
-    def emit(self, event: Event) -> None:
-        """Give the event to every check that subscribed to its kind; never raise."""
-        handlers = (self._handlers if event.sampled else self._every_step).get(event.kind)
+    def emit(self, event: Event, route: str | None = None) -> None:
+        """Give the event to every check that subscribed to its kind (or to ``route``, a
+        subset of them: ``LOSS_FORWARD``); never raise."""
+        handlers = (self._handlers if event.sampled else self._every_step).get(route or event.kind)
         if not handlers or os.getpid() != self.pid:
             return
         try:
@@ -198,8 +210,9 @@ class Session:
         """Stop dispatching these kinds to ``subscriber``: a check whose handler has nothing
         left to do (decided, reported once) stops costing a call on every step. Safe during
         dispatch: the tables are replaced, not changed."""
-        self._handlers = _without(self._handlers, subscriber, kinds)
-        self._every_step = _without(self._every_step, subscriber, kinds)
+        routes = (*kinds, LOSS_FORWARD) if "forward" in kinds else kinds
+        self._handlers = _without(self._handlers, subscriber, routes)
+        self._every_step = _without(self._every_step, subscriber, routes)
 
     def _disable(self, subscriber: Subscriber) -> None:
         self._handlers = _without(self._handlers, subscriber)

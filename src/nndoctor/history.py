@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from nndoctor.subscribers import sampled_only
+from nndoctor.subscribers import model_forwards_only, sampled_only
 
 SERIES_LIMIT = 1000
 MAX_LAYERS = 24
@@ -244,6 +244,7 @@ class HistoryRecorder:
 
     # -- inputs and activations -----------------------------------------------------------
     @sampled_only
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if not event.sampled or event.is_loss or not event.training or not event.grad_enabled:
             return

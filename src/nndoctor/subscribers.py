@@ -42,6 +42,25 @@ def is_sampled_only(handler: Any) -> bool:
     return bool(getattr(getattr(handler, "__func__", handler), _SAMPLED_ONLY, False))
 
 
+_MODEL_FORWARDS_ONLY = "__nndoctor_model_forwards_only__"
+# The route of a loss module's own forward (``criterion(output, y)`` called from user code): a
+# Forward event with ``is_loss`` set, sent only to the ``on_forward`` handlers not marked
+# ``model_forwards_only``.
+LOSS_FORWARD = "forward/loss"
+
+
+def model_forwards_only(handler: _Handler) -> _Handler:
+    """Mark an ``on_forward`` handler whose first statement returns when ``event.is_loss``:
+    the engine then does not call it for a loss module's forward (two forwards a step, one of
+    them the loss's, reach every ``on_forward`` handler otherwise)."""
+    setattr(handler, _MODEL_FORWARDS_ONLY, True)
+    return handler
+
+
+def is_model_forwards_only(handler: Any) -> bool:
+    return bool(getattr(getattr(handler, "__func__", handler), _MODEL_FORWARDS_ONLY, False))
+
+
 def handler_names(cls: type) -> dict[str, str]:
     """Event kind -> method name, for every ``on_<kind>`` the class defines."""
     found = {}

@@ -18,7 +18,14 @@ from nndoctor.history import HistoryRecorder
 from nndoctor.instrument.extensions import install
 from nndoctor.registry import all_checks
 from nndoctor.run_end import finish
-from nndoctor.subscribers import handler_names, is_sampled_only, sampled_only
+from nndoctor.subscribers import (
+    LOSS_FORWARD,
+    handler_names,
+    is_model_forwards_only,
+    is_sampled_only,
+    model_forwards_only,
+    sampled_only,
+)
 
 
 def _returns_when_unsampled(test: ast.expr) -> bool:
@@ -41,9 +48,24 @@ def _returns_when_unsampled(test: ast.expr) -> bool:
     return unsampled(test)
 
 
+def _returns_for_loss_modules(test: ast.expr) -> bool:
+    """``event.is_loss``, or an ``or`` holding it."""
+    def is_loss(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "is_loss"
+                and isinstance(node.value, ast.Name) and node.value.id == "event")
+
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return any(is_loss(v) for v in test.values)
+    return is_loss(test)
+
+
 def _starts_with_unsampled_return(function) -> bool:
     """The handler's first statement (after reads of the event's attributes into locals) is
     ``if <unsampled …>: return``: skipping it on unsampled steps changes nothing."""
+    return _starts_with_return_when(function, _returns_when_unsampled)
+
+
+def _starts_with_return_when(function, condition) -> bool:
     tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     body = tree.body[0].body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -55,7 +77,7 @@ def _starts_with_unsampled_return(function) -> bool:
         return False
     first = body[0]
     returns = len(first.body) == 1 and isinstance(first.body[0], ast.Return) and first.body[0].value is None
-    return returns and _returns_when_unsampled(first.test)
+    return returns and condition(first.test)
 
 
 def _subscriber_classes() -> list[type]:
@@ -83,6 +105,47 @@ def test_every_handler_that_returns_on_unsampled_steps_is_marked():
                and _starts_with_unsampled_return(getattr(cls, method))
                and not is_sampled_only(getattr(cls, method))]
     assert missing == []
+
+
+def test_model_forwards_only_handlers_return_at_once_for_a_loss_module_and_all_are_marked():
+    marked, missing = [], []
+    for cls in _subscriber_classes():
+        function = getattr(cls, "on_forward", None)
+        if function is None:
+            continue
+        starts = _starts_with_return_when(function, _returns_for_loss_modules)
+        if is_model_forwards_only(function):
+            marked.append(cls.__name__)
+            assert starts, f"{cls.__name__}.on_forward is marked model_forwards_only but does not return on event.is_loss first"
+        elif starts:
+            missing.append(cls.__name__)
+    assert missing == [] and len(marked) >= 10
+
+
+def test_a_loss_module_forward_reaches_only_the_handlers_that_want_it():
+    session = Session(checks=[])
+    calls: Counter[str] = Counter()
+
+    class Both:
+        subscriber_name = "both"
+
+        def on_forward(self, event: Forward) -> None:
+            calls[f"both loss={event.is_loss}"] += 1
+
+    class ModelOnly:
+        subscriber_name = "model only"
+
+        @model_forwards_only
+        def on_forward(self, event: Forward) -> None:
+            if event.is_loss:
+                return
+            calls[f"model loss={event.is_loss}"] += 1
+
+    session.subscribe(Both())
+    session.subscribe(ModelOnly())
+    session.emit(Forward(sampled=False, is_loss=False))
+    session.emit(Forward(sampled=False, is_loss=True), LOSS_FORWARD)
+    assert calls == {"both loss=False": 1, "model loss=False": 1, "both loss=True": 1}
 
 
 class _Recorder:

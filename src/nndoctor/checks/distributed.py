@@ -20,7 +20,7 @@ from typing import Any
 from nndoctor.distributed.parts import rank_data
 from nndoctor.findings import Finding, Location, Severity
 from nndoctor.registry import Check, all_checks, is_enabled, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.subscribers import model_forwards_only, sampled_only
 
 _MAX_RECORDED_BATCHES = 64
 _MAX_RECORDED_STEPS = 32
@@ -561,6 +561,7 @@ class DdpForwardBypass(Check):
     summary = "forward through the inner module instead of the DDP wrapper while training"
     fix = "call the DDP wrapper (model(x)), not model.module(x), for training forwards"
 
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
             return
@@ -808,6 +809,7 @@ class UnreducedEvalMetric(Check):
         if isinstance(sampler, DistributedSampler) and sampler.num_replicas > 1 and _world_size() > 1:
             self._candidate = (event.location, int(sampler.num_replicas), event.step)
 
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if self._candidate is None or event.is_loss:
             return
@@ -900,6 +902,7 @@ class EvalSamplerPadding(Check):
         padding = sampler_padding(getattr(event.loader, "sampler", None))
         self._pass = (padding, event.location, event.step) if padding else None
 
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if self._pass is None or event.is_loss:
             return

@@ -11,6 +11,7 @@ from nndoctor.events import Backward, EpochStart, Forward, LossComputed, ModeCha
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.stats import first_tensor
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 
 @register
@@ -70,6 +71,7 @@ class EvalBuildsGraphs(Check):
         self._without_grad = 0
         self._reported = False
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if self._reported or event.is_loss or event.training:
             return

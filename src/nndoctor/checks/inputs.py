@@ -38,7 +38,7 @@ from nndoctor.instrument.stats import (
     model_input_tensor,
 )
 from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.subscribers import model_forwards_only, sampled_only
 from nndoctor.user_code import user_frame
 
 # ImageNet statistics (torchvision's pretrained weights), in RGB order on the 0–1 scale.
@@ -764,6 +764,7 @@ class ChannelsLastInput(Check):
         if isinstance(event.module, _ConvNd):
             self._first.observe(event)
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss:
             return
@@ -1087,6 +1088,7 @@ class ConstantInput(Check):
     _MIN_VALUES = 64
 
     @sampled_only
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
@@ -1175,6 +1177,7 @@ class TrainEvalOverlap(Check):
         self._last_loader = id(event.loader) if event.loader is not None else None
 
     @sampled_only
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return

@@ -16,7 +16,7 @@ from nndoctor.findings import Location, Severity
 from nndoctor.instrument.numerics_probe import cached_gradient_stats
 from nndoctor.instrument.stats import first_plain_tensor
 from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.subscribers import model_forwards_only, sampled_only
 
 
 # -- N102 ----------------------------------------------------------------------------------------
@@ -449,6 +449,7 @@ class Fp16WithoutGradScaler(Check):
         self._done = False
 
     @sampled_only  # a run that trains in float16 does so on every step
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or self._done or self._seen is not None or event.is_loss or not event.grad_enabled:
             return

@@ -39,6 +39,7 @@ from nndoctor.crash_context import crash_context
 from nndoctor.engine import Session, StopRun
 from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
+from nndoctor.subscribers import LOSS_FORWARD
 
 # True while dynamo traces (torch.compile): our hooks and wrappers are inlined into the traced
 # function then, and Python side effects there (lists, sys._getframe, events) either break the
@@ -181,12 +182,13 @@ class Installation:
         if not is_loss and grad_enabled:
             session.state.roots.add(module)
         sampled = session.sampled
-        if session.wants_now("forward", sampled):
+        route = LOSS_FORWARD if is_loss else "forward"
+        if session.wants_now(route, sampled):
             session.emit(ev.Forward(
                 step=session.step, sampled=sampled, frame=sys._getframe(1), module=module,
                 inputs=args, kwargs=kwargs or None, output=output, training=module.training, grad_enabled=grad_enabled,
                 inference_mode=torch.is_inference_mode_enabled(), is_loss=is_loss,
-            ))
+            ), route)
         if is_loss:
             self._loss_module_called(module, args, output, sys._getframe(1))
 
