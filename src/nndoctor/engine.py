@@ -16,9 +16,17 @@ from typing import Any
 
 from nndoctor.events import Event
 from nndoctor.findings import Finding, InternalError, Report
+from nndoctor.optimizers import unwrap_optimizer
 from nndoctor.registry import Check, enabled_checks
 from nndoctor.stash import Stash
-from nndoctor.subscribers import Subscriber, describe, handler_names
+from nndoctor.subscribers import (
+    LOSS_FORWARD,
+    Subscriber,
+    describe,
+    handler_names,
+    is_model_forwards_only,
+    is_sampled_only,
+)
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
 DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "100"))
@@ -30,6 +38,16 @@ class StopRun(BaseException):
 
     A BaseException so that a user's ``except Exception`` does not swallow it.
     """
+
+
+def _without(table: dict[str, list[tuple[Subscriber, Any]]], subscriber: Subscriber,
+             kinds: Iterable[str] = ()) -> dict[str, list[tuple[Subscriber, Any]]]:
+    """The dispatch table less one subscriber (for ``kinds`` only, if given): new lists, so a
+    dispatch in progress is unaffected."""
+    only = frozenset(kinds)
+    kept = {kind: [(c, h) for c, h in handlers if c is not subscriber or (only and kind not in only)]
+            for kind, handlers in table.items()}
+    return {kind: handlers for kind, handlers in kept.items() if handlers}
 
 
 class RunState:
@@ -118,6 +136,8 @@ class Session:
         classes = list(checks) if checks is not None else enabled_checks(select, ignore)
         self.checks: list[Check] = []
         self._handlers: dict[str, list[tuple[Subscriber, Any]]] = {}
+        # The same, less the handlers marked ``sampled_only``: what an unsampled step's event reaches.
+        self._every_step: dict[str, list[tuple[Subscriber, Any]]] = {}
         for cls in classes:
             self._add_check(cls)
 
@@ -134,11 +154,24 @@ class Session:
         """Dispatch events to any object with ``on_<kind>`` methods (checks, and internal
         helpers with no catalog code: the perf recorder, the preflight probe, the history)."""
         for kind, method in handler_names(type(subscriber)).items():
-            self._handlers.setdefault(kind, []).append((subscriber, getattr(subscriber, method)))
+            handler = getattr(subscriber, method)
+            routes = [kind]
+            if kind == "forward" and not is_model_forwards_only(handler):
+                routes.append(LOSS_FORWARD)
+            for route in routes:
+                # New lists (copy on write): a dispatch in progress iterates the old ones.
+                self._handlers[route] = [*self._handlers.get(route, ()), (subscriber, handler)]
+                if not is_sampled_only(handler):
+                    self._every_step[route] = [*self._every_step.get(route, ()), (subscriber, handler)]
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
         return kind in self._handlers
+
+    def wants_now(self, kind: str, sampled: bool) -> bool:
+        """Would an event of this kind reach a handler on a step that is (not) sampled?
+        The instrumentation asks before building an event on the hot path."""
+        return kind in (self._handlers if sampled else self._every_step)
 
     def needed_probes(self) -> frozenset[str]:
         """The probes (``nndoctor.probes``) that the enabled checks and listeners declare."""
@@ -148,18 +181,21 @@ class Session:
     @property
     def sampled(self) -> bool:
         """Is the current step fully instrumented?"""
-        return self.is_sampled(self.step) or self._phase_sampled
+        step = self.step  # is_sampled inlined: asked several times on every step
+        return step < self.full_window or step % self.sample_every == 0 or self._phase_sampled
 
     def is_sampled(self, step: int) -> bool:
         return step < self.full_window or step % self.sample_every == 0
 
-    def emit(self, event: Event) -> None:
-        """Give the event to every check that subscribed to its kind; never raise."""
-        handlers = self._handlers.get(event.kind)
+    def emit(self, event: Event, route: str | None = None) -> None:
+        """Give the event to every check that subscribed to its kind (or to ``route``, a
+        subset of them: ``LOSS_FORWARD``); never raise."""
+        handlers = (self._handlers if event.sampled else self._every_step).get(route or event.kind)
         if not handlers or os.getpid() != self.pid:
             return
         try:
-            for subscriber, handler in list(handlers):
+            # No copy: ``_disable`` replaces the lists instead of changing them.
+            for subscriber, handler in handlers:
                 try:
                     handler(event)
                 except StopRun:
@@ -170,10 +206,17 @@ class Session:
         finally:
             event.release()
 
+    def unsubscribe(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Stop dispatching these kinds to ``subscriber``: a check whose handler has nothing
+        left to do (decided, reported once) stops costing a call on every step. Safe during
+        dispatch: the tables are replaced, not changed."""
+        routes = (*kinds, LOSS_FORWARD) if "forward" in kinds else kinds
+        self._handlers = _without(self._handlers, subscriber, routes)
+        self._every_step = _without(self._every_step, subscriber, routes)
+
     def _disable(self, subscriber: Subscriber) -> None:
-        for kind, handlers in self._handlers.items():
-            self._handlers[kind] = [(c, h) for c, h in handlers if c is not subscriber]
-        self._handlers = {k: v for k, v in self._handlers.items() if v}
+        self._handlers = _without(self._handlers, subscriber)
+        self._every_step = _without(self._every_step, subscriber)
 
     # -- findings and errors -------------------------------------------------------------
     def add_finding(self, finding: Finding) -> Finding:
@@ -199,8 +242,6 @@ class Session:
     # Each optimizer's own count is in ``state.step_counts``; ``state.total_steps`` counts
     # every update, manual ones included.
     def count_step(self, optimizer: Any) -> None:
-        from nndoctor.optimizers import unwrap_optimizer
-
         optimizer = unwrap_optimizer(optimizer)
         counts = self.state.step_counts
         counts[optimizer] = own = counts.get(optimizer, 0) + 1
@@ -224,8 +265,6 @@ class Session:
 
     def step_sampled(self, optimizer: Any) -> bool:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""
-        from nndoctor.optimizers import unwrap_optimizer
-
         own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
         return self.is_sampled(self.step) or own < self.full_window
 

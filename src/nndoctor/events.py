@@ -46,16 +46,28 @@ class Event:
     def release(self) -> None:
         """Drop every reference to the user's objects once dispatch is over."""
         self.frame = None
-        self.cache.clear()
-        for name in self.__dataclass_fields__:
-            if name in _KEEP:
-                continue
-            value = getattr(self, name)
-            if not isinstance(value, (bool, int, float, str, type(None), Location)):
+        if self.cache:
+            self.cache.clear()
+        cls = type(self)
+        names = _RELEASED.get(cls)
+        if names is None:  # once per event class: every event of the hot path pays this
+            names = _RELEASED[cls] = _released_fields(cls)
+        for name in names:
+            if not isinstance(getattr(self, name), _PLAIN):
                 object.__setattr__(self, name, None)
 
 
 _KEEP = {"step", "sampled", "_location", "_resolved", "cache", "frame"}
+_PLAIN = (bool, int, float, str, type(None), Location)
+_RELEASED: dict[type, tuple[str, ...]] = {}
+# Fields declared as these hold no user object: release() need not look at them.
+_PLAIN_ANNOTATIONS = {"bool", "int", "float", "str", "bool | None", "int | None", "float | None", "str | None"}
+
+
+def _released_fields(cls: type) -> tuple[str, ...]:
+    fields = getattr(cls, "__dataclass_fields__", {})
+    return tuple(name for name, f in fields.items()
+                 if name not in _KEEP and str(f.type) not in _PLAIN_ANNOTATIONS)
 
 
 def caller_frame(depth: int = 2) -> FrameType | None:

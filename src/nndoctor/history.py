@@ -29,6 +29,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from nndoctor.subscribers import model_forwards_only, sampled_only
+
 SERIES_LIMIT = 1000
 MAX_LAYERS = 24
 _UPDATE_TENSORS = 16
@@ -183,6 +185,7 @@ class HistoryRecorder:
             self._names = (key, names)
         return self._names[1]
 
+    @sampled_only
     def on_step_start(self, event: Any) -> None:
         if not event.sampled or event.optimizer is None:
             return
@@ -240,6 +243,8 @@ class HistoryRecorder:
                 self.history.update_ratios.add(layer, event.step, ratio)
 
     # -- inputs and activations -----------------------------------------------------------
+    @sampled_only
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if not event.sampled or event.is_loss or not event.training or not event.grad_enabled:
             return

@@ -7,7 +7,8 @@ no catalog code, so they are not checks — they only say what to call them when
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from nndoctor.events import EVENT_KINDS
 
@@ -19,6 +20,45 @@ class Subscriber(Protocol):
     # attribute or a property).
     @property
     def subscriber_name(self) -> str: ...
+
+
+_SAMPLED_ONLY = "__nndoctor_sampled_only__"
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+
+def sampled_only(handler: _Handler) -> _Handler:
+    """Mark an ``on_<kind>`` handler that does nothing for an event of an unsampled step.
+
+    The engine then never calls it outside sampled steps (``Session.emit``), and the
+    instrumentation skips building an event that no handler wants then: that is what makes an
+    unsampled step cost microseconds. Mark only handlers whose first statement returns when
+    ``not event.sampled``, so the mark changes no diagnosis.
+    """
+    setattr(handler, _SAMPLED_ONLY, True)
+    return handler
+
+
+def is_sampled_only(handler: Any) -> bool:
+    return bool(getattr(getattr(handler, "__func__", handler), _SAMPLED_ONLY, False))
+
+
+_MODEL_FORWARDS_ONLY = "__nndoctor_model_forwards_only__"
+# The route of a loss module's own forward (``criterion(output, y)`` called from user code): a
+# Forward event with ``is_loss`` set, sent only to the ``on_forward`` handlers not marked
+# ``model_forwards_only``.
+LOSS_FORWARD = "forward/loss"
+
+
+def model_forwards_only(handler: _Handler) -> _Handler:
+    """Mark an ``on_forward`` handler whose first statement returns when ``event.is_loss``:
+    the engine then does not call it for a loss module's forward (two forwards a step, one of
+    them the loss's, reach every ``on_forward`` handler otherwise)."""
+    setattr(handler, _MODEL_FORWARDS_ONLY, True)
+    return handler
+
+
+def is_model_forwards_only(handler: Any) -> bool:
+    return bool(getattr(getattr(handler, "__func__", handler), _MODEL_FORWARDS_ONLY, False))
 
 
 def handler_names(cls: type) -> dict[str, str]:

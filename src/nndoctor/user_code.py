@@ -147,11 +147,21 @@ def is_internal_frame(frame: FrameType) -> bool:
 
 def display_path(filename: str) -> str:
     """Paths under the working directory are shown relative to it, as users type them."""
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
+    key = (filename, os.getcwd())
+    shown = _DISPLAYED.get(key)
+    if shown is None:  # relpath costs ~10 µs; events of every step ask for the same few files
+        try:
+            rel = os.path.relpath(filename)
+        except ValueError:
+            rel = filename
+        shown = filename if rel.startswith("..") else rel
+        if len(_DISPLAYED) >= 4096:
+            _DISPLAYED.clear()
+        _DISPLAYED[key] = shown
+    return shown
+
+
+_DISPLAYED: dict[tuple[str, str], str] = {}
 
 
 def user_frame(frame: FrameType | None) -> FrameType | None:

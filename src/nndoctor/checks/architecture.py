@@ -15,6 +15,7 @@ from nndoctor.findings import Severity
 from nndoctor.instrument.numerics_probe import construction_site
 from nndoctor.instrument.stats import first_tensor
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 
 @register
@@ -153,6 +154,7 @@ class DeadFilters(Check):
         super().__init__(session)
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    @sampled_only
     def on_step_end(self, event: StepEnd) -> None:
         if not event.sampled or event.step < self.FROM_STEP:
             return

@@ -15,6 +15,7 @@ from nndoctor.findings import Location, Severity
 from nndoctor.instrument.numerics_probe import construction_site
 from nndoctor.instrument.stats import first_plain_tensor
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 
 def momentum_verdict(momentum: float | None) -> Severity | None:
@@ -85,6 +86,7 @@ class BatchNormMomentumConvention(Check):
         super().__init__(session)
         self._seen: weakref.WeakSet = weakref.WeakSet()
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled:
             return  # walking the model's modules every step would cost on small models

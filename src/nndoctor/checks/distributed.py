@@ -21,6 +21,7 @@ from typing import Any
 from nndoctor.distributed.parts import rank_data
 from nndoctor.findings import Finding, Location, Severity
 from nndoctor.registry import Check, all_checks, is_enabled, register
+from nndoctor.subscribers import model_forwards_only, sampled_only
 
 _MAX_RECORDED_BATCHES = 64
 _MAX_RECORDED_STEPS = 32
@@ -147,6 +148,7 @@ class MissingDistributedSampler(CrossRankCheck):
         super().__init__(session)
         self._last_key: str | None = None
 
+    @sampled_only
     def on_batch(self, event: Any) -> None:
         if not event.sampled:
             return
@@ -325,6 +327,7 @@ class UnsyncedBatchNorm(Check):
         super().__init__(session)
         self._done: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    @sampled_only
     def on_forward(self, event: Any) -> None:
         module = event.module
         if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
@@ -450,6 +453,7 @@ class RankDivergence(CrossRankCheck):
                 return module, "parameters broadcast from one rank"
         return None
 
+    @sampled_only
     def on_step_end(self, event: Any) -> None:
         if not event.sampled:
             return
@@ -609,6 +613,7 @@ class DdpForwardBypass(Check):
     summary = "forward through the inner module instead of the DDP wrapper while training"
     fix = "call the DDP wrapper (model(x)), not model.module(x), for training forwards"
 
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
             return
@@ -678,6 +683,7 @@ class ParamsChangedAfterWrap(Check):
     summary = "parameters added, replaced or moved after DDP was built"
     fix = "finish building the model (layers, .to(device), dtype) before wrapping it in DDP"
 
+    @sampled_only
     def on_forward(self, event: Any) -> None:
         module = event.module
         if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
@@ -751,6 +757,7 @@ class AccumulationWithoutNoSync(Check):
         self._location: Location | None = None
         self._grad_bytes = 0
 
+    @sampled_only
     def on_forward(self, event: Any) -> None:
         module = event.module
         if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
@@ -854,6 +861,7 @@ class UnreducedEvalMetric(Check):
         if isinstance(sampler, DistributedSampler) and sampler.num_replicas > 1 and _world_size() > 1:
             self._candidate = (event.location, int(sampler.num_replicas), event.step)
 
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if self._candidate is None or event.is_loss:
             return
@@ -946,6 +954,7 @@ class EvalSamplerPadding(Check):
         padding = sampler_padding(getattr(event.loader, "sampler", None))
         self._pass = (padding, event.location, event.step) if padding else None
 
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if self._pass is None or event.is_loss:
             return

@@ -72,6 +72,7 @@ class UnseededRandomness(Check):
         if self._done:
             return
         self._done = True
+        self.session.unsubscribe(self, "step_start")  # the first step is all it needs
         seeds = probe_state(self.session).seeds
         if seeds.torch_seeded:
             return
@@ -226,6 +227,7 @@ class ModuleShadowing(Check):
         if self._done:
             return
         self._done = True
+        self.session.unsubscribe(self, "forward")  # scanned once, at the first forward
         command = self.session.report.command
         if not command or command[0] == "-m" or not os.path.isfile(command[0]):
             return
@@ -391,6 +393,7 @@ class CheckpointIoOverhead(Check):
     def on_forward(self, event: Forward) -> None:
         if self._first_forward is None:
             self._first_forward = time.perf_counter()
+            self.session.unsubscribe(self, "forward")  # the first one is all it needs
 
     def on_checkpoint_save(self, event: CheckpointSave) -> None:
         self._seconds.append(event.seconds)

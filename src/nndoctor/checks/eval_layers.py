@@ -12,6 +12,7 @@ from nndoctor.events import Forward
 from nndoctor.findings import Severity
 from nndoctor.instrument.dropout_probe import dropout_records
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 # The stored power-iteration estimate is stale when it is below this share of the true
 # largest singular value: the normalised weight is then ≥ 1.25× too large.
@@ -113,6 +114,7 @@ class SpectralNormNeverUpdated(Check):
             self._layers[root] = refs
         return [m for m in (r() for r in refs) if m is not None]
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss:
             return

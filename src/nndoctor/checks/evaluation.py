@@ -11,6 +11,7 @@ from nndoctor.events import Backward, EpochStart, Forward, LossComputed, ModeCha
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.stats import first_tensor
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 
 @register
@@ -70,6 +71,7 @@ class EvalBuildsGraphs(Check):
         self._without_grad = 0
         self._reported = False
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if self._reported or event.is_loss or event.training:
             return
@@ -152,9 +154,14 @@ class _DeviceSum:
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
+        self.host_total = 0.0  # CPU losses: read at once (~1 µs, nothing to wait for)
         self.count = 0
 
     def add(self, loss: torch.Tensor) -> None:
+        if loss.device.type == "cpu":
+            self.host_total += loss.detach().item()
+            self.count += 1
+            return
         value = loss.detach().float()
         if self.total is None or self.total.device != value.device:
             self.total = torch.zeros((), dtype=torch.float64, device=value.device)
@@ -162,10 +169,10 @@ class _DeviceSum:
         self.count += 1
 
     def mean_and_reset(self) -> float | None:
-        if self.total is None or not self.count:
+        if not self.count:
             return None
-        mean = float(self.total) / self.count
-        self.total, self.count = None, 0
+        mean = (self.host_total + (float(self.total) if self.total is not None else 0.0)) / self.count
+        self.total, self.host_total, self.count = None, 0.0, 0
         return mean
 
 

@@ -24,6 +24,7 @@ from nndoctor.instrument.numerics_probe import (
     construction_site,
 )
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 
 # -- O104 ----------------------------------------------------------------------------------------
@@ -96,6 +97,7 @@ class ExplodingGradients(Check):
         self._norms: dict[int, list[float]] = {}
         self._reported: set[int] = set()
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled or event.has_closure:
             return
@@ -204,6 +206,7 @@ class VanishingGradients(Check):
         self._streak: dict[int, list[float]] = {}
         self._reported: set[int] = set()
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled or event.has_closure:
             return
@@ -321,6 +324,7 @@ class UpdateScale(Check):
         self._ratios: dict[int, deque[float]] = {}
         self._where: dict[int, tuple[Location | None, str]] = {}
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled or event.has_closure:
             return

@@ -38,6 +38,7 @@ from nndoctor.instrument.stats import (
     model_input_tensor,
 )
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only, sampled_only
 from nndoctor.user_code import user_frame
 
 # ImageNet statistics (torchvision's pretrained weights), in RGB order on the 0–1 scale.
@@ -520,7 +521,10 @@ class NormalizationScaleMismatch(Check):
     fix = ("use mean/std on the same scale as the pixels: x/255 with 0–1 statistics, or 0–255 pixels with 0–255 "
            "statistics; rescale once (an image processor after ToTensor() needs do_rescale=False)")
 
+    @sampled_only
     def on_forward(self, event: Forward) -> None:
+        if not event.sampled:
+            return  # _model_input reads sampled steps only
         stats = _model_input(self, event)
         if stats is None or not stats.is_floating or not stats.finite or image_layout(stats.shape) is None:
             return
@@ -671,9 +675,10 @@ class ChannelOrderSwapped(Check):
         frame = user_frame(event.frame)
         return self._loaded_weights + source_evidence(frame.f_code.co_filename if frame else None)
 
+    @sampled_only
     def on_forward(self, event: Forward) -> None:
-        if self._reported:
-            return
+        if not event.sampled or self._reported:
+            return  # _model_input reads sampled steps only
         stats = _model_input(self, event)
         if stats is None or not stats.is_floating or not stats.finite:
             return
@@ -759,12 +764,15 @@ class ChannelsLastInput(Check):
         if isinstance(event.module, _ConvNd):
             self._first.observe(event)
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss:
             return
         first = self._first.take(event.module)
+        if first is None:  # recorded on sampled steps only: nothing else to do on the others
+            return
         tensor = model_input_tensor(event.inputs, event.kwargs)
-        if first is None or tensor is None:
+        if tensor is None:
             return
         shape = tuple(tensor.shape)
         if not channels_last_into_conv(shape, first.stats.shape, first.in_channels):
@@ -933,7 +941,10 @@ class NonfiniteInput(Check):
     summary = "NaN/Inf in input or target batches"
     fix = "find where the data becomes non-finite (division by a zero std, log of 0, corrupt files) and fix or filter it"
 
+    @sampled_only
     def on_forward(self, event: Forward) -> None:
+        if not event.sampled:
+            return  # _model_input reads sampled steps only
         stats = _model_input(self, event)
         if stats is None or stats.finite:
             return
@@ -945,6 +956,7 @@ class NonfiniteInput(Check):
             step=event.step,
         )
 
+    @sampled_only
     def on_loss(self, event: LossComputed) -> None:
         if not event.sampled or not isinstance(event.target, torch.Tensor) or not event.target.is_floating_point():
             return
@@ -1075,6 +1087,8 @@ class ConstantInput(Check):
 
     _MIN_VALUES = 64
 
+    @sampled_only
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return
@@ -1162,6 +1176,8 @@ class TrainEvalOverlap(Check):
     def on_batch(self, event: BatchFetched) -> None:
         self._last_loader = id(event.loader) if event.loader is not None else None
 
+    @sampled_only
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if not event.sampled or event.is_loss:
             return

@@ -16,6 +16,7 @@ from nndoctor.events import LossComputed, RunEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.loss_trend import NOT_DECREASING_RATIO, NOT_DECREASING_Z, mann_kendall_z, thirds_ratio
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 _CLASS_INDEX_LOSSES = ("cross_entropy", "nll_loss")
 _BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
@@ -170,6 +171,7 @@ class LabelImbalance(Check):
         self._batches: dict[Location | None, int] = {}
         self._done: set[Location | None] = set()
 
+    @sampled_only
     def on_loss(self, event: LossComputed) -> None:
         if not event.sampled or not isinstance(event.output, torch.Tensor) or not event.output.requires_grad:
             return
@@ -348,6 +350,7 @@ class PredictionCollapse(Check):
         self._tokens: dict[Location | None, bool] = {}
         self._reported = False
 
+    @sampled_only
     def on_loss(self, event: LossComputed) -> None:
         if self._reported or not event.sampled or event.step < self.WARMUP_STEPS:
             return

@@ -32,6 +32,7 @@ from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
     trend_sentence,
 )
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 # -- pure functions ---------------------------------------------------------------------
 
@@ -162,8 +163,9 @@ class SoftmaxBeforeCrossEntropy(Check):
     """
     ## What it does
     Flags `cross_entropy` / `nn.CrossEntropyLoss` inputs that are probabilities: produced
-    directly by `softmax` (seen in the autograd graph, on every call), or — on sampled
-    steps — all in [0, 1] with every row summing to 1 along the class axis (tolerance 1e-3).
+    directly by `softmax` (seen in the autograd graph), or all in [0, 1] with every row
+    summing to 1 along the class axis (tolerance 1e-3). Both are read on sampled steps (every
+    step of the first 16, then one in 100): the code that builds the loss is the same every step.
 
     ## Why is this bad?
     `CrossEntropyLoss` applies `log_softmax` itself. Given probabilities it computes a
@@ -199,22 +201,21 @@ class SoftmaxBeforeCrossEntropy(Check):
     summary = "CrossEntropyLoss receives probabilities (double softmax)"
     fix = "remove the softmax before CrossEntropyLoss and pass raw logits (apply softmax only for predictions)"
 
+    @sampled_only
     def on_loss(self, event: LossComputed) -> None:
-        if event.function != "cross_entropy" or not isinstance(event.input, torch.Tensor):
+        if not event.sampled or event.function != "cross_entropy" or not isinstance(event.input, torch.Tensor):
             return
         producer = grad_fn_name(event.input)
         evidence: dict[str, Any] = {"input_produced_by": producer or None}
         if producer == "SoftmaxBackward0":
             reason = "its input comes straight from softmax"
-        elif event.sampled:
+        else:
             summary = class_axis_summary(event, "input", event.input)
             if summary is None or not looks_like_probabilities(summary):
                 return
             reason = (f"every input value lies in [{summary.min:.3g}, {summary.max:.3g}] and each row sums to 1 "
                       f"(max deviation {summary.sum_deviation:.1e}) over {summary.classes} classes")
             evidence.update(min=summary.min, max=summary.max, row_sum_deviation=summary.sum_deviation)
-        else:
-            return
         self.report(
             f"cross_entropy receives probabilities: {reason}. CrossEntropyLoss applies log_softmax "
             "itself, so this is a double softmax and gradients are squashed.",
@@ -312,6 +313,7 @@ class NllWithoutLogSoftmax(Check):
     summary = "NLLLoss receives values that are not log-probabilities"
     fix = "apply log_softmax(dim=1) before NLLLoss, or use cross_entropy on raw logits"
 
+    @sampled_only
     def on_loss(self, event: LossComputed) -> None:
         if event.function != "nll_loss" or not event.sampled or not isinstance(event.input, torch.Tensor):
             return
@@ -403,6 +405,7 @@ class BroadcastInLoss(Check):
             step=event.step,
         )
 
+    @sampled_only
     def on_backward(self, event: Backward) -> None:
         if not event.sampled or not isinstance(event.tensor, torch.Tensor) or event.tensor.numel() != 1:
             return
@@ -505,6 +508,7 @@ class InitialLossSuspicious(Check):
         if self._done:
             return
         self._done = True
+        self.session.unsubscribe(self, "loss", "step_end")  # step 0 is over
         found = initial_loss_finding(self._losses, self._classes)
         if found is None:
             return
@@ -594,6 +598,12 @@ class LossNotDecreasing(Check):
             return
         if self._location is None:
             self._location, self._first_step = event.location, event.step
+        if loss.device.type == "cpu" and not self._filled:
+            # A CPU loss is read at once (~1 µs, no device to wait for): cheaper than the copy
+            # into the buffer that a GPU loss needs to avoid a synchronisation every step.
+            self._values.append(loss.detach().item())
+            self._halve_if_long()
+            return
         buffer = self._buffer
         if buffer is None or buffer.device != loss.device:
             self._flush()
@@ -611,6 +621,9 @@ class LossNotDecreasing(Check):
             return
         self._values.extend(self._buffer[: self._filled].tolist())  # the only sync, on sampled steps
         self._filled = 0
+        self._halve_if_long()
+
+    def _halve_if_long(self) -> None:
         if len(self._values) > self._MAX_VALUES:  # halve the resolution, keep the whole window
             v = self._values
             self._values = [(v[i] + v[i + 1]) / 2 for i in range(0, len(v) - 1, 2)]

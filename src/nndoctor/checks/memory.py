@@ -12,6 +12,7 @@ import torch
 from nndoctor.events import LossComputed, StepEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 
 class _GraphToken:
@@ -80,11 +81,11 @@ def accumulation_line(frame, name: str) -> int | None:
 class RetainedLossGraph(Check):
     """
     ## What it does
-    Follows every loss that carries an autograd graph: the tensor through a weak reference,
-    and its graph through a token stored in the graph's output node (``grad_fn.metadata``),
-    which dies with the node. At each optimizer step it counts the losses from more than
-    ``2`` steps ago whose tensor or graph is still alive: something in the user's code holds
-    on to them. Two shapes of the bug are told apart:
+    Follows the losses of sampled steps (every step of the first 16, then one in 100) that
+    carry an autograd graph: the tensor through a weak reference, and its graph through a
+    token stored in the graph's output node (``grad_fn.metadata``), which dies with the node.
+    At each sampled optimizer step it counts the losses from more than ``2`` steps ago whose
+    tensor or graph is still alive: something in the user's code holds on to them. Two shapes of the bug are told apart:
 
     - the **tensors** are alive: they are kept (``losses.append(loss)``);
     - the tensors are gone but their **graphs** are alive: another tensor chains them — a
@@ -140,9 +141,10 @@ class RetainedLossGraph(Check):
         self._losses: list[tuple[int, weakref.ref, Callable[[], object], int, Location | None]] = []
         self._reported = False
 
+    @sampled_only
     def on_loss(self, event: LossComputed) -> None:
         out = event.output
-        if self._reported or not isinstance(out, torch.Tensor) or out.grad_fn is None:
+        if not event.sampled or self._reported or not isinstance(out, torch.Tensor) or out.grad_fn is None:
             return
         if len(self._losses) < self.MAX_TRACKED:
             token = _GraphToken()
@@ -155,8 +157,9 @@ class RetainedLossGraph(Check):
                 token_ref = _dead_ref
             self._losses.append((event.step, weakref.ref(out), token_ref, id(node), event.location))
 
+    @sampled_only
     def on_step_end(self, event: StepEnd) -> None:
-        if self._reported or not self._losses:
+        if not event.sampled or self._reported or not self._losses:
             return
         cutoff = event.step - self.AGE
         old = [entry for entry in self._losses if entry[0] < cutoff]

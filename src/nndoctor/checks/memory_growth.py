@@ -22,6 +22,7 @@ import torch
 from nndoctor.events import StepEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 _MB = 2**20
 
@@ -268,6 +269,7 @@ class MemoryGrowth(Check):
         self._device: torch.device | None = None
         self._reported = False
 
+    @sampled_only
     def on_step_end(self, event: StepEnd) -> None:
         if self._reported or not event.sampled or event.step < self.FROM_STEP:
             return

@@ -9,6 +9,7 @@ from nndoctor.events import Forward
 from nndoctor.findings import Severity
 from nndoctor.instrument.location import called_from_framework
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 
 @register
@@ -65,6 +66,7 @@ class EvalInTrainMode(Check):
         super().__init__(session)
         self._modes = ModeCache()
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or (event.grad_enabled and not event.inference_mode):
             return
@@ -141,13 +143,15 @@ class TrainInEvalMode(Check):
         self._modes = ModeCache()
         self._trained_in_train_mode: weakref.WeakSet = weakref.WeakSet()
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or not event.grad_enabled or event.inference_mode:
             return
         module = event.module
         state = self.session.state
         if module.training:
-            if state.is_trained(module):
+            # Known once is enough: is_trained walks the optimizers' parameters.
+            if module not in self._trained_in_train_mode and state.is_trained(module):
                 self._trained_in_train_mode.add(module)
             return
         if module not in self._trained_in_train_mode:

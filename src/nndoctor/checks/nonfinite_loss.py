@@ -35,9 +35,9 @@ def scalar_is_finite(tensor: Any) -> bool | None:
         return True
     if tensor.device.type != "cpu":
         return None
+    if tensor.numel() == 1:
+        return math.isfinite(tensor.item())  # ~1 µs (item() records nothing for autograd)
     with torch.no_grad():
-        if tensor.numel() == 1:
-            return math.isfinite(tensor.detach().item())  # ~2 µs; a tensor op costs far more
         return bool(torch.isfinite(tensor.detach()).all())
 
 

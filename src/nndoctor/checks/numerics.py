@@ -16,6 +16,7 @@ from nndoctor.findings import Location, Severity
 from nndoctor.instrument.numerics_probe import cached_gradient_stats
 from nndoctor.instrument.stats import first_plain_tensor
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only, sampled_only
 
 
 # -- N102 ----------------------------------------------------------------------------------------
@@ -60,6 +61,7 @@ class NonfiniteGradients(Check):
     summary = "NaN/Inf gradients reach optimizer.step() (outside GradScaler skip steps)"
     fix = "find the op whose backward produces NaN (norm/sqrt at 0, custom Function), add eps or clamp; use GradScaler with float16"
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled or event.has_closure:
             return
@@ -403,8 +405,8 @@ def float16_autocast_active() -> str | None:
 class Fp16WithoutGradScaler(Check):
     """
     ## What it does
-    Notes training forwards (gradients enabled, a model an optimizer updates) that run
-    under ``torch.autocast(..., dtype=torch.float16)`` or with float16 parameters, and
+    Notes training forwards of sampled steps (gradients enabled, a model an optimizer
+    updates) that run under ``torch.autocast(..., dtype=torch.float16)`` or with float16 parameters, and
     reports at the next ``optimizer.step()`` when no enabled ``GradScaler`` has scaled a
     loss in the run. bfloat16 autocast is not reported: its exponent range is float32's.
 
@@ -446,8 +448,10 @@ class Fp16WithoutGradScaler(Check):
         self._seen: tuple[str, Location | None, int] | None = None
         self._done = False
 
+    @sampled_only  # a run that trains in float16 does so on every step
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
-        if self._done or self._seen is not None or event.is_loss or not event.grad_enabled:
+        if not event.sampled or self._done or self._seen is not None or event.is_loss or not event.grad_enabled:
             return
         device = float16_autocast_active()
         how = f"torch.autocast({device!r}, dtype=torch.float16)" if device else None

@@ -18,6 +18,7 @@ from nndoctor.checks._source import attribute_definition
 from nndoctor.events import ManualStep, RunEnd, StepEnd, StepStart
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import sampled_only
 
 
 @register
@@ -64,6 +65,7 @@ class ParamsMissingFromOptimizer(Check):
         super().__init__(session)
         self._reported: set[str] = set()
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled:
             return
@@ -126,6 +128,7 @@ class StaleOptimizerParams(Check):
     summary = "the optimizer updates tensors that are no longer part of the model (parameter replaced by assignment)"
     fix = "rebuild the optimizer after replacing layers, or copy new values into the existing parameters in place"
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled or event.has_closure or event.step < 1:
             return
@@ -199,6 +202,7 @@ class UnusedParameters(Check):
         self._sampled_steps = 0
         self._location: Location | None = None
 
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
         if not event.sampled:
             return

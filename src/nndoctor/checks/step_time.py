@@ -10,6 +10,7 @@ from nndoctor.events import BatchFetched, CheckpointSave, Forward, RunEnd, StepE
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.training_probe import gc_clock
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 
 @dataclass
@@ -144,6 +145,7 @@ class StepTimeOutliers(Check):
         if self._current.checkpoint_at is None:
             self._current.checkpoint_at = event.location
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or (event.grad_enabled and event.training):
             return

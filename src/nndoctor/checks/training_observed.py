@@ -5,6 +5,7 @@ from __future__ import annotations
 from nndoctor.events import Backward, Forward, RunEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 
 @register
@@ -59,6 +60,7 @@ class NoTrainingObserved(Check):
         self._backwards = 0
         self._where: Location | None = None
 
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or not event.grad_enabled or self.session.state.total_steps:
             return

@@ -39,6 +39,7 @@ from nndoctor.crash_context import crash_context
 from nndoctor.engine import Session, StopRun
 from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
+from nndoctor.subscribers import LOSS_FORWARD
 
 # True while dynamo traces (torch.compile): our hooks and wrappers are inlined into the traced
 # function then, and Python side effects there (lists, sys._getframe, events) either break the
@@ -133,16 +134,19 @@ class Installation:
         if not session.active or _compiling():
             return None
         stack = self._stack
-        # Pop this module (search from the top: a user may have caught an exception that
-        # left deeper entries behind).
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i] is module:
-                error = sys.exc_info()[1]
-                if output is None and error is not None:
-                    self._record_crash_context(stack[: i + 1], args, error)
-                del error
-                del stack[i:]
-                break
+        if output is not None and stack and stack[-1] is module:
+            stack.pop()  # the usual return: nothing to search, no crash to record
+        else:
+            # Pop this module (search from the top: a user may have caught an exception that
+            # left deeper entries behind).
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is module:
+                    error = sys.exc_info()[1]
+                    if output is None and error is not None:
+                        self._record_crash_context(stack[: i + 1], args, error)
+                    del error
+                    del stack[i:]
+                    break
         is_loss = isinstance(module, _Loss)
         if is_loss and self._in_loss:
             self._in_loss -= 1
@@ -153,11 +157,13 @@ class Installation:
                 if not _without_values(output):
                     self._root_forward(module, args, kwargs, output, is_loss)
             else:
+                # A submodule inside the model's forward: on an unsampled step, unless it is a
+                # loss module, nothing to do (the hot path of every layer of every step).
                 if is_loss and not self._in_loss and not _without_values(output):
                     # A loss module the model calls inside its own forward (Hugging Face models
                     # compute CrossEntropyLoss()(logits, labels) in forward when given labels).
                     self._loss_module_called(module, args, output, sys._getframe(0))
-                if session.wants("module_output") and session.sampled and not _without_values(output):
+                if session.sampled and session.wants("module_output") and not _without_values(output):
                     root = stack[0]
                     session.emit(ev.ModuleOutput(
                         step=session.step, sampled=True, module=module,
@@ -175,23 +181,26 @@ class Installation:
         grad_enabled = torch.is_grad_enabled()
         if not is_loss and grad_enabled:
             session.state.roots.add(module)
-        if session.wants("forward"):
+        sampled = session.sampled
+        route = LOSS_FORWARD if is_loss else "forward"
+        if session.wants_now(route, sampled):
             session.emit(ev.Forward(
-                step=session.step, sampled=session.sampled, frame=sys._getframe(1), module=module,
+                step=session.step, sampled=sampled, frame=sys._getframe(1), module=module,
                 inputs=args, kwargs=kwargs or None, output=output, training=module.training, grad_enabled=grad_enabled,
                 inference_mode=torch.is_inference_mode_enabled(), is_loss=is_loss,
-            ))
+            ), route)
         if is_loss:
             self._loss_module_called(module, args, output, sys._getframe(1))
 
     def _loss_module_called(self, module: Any, args: tuple, output: Any, frame: Any) -> None:
         session = self.session
-        if not session.wants("loss"):
+        sampled = session.sampled
+        if not session.wants_now("loss", sampled):
             return
         name = _LOSS_MODULE_FUNCTION.get(type(module).__name__, type(module).__name__)
         options = {k: getattr(module, k) for k in _LOSS_OPTION_NAMES if hasattr(module, k)}
         session.emit(ev.LossComputed(
-            step=session.step, sampled=session.sampled, frame=frame, function=name,
+            step=session.step, sampled=sampled, frame=frame, function=name,
             module=module, input=args[0] if args else None,
             target=args[1] if len(args) > 1 else None, output=output, options=options,
         ))
@@ -251,9 +260,10 @@ class Installation:
         if not session.active:
             return None
         session.state.optimizers.add(optimizer)
-        if session.wants("step_start") and not _optimizer_without_values(optimizer):
+        sampled = session.step_sampled(optimizer)
+        if session.wants_now("step_start", sampled) and not _optimizer_without_values(optimizer):
             session.emit(ev.StepStart(
-                step=session.step, sampled=session.step_sampled(optimizer), frame=sys._getframe(1),
+                step=session.step, sampled=sampled, frame=sys._getframe(1),
                 optimizer=optimizer, has_closure=_has_closure(args, kwargs),
                 backwards_since_step=session.state.backwards_since_step,
                 zero_grads_since_backward=session.state.zero_grads_since_backward,
@@ -268,7 +278,7 @@ class Installation:
         sampled = session.step_sampled(optimizer)
         session.count_step(optimizer)
         state.backwards_since_step = 0
-        if session.wants("step_end") and not _optimizer_without_values(optimizer):
+        if session.wants_now("step_end", sampled) and not _optimizer_without_values(optimizer):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
                                     optimizer=optimizer, has_closure=_has_closure(args, kwargs)))
         if session.should_stop():
@@ -335,8 +345,9 @@ class Installation:
                 result = original(owner, set_to_none, *args, **kwargs)
                 if session.active:
                     session.state.zero_grads_since_backward += 1
-                    if session.wants("zero_grad"):
-                        session.emit(ev.ZeroGrad(step=session.step, sampled=session.sampled,
+                    sampled = session.sampled
+                    if session.wants_now("zero_grad", sampled):
+                        session.emit(ev.ZeroGrad(step=session.step, sampled=sampled,
                                                  frame=sys._getframe(1), owner=owner,
                                                  set_to_none=bool(set_to_none)))
                 return result
@@ -358,8 +369,9 @@ class Installation:
             index = state.backwards_since_step
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
-            if session.wants("backward") and not _without_values(tensor):
-                session.emit(ev.Backward(step=session.step, sampled=session.sampled, frame=frame,
+            sampled = session.sampled
+            if session.wants_now("backward", sampled) and not _without_values(tensor):
+                session.emit(ev.Backward(step=session.step, sampled=sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
                                          batches_since_last_backward=batches,
                                          retain_graph=bool(retain_graph)))
@@ -367,8 +379,9 @@ class Installation:
         def after(tensor, frame) -> None:
             session = inst.session
             session.state.zero_grads_since_backward = 0
-            if session.wants("backward_done") and not _without_values(tensor):
-                session.emit(ev.BackwardDone(step=session.step, sampled=session.sampled,
+            sampled = session.sampled
+            if session.wants_now("backward_done", sampled) and not _without_values(tensor):
+                session.emit(ev.BackwardDone(step=session.step, sampled=sampled,
                                              frame=frame, tensor=tensor))
 
         @functools.wraps(original_tensor_backward)
@@ -477,8 +490,9 @@ class Installation:
             return
         index = info["index"]
         info["index"] = index + 1
-        if session.wants("batch"):
-            session.emit(ev.BatchFetched(step=session.step, sampled=session.sampled,
+        sampled = session.sampled
+        if session.wants_now("batch", sampled):
+            session.emit(ev.BatchFetched(step=session.step, sampled=sampled,
                                          frame=sys._getframe(1), loader=info["loader"](),
                                          batch=batch, index=index, epoch=info["epoch"],
                                          length=info["length"], wait_s=waited))
@@ -576,9 +590,11 @@ class Installation:
 def _without_values(value: Any) -> bool:
     """Meta or fake tensors (shape inference, ``torch.device("meta")`` models) carry no values:
     no event is emitted about them, so no check reads data that does not exist."""
+    if isinstance(value, torch.Tensor):
+        return value.is_meta or type(value).__name__ == "FakeTensor"
     from nndoctor.instrument.stats import first_tensor
 
-    tensor = value if isinstance(value, torch.Tensor) else first_tensor(value)
+    tensor = first_tensor(value)
     if tensor is None:
         return False
     return tensor.is_meta or type(tensor).__name__ == "FakeTensor"
@@ -610,11 +626,12 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
         if not session.active or inst._in_loss or _compiling():
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
-        if session.wants("loss") and not _without_values(output):
+        sampled = session.sampled
+        if session.wants_now("loss", sampled) and not _without_values(output):
             options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
             frame = sys._getframe(1)
             inst._safe(lambda: session.emit(ev.LossComputed(
-                step=session.step, sampled=session.sampled, frame=frame, function=name,
+                step=session.step, sampled=sampled, frame=frame, function=name,
                 input=input, target=target, output=output, options=options)))
         return output
 

@@ -1,0 +1,138 @@
+"""What `nndoctor run` costs per step when steps are short: a tiny MLP on CPU, plain vs the CLI.
+
+A step of a 64-sample MLP (64×32 → 32 → 10, SGD) takes ~0.15 ms on one CPU core: nndoctor's
+fixed cost per step (hooks, event dispatch, the checks' every-step handlers) shows here as it
+would on a launch-bound GPU loop. The driver launches the same script as separate processes,
+``python patient.py`` and ``python -m nndoctor run patient.py`` (every check), alternating
+the order each round; each launch times **all** steps after the warm-up (sampled steps
+included, one in 100), on the wall clock and on the process's CPU clock (which time taken by
+other jobs on a shared machine inflates less). Printed: each side's µs per step, the extra µs
+per step and the ratio, per round and as medians over rounds.
+
+    python benchmarks/short_step_overhead.py                       # 7 rounds × 20,000 steps, ~3 min
+    python benchmarks/short_step_overhead.py --sides plain,all,none --rounds 5   # none: --ignore ALL
+    python benchmarks/short_step_overhead.py --rounds 1 --steps 500 # smoke run
+    # before/after a change: a side "all@SRC" imports nndoctor from SRC (PYTHONPATH)
+    python benchmarks/short_step_overhead.py --sides plain,all,all@../main/src --steps 5000
+
+With ``--patient`` the script is the patient itself (what the driver launches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_MARK = "SHORT_STEP_RESULT "
+# The doctored sides: every check, the engine and hooks alone, or a selection.
+SIDES = {"plain": None, "all": [], "none": ["--ignore", "ALL"]}
+
+
+def patient(args: argparse.Namespace) -> None:
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    criterion = nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(8)]
+    wall = cpu = 0.0
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:  # past nndoctor's 16-step full-instrumentation window
+            wall, cpu = time.perf_counter(), time.process_time()
+        x, y = batches[i % len(batches)]
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    print(_MARK + json.dumps({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+                              "steps": args.steps}), flush=True)
+
+
+def launch(args: argparse.Namespace, side: str, workdir: str) -> dict:
+    script = ["--patient", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    checks, _, source = side.partition("@")
+    extra = SIDES[checks] if checks in SIDES else ["--select", checks]
+    report = os.path.join(workdir, f"{len(os.listdir(workdir))}.json")
+    nndoctor = [] if extra is None else ["-m", "nndoctor", "run", "--quiet", "--json", report, *extra]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(source)) if source else None
+    result = subprocess.run([sys.executable, *nndoctor, os.path.abspath(__file__), *script],
+                            capture_output=True, text=True, env=env)
+    line = next((ln for ln in result.stdout.splitlines() if ln.startswith(_MARK)), None)
+    if line is None:
+        sys.exit(f"{side} launch failed (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    measured = json.loads(line[len(_MARK):])
+    if extra is not None:
+        with open(report) as handle:
+            written = json.load(handle)
+        measured["internal_errors"] = len(written.get("internal_errors", []))
+        measured["findings"] = sorted({f["code"] for f in written.get("findings", [])})
+    return measured
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--patient", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=20000, help="timed steps per launch")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--sides", default="plain,all",
+                        help="comma-separated: plain, all (every check), none (--ignore ALL), or check codes; "
+                             "SIDE@SRC imports nndoctor from SRC")
+    parser.add_argument("--json", help="write the numbers here too")
+    args = parser.parse_args()
+    if args.patient:
+        patient(args)
+        return
+    sides = args.sides.split(",")
+    if sides[0] != "plain":
+        sides.insert(0, "plain")
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    with tempfile.TemporaryDirectory() as workdir:
+        for r in range(args.rounds):
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                runs[side].append(launch(args, side, workdir))
+            line = ", ".join(f"{s} {runs[s][-1]['wall_s'] / args.steps * 1e6:.1f}/{runs[s][-1]['cpu_s'] / args.steps * 1e6:.1f}"
+                             for s in sides)
+            print(f"round {r + 1}: µs/step wall/CPU: {line}", flush=True)
+    result: dict = {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                    "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
+                    "torch_threads": 1, "sides": {}}
+    plain = runs["plain"]
+    for side in sides:
+        entry: dict = {}
+        for clock in ("wall", "cpu"):
+            per_step = [run[f"{clock}_s"] / args.steps * 1e6 for run in runs[side]]
+            entry[f"{clock}_us_per_step_median"] = statistics.median(per_step)
+            if side != "plain":
+                base = [run[f"{clock}_s"] / args.steps * 1e6 for run in plain]
+                ratios = [d / p for d, p in zip(per_step, base)]
+                entry[f"{clock}_ratios"] = [round(x, 4) for x in ratios]
+                entry[f"{clock}_ratio_median"] = statistics.median(ratios)
+                entry[f"{clock}_extra_us_per_step_median"] = statistics.median(d - p for d, p in zip(per_step, base))
+        if side != "plain":
+            entry["internal_errors"] = max(run["internal_errors"] for run in runs[side])
+            entry["findings"] = runs[side][-1]["findings"]
+        result["sides"][side] = entry
+    print(json.dumps(result, indent=2))
+    for side in sides[1:]:
+        e = result["sides"][side]
+        print(f"{side}: plain {result['sides']['plain']['wall_us_per_step_median']:.1f} µs/step; "
+              f"extra {e['wall_extra_us_per_step_median']:+.1f} µs/step wall ({e['cpu_extra_us_per_step_median']:+.1f} CPU); "
+              f"ratio (median of {args.rounds} rounds) wall {e['wall_ratio_median']:.3f}, CPU {e['cpu_ratio_median']:.3f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""What an unsampled step costs, checked as mechanism (no timing): which handlers run, which
+events are built. The measured cost per step is in benchmarks/short_step_overhead.py."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from collections import Counter
+
+import torch
+import torch.nn as nn
+
+from nndoctor import events as ev
+from nndoctor.engine import Session
+from nndoctor.events import Forward, StepEnd
+from nndoctor.history import HistoryRecorder
+from nndoctor.instrument.extensions import install
+from nndoctor.registry import all_checks
+from nndoctor.run_end import finish
+from nndoctor.subscribers import (
+    LOSS_FORWARD,
+    handler_names,
+    is_model_forwards_only,
+    is_sampled_only,
+    model_forwards_only,
+    sampled_only,
+)
+
+
+def _returns_when_unsampled(test: ast.expr) -> bool:
+    """``not event.sampled``, ``not (event.sampled and …)``, or an ``or`` holding one of them."""
+    def names_sampled(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "sampled"
+                and isinstance(node.value, ast.Name) and node.value.id == "event")
+
+    def unsampled(node: ast.expr) -> bool:
+        if not (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+            return False
+        inner = node.operand
+        if names_sampled(inner):
+            return True
+        return (isinstance(inner, ast.BoolOp) and isinstance(inner.op, ast.And)
+                and any(names_sampled(v) for v in inner.values))
+
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return any(unsampled(v) for v in test.values)
+    return unsampled(test)
+
+
+def _returns_for_loss_modules(test: ast.expr) -> bool:
+    """``event.is_loss``, or an ``or`` holding it."""
+    def is_loss(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "is_loss"
+                and isinstance(node.value, ast.Name) and node.value.id == "event")
+
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return any(is_loss(v) for v in test.values)
+    return is_loss(test)
+
+
+def _starts_with_unsampled_return(function) -> bool:
+    """The handler's first statement (after reads of the event's attributes into locals) is
+    ``if <unsampled …>: return``: skipping it on unsampled steps changes nothing."""
+    return _starts_with_return_when(function, _returns_when_unsampled)
+
+
+def _starts_with_return_when(function, condition) -> bool:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # docstring
+    while body and isinstance(body[0], ast.Assign) and isinstance(body[0].value, ast.Attribute) \
+            and isinstance(body[0].value.value, ast.Name) and body[0].value.value.id == "event":
+        body = body[1:]
+    if not body or not isinstance(body[0], ast.If):
+        return False
+    first = body[0]
+    returns = len(first.body) == 1 and isinstance(first.body[0], ast.Return) and first.body[0].value is None
+    return returns and condition(first.test)
+
+
+def _subscriber_classes() -> list[type]:
+    return [*all_checks(), HistoryRecorder]
+
+
+def test_every_sampled_only_handler_returns_at_once_on_unsampled_steps():
+    marked = []
+    for cls in _subscriber_classes():
+        for method in handler_names(cls).values():
+            function = getattr(cls, method)
+            if is_sampled_only(function):
+                marked.append(f"{cls.__name__}.{method}")
+                assert _starts_with_unsampled_return(function), (
+                    f"{cls.__name__}.{method} is marked sampled_only but does not begin with "
+                    "`if not event.sampled …: return`: the mark would change what it sees")
+    assert len(marked) >= 25  # the checks' hot-path handlers are marked
+
+
+def test_every_handler_that_returns_on_unsampled_steps_is_marked():
+    """A new check whose handler ignores unsampled steps gets the fast path too."""
+    missing = [f"{cls.__name__}.{method}"
+               for cls in _subscriber_classes() for kind, method in handler_names(cls).items()
+               if kind != "module_output"  # only ever emitted on sampled steps
+               and _starts_with_unsampled_return(getattr(cls, method))
+               and not is_sampled_only(getattr(cls, method))]
+    assert missing == []
+
+
+def test_model_forwards_only_handlers_return_at_once_for_a_loss_module_and_all_are_marked():
+    marked, missing = [], []
+    for cls in _subscriber_classes():
+        function = getattr(cls, "on_forward", None)
+        if function is None:
+            continue
+        starts = _starts_with_return_when(function, _returns_for_loss_modules)
+        if is_model_forwards_only(function):
+            marked.append(cls.__name__)
+            assert starts, f"{cls.__name__}.on_forward is marked model_forwards_only but does not return on event.is_loss first"
+        elif starts:
+            missing.append(cls.__name__)
+    assert missing == [] and len(marked) >= 10
+
+
+def test_a_loss_module_forward_reaches_only_the_handlers_that_want_it():
+    session = Session(checks=[])
+    calls: Counter[str] = Counter()
+
+    class Both:
+        subscriber_name = "both"
+
+        def on_forward(self, event: Forward) -> None:
+            calls[f"both loss={event.is_loss}"] += 1
+
+    class ModelOnly:
+        subscriber_name = "model only"
+
+        @model_forwards_only
+        def on_forward(self, event: Forward) -> None:
+            if event.is_loss:
+                return
+            calls[f"model loss={event.is_loss}"] += 1
+
+    session.subscribe(Both())
+    session.subscribe(ModelOnly())
+    session.emit(Forward(sampled=False, is_loss=False))
+    session.emit(Forward(sampled=False, is_loss=True), LOSS_FORWARD)
+    assert calls == {"both loss=False": 1, "model loss=False": 1, "both loss=True": 1}
+
+
+class _Recorder:
+    subscriber_name = "recorder"
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    @sampled_only
+    def on_forward(self, event: Forward) -> None:
+        if not event.sampled:
+            return
+        self.calls[f"forward sampled={event.sampled}"] += 1
+
+    def on_step_end(self, event: StepEnd) -> None:
+        self.calls[f"step_end sampled={event.sampled}"] += 1
+
+
+def test_dispatch_skips_sampled_only_handlers_on_unsampled_events():
+    session = Session(checks=[])
+    recorder = _Recorder()
+    session.subscribe(recorder)
+    for sampled in (True, False, False):
+        session.emit(Forward(sampled=sampled))
+        session.emit(StepEnd(sampled=sampled))
+    assert recorder.calls == {"forward sampled=True": 1, "step_end sampled=True": 1,
+                              "step_end sampled=False": 2}
+    assert session.wants("forward") and session.wants_now("forward", True)
+    assert not session.wants_now("forward", False)
+    assert session.wants_now("step_end", False)
+
+
+def test_unsampled_steps_build_no_event_that_no_handler_wants(monkeypatch):
+    """With only sampled-only handlers for ``forward`` and ``loss``, the hooks build those
+    events on sampled steps alone: the window, then one step in ``sample_every``."""
+    built: Counter[tuple[str, bool]] = Counter()
+
+    def counting(cls):
+        class Counted(cls):
+            def __init__(self, *args, **kwargs) -> None:
+                super().__init__(*args, **kwargs)
+                built[(cls.kind, self.sampled)] += 1
+        Counted.__name__ = cls.__name__
+        return Counted
+
+    for name in ("Forward", "LossComputed", "Backward", "StepStart"):
+        monkeypatch.setattr(ev, name, counting(getattr(ev, name)))
+
+    class SampledOnly:
+        subscriber_name = "sampled only"
+        seen = 0
+
+        @sampled_only
+        def on_forward(self, event):
+            if not event.sampled:
+                return
+            SampledOnly.seen += 1
+
+        @sampled_only
+        def on_loss(self, event):
+            if not event.sampled:
+                return
+
+    session = Session(checks=[], full_window=4, sample_every=10)
+    session.subscribe(SampledOnly())
+    installation = install(session)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        criterion = nn.CrossEntropyLoss()
+        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+        for _ in range(40):
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+    finally:
+        finish(session, installation, "completed", None)
+    sampled_steps = sum(1 for step in range(40) if session.is_sampled(step))
+    assert sampled_steps == 4 + 3  # steps 0–3, then 10, 20, 30
+    # Per sampled step: the model's forward and the loss module's forward (both Forward events).
+    assert built[("forward", False)] == 0 and built[("loss", False)] == 0
+    assert built[("forward", True)] == 2 * sampled_steps
+    assert built[("loss", True)] == sampled_steps
+    assert SampledOnly.seen == 2 * sampled_steps
+    # Nobody subscribed to backward or step_start: never built.
+    assert built[("backward", False)] == built[("backward", True)] == 0
+    assert built[("step_start", False)] == built[("step_start", True)] == 0
+    assert session.step == 40 and not session.report.internal_errors
+
+
+def test_a_submodule_forward_on_an_unsampled_step_leaves_the_module_stack_empty():
+    """The fast path of the forward hooks (pop the top of the stack) keeps the stack exact."""
+    session = Session(checks=[], full_window=1, sample_every=1000)
+    installation = install(session)
+    try:
+        model = nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), nn.Linear(8, 2)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            assert installation._stack == []
+    finally:
+        finish(session, installation, "completed", None)
+
+
+def test_a_handler_that_unsubscribes_itself_is_not_called_again():
+    class Once:
+        subscriber_name = "once"
+        calls = 0
+
+        def __init__(self, session: Session) -> None:
+            self.session = session
+
+        def on_step_end(self, event: StepEnd) -> None:
+            Once.calls += 1
+            self.session.unsubscribe(self, "step_end")
+
+        def on_run_end(self, event) -> None:
+            pass
+
+    class Counter_:
+        subscriber_name = "counter"
+        calls = 0
+
+        def on_step_end(self, event: StepEnd) -> None:
+            Counter_.calls += 1
+
+    session = Session(checks=[])
+    once = Once(session)
+    session.subscribe(once)
+    session.subscribe(Counter_())
+    for _ in range(3):
+        session.emit(StepEnd(sampled=False))
+    # Unsubscribing during its own dispatch: the others of that dispatch still run.
+    assert (Once.calls, Counter_.calls) == (1, 3)
+    assert session.wants("run_end")  # other kinds keep their handler
