@@ -46,6 +46,7 @@ DECISION_PASSES = 2  # passes over a DataLoader judged: each sample trained on a
 MIN_SPAN_STEPS = 50  # the window spans at least this many steps after the burn-in (or all the decision passes)
 MIN_BATCHES = 8
 ALPHA = 0.01  # total false-alarm rate of the sequence of looks (per run)
+HELD_OUT_ALPHA = 0.05  # a report withdrawn on held-out accuracy above the majority rate: at most 5% of real bugs
 ACCURACY_MARGIN = 0.1  # δ: "learning" means an accuracy at least this far above the majority rate
 LOSS_TOLERANCE = 0.05  # the loss stays above (1 − tolerance)·H(y)
 MAX_LOSS_FACTOR = 1.25  # ... and its mean below 1.25·ln(C): far above is a broken model, not chance
@@ -193,8 +194,9 @@ def at_chance(batches: Sequence[BatchOutcome], counts: Sequence[float]) -> dict 
         recent = statistics.median(losses[-max(1, len(losses) // 3):])
         if trend < NOT_DECREASING_Z and recent < prior:
             continue  # going down through H(y): a model that learns slowly, not labels it cannot use
+        passes = passes_of(window[: index + 1])
         return {"from_step": window[0].step, "to_step": batch.step, "batches": len(losses),
-                "passes": passes_of(window[: index + 1]),
+                **({"passes": passes} if passes else {}),
                 "predictions": seen if with_accuracy else None,
                 "accuracy": round(correct / seen, 4) if with_accuracy and seen else None,
                 "majority_rate": round(majority, 4), "accuracy_bound": round(majority + ACCURACY_MARGIN, 4),
@@ -259,23 +261,44 @@ def chance_sentence(found: dict) -> str:
     return (f"the classifier stayed at chance over {span}{accuracy}mean loss {found['mean_loss']:.3g} "
             f"(99% lower bound {found['loss_lower_bound']:.3g}) against the label prior's entropy "
             f"H(y) = {found['prior_entropy']:.3g} (ln {found['classes']} = {found['ln_classes']:.3g}), not going down "
-            f"through it (Mann–Kendall z = {found['mann_kendall_z']:.2f}): the labels look independent of the inputs "
-            f"(or the model sits on a plateau longer than {found['to_step'] - found['from_step']} steps before it "
-            f"starts to learn)")
+            f"through it (Mann–Kendall z = {found['mann_kendall_z']:.2f}): the labels look independent of the inputs"
+            + _held_out_clause(found))
+
+
+def _held_out_clause(found: dict) -> str:
+    if found.get("held_out_predictions"):
+        return (f"; evaluations on held-out data after it stay at chance too (accuracy {found['held_out_accuracy']:.1%} "
+                f"over {found['held_out_predictions']} predictions, majority-class rate "
+                f"{found['held_out_majority_rate']:.1%}), so a training accuracy that rises later is memorisation")
+    return (f" (or the model sits on a plateau longer than {found['to_step'] - found['from_step']} steps before it "
+            f"starts to learn: an evaluation on held-out data would tell the two apart)")
+
+
+def with_held_out(found: dict, evaluations: Sequence[Evaluation]) -> dict:
+    """The decision's evidence with the held-out evaluations after it, when there are any."""
+    later = [e for e in evaluations if e.step > found["to_step"] and e.seen > 0]
+    if not later:
+        return found
+    seen = sum(e.seen for e in later)
+    counts = [sum(column) for column in zip(*(e.counts for e in later), strict=True)]
+    return {**found, "held_out_predictions": seen,
+            "held_out_accuracy": round(sum(e.correct for e in later) / seen, 4),
+            "held_out_majority_rate": round(max(counts) / sum(counts), 4) if counts and sum(counts) else 0.0}
 
 
 def confirmed(batches: Sequence[BatchOutcome], counts: Sequence[float], found: dict,
               evaluations: Sequence[Evaluation] = ()) -> bool:
-    """An early decision still stands at the end of the run: the model does not learn after it.
+    """An early decision still stands at the end of the run: the model does not learn.
 
-    Predictions on held-out data after the decision (an evaluation loop: samples the model is
-    never trained on) judge first. If the labels were independent of the inputs, a model's
-    held-out accuracy would be at most the majority rate, memorised training labels or not: the
-    last evaluation's accuracy significantly above its majority rate (and the training one)
-    withdraws the decision; all of them together significantly below majority + δ confirm it,
-    even when the training accuracy rises (a model memorising its random training labels).
+    Predictions on held-out data (an evaluation loop: samples the model is never trained on)
+    judge first. If the labels were independent of the inputs, a model's held-out accuracy would
+    be at most the majority rate at every evaluation, memorised training labels or not: the last
+    evaluation, or all of them together, significantly above the majority rate withdraws the
+    decision (α = 0.05 split over the two: a miss costs less than a false alarm); all the
+    evaluations after the decision together significantly below majority + δ confirm it, even
+    when the training accuracy rises (a model memorising its random training labels).
     Otherwise the training batches after the decision judge: accuracy significantly above
-    majority + δ withdraws the decision (a correct model that sat on a plateau and then learned;
+    majority + δ, over all of them or over the last pass, withdraws the decision (a correct model that sat on a plateau and then learned;
     measured: the keras-io transformer text classifier stays at chance for its first epoch,
     then learns); so does a model that memorises its random labels without an evaluation to
     tell, a miss accepted to keep false alarms away."""
@@ -284,15 +307,28 @@ def confirmed(batches: Sequence[BatchOutcome], counts: Sequence[float], found: d
         return True
     majority = max(counts) / total
     bound = majority + ACCURACY_MARGIN
-    held_out = [e for e in evaluations if e.step > found["to_step"] and e.seen > 0]
+    held_out = [e for e in evaluations if e.seen > 0]
     if held_out:
+        ceiling = max([majority] + [e.majority_rate for e in held_out])
         last = held_out[-1]
-        if accuracy_above(last.correct, last.seen, max(majority, last.majority_rate), ALPHA):
+        correct, seen = sum(e.correct for e in held_out), sum(e.seen for e in held_out)
+        if (accuracy_above(last.correct, last.seen, ceiling, HELD_OUT_ALPHA / 2)
+                or accuracy_above(correct, seen, ceiling, HELD_OUT_ALPHA / 2)):
             return False
-        if accuracy_below(sum(e.correct for e in held_out), sum(e.seen for e in held_out), bound, ALPHA):
+        later = [e for e in held_out if e.step > found["to_step"]]
+        if later and accuracy_below(sum(e.correct for e in later), sum(e.seen for e in later), bound, ALPHA):
             return True
     after = [b for b in batches if b.step > found["to_step"] and b.correct >= 0]
-    seen = sum(b.seen for b in after)
-    if seen < MIN_PREDICTIONS:
-        return True
-    return not accuracy_above(sum(b.correct for b in after), seen, bound, ALPHA)
+    return not any(accuracy_above(sum(b.correct for b in part), sum(b.seen for b in part), bound, ALPHA / 2)
+                   for part in (after, latest(after)) if sum(b.seen for b in part) >= MIN_PASS_PREDICTIONS)
+
+
+def latest(batches: Sequence[BatchOutcome]) -> list[BatchOutcome]:
+    """Where the model stands at the end: the batches of the last pass over the training data
+    (the last third of them when passes are not known). A slow model that learns shows it
+    there, after a long stretch near chance that would dilute it in all the batches."""
+    if not batches:
+        return []
+    if batches[-1].visit >= 0:
+        return [b for b in batches if b.visit == batches[-1].visit]
+    return list(batches[-max(1, len(batches) // 3):])

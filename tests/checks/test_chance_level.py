@@ -126,9 +126,9 @@ def test_held_out_predictions_tell_memorising_from_learning():
     assert C.confirmed(flat, counts, found, at_chance[:-1] + [evaluation(79, 0.72, counts=(96, 32))])
     # Too few held-out predictions to conclude: the training batches judge again.
     assert not C.confirmed(batches, counts, found, [evaluation(79, 0.55, size=16)])
-    # Evaluations before the decision do not count.
+    # Evaluations before the decision confirm nothing, but above the majority rate they withdraw.
     assert not C.confirmed(batches, counts, found, [evaluation(step, 0.5) for step in (15, 31)])
-
+    assert not C.confirmed(flat, counts, found, [evaluation(step, 0.72) for step in (15, 31)])
 
 def test_binomial_tail_is_exact():
     def brute(k, n, p, upper=False):

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from nndoctor.chance_level import (
@@ -15,6 +13,7 @@ from nndoctor.chance_level import (
     confirmed,
     learning,
     undecidable,
+    with_held_out,
 )
 from nndoctor.events import BatchFetched, EpochStart, LossComputed, RunEnd
 from nndoctor.findings import Location, Severity
@@ -294,6 +293,7 @@ class LossAtChance(Check):
             return
         if not final:
             return
+        found = with_held_out(found, self._evaluations)
         self._stop()
         self.report(chance_sentence(found) + ".", location=self._location, evidence=found,
                     step=found["from_step"])
