@@ -270,15 +270,18 @@ def _held_out_clause(found: dict) -> str:
         return (f"; evaluations on held-out data after it stay at chance too (accuracy {found['held_out_accuracy']:.1%} "
                 f"over {found['held_out_predictions']} predictions, majority-class rate "
                 f"{found['held_out_majority_rate']:.1%}), so a training accuracy that rises later is memorisation")
-    return (f" (or the model sits on a plateau longer than {found['to_step'] - found['from_step']} steps before it "
-            f"starts to learn: an evaluation on held-out data would tell the two apart)")
+    plateau = (f" (or the model sits on a plateau longer than {found['to_step'] - found['from_step']} steps before it "
+               f"starts to learn")
+    if "held_out_predictions" in found:  # evaluations were watched, none ran after the decision
+        return plateau + ": no evaluation on held-out data ran after it to tell the two apart)"
+    return plateau + ")"
 
 
 def with_held_out(found: dict, evaluations: Sequence[Evaluation]) -> dict:
-    """The decision's evidence with the held-out evaluations after it, when there are any."""
+    """The decision's evidence with the held-out evaluations after it (0 predictions: none ran)."""
     later = [e for e in evaluations if e.step > found["to_step"] and e.seen > 0]
     if not later:
-        return found
+        return {**found, "held_out_predictions": 0}
     seen = sum(e.seen for e in later)
     counts = [sum(column) for column in zip(*(e.counts for e in later), strict=True)]
     return {**found, "held_out_predictions": seen,
