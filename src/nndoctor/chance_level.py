@@ -103,12 +103,20 @@ def bernoulli_kl(p: float, q: float) -> float:
 
 def binomial_tail(successes: int, trials: int, rate: float, *, upper: bool = False) -> float:
     """P(X ≤ successes) (or P(X ≥ successes) with ``upper``) for X ~ Binomial(trials, rate), summed
-    in log space from ``successes`` away from the mean until the terms no longer matter."""
+    in log space from ``successes`` away from the mean (where the terms only fall) until they no
+    longer matter; a tail that holds the mean is one minus the other tail."""
     if trials <= 0:
         return 1.0
     if rate <= 0 or rate >= 1:
         inside = (successes >= trials * rate) if not upper else (successes <= trials * rate)
         return 1.0 if inside else 0.0
+    mean = trials * rate
+    if not upper and successes >= mean:  # the terms would grow towards the mode: take the complement
+        return max(0.0, 1.0 - binomial_tail(successes + 1, trials, rate, upper=True))
+    if upper and successes <= mean:
+        return max(0.0, 1.0 - binomial_tail(successes - 1, trials, rate))
+    if successes < 0 or successes > trials:
+        return 0.0
     log_p, log_q = math.log(rate), math.log1p(-rate)
     lgamma_n = math.lgamma(trials + 1)
 

@@ -138,5 +138,7 @@ def test_binomial_tail_is_exact():
     for k, n, p in ((3, 10, 0.5), (40, 100, 0.55), (0, 7, 0.3), (120, 224, 0.655), (7, 7, 0.9)):
         assert math.isclose(C.binomial_tail(k, n, p), brute(k, n, p), rel_tol=1e-9, abs_tol=1e-300)
         assert math.isclose(C.binomial_tail(k, n, p, upper=True), brute(k, n, p, upper=True), rel_tol=1e-9)
+    assert C.binomial_tail(99_999, 100_000, 0.5) == 1.0 and C.binomial_tail(0, 100_000, 0.5, upper=True) == 1.0
+    assert C.binomial_tail(-1, 10, 0.5) == 0.0 and C.binomial_tail(11, 10, 0.5, upper=True) == 0.0
     assert C.accuracy_below(120, 224, 0.655, 0.005) and not C.accuracy_below(140, 224, 0.655, 0.005)
     assert C.accuracy_above(200, 224, 0.655, 0.01) and not C.accuracy_above(150, 224, 0.655, 0.01)
