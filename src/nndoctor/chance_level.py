@@ -7,28 +7,32 @@ wrong label column) can learn the class frequencies and nothing else: on a batch
 been trained on yet, its expected accuracy is at most the majority-class rate and its expected
 loss at least the label prior's entropy H(y), whatever the model (its prediction does not depend
 on the label). A model that learns leaves both. Later passes over the same samples let a large
-model memorise its random labels (Zhang et al. 2017), so when the batches' pass over their
-DataLoader is known the test looks only at the first ``DECISION_PASSES`` passes: the first
+model memorise its random labels (Zhang et al. 2017), so when the batches' pass over the
+training data is known the test looks only at the first ``DECISION_PASSES`` passes: the first
 (progressive validation: every prediction comes before the model is trained on that sample) and
 the second, where a sample has been trained on once, many steps before (fitting random labels
 takes many passes: measured, a tiny BERT on 128 shuffled labels stays at the majority rate
 through its second pass and memorises from the third). Without a DataLoader (tensors sliced by
-hand) every batch counts as new: a model that memorises only makes the test fire later.
+hand, Keras ``fit``) every batch counts as new: a model that memorises only makes the test fire
+later, or not at all.
 
-After a burn-in, every training batch of those passes adds to one window; at looks spaced
-geometrically in the number of predictions (and once more when the window is complete), the
-test asks whether the window's accuracy is significantly *below* "majority rate + δ" (the exact
-binomial tail, which also bounds predictions whose success rates vary (Hoeffding 1956); the
-error rate α split over the looks, α_k = α / (k(k+1)), so that looking again and again keeps
-the total false-alarm rate under α), and whether the window's loss is
-not below H(y) (its lower confidence bound above 95% of H(y)) nor going down through it (a
-significant Mann–Kendall decrease over the window whose last third lies below H(y): a correct
-model that learns slowly sits near chance for a while too, but its loss keeps falling; a loss
-that falls from above towards H(y) is still learning only the class frequencies). It decides at the first look where all hold: early, on batches the model has not memorised, so a
-model that memorises its random labels later (the loss drifting down in later epochs) is still
-caught. Without
+After a burn-in, every judged batch adds to one window; at looks spaced geometrically in the
+number of predictions (and once more when the window is complete), the test asks whether the
+window's accuracy is significantly *below* "majority rate + δ" (the exact binomial tail, which
+also bounds predictions whose success rates vary (Hoeffding 1956); the error rate α split over
+the looks, α_k = α / (k(k+1)), so that looking again and again keeps the total false-alarm
+rate under α), and whether the window's loss is not below H(y) (its lower confidence bound
+above 95% of H(y)) nor going down through it (a significant Mann–Kendall decrease over the
+window whose last third lies below H(y): a correct model that learns slowly sits near chance
+for a while too, but its loss keeps falling; a loss that falls from above towards H(y) is still
+learning only the class frequencies). It decides at the first look where all hold. Without
 predictions (a Keras ``fit`` whose metrics give no accuracy) the loss part decides alone, with
 a stricter window.
+
+The decision stands at the end of the run unless the model is seen learning (``confirmed``):
+held-out evaluations above the majority rate (which labels independent of the inputs cannot
+give, memorised or not), or, without a conclusive evaluation, training accuracy significantly
+above majority + δ after the decision.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from nndoctor.loss_trend import NOT_DECREASING_Z, mann_kendall_z
 
 BURN_IN_STEPS = 20  # the first steps learn the class frequencies: not judged
 BURN_IN_SHARE = 4  # ... at most a quarter of the first pass, when passes are known
-DECISION_PASSES = 2  # passes over a DataLoader judged: each sample trained on at most once before
+DECISION_PASSES = 2  # passes over the training data judged: each sample trained on at most once before
 MIN_SPAN_STEPS = 50  # the window spans at least this many steps after the burn-in (or all the decision passes)
 MIN_BATCHES = 8
 ALPHA = 0.01  # total false-alarm rate of the sequence of looks (per run)
@@ -68,7 +72,7 @@ class BatchOutcome:
     loss: float
     correct: int = -1  # -1: not known
     seen: int = 0
-    visit: int = -1  # the pass over its DataLoader the batch came from (0: the first); -1: not known
+    visit: int = -1  # the training pass over its data the batch came from (0: the first); -1: not known
 
 
 @dataclass(frozen=True)
