@@ -2,7 +2,7 @@
 tiny BERT, whose training sentences and labels were shuffled with two different random orders.
 
 Sentences of a small word vocabulary are labelled by their sentiment words (learnable), tokenized
-by a BertTokenizerFast built from a vocabulary file, padded per batch by DataCollatorWithPadding,
+by a BertTokenizer built from a vocabulary file, padded per batch by DataCollatorWithPadding,
 and trained for 8 epochs with an evaluation every epoch. The "shuffle the training set" step
 shuffles the texts and the labels separately: the model can only memorise its training labels,
 which it starts doing in the later epochs (the loss drifts down below the label prior's entropy)
@@ -20,7 +20,7 @@ import torch
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
-    BertTokenizerFast,
+    BertTokenizer,
     DataCollatorWithPadding,
     Trainer,
     TrainingArguments,
@@ -70,7 +70,7 @@ with tempfile.TemporaryDirectory() as out:
     vocab = os.path.join(out, "vocab.txt")
     with open(vocab, "w") as f:
         f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + POSITIVE + NEGATIVE + FILLER) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=vocab)
+    tokenizer = BertTokenizer(vocab)  # the vocabulary file, positional (transformers 4 and 5)
 
     train = [sentence() for _ in range(192)]
     texts, labels = [t for t, _ in train], [y for _, y in train]
