@@ -15,8 +15,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(paths: list[str]) -> None:
-    from tests.conftest import run_script
+    import keras  # noqa: F401 - every fixture imports them; loaded here to be frozen below
+    import tensorflow  # noqa: F401
 
+    from nndoctor import engine, runner  # noqa: F401
+    from tests.conftest import freeze_what_is_loaded, run_script
+
+    freeze_what_is_loaded()  # each run's gc.collect() then walks only what the fixtures made
     results = {}
     for path in paths:
         report = run_script(path, select=["E", "V"])
