@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -106,6 +107,26 @@ def pytest_addoption(parser):
                      help=f"store each test's time in {DURATIONS.name} (which marks tests slow)")
 
 
+# -- the garbage collector ------------------------------------------------------------------------
+# Collection imports torch, TensorFlow, transformers, lightning, ray...: about 900,000 objects that
+# the cyclic garbage collector walks on every full collection, 0.7-1.4 s each on a 2-core machine.
+# The engine itself runs ``gc.collect()`` at the end of every run once TensorFlow is imported
+# (runner.release_stopped_pipelines), so every in-process fixture run paid that second, and
+# Python's own full collections paid it too. Frozen, those objects are never walked again: the
+# collector sees only what tests create, and their cycles are still collected as before.
+def freeze_what_is_loaded() -> None:
+    """Collect once, then move every object alive now out of the collector's sight (modules,
+    classes and functions of the imported libraries: never garbage). Call it once per process,
+    after the imports: cyclic garbage made after it is still collected."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    freeze_what_is_loaded()
+
+
 # -- slow tests ------------------------------------------------------------------------------------
 # The inner loop is ``pytest -m "not slow"``. Which tests are slow is measured, not guessed: a run
 # with --record-durations (on a quiet 2-core machine, `pytest -n 2`) stores every test's setup +
@@ -121,16 +142,41 @@ def _module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _plain_id(nodeid: str) -> str:
+    """The node id without the ``@group`` suffix xdist's loadgroup adds in its workers (the
+    file is keyed by the id a run without xdist sees, so both find a test's entry)."""
+    return nodeid.rsplit("@", 1)[0] if "@" in nodeid.rsplit("::", 1)[-1] else nodeid
+
+
 def pytest_collection_modifyitems(config, items):
     if not DURATIONS.exists():
         return
     import json
 
-    durations = json.loads(DURATIONS.read_text())
+    durations = {_plain_id(nodeid): times for nodeid, times in json.loads(DURATIONS.read_text()).items()}
     slow_modules = {module for module, longest in _longest_setups(durations).items() if longest > SLOW_S}
     for item in items:
-        if durations.get(item.nodeid, {}).get("total", 0.0) > SLOW_S or _module_of(item.nodeid) in slow_modules:
+        nodeid = _plain_id(item.nodeid)
+        if durations.get(nodeid, {}).get("total", 0.0) > SLOW_S or _module_of(nodeid) in slow_modules:
             item.add_marker(pytest.mark.slow)
+    _heaviest_modules_first(items, durations)
+
+
+def _heaviest_modules_first(items: list, durations: dict) -> None:
+    """Order the modules by their recorded seconds, heaviest first; a module's tests keep their
+    order and stay together (module-scoped fixtures are set up once). ``pytest -n 2`` hands out
+    tests in this order (after the ``xdist_group`` modules, which go first): the long tests start
+    early and the short ones fill in at the end, so the two workers finish together instead of
+    one running a 30 s test alone at the end. Every worker sorts the same collection the same
+    way, as xdist requires."""
+    seconds: dict[str, float] = {}
+    for nodeid, times in durations.items():
+        seconds[_module_of(nodeid)] = seconds.get(_module_of(nodeid), 0.0) + times.get("total", 0.0)
+    first_seen = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(_module_of(_plain_id(item.nodeid)), index)
+    items.sort(key=lambda item: (-seconds.get(_module_of(_plain_id(item.nodeid)), 0.0),
+                                 first_seen[_module_of(_plain_id(item.nodeid))]))
 
 
 def _longest_setups(durations: dict) -> dict[str, float]:
@@ -153,8 +199,9 @@ def pytest_sessionfinish(session):
     import json
 
     durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    durations = {_plain_id(nodeid): times for nodeid, times in durations.items()}
     for nodeid, times in _recorded.items():
-        durations[nodeid] = {"setup": round(times.get("setup", 0.0), 2), "total": round(sum(times.values()), 2)}
+        durations[_plain_id(nodeid)] = {"setup": round(times.get("setup", 0.0), 2), "total": round(sum(times.values()), 2)}
     # one test a line: a re-recording reads as a diff of the tests whose time changed
     lines = [f"{json.dumps(nodeid)}: {json.dumps(times)}" for nodeid, times in sorted(durations.items())]
     DURATIONS.write_text("{\n" + ",\n".join(lines) + "\n}\n")

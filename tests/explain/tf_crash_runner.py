@@ -6,6 +6,7 @@ Used by test_tf_crashes.py: ``python -m tests.explain.tf_crash_runner FIXTURE...
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -15,8 +16,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(paths: list[str]) -> None:
-    from tests.conftest import run_script
+    from tests.conftest import freeze_what_is_loaded, run_script
 
+    # Every fixture imports Keras and TensorFlow: loaded now, to be frozen with the rest (after
+    # tests.conftest, which imports torch._dynamo and so triton first: the other order segfaults).
+    for name in ("keras", "tensorflow", "nndoctor.engine", "nndoctor.runner"):
+        importlib.import_module(name)
+    freeze_what_is_loaded()  # each run's gc.collect() then walks only what the fixtures made
     results = {}
     for path in paths:
         report = run_script(path, select=["E", "V"])

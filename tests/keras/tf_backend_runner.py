@@ -20,7 +20,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tests.conftest import FIXTURES, expected_lines, run_script  # noqa: E402
+from tests.conftest import FIXTURES, expected_lines, freeze_what_is_loaded, run_script  # noqa: E402
 
 SHARED = FIXTURES / "keras"  # run on both backends
 TF_ONLY = FIXTURES / "keras_tf"  # custom loops: TensorFlow only
@@ -81,6 +81,11 @@ def main() -> None:
     import keras
 
     out["backend"] = keras.config.backend()
+    import tensorflow  # noqa: F401 - loaded by the Keras backend already; frozen with the rest below
+
+    from nndoctor import engine, runner  # noqa: F401
+
+    freeze_what_is_loaded()  # each run's gc.collect() then walks only what the fixtures made
     before = patched_attributes()
     for path in fixtures():
         name = f"{path.parent.name}/{path.name}"
