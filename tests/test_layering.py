@@ -39,7 +39,8 @@ LAYERS: dict[str, int] = {
         ("_startup", "_version", "errors", "findings", "events", "limits", "streams",
          "tracebacks", "atomic", "suppression", "user_code", "optimizers", "sanitize",
          # The catalog as data (no check imported) and the subscriber protocol.
-         "catalog_table", "catalog_entries", "subscribers", "image_batches", "loss_trend", "initial_loss", "chance_level", "protowire", "stash", "probes", "crash_context"),
+         "catalog_table", "catalog_entries", "subscribers", "image_batches", "loss_trend", "initial_loss", "chance_level", "protowire", "stash", "probes", "crash_context",
+         "dtensor"),
         FOUNDATION,
     ),
     **dict.fromkeys(("registry", "engine", "selection", "config"), ENGINE),

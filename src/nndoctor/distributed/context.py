@@ -85,3 +85,9 @@ def refuse_launcher(name: str, is_module: bool) -> None:
         "Put nndoctor inside the launcher instead: "
         "torchrun --nproc_per_node N -m nndoctor run [OPTIONS] train.py [ARGS]"
     )
+
+
+def parts_dir(info: RankInfo) -> str:
+    """This rank's node folder for report parts: every rank of one node is a child of the same
+    torchrun agent process."""
+    return parts_dir_for(info.run_id, os.getppid())

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from nndoctor.distributed.context import RankInfo, parts_dir_for
+from nndoctor.distributed.context import RankInfo, parts_dir
 from nndoctor.distributed.merge import merge_parts
 from nndoctor.distributed.parts import rank_data, remove_parts, write_part
 from nndoctor.findings import Report
@@ -30,11 +30,6 @@ GATHER_TIMEOUT_S = float(os.environ.get("NNDOCTOR_GATHER_TIMEOUT", "120"))
 
 # How long a rank that ended abnormally watches for rank 0's death before leaving the merge to it.
 TAKEOVER_WAIT_S = float(os.environ.get("NNDOCTOR_TAKEOVER_WAIT", "3"))
-
-
-def parts_dir(info: RankInfo) -> str:
-    # Every rank of one node is a child of the same torchrun agent process.
-    return parts_dir_for(info.run_id, os.getppid())
 
 
 def script_status(report: Report) -> int:

@@ -156,7 +156,7 @@ def _start_flight_recorder(session: Any, patcher: Any) -> Any:
     info = torchrun_rank()
     child = child_part(session)
     if info is not None:
-        from nndoctor.distributed.rank_run import parts_dir
+        from nndoctor.distributed.context import parts_dir
 
         folder, rank, world = parts_dir(info), info.rank, info.world_size
     elif child is not None:  # a process the script started (mp.spawn): its index
