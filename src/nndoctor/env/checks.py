@@ -663,15 +663,19 @@ def _exit_text(returncode: int | None) -> str:
 
 
 def _tensorflow_import_killed(facts: EnvFacts) -> str | None:
-    """The tensorflow probe's "killed the interpreter" error, when the TensorFlow/triton clash
-    explains it: the pair is installed and KERAS_BACKEND=torch makes TensorFlow's Keras
-    import torch's compiler stack, hence triton, after TensorFlow's library is loaded."""
-    tf = facts.frameworks.get("tensorflow")
-    if (not facts.tf_triton.at_risk or tf is None or not tf.import_error
-            or "killed the interpreter" not in tf.import_error
-            or facts.environ.get("KERAS_BACKEND", "").strip().lower() != "torch"):
+    """How ``import tensorflow`` alone died, when the TensorFlow/triton clash explains it: the
+    pair is installed and KERAS_BACKEND=torch makes TensorFlow's Keras import torch's compiler
+    stack, hence triton, after TensorFlow's library is loaded. None otherwise."""
+    if not facts.tf_triton.at_risk or facts.environ.get("KERAS_BACKEND", "").strip().lower() != "torch":
         return None
-    return tf.import_error
+    tf = facts.frameworks.get("tensorflow")
+    if tf is not None and tf.import_error and "killed the interpreter" in tf.import_error:
+        code = re.search(r"\(exit (-?\d+)\)", tf.import_error)
+        return _exit_text(int(code.group(1)) if code else None)
+    pair = facts.tf_triton
+    if pair.probe_crashed and not pair.probe_tf_imported:
+        return _exit_text(pair.probe_returncode)
+    return None
 
 
 def tensorflow_triton(facts: EnvFacts) -> list[Finding]:
@@ -684,7 +688,8 @@ def tensorflow_triton(facts: EnvFacts) -> list[Finding]:
     evidence = {**pair.to_json(), "keras_backend": facts.environ.get("KERAS_BACKEND")}
     killed = _tensorflow_import_killed(facts)
     if killed is not None:
-        message = (f"{versions}{wheel}, and with KERAS_BACKEND=torch {killed}: TensorFlow imports Keras, "
+        message = (f"{versions}{wheel}, and with KERAS_BACKEND=torch `import tensorflow` alone killed the "
+                   f"interpreter with {killed}: TensorFlow imports Keras, "
                    "Keras imports torch and its compiler stack, which imports triton after TensorFlow's library "
                    "is loaded.")
         return [TensorflowTritonCrash.finding(message, severity=Severity.ERROR, evidence=evidence)]
