@@ -13,7 +13,13 @@ import pytest
 from nndoctor.env import tf_triton
 from nndoctor.env.checks import EnvFacts, diagnose
 from nndoctor.env.frameworks import FrameworkFacts
-from nndoctor.env.tf_triton import GLOBAL_FLAGS_FILE, TF_IMPORTED, TfTritonFacts, finish_probe, read_versions
+from nndoctor.env.tf_triton import (
+    GLOBAL_FLAGS_FILE,
+    TF_IMPORTED,
+    TfTritonFacts,
+    finish_probe,
+    read_versions,
+)
 from nndoctor.findings import Severity
 
 
