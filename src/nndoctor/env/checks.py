@@ -445,8 +445,9 @@ class TensorflowTritonCrash(Check):
     """
     ## What it does
     Reports TensorFlow 2.20 or newer (``tensorflow``, ``tensorflow-cpu``, ``tf-nightly``) and
-    triton 3.7 or newer installed in the same environment, read from the package metadata.
-    When the pair is installed it runs ``import tensorflow; import triton`` once in a child
+    triton 3.7 or newer installed in the same environment, read from the package metadata;
+    a TensorFlow wheel whose file list lacks ``tensorflow/python/pywrap_dlopen_global_flags.py``
+    (built with the upstream fix) is not reported. When the pair is installed it runs ``import tensorflow; import triton`` once in a child
     process: an error if that child dies, a warning when the probe could not run, nothing
     when it exits cleanly. With ``KERAS_BACKEND=torch`` it also explains a TensorFlow import
     that kills the interpreter.
