@@ -1909,6 +1909,18 @@ ENTRIES = (
         'false_positives': None,
     },
     {
+        'code': 'V109',
+        'name': 'tensorflow-triton-crash',
+        'severity': 'warning',
+        'scope': 'env',
+        'summary': 'TensorFlow >= 2.20 and triton >= 3.7 installed together: importing triton after TensorFlow segfaults',
+        'fix': 'import triton (or torch._dynamo) before TensorFlow in the script, or keep TensorFlow and PyTorch training in separate environments or processes',
+        'module': 'nndoctor.env.checks',
+        'class_name': 'TensorflowTritonCrash',
+        'heuristic': False,
+        'false_positives': None,
+    },
+    {
         'code': 'X101',
         'name': 'missing-distributed-sampler',
         'severity': 'error',

@@ -10,6 +10,7 @@ entry and the documentation.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,6 +19,7 @@ from packaging.utils import canonicalize_name
 from nndoctor.env.frameworks import FrameworkFacts
 from nndoctor.env.nvidia import DriverInfo
 from nndoctor.env.packages import DuplicateInstall, UnmetRequirement
+from nndoctor.env.tf_triton import TfTritonFacts
 from nndoctor.explain.base import CrashExplanation
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
@@ -42,6 +44,7 @@ class EnvFacts:
     duplicates: list[DuplicateInstall] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
+    tf_triton: TfTritonFacts = field(default_factory=TfTritonFacts)
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -437,6 +440,62 @@ class DuplicateOrMissingTools(Check):
     fix = "uninstall the extra copies so one installation remains; pip install tensorboard"
 
 
+@register
+class TensorflowTritonCrash(Check):
+    """
+    ## What it does
+    Reports TensorFlow 2.20 or newer (``tensorflow``, ``tensorflow-cpu``, ``tf-nightly``) and
+    triton 3.7 or newer installed in the same environment, read from the package metadata;
+    a TensorFlow wheel whose file list lacks ``tensorflow/python/pywrap_dlopen_global_flags.py``
+    (built with the upstream fix) is not reported. When the pair is installed it runs ``import tensorflow; import triton`` once in a child
+    process: an error if that child dies, a warning when the probe could not run, nothing
+    when it exits cleanly. With ``KERAS_BACKEND=torch`` it also explains a TensorFlow import
+    that kills the interpreter.
+
+    ## Why is this bad?
+    TensorFlow's PyPI wheels since 2.20 load ``_pywrap_tensorflow_internal.so`` with
+    ``RTLD_GLOBAL``, which puts TensorFlow's statically linked LLVM in the process's global
+    symbol table; triton 3.7's ``libtriton`` then binds its own LLVM calls to that copy and
+    the interpreter dies with a segmentation fault while loading it, with no Python traceback.
+    PyTorch imports triton lazily (through ``torch._dynamo`` at the first ``optimizer.step()``,
+    or ``torch.compile``), so a PyTorch script that imported TensorFlow first (for ``tf.data``,
+    TensorBoard, or Keras with the TensorFlow backend) crashes mid-training. With
+    ``KERAS_BACKEND=torch``, ``import tensorflow`` itself crashes: TensorFlow imports Keras,
+    which imports torch and its compiler stack.
+
+    ## Example
+    ```python
+    import tensorflow as tf          # TensorFlow's LLVM is now global
+    import torch
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer.step()                 # imports triton: Segmentation fault (exit 139)
+    ```
+
+    ## Use instead
+    ```python
+    import triton                    # or: import torch._dynamo — before TensorFlow
+    import tensorflow as tf
+    import torch
+    ```
+    Or keep the TensorFlow part (data preparation, TensorBoard export) and the PyTorch
+    training in separate environments or processes.
+
+    ## References
+    - TensorFlow issue #124205, TF >= 2.20 wheels load TF with RTLD_GLOBAL, segfaulting any later `import triton`: https://github.com/tensorflow/tensorflow/issues/124205
+    - TensorFlow pull request #124230, omit the RTLD_GLOBAL helper from shared wheels: https://github.com/tensorflow/tensorflow/pull/124230
+    - POT pull request #839, load triton before TensorFlow (the workaround): https://github.com/PythonOT/POT/pull/839
+    """
+
+    code = "V109"
+    name = "tensorflow-triton-crash"
+    severity = Severity.WARNING
+    scope = "env"
+    summary = "TensorFlow >= 2.20 and triton >= 3.7 installed together: importing triton after TensorFlow segfaults"
+    fix = ("import triton (or torch._dynamo) before TensorFlow in the script, or keep TensorFlow and PyTorch "
+           "training in separate environments or processes")
+
+
 # -- decisions (pure functions of EnvFacts) -------------------------------------------------
 
 FRAMEWORK_DISTRIBUTIONS = {"torch", "torchvision", "torchaudio", "tensorflow", "tensorflow-cpu", "keras",
@@ -522,6 +581,8 @@ def incompatible_packages(facts: EnvFacts) -> list[Finding]:
             fix=f"pip install '{unmet.requirement}' (or a {unmet.package} release that matches what is installed)"))
     for framework in facts.frameworks.values():
         if framework.installed and not framework.importable and framework.import_error and not framework.library_errors:
+            if framework.name == "tensorflow" and _tensorflow_import_killed(facts) is not None:
+                continue  # V109 explains this crash
             found.append(_import_failure(framework, facts.environ))
     return found
 
@@ -593,8 +654,67 @@ def tools(facts: EnvFacts) -> list[Finding]:
     return found
 
 
+def _exit_text(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            return f"{signal.Signals(-returncode).name} (exit {returncode})"
+        except ValueError:
+            pass
+    return f"exit {returncode}"
+
+
+def _tensorflow_import_killed(facts: EnvFacts) -> str | None:
+    """How ``import tensorflow`` alone died, when the TensorFlow/triton clash explains it: the
+    pair is installed and KERAS_BACKEND=torch makes TensorFlow's Keras import torch's compiler
+    stack, hence triton, after TensorFlow's library is loaded. None otherwise."""
+    if not facts.tf_triton.at_risk or facts.environ.get("KERAS_BACKEND", "").strip().lower() != "torch":
+        return None
+    tf = facts.frameworks.get("tensorflow")
+    if tf is not None and tf.import_error and "killed the interpreter" in tf.import_error:
+        code = re.search(r"\(exit (-?\d+)\)", tf.import_error)
+        return _exit_text(int(code.group(1)) if code else None)
+    pair = facts.tf_triton
+    if pair.probe_crashed and not pair.probe_tf_imported:
+        return _exit_text(pair.probe_returncode)
+    return None
+
+
+def tensorflow_triton(facts: EnvFacts) -> list[Finding]:
+    pair = facts.tf_triton
+    if not pair.at_risk:
+        return []
+    versions = f"{pair.tf_distribution} {pair.tf_version} and triton {pair.triton_version} are installed together"
+    wheel = (" (the TensorFlow wheel ships pywrap_dlopen_global_flags.py, so TensorFlow's LLVM is loaded "
+             "with RTLD_GLOBAL)" if pair.global_flags_file else "")
+    evidence = {**pair.to_json(), "keras_backend": facts.environ.get("KERAS_BACKEND")}
+    killed = _tensorflow_import_killed(facts)
+    if killed is not None:
+        message = (f"{versions}{wheel}, and with KERAS_BACKEND=torch `import tensorflow` alone killed the "
+                   f"interpreter with {killed}: TensorFlow imports Keras, "
+                   "Keras imports torch and its compiler stack, which imports triton after TensorFlow's library "
+                   "is loaded.")
+        return [TensorflowTritonCrash.finding(message, severity=Severity.ERROR, evidence=evidence)]
+    if pair.probe_crashed and pair.probe_tf_imported:
+        message = (f"{versions}{wheel}: `import tensorflow; import triton` in a child process died with "
+                   f"{_exit_text(pair.probe_returncode)} at `import triton`. torch imports triton at the first "
+                   "optimizer.step() or torch.compile, so a script that imports TensorFlow first crashes there "
+                   "without a traceback.")
+        return [TensorflowTritonCrash.finding(message, severity=Severity.ERROR, evidence=evidence)]
+    if pair.probe_returncode == 0:
+        return []  # this build imports both in the crashing order: nothing to report
+    if pair.probe_crashed:
+        outcome = (f"the probe could not get past `import tensorflow` ({_exit_text(pair.probe_returncode)}), "
+                   "so the crash was not confirmed")
+    else:
+        outcome = f"the crash was not confirmed ({pair.probe_error or 'no probe ran'})"
+    message = (f"{versions}{wheel}: importing triton after TensorFlow segfaults with these releases "
+               f"(tensorflow/tensorflow#124205); {outcome}. torch imports triton at the first optimizer.step() "
+               "or torch.compile.")
+    return [TensorflowTritonCrash.finding(message, evidence=evidence)]
+
+
 DECISIONS = (gpu_visibility, cpu_only_builds, driver_versions, missing_libraries, incompatible_packages,
-             busy_gpus, unsupported_architectures, tools)
+             busy_gpus, unsupported_architectures, tools, tensorflow_triton)
 
 
 def diagnose(facts: EnvFacts) -> list[Finding]:
@@ -605,4 +725,4 @@ def diagnose(facts: EnvFacts) -> list[Finding]:
 
 
 ENV_CHECKS = (GpuNotVisible, CpuOnlyBuild, DriverTooOld, MissingCudaLibraries, IncompatiblePackages,
-              GpuBusy, ComputeCapabilityUnsupported, DuplicateOrMissingTools)
+              GpuBusy, ComputeCapabilityUnsupported, DuplicateOrMissingTools, TensorflowTritonCrash)

@@ -11,13 +11,21 @@ from nndoctor.env.checks import EnvFacts
 from nndoctor.env.frameworks import companion_versions, probe_frameworks
 from nndoctor.env.nvidia import query_driver
 from nndoctor.env.packages import duplicate_installs, installed_distributions, unmet_requirements
+from nndoctor.env.tf_triton import finish_probe, read_versions, start_probe
 
 
 def collect() -> EnvFacts:
     distributions = installed_distributions()
+    tf_triton = read_versions()
+    # The crash probe runs beside the framework probes, and only for a pair that can crash.
+    crash_probe = start_probe() if tf_triton.at_risk else None
+    frameworks = probe_frameworks()
+    if tf_triton.at_risk:
+        finish_probe(tf_triton, crash_probe)
     return EnvFacts(
         driver=query_driver(),
-        frameworks=probe_frameworks(),
+        frameworks=frameworks,
+        tf_triton=tf_triton,
         companions=companion_versions(),
         unmet=unmet_requirements(distributions),
         duplicates=duplicate_installs(distributions),

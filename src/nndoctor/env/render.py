@@ -90,4 +90,5 @@ def facts_json(facts: EnvFacts, system: dict[str, Any], shadowing: list[dict[str
         "duplicate_installs": [{"name": d.name, "locations": list(d.locations)} for d in facts.duplicates],
         "shadowing": shadowing,
         "cuda_visible_devices": facts.environ.get("CUDA_VISIBLE_DEVICES"),
+        "tensorflow_triton": facts.tf_triton.to_json(),
     }
