@@ -101,7 +101,11 @@ class CollectiveMismatch(CrossRankCheck):
     is blocked in (from the `torch.distributed` call in your code) and the line; the records
     are compared across ranks. Ranks blocked in different collectives or at different lines,
     or one rank waiting in a collective that another rank already left (it finished or is
-    elsewhere), are reported with the line of each rank.
+    elsewhere), are reported with the line of each rank. Under `torchrun` each rank's flight
+    record (the last collective it entered: op, element count, dtype, line) is compared too, so
+    a mismatch is named even when every rank hangs outside Python's view (NCCL returns at once
+    and the GPU waits) or a rank died; with `--stall-action stop` rank 0 delivers this merged
+    report before the ranks are stopped.
 
     ## Why is this bad?
     Every rank must call the same collectives in the same order. A collective inside
@@ -154,7 +158,7 @@ class CollectiveMismatch(CrossRankCheck):
         if all(p["report"].get("status") in ("completed", "stopped") for p in parts):
             return []
         flights = {p["rank"]: (p.get("data") or {}).get("flight") for p in parts}
-        keys = {r: collective_key(f) for r, f in flights.items() if f and collective_key(f)}
+        keys: dict[int, Any] = {r: collective_key(f) for r, f in flights.items() if f and collective_key(f)}
         stalled = all((p.get("data") or {}).get("stall") for p in parts)
         location = None
         if len(set(keys.values())) < 2:
@@ -173,8 +177,10 @@ class CollectiveMismatch(CrossRankCheck):
         died = {p["rank"]: p["died"].get("signal") for p in parts if p.get("died")}
         ending = "; ".join(f"rank {r} then died of {sig}" for r, sig in sorted(died.items()))
         when = "when every rank stalled" if stalled else "when the run failed"
+        opening = (f"The ranks' last collectives differ {when}" if location is not None
+                   else f"The ranks were in different collectives {when}")
         finding = cls.finding(
-            f"The ranks were in different collectives {when}: {described}"
+            f"{opening}: {described}"
             f"{' (' + ending + ')' if ending else ''}. Every rank must call the same collectives "
             "in the same order; a collective that only some ranks call (for example inside "
             "`if rank == 0:`) is paired with a different one on the other ranks and fails or hangs.",
