@@ -15,7 +15,10 @@ Scenarios:
 - rank_abort_nccl: rank 1 calls os.abort() (SIGABRT) while it waits in an NCCL all_reduce that
   rank 0 joins later: the report names rank 1 (X113, SIGABRT, all_reduce at its line).
 - mismatch_nccl: only rank 0 all-reduces at an epoch's end (NCCL hangs until its 60 s timeout);
-  with --stall-seconds 10 --stall-action stop the report has X110 (or X113) at that line.
+  with --stall-seconds 10 --stall-action stop both ranks stall and are stopped, and rank 0 still
+  delivers one merged report (both ranks, R104, X110 from the flight records at that line).
+  On --device cpu gloo aborts on the mismatched sizes instead: one merged report with X110 (and
+  X113 for the rank that died) at that line.
 
 Writes <out>/ddp_robustness_gpu.json (per scenario: status, seconds, reason, the findings' codes)
 and each scenario's report and torchrun output under <out>/<scenario>/.
@@ -254,11 +257,18 @@ def scenario_mismatch(out: Path, scripts: dict[str, Path], env: dict[str, str], 
     if report is None:
         return f"no report (exit {status}): {text[-1500:]}"
     found = codes(report)
-    if "X110" not in found and "X113" not in found:
-        return f"neither X110 nor X113: {sorted(found)}; ranks {[(r['rank'], r['status']) for r in report['ranks']]}"
+    ranks = [(r["rank"], r["status"]) for r in report.get("ranks", [])]
+    if sorted(rank for rank, _ in ranks) != [0, 1]:
+        return f"not one merged report of ranks 0, 1: status {report['status']}, ranks {ranks}, {sorted(found)}"
+    if device == "cuda" and (report["status"] != "stalled" or "R104" not in found):
+        return f"expected a stalled run with R104: status {report['status']}, {sorted(found)}"
+    mismatch = found.get("X110")
     line = marked_line(script, "ROBUST_MISMATCH_LINE")
-    lines = {(f.get("location") or {}).get("line") for f in found.values()}
-    return None if line in lines else f"no finding at the all_reduce's line {line}: {sorted(found)} at {lines}"
+    if mismatch is None:
+        return f"no X110: {sorted(found)}; ranks {ranks}"
+    if (mismatch.get("location") or {}).get("line") != line or mismatch["ranks"] != [0, 1]:
+        return f"X110 at {mismatch.get('location')} on ranks {mismatch['ranks']} (expected line {line}): {mismatch['message']}"
+    return None
 
 
 SCENARIOS = {

@@ -192,10 +192,27 @@ def fire(session: Any, check: Any, idle: float, own_ident: int | None) -> None:
         step=session.step,
     )
     session.report.extra["stall_stacks"] = [{"thread": s["thread"], "stack": s["stack"]} for s in stacks]
+    _note_flight(session, data)
+    stopping = stall_action() == "stop"
+    if stopping:
+        from nndoctor.distributed.stall_merge import STALL_STOPPED
+
+        session.stash[STALL_STOPPED] = True
     snapshot = _share_and_write(session, record)
-    if stall_action() == "stop":
+    if stopping:
         _wait_for_peers(session)
         _stop(session, snapshot)
+
+
+def _note_flight(session: Any, data: dict[str, Any]) -> None:
+    """The flight record (last step, last collective entered) goes into the snapshot: the
+    merged report compares the ranks' collectives even when every rank is stopped in native
+    code and never writes its final part."""
+    from nndoctor.instrument.ddp_hooks import FLIGHT_RECORDER
+
+    recorder = session.stash.get(FLIGHT_RECORDER, None)
+    if recorder is not None:
+        data["flight"] = recorder.snapshot()
 
 
 def _wait_for_peers(session: Any) -> None:
@@ -210,10 +227,15 @@ def _wait_for_peers(session: Any) -> None:
     folder: str | None
     if info is not None:
         from nndoctor.distributed.rank_run import parts_dir
+        from nndoctor.distributed.stall_merge import gather_window, wait_for_merge
 
-        folder = parts_dir(info)
-    else:
-        folder = child[0] if child else None
+        if info.is_leader or info.world_size < 2:
+            return  # rank 0 gathered the others' snapshots before delivering the merged report
+        # Stopping now would make torchrun stop rank 0 before its merged report is out. Rank 0's
+        # watchdog may fire a little after this one's, then waits for the snapshots: bounded.
+        wait_for_merge(parts_dir(info), 2 * gather_window(stall_seconds()) + 5.0)
+        return
+    folder = child[0] if child else None
     if folder and world and world > 1:
         wait_for_stalls(folder, int(world), timeout_s=min(10.0, 2 * stall_seconds()))
 
@@ -249,24 +271,22 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> Any:
                    snapshot, rank_data(session), unique=True, stall=True)
         return None
     if info is not None:
-        from nndoctor.distributed.merge import attach_cross_rank
-        from nndoctor.distributed.parts import wait_for_stalls
         from nndoctor.distributed.rank_run import parts_dir
+        from nndoctor.distributed.stall_merge import STALL_MERGED, mark_merged, merge_stalled
 
         folder = parts_dir(info)
         write_part(folder, info.rank, info.world_size, snapshot, rank_data(session), stall=True)
         if not info.is_leader:
             return None
-        # Give the other ranks' watchdogs a moment to leave their snapshots.
-        stalls = wait_for_stalls(folder, info.world_size, timeout_s=min(10.0, stall_seconds()))
-        stalls = [p for p in stalls if p.get("rank") != info.rank] + [
-            {"rank": info.rank, "data": {"stall": record}, "report": {}}]
-        attach_cross_rank(snapshot, stalls, list(session.select), list(session.ignore))
-        for finding in snapshot.findings:
-            if finding.code == "X110" and finding not in session.report.findings:
-                session.report.add(finding)
-        snapshot.distributed = {"world_size": info.world_size,
-                                "stalled_ranks": [(p.get("data") or {}).get("stall") for p in stalls]}
+        try:
+            snapshot = merge_stalled(session, info, folder, snapshot, stall_seconds())
+        except Exception as error:  # noqa: BLE001 - observer rule: this rank's snapshot then
+            session.internal_error("merging the stalled ranks' reports", error)
+        if stall_action() == "stop":
+            _deliver(snapshot, output)
+            session.stash[STALL_MERGED] = True
+            mark_merged(folder)
+            return None  # delivered: nothing more to print on the way out
     if output.json:
         from nndoctor.report import write_json
 
@@ -279,6 +299,18 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> Any:
 
         print_report(snapshot, sys.stderr)
     return snapshot
+
+
+def _deliver(report: Any, output: StallOutput) -> None:
+    from nndoctor.report import print_report, write_json
+
+    if output.json:
+        try:
+            write_json(report, output.json)
+        except OSError as error:
+            print(f"nndoctor: could not write {output.json}: {error}", file=sys.stderr)
+    if not output.quiet:
+        print_report(report, sys.stderr, json_path=output.json if output.json != "-" else None)
 
 
 def _stop(session: Any, snapshot: Any) -> None:

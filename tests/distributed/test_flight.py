@@ -94,3 +94,35 @@ def test_the_same_collective_or_a_completed_run_is_no_mismatch():
     assert RankDied.compare(completed) == []
 
 
+
+
+def _stalled(rank, flight):
+    part = _part(rank, "stalled", flight)
+    part["data"]["stall"] = {"rank": rank, "collective": None, "location": "train.py:23", "step": 4}
+    return part
+
+
+# NCCL: both ranks hang outside any collective (the GPU waits, the CPU is in optimizer.step);
+# only rank 0 entered the epoch's all_reduce.
+_AFTER_EXTRA_ALL_REDUCE = {"step": 4, "collectives": 3, "in_collective": False, "ddp": True,
+                           "phase": "after backward", "op": "all_reduce", "numel": 1, "dtype": "float32",
+                           "location": "train.py:27", "phase_location": "train.py:22"}
+_AFTER_BROADCAST = {**_AFTER_EXTRA_ALL_REDUCE, "collectives": 2, "op": "broadcast", "numel": 132,
+                    "location": "train.py:9"}
+
+
+def test_stalled_ranks_whose_last_collectives_differ_are_a_mismatch():
+    [finding] = CollectiveMismatch.compare([_stalled(0, _AFTER_EXTRA_ALL_REDUCE), _stalled(1, _AFTER_BROADCAST)])
+    assert finding.ranks == [0, 1] and finding.location.line == 27  # the collective rank 1 never entered
+    assert "when every rank stalled" in finding.message
+    assert "its last collective was all_reduce of 1 element (float32) at train.py:27" in finding.message
+    assert "its last collective was broadcast of 132 elements (float32) at train.py:9" in finding.message
+
+
+def test_stalled_ranks_after_the_same_collective_are_no_mismatch():
+    # A hang elsewhere (a data loader) after the same collectives on every rank.
+    same = [_stalled(0, _AFTER_EXTRA_ALL_REDUCE), _stalled(1, dict(_AFTER_EXTRA_ALL_REDUCE))]
+    assert CollectiveMismatch.compare(same) == []
+    # Not every rank stalled (rank 1 finished): the last collectives are not compared.
+    finished = [_stalled(0, _AFTER_EXTRA_ALL_REDUCE), _part(1, "completed", _AFTER_BROADCAST)]
+    assert CollectiveMismatch.compare(finished) == []

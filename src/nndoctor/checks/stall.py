@@ -101,7 +101,11 @@ class CollectiveMismatch(CrossRankCheck):
     is blocked in (from the `torch.distributed` call in your code) and the line; the records
     are compared across ranks. Ranks blocked in different collectives or at different lines,
     or one rank waiting in a collective that another rank already left (it finished or is
-    elsewhere), are reported with the line of each rank.
+    elsewhere), are reported with the line of each rank. Under `torchrun` each rank's flight
+    record (the last collective it entered: op, element count, dtype, line) is compared too, so
+    a mismatch is named even when every rank hangs outside Python's view (NCCL returns at once
+    and the GPU waits) or a rank died; with `--stall-action stop` rank 0 delivers this merged
+    report before the ranks are stopped.
 
     ## Why is this bad?
     Every rank must call the same collectives in the same order. A collective inside
@@ -135,32 +139,52 @@ class CollectiveMismatch(CrossRankCheck):
 
     @classmethod
     def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
-        return cls._from_stalls(parts) or cls._from_flight_records(parts)
+        # The flight records say more (op, element count, dtype, step) when the ranks were in
+        # different collectives; the stall records also catch a rank that was in none.
+        return cls._from_flight_records(parts) or cls._from_stalls(parts)
 
     @classmethod
     def _from_flight_records(cls, parts: list[dict[str, Any]]) -> list[Finding]:
-        """A run that ended with a failed rank: the collective each rank was last in, from the
-        flight records (nndoctor.distributed.flight), differs between ranks."""
-        from nndoctor.distributed.positions import collective_key, describe_position, location_of
+        """A run that ended with a failed rank, or whose every rank stalled: the collective each
+        rank was last in, from the flight records (nndoctor.distributed.flight), differs between
+        ranks."""
+        from nndoctor.distributed.positions import (
+            collective_key,
+            describe_position,
+            last_collectives,
+            location_of,
+        )
 
         if all(p["report"].get("status") in ("completed", "stopped") for p in parts):
             return []
         flights = {p["rank"]: (p.get("data") or {}).get("flight") for p in parts}
-        keys = {r: collective_key(f) for r, f in flights.items() if f and collective_key(f)}
+        keys: dict[int, Any] = {r: collective_key(f) for r, f in flights.items() if f and collective_key(f)}
+        stalled = all((p.get("data") or {}).get("stall") for p in parts)
+        location = None
         if len(set(keys.values())) < 2:
-            return []
+            waiting = any((f or {}).get("in_collective") for f in flights.values())
+            keys = last_collectives(flights) if stalled and not waiting else {}
+            if len(set(keys.values())) < 2:
+                return []
+            # Every rank hung outside a collective (NCCL returns at once and the GPU waits):
+            # the rank that entered a collective the others did not is where they diverged.
+            extra = max(keys, key=lambda r: int((flights[r] or {}).get("collectives") or 0))
+            location = location_of({**(flights[extra] or {}), "in_collective": True})
         described = " while ".join(
             f"rank {r} was {describe_position(flights[r])}" for r in sorted(keys))
         first = min(r for r in keys if (flights[r] or {}).get("in_collective")) if any(
             (flights[r] or {}).get("in_collective") for r in keys) else min(keys)
         died = {p["rank"]: p["died"].get("signal") for p in parts if p.get("died")}
         ending = "; ".join(f"rank {r} then died of {sig}" for r, sig in sorted(died.items()))
+        when = "when every rank stalled" if stalled else "when the run failed"
+        opening = (f"The ranks' last collectives differ {when}" if location is not None
+                   else f"The ranks were in different collectives {when}")
         finding = cls.finding(
-            f"The ranks were in different collectives when the run failed: {described}"
+            f"{opening}: {described}"
             f"{' (' + ending + ')' if ending else ''}. Every rank must call the same collectives "
             "in the same order; a collective that only some ranks call (for example inside "
             "`if rank == 0:`) is paired with a different one on the other ranks and fails or hangs.",
-            location=location_of(flights[first]),
+            location=location or location_of(flights[first]),
             evidence={"positions": {str(r): describe_position(flights[r]) for r in sorted(keys)},
                       "source": "flight records", **({"died": {str(r): s for r, s in died.items()}} if died else {})},
         )

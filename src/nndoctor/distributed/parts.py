@@ -122,7 +122,7 @@ def remove_parts(folder: str) -> None:
     records = [path for glob in ("alive-rank-*.json", "flight-rank-*.bin", "fatal-rank-*.txt")
                for path in Path(folder).glob(glob)]
     for path in [*Path(folder).glob(_PART_GLOB), *Path(folder).glob(_STALL_GLOB), *records,
-                 Path(folder) / "merge.claim"]:
+                 Path(folder) / "merge.claim", Path(folder) / "stall-merged"]:
         try:
             path.unlink()
         except OSError:

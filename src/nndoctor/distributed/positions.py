@@ -17,6 +17,14 @@ def collective_key(flight: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def last_collectives(flights: dict[int, dict[str, Any] | None]) -> dict[int, tuple[Any, ...]]:
+    """rank -> (collectives entered, the last one's op, element count, dtype, user line), for
+    ranks that all hang outside any collective: equal on every rank unless one rank entered a
+    collective the others did not (or a different one)."""
+    return {r: (f.get("collectives"), f.get("op"), f.get("numel"), f.get("dtype"), f.get("location"))
+            for r, f in flights.items() if f}
+
+
 def describe_position(flight: dict[str, Any] | None) -> str:
     """E.g. "in all_reduce of 1 element (float32) at train.py:25 (step 4)"."""
     if not flight:

@@ -21,8 +21,10 @@ from typing import Any
 from nndoctor.distributed.context import RankInfo, parts_dir
 from nndoctor.distributed.merge import merge_parts
 from nndoctor.distributed.parts import rank_data, remove_parts, write_part
+from nndoctor.distributed.stall_merge import STALL_MERGED, STALL_STOPPED, merged_here
 from nndoctor.findings import Report
 from nndoctor.selection import fail_threshold
+from nndoctor.watchdog import EXIT_STALLED
 
 # How long rank 0 waits for the other ranks' parts after its own run ended.
 GATHER_TIMEOUT_S = float(os.environ.get("NNDOCTOR_GATHER_TIMEOUT", "120"))
@@ -105,6 +107,12 @@ def finish_rank(report: Report, session: Any, info: RankInfo, args: argparse.Nam
                   file=sys.stderr)
         transport = send_part(info, report, session, folder, term.received)
         own = script_status(report)
+        if session.stash.get(STALL_STOPPED, False):
+            # Stopped by --stall-action stop; the merged stall report was delivered by rank 0's
+            # watchdog (this rank's part stays for it when it was not: a late interruption).
+            own = EXIT_STALLED
+            if session.stash.get(STALL_MERGED, False) or (not info.is_leader and merged_here(folder)):
+                return own
         if not (info.is_leader or take_over_merge(folder, info, report, term.received, transport)):
             if transport is not None:
                 forget_sent_part(folder, info.rank)

@@ -1,0 +1,32 @@
+"""--stall-action stop under torchrun when every rank hangs (a rank-conditional collective that
+gloo, like NCCL, waits on): one merged report from the ranks' watchdog snapshots, with X110
+from their flight records, although no rank reaches the end of the script."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.test_torchrun import torchrun
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_both_ranks_stopped_in_native_code_still_give_one_merged_report(tmp_path):
+    # The script ignores SIGINT: the watchdog must end each rank with os._exit(124).
+    result, report = torchrun(tmp_path, "rank_conditional_all_reduce_hang.py", "--stall-seconds", "2",
+                              "--stall-action", "stop", script_args=["ignore-sigint"])
+    assert report is not None, result.stderr[-3000:]
+    assert "exitcode  : 124" in result.stderr and result.returncode != 0
+    assert report["status"] == "stalled"
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1] and report["missing_ranks"] == []
+    stalls = [f for f in report["findings"] if f["code"] == "R104"]
+    assert sorted(r for f in stalls for r in f["ranks"]) == [0, 1]
+    [mismatch] = [f for f in report["findings"] if f["code"] == "X110"]
+    assert mismatch["ranks"] == [0, 1] and mismatch["location"]["line"] == 30
+    assert mismatch["evidence"]["source"] == "flight records"
+    assert "rank 0 was in all_reduce of 1 element (float32) at " in mismatch["message"]
+    assert "rank_conditional_all_reduce_hang.py:30 (step 3) while rank 1 was in barrier at " in mismatch["message"]
+    assert "rank_conditional_all_reduce_hang.py:31 (step 3)" in mismatch["message"]
+    # Printed once, by rank 0, before the ranks stopped.
+    assert result.stderr.count("X110 collective-mismatch") == 1
+    assert "stuck in native code; stopping it" in result.stderr  # the other may be stopped by torchrun
