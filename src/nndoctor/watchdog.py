@@ -26,6 +26,10 @@ from nndoctor.user_code import display_path, is_tool_file, is_user_code, user_lo
 
 DEFAULT_STALL_SECONDS = 300.0
 EXIT_STALLED = 124  # like timeout(1): stopped by --stall-action stop
+# How long the interrupted main thread gets to end the run before the process is ended: the
+# run's end (report, a garbage collection once TensorFlow is loaded) takes seconds on a loaded
+# machine, and ending the process then also ends whatever hosts the run (a notebook, pytest).
+STOP_GRACE_S = 10.0
 _ENV_SECONDS = "NNDOCTOR_STALL_SECONDS"
 _ENV_ACTION = "NNDOCTOR_STALL_ACTION"
 
@@ -226,7 +230,7 @@ def _wait_for_peers(session: Any) -> None:
     world = info.world_size if info is not None else rank_data(session).get("world_size")
     folder: str | None
     if info is not None:
-        from nndoctor.distributed.rank_run import parts_dir
+        from nndoctor.distributed.context import parts_dir
         from nndoctor.distributed.stall_merge import gather_window, wait_for_merge
 
         if info.is_leader or info.world_size < 2:
@@ -271,7 +275,7 @@ def _share_and_write(session: Any, record: dict[str, Any]) -> Any:
                    snapshot, rank_data(session), unique=True, stall=True)
         return None
     if info is not None:
-        from nndoctor.distributed.rank_run import parts_dir
+        from nndoctor.distributed.context import parts_dir
         from nndoctor.distributed.stall_merge import STALL_MERGED, mark_merged, merge_stalled
 
         folder = parts_dir(info)
@@ -326,7 +330,7 @@ def _stop(session: Any, snapshot: Any) -> None:
         import _thread
 
         _thread.interrupt_main()
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + STOP_GRACE_S
     while session.active and time.monotonic() < deadline:
         time.sleep(0.1)
     if session.active:

@@ -41,8 +41,8 @@ def marker_path(folder: str) -> Path:
 
 def merge_stalled(session: Any, info: Any, folder: str, snapshot: Report, stall_seconds: float) -> Report:
     """rank 0: the ranks' snapshots (or what a dead rank left), merged into one stalled report."""
+    from nndoctor.distributed.gather import gather
     from nndoctor.distributed.merge import merge_parts
-    from nndoctor.distributed.rank_run import gather
 
     parts = gather(folder, info.world_size, gather_window(stall_seconds), threading.Event())
     merged = merge_parts(parts, command=list(snapshot.command), world_size=info.world_size,
