@@ -25,7 +25,8 @@ PREFLIGHT = FIXTURES / "preflight"
 # model(**batch) is replayed with its keyword arguments (the forward hook sees them).
 # Programs preflight does not test: training in other processes, or hand-written parameter updates
 # (preflight starts at the first optimizer step, and these loops have no optimizer).
-TRAINED_ELSEWHERE = {"ddp_spawn_gloo", "hand_written_sgd_then_saliency", "word_language_model_zipf_tokens"}
+TRAINED_ELSEWHERE = {"ddp_spawn_gloo", "fsdp2_fully_shard", "hand_rolled_data_parallel",
+                     "hand_written_sgd_then_saliency", "word_language_model_zipf_tokens"}
 CODES = ("M107", "H101", "H102")
 
 
