@@ -80,6 +80,8 @@ def parse(argv=None):
     p.add_argument("--cudnn-benchmark", action="store_true")
     p.add_argument("--sync-every", type=int, default=1, help="read the loss with .item() every N steps")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--tf32", action="store_true", help="TF32 matmuls and convolutions")
+    p.add_argument("--fused", action="store_true", help="SGD(fused=True)")
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="measured steps after the warm-up")
     p.add_argument("--synthetic", action="store_true", help="one fixed batch on the GPU, no loading")
@@ -103,10 +105,14 @@ def build_loader(args):
 
 def build_model(args):
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     model = torchvision.models.resnet50(num_classes=10).cuda()
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
+                                **({"fused": True} if args.fused else {}))
     step_model = torch.compile(model) if args.compile else model
     return model, step_model, optimizer
 
@@ -245,7 +251,75 @@ def advice_to_flags(advice: list[dict]) -> list[str]:
             flags.append("--cudnn-benchmark")
         elif change == "compile":
             flags.append("--compile")
+        elif change == "tf32":
+            flags.append("--tf32")
+        elif change == "fused-optimizer":
+            flags.append("--fused")
+        elif change == "batch-size":
+            flags += ["--batch-size", str(item["batch_size"])]
+        elif change != "combination":
+            raise SystemExit(f"advice {change!r} has no flag in the image patient: add one")
     return flags
+
+
+# The best points of the 24-point grid measured on 2026-11-26 (phase verify), and what `--try
+# all` can add to them: the fresh, interleaved comparison of phase budget.
+BEST_CANDIDATES = (
+    "--workers 12 --pin --persistent --prefetch 2 --sync-every 100 --amp --channels-last",
+    "--workers 12 --pin --persistent --prefetch 2 --sync-every 100 --amp --channels-last --cudnn-benchmark",
+    "--workers 12 --pin --persistent --prefetch 2 --sync-every 100 --amp --channels-last --compile",
+    "--workers 12 --pin --persistent --prefetch 2 --sync-every 100 --amp --channels-last --fused --tf32",
+)
+
+
+def phase_budget(work: Path, out: Path, args: argparse.Namespace) -> dict:
+    """Issue 29: `nndoctor perf --try all` at its default budget (nothing else on its command
+    line), the advice applied mechanically, then advised vs the best candidates, interleaved,
+    each a fresh process, `--confirm-repeats` rounds (median per configuration)."""
+    import statistics
+
+    import torch
+
+    results: dict = {"card": torch.cuda.get_device_name(0), "cpus": os.cpu_count(), "images": args.images}
+    measure = ["--warmup-steps", "5", "--steps", str(args.steps)]
+    perf_json = work / "perf.json"
+    perf_run = run_script(work, ["--steps", "100000"], under_perf=["--try", "all", "--json", str(perf_json)],
+                          timeout=900)
+    results["perf_run"] = {k: perf_run[k] for k in ("command", "rc", "seconds")}
+    (out / "perf_terminal_budget.txt").write_text(perf_run["stderr"])
+    print(f"perf --try all: rc {perf_run['rc']}, {perf_run['seconds']:.0f} s", flush=True)
+    report = json.loads(perf_json.read_text())
+    shutil.copy(perf_json, out / "perf_report_budget.json")
+    perf = report["extra"]["perf"]
+    trials = perf.get("trials") or {}
+    results["budget"] = trials.get("budget")
+    results["trials"] = {name: {k: t.get(k) for k in ("speedup", "not_measured", "skipped", "reason", "predicted")}
+                         for name, t in trials.items() if isinstance(t, dict) and name != "budget"}
+    results["advice"] = perf["advice"]
+    flags = advice_to_flags(perf["advice"])
+    results["advised_flags"] = " ".join(flags)
+    print("advised flags", flags, flush=True)
+    configs = {"advised": flags, **{f"candidate {i}": c.split() for i, c in enumerate(BEST_CANDIDATES)}}
+    rows: dict[str, list[float]] = {name: [] for name in ["baseline", *configs]}
+    rows["baseline"].append(run_script(work, measure)["images_per_s"])
+    for round_ in range(args.confirm_repeats):
+        order = list(configs.items())
+        if round_ % 2:
+            order.reverse()
+        for name, config in order:
+            rate = run_script(work, measure + config)["images_per_s"]
+            rows[name].append(rate)
+            print(round_, name, rate, flush=True)
+        (out / "perf_advice_budget.json").write_text(json.dumps({**results, "rows": rows}, indent=1, default=str))
+    medians = {name: statistics.median(v) for name, v in rows.items() if v and None not in v}
+    best = max((n for n in medians if n != "baseline"), key=medians.get)
+    results.update(rows=rows, medians=medians, best=best,
+                   configs={name: " ".join(c) for name, c in configs.items()},
+                   advised_over_best=medians["advised"] / medians[best],
+                   advised_over_baseline=medians["advised"] / medians["baseline"])
+    print(json.dumps({k: results[k] for k in ("medians", "best", "advised_over_best", "advised_over_baseline")}),
+          flush=True)
+    return results
 
 
 def phase_main(work: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -419,7 +493,7 @@ def main() -> int:
     parser.add_argument("--grid-repeats", type=int, default=None,
                         help="lm / mlp / decoder: rounds over naive, advised and the grid (median per configuration; "
                              "default 3, decoder 1: its best point is re-measured fresh afterwards)")
-    parser.add_argument("--phase", choices=("main", "final", "verify", "overhead"),
+    parser.add_argument("--phase", choices=("main", "final", "verify", "overhead", "budget"),
                         help="resnet50: which part of its benchmark to run")
     parser.add_argument("--advised-flags", default="", help="final: the flags the main phase derived from the advice")
     parser.add_argument("--out", default=".", help="a folder, or (decoder) the JSON file to write")
@@ -461,6 +535,8 @@ def main() -> int:
         print(f"dataset: {args.images} JPEGs in {seconds:.1f} s", flush=True)
         if args.phase == "main":
             results = phase_main(work, out, args)
+        elif args.phase == "budget":
+            results = phase_budget(work, out, args)
         elif args.phase == "verify":
             results = phase_verify(work, out, args)
         elif args.phase == "overhead":
