@@ -275,13 +275,14 @@ BEST_CANDIDATES = (
 def phase_budget(work: Path, out: Path, args: argparse.Namespace) -> dict:
     """Issue 29: `nndoctor perf --try all` at its default budget (nothing else on its command
     line), the advice applied mechanically, then advised vs the best candidates, interleaved,
-    each a fresh process, `--confirm-repeats` rounds (median per configuration)."""
-    import statistics
-
+    each a fresh process, `--confirm-repeats` rounds (median per configuration). `--stage perf`
+    stops after the perf run; `--advised-flags` skips it (two device calls of < 10 min)."""
     import torch
 
     results: dict = {"card": torch.cuda.get_device_name(0), "cpus": os.cpu_count(), "images": args.images}
     measure = ["--warmup-steps", "5", "--steps", str(args.steps)]
+    if args.advised_flags:  # the perf run was an earlier call (--stage perf): measure only
+        return _budget_confirm(work, out, args, results, args.advised_flags.split(), measure)
     perf_json = work / "perf.json"
     perf_run = run_script(work, ["--steps", "100000"], under_perf=["--try", "all", "--json", str(perf_json)],
                           timeout=900)
@@ -299,6 +300,16 @@ def phase_budget(work: Path, out: Path, args: argparse.Namespace) -> dict:
     flags = advice_to_flags(perf["advice"])
     results["advised_flags"] = " ".join(flags)
     print("advised flags", flags, flush=True)
+    (out / "perf_advice_budget.json").write_text(json.dumps(results, indent=1, default=str))
+    if args.stage == "perf":
+        return results
+    return _budget_confirm(work, out, args, results, flags, measure)
+
+
+def _budget_confirm(work: Path, out: Path, args: argparse.Namespace, results: dict, flags: list[str],
+                    measure: list[str]) -> dict:
+    import statistics
+
     configs = {"advised": flags, **{f"candidate {i}": c.split() for i, c in enumerate(BEST_CANDIDATES)}}
     rows: dict[str, list[float]] = {name: [] for name in ["baseline", *configs]}
     rows["baseline"].append(run_script(work, measure)["images_per_s"])
@@ -310,7 +321,8 @@ def phase_budget(work: Path, out: Path, args: argparse.Namespace) -> dict:
             rate = run_script(work, measure + config)["images_per_s"]
             rows[name].append(rate)
             print(round_, name, rate, flush=True)
-        (out / "perf_advice_budget.json").write_text(json.dumps({**results, "rows": rows}, indent=1, default=str))
+        (out / "perf_advice_budget_confirm.json").write_text(json.dumps({**results, "rows": rows}, indent=1,
+                                                                       default=str))
     medians = {name: statistics.median(v) for name, v in rows.items() if v and None not in v}
     best = max((n for n in medians if n != "baseline"), key=medians.get)
     results.update(rows=rows, medians=medians, best=best,
