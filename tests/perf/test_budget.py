@@ -95,6 +95,41 @@ def test_a_batch_sampler_inside_the_loader_makes_batch_size_applicable():
     assert predict("batch-size", gpu_facts(loader_batch_size=32))["bound"] == pytest.approx(1 / 0.99, abs=1e-3)
 
 
+def test_an_input_bound_gpu_is_idle_but_neither_cuda_graphs_nor_a_larger_batch_can_fill_it():
+    """The naive ResNet-50 image patient on an H200 (benchmarks/perf_advice.py --phase budget):
+    82% of the step waiting for a num_workers=0 DataLoader, so the GPU is busy 15%. That idle
+    time is the loader's: CUDA graphs are skipped, a larger batch is bounded by the 18% rest
+    (it loads K× the images per step too), and the loader, predicted 5.7×, is measured first."""
+    image = gpu_facts(fractions={"data": 0.825, "h2d": 0.023, "forward": 0.023, "backward": 0.024,
+                                 "optimizer": 0.004, "io": 0.0, "sync": 0.091, "other": 0.01},
+                      gpu_busy=0.15, has_conv=True, optimizer_name="SGD", optimizer_foreach=True,
+                      attention={"traced": True, "handwritten": 0, "handwritten_modules": [], "sdpa_calls": 0},
+                      loader_batch_size=128)
+    order, predictions = plan(("cuda-graphs", "batch-size", "amp", "channels_last", "loader"), image)
+    assert "waiting for data" in predictions["cuda-graphs"]["skip"]
+    assert predictions["batch-size"]["bound"] == pytest.approx(1.0, abs=0.01)
+    assert order[0] == "loader" and predictions["loader"]["bound"] == pytest.approx(1 / 0.175, abs=0.01)
+    # The same GPU idle with no data wait is launch-bound: both stay as they were.
+    launch_bound = gpu_facts(gpu_busy=0.15, loader_batch_size=128)
+    assert predict("cuda-graphs", launch_bound)["bound"] == pytest.approx(1 / 0.15, abs=0.01)
+    assert predict("batch-size", launch_bound)["bound"] == 8.0
+
+
+def test_the_loader_budget_is_kept_when_it_promises_more_than_every_step_change():
+    from types import SimpleNamespace
+
+    from nndoctor.perf.session import _loader_reserve
+
+    config = SimpleNamespace(tries=("amp", "loader"), try_seconds=3.0)
+    facts = SimpleNamespace(loader_config={"batch_size": 128, "num_workers": 0, "pin_memory": False})
+    loader_first = {"amp": {"kind": "prediction", "bound": 1.14}, "loader": {"kind": "prediction", "bound": 5.7}}
+    assert _loader_reserve(config, loader_first, ["amp"], True, facts) > 0
+    step_first = {"amp": {"kind": "prediction", "bound": 6.0}, "loader": {"kind": "prediction", "bound": 1.2}}
+    assert _loader_reserve(config, step_first, ["amp"], True, facts) == 0
+    skipped = {"amp": {"kind": "prediction", "bound": 1.1}, "loader": {"kind": "prediction", "skip": "no wait"}}
+    assert _loader_reserve(config, skipped, ["amp"], True, facts) == 0
+
+
 def test_every_unmeasured_prediction_is_labelled_as_one():
     text = prediction_text(predict("fused-optimizer", gpu_facts()))
     assert text.startswith("predicted up to 1.48×") and "a prediction, not a measurement" in text
@@ -374,3 +409,27 @@ def test_a_noisy_window_keeps_one_run_from_deciding(monkeypatch):
     schedule.TrialScheduler(noisy, budget=schedule.Budget(1000.0, started=noisy.now), repeats=3, device="cuda",
                             noise_floor=0.6).run_all(order, predictions, trials)
     assert trials["amp"]["runs"] == 2  # one more interleaved pair; then the measured spread decides
+
+
+def test_a_re_run_measures_the_data_wait_of_its_window(monkeypatch):
+    """StepClock: host time from a step's end to the next batch is the loop waiting for data;
+    an input-bound session compares step changes without it (DATA_WAIT_ENV)."""
+    from types import SimpleNamespace
+
+    from nndoctor.perf import rerun_child
+
+    monkeypatch.setattr(rerun_child, "_sync", lambda: None)
+    monkeypatch.setattr(rerun_child, "_peak_memory", lambda: None)
+    monkeypatch.setattr(rerun_child, "_reset_peak_memory", lambda: None)
+    now = [0.0]
+    monkeypatch.setattr(rerun_child.time, "perf_counter", lambda: now[0])
+    clock = rerun_child.StepClock(None, (2, 3))
+    optimizer = object()
+    batch = SimpleNamespace(batch=None)
+    for _ in range(5):  # each step: 0.3 s waiting for the batch, then 0.1 s of step
+        now[0] += 0.3
+        clock.on_batch(batch)
+        now[0] += 0.1
+        clock.on_step_end(SimpleNamespace(optimizer=optimizer))
+    assert clock.seconds_per_step == pytest.approx(0.4)
+    assert clock.data_wait / 3 == pytest.approx(0.3)

@@ -43,6 +43,21 @@ class PlanFacts:
     loader_batch_size: int | None = None
 
     @property
+    def waiting(self) -> float:
+        """Share of the step the loop waited for data, copies or I/O (grows with the batch)."""
+        f = self.fractions
+        return max(0.0, min(1.0, sum(f.get(name, 0.0) for name in ("data", "h2d", "io"))))
+
+    @property
+    def launch_idle(self) -> float:
+        """Share of the step the GPU sat idle while the loop was *not* waiting for data or I/O:
+        the time launches, host work and syncs leave the device without work, which CUDA graphs
+        or a larger batch can fill (an input-bound GPU is idle too, but neither helps there)."""
+        if self.gpu_busy is None:
+            return 0.0
+        return max(0.0, (1.0 - self.gpu_busy) - self.waiting)
+
+    @property
     def compute_share(self) -> float:
         """Share of the step in forward, backward and the syncs that wait for them (on a GPU the
         host blocks in a sync while the device computes): all but data, copies, update and I/O."""
@@ -119,8 +134,12 @@ def predict(change: str, f: PlanFacts) -> dict[str, Any]:
         if f.gpu_busy >= BUSY_FOR_NO_GRAPHS:
             return _skip(f"the GPU was busy {f.gpu_busy:.0%} of the step: launches already hide behind "
                          "running kernels, so CUDA graphs have no launch time to remove")
-        return _prediction(1.0 / max(f.gpu_busy, 1e-3), f"the GPU was busy {f.gpu_busy:.0%} of the step: replaying "
-                                                        "the launches as one graph removes at most the idle rest")
+        idle = f.launch_idle
+        if idle < 1.0 - BUSY_FOR_NO_GRAPHS:
+            return _skip(f"the GPU was idle {1 - f.gpu_busy:.0%} of the step, but {f.waiting:.0%} of the step "
+                         "was the loop waiting for data or I/O: there is no launch time for CUDA graphs to remove")
+        return _prediction(1.0 / (1.0 - idle), f"the GPU was idle {idle:.0%} of the step while not waiting for data: "
+                                               "replaying the launches as one graph removes at most that")
     if change in ("channels_last", "cudnn-benchmark"):
         if not f.has_conv:
             return _skip(f"no convolution in the model: {change} acts on convolutions only")
@@ -140,17 +159,23 @@ def predict(change: str, f: PlanFacts) -> dict[str, Any]:
             return _skip("the batches do not come from a torch DataLoader/BatchSampler whose batch_size could "
                          "be changed (e.g. tensors made in the loop)")
         if cuda and f.gpu_busy is not None:
-            if f.gpu_busy < BUSY_FOR_NO_GRAPHS:
+            # Loading, copying and I/O grow with the batch: per sample they stay what they are,
+            # so only the rest of the step can get cheaper per sample (Amdahl over that rest).
+            rest = max(0.0, 1.0 - f.waiting)
+            if f.launch_idle >= 1.0 - BUSY_FOR_NO_GRAPHS:
                 # Idle gaps between kernels mean small kernels: a K× batch runs nearly the same
-                # launches on K× the samples, so samples/s can grow up to K×, not just by the gaps.
+                # launches on K× the samples, so that part's samples/s can grow up to K×.
                 from nndoctor.perf.rerun import BATCH_FACTORS
 
                 top = max(BATCH_FACTORS["cuda"])
-                return _prediction(float(top), f"the GPU was busy only {f.gpu_busy:.0%} of the step (small kernels): "
-                                               f"a {top}× batch runs about the same launches on {top}× the samples, "
-                                               f"up to {top}× the samples/s")
-            return _prediction(1.0 / max(f.gpu_busy, 1e-3), f"the GPU was busy {f.gpu_busy:.0%} of the step: a "
-                                                            "larger batch can fill at most the idle rest (samples/s)")
+                waiting = (f" (the {f.waiting:.0%} spent waiting for data or I/O grows with the batch)"
+                           if f.waiting >= MIN_DATA_FRACTION else "")
+                return _prediction(amdahl(rest, top), f"the GPU was idle {f.launch_idle:.0%} of the step while not "
+                                                      f"waiting for data (small kernels): a {top}× batch runs about "
+                                                      f"the same launches on {top}× the samples{waiting}")
+            return _prediction(1.0 / (1.0 - f.launch_idle), f"the GPU was busy {f.gpu_busy:.0%} of the step: a larger "
+                                                            "batch can fill at most the idle time outside data waits "
+                                                            "(samples/s)")
         return _prediction(None, "a larger batch's gain cannot be bounded from this breakdown")
     if change == "loader":
         data = f.fractions.get("data", 0.0)

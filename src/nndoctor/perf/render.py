@@ -110,6 +110,10 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         lines.append(f"--try step changes: your script re-run {baseline['repeats']}× per change at most, fewer once "
                      f"the verdict is clear, interleaved with the baseline, each change injected "
                      f"({baseline['warmup']} warm-up + {baseline['steps']} measured steps a run){done}:")
+        timing = trials.get("step_timing") or {}
+        if timing.get("excludes_data_wait"):
+            lines.append(f"  (the loop waited for data {timing['data_share']:.0%} of the step: each change is timed on "
+                         "the step without that wait, which only the loader settings shorten)")
     for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
                  "cuda-graphs", "batch-size", *TF_TRIAL_NAMES):
         result = trials.get(name)

@@ -59,6 +59,11 @@ def _peak_memory() -> int | None:
 
 
 STABLE = 0.10  # two consecutive warm-up steps within 10% of each other: warm
+# Set by the perf session when the measured loop is input-bound: the step changes (AMP, channels
+# last, compile, ...) act on the step, not on loading, and the loader trial measures loading; so
+# each re-run reports its step time without the data wait ("seconds_per_step"), the wall time
+# per step beside it ("wall_seconds_per_step").
+DATA_WAIT_ENV = "NNDOCTOR_TRY_EXCLUDE_DATA_WAIT"
 
 
 class StepClock:
@@ -89,6 +94,11 @@ class StepClock:
         self.final_loss: float | None = None
         self.samples = 0  # DataLoader samples fetched inside the window
         self.peak_memory_bytes: int | None = None
+        # Host time inside the window from a step's end to the next batch's arrival: the loop
+        # waiting for its DataLoader (measured so an input-bound loop's step changes can be
+        # compared without it, see DATA_WAIT_ENV).
+        self.data_wait = 0.0
+        self._since_step_end: float | None = None
 
     def on_backward(self, event: Any) -> None:
         tensor = event.tensor
@@ -107,6 +117,9 @@ class StepClock:
 
         if self.started is None or self.seconds_per_step is not None:
             return
+        if self._since_step_end is not None:
+            self.data_wait += time.perf_counter() - self._since_step_end
+            self._since_step_end = None
         tensor = _first_tensor(event.batch)
         self.samples += int(tensor.shape[0]) if tensor is not None and tensor.dim() else 0
 
@@ -123,13 +136,14 @@ class StepClock:
         if self.count == self.warmup and self.started is None:
             _sync()
             _reset_peak_memory()
-            self.started = time.perf_counter()
+            self.started = self._since_step_end = time.perf_counter()
         elif self.count == self.warmup + self.steps and self.started is not None:
             _sync()
             self.seconds_per_step = (time.perf_counter() - self.started) / self.steps
             self.peak_memory_bytes = _peak_memory()
+            self._since_step_end = None
         elif self.started is not None and self.seconds_per_step is None:
-            self.last_end = time.perf_counter()  # no sync inside the window
+            self.last_end = self._since_step_end = time.perf_counter()  # no sync inside the window
 
     def _stable(self) -> bool:
         ends = self._warmup_ends
@@ -186,9 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     report = run_target(target, session)
     ended_early = report.status != "crashed" and clock.finish_early()
     measured = args.steps if not ended_early else clock.measured_steps
+    seconds_per_step = clock.seconds_per_step
+    data_per_step = clock.data_wait / measured if seconds_per_step is not None and measured else None
+    if seconds_per_step is not None and data_per_step is not None and os.environ.get(DATA_WAIT_ENV) == "1":
+        seconds_per_step = max(seconds_per_step - data_per_step, 1e-9)
     result: dict[str, Any] = {
         "status": report.status,
-        "seconds_per_step": clock.seconds_per_step,
+        "seconds_per_step": seconds_per_step,
+        "wall_seconds_per_step": clock.seconds_per_step,
+        "data_seconds_per_step": data_per_step,
         "first_loss": clock.first_loss,
         "final_loss": clock.final_loss,
         "steps_seen": clock.count,

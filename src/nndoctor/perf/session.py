@@ -20,9 +20,14 @@ from typing import Any
 from nndoctor.engine import Session
 from nndoctor.findings import Report
 from nndoctor.perf.recorder import LoopFacts, PerfConfig, PerfRecorder
+from nndoctor.perf.rerun_child import DATA_WAIT_ENV
 from nndoctor.perf.timeline import Breakdown, summarize
 from nndoctor.registry import enabled_checks
 from nndoctor.runner import Target, run_target
+
+# From this share of the step spent waiting for data on, the loop is input-bound: step changes
+# are compared on the step without the wait (they cannot shorten it; a faster loader can).
+INPUT_BOUND_SHARE = 0.5
 
 
 @dataclass
@@ -203,14 +208,30 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
         warmup = max(config.warmup, rerun.MIN_COMPILED_WARMUP) if any(
             n in rerun.COMPILED for n in order) else config.warmup
         cache = schedule.CompileCache()
+        child_env = dict(cache.env)
+        data_share = (facts_for_plan.fractions or {}).get("data", 0.0)
+        if data_share >= INPUT_BOUND_SHARE:
+            child_env[DATA_WAIT_ENV] = "1"
+            results["step_timing"] = {"excludes_data_wait": True, "data_share": round(data_share, 3)}
+            if announce:
+                announce(f"the loop waited for data {data_share:.0%} of the step: the step changes are timed "
+                         "without that wait (the loader trial measures loading)")
 
         def run_child(changes: list[str]) -> dict[str, Any]:
             # The warm-up ends early once two steps take the same time (compiled changes: after 3 at least).
             least = rerun.MIN_COMPILED_WARMUP if any(c in rerun.COMPILED for c in changes) else rerun.MIN_STABLE_WARMUP
-            return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps, env=cache.env,
+            return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps, env=child_env,
                                    min_warmup=least)
 
-        scheduler = schedule.TrialScheduler(run_child, budget=budget, repeats=config.try_repeats, device=device,
+        step_budget = budget
+        loader_first = _loader_reserve(config, predictions, order, cuda, facts)
+        if loader_first:
+            # The loader is timed after the step changes (it is confirmed against the faster step),
+            # but when it promises more than any of them its time is kept out of their budget.
+            step_budget = schedule.Budget(max(0.0, config.budget - loader_first), budget.started)
+            if announce:
+                announce(f"--try loader promises the most: {loader_first:.0f} s of the budget kept for it")
+        scheduler = schedule.TrialScheduler(run_child, budget=step_budget, repeats=config.try_repeats, device=device,
                                             announce=announce, measure_alone=schedule.measure_alone_command(target),
                                             first_estimate=budget.elapsed(),
                                             noise_floor=_window_noise(recorder))
@@ -238,8 +259,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
         # Under --try all a loader that cannot matter is not timed; asked for by name, it is.
         results["loader"] = {"skipped": predictions["loader"]["skip"], "predicted": predictions["loader"]}
     if "loader" in config.tries and "loader" not in results:
-        loader_cost = (len(loader_trials.loader_grid(loader_trials.available_cpus(), cuda, facts.loader_config)) + 3) \
-            * config.try_seconds * 1.5
+        loader_cost = _loader_cost(config, cuda, facts.loader_config)
         if not budget.fits(loader_cost):
             results["loader"] = {"not_measured": "budget", "predicted": predictions.get("loader"),
                                  "command": schedule.measure_alone_command(target)("loader"),
@@ -273,6 +293,25 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             except Exception as error:  # noqa: BLE001
                 results["loader"] = {"error": f"{type(error).__name__}: {error}"}
     return results
+
+
+def _loader_cost(config: Any, cuda: bool, loader_config: Any) -> float:
+    from nndoctor.perf import loader_trials
+
+    grid = loader_trials.loader_grid(loader_trials.available_cpus(), cuda, loader_config)
+    return (len(grid) + 3) * config.try_seconds * 1.5
+
+
+def _loader_reserve(config: Any, predictions: dict[str, Any], order: list[str], cuda: bool, facts: Any) -> float:
+    """Seconds to keep for the loader trial: its estimated cost when it is asked for and its
+    predicted gain is above every step change's; else 0."""
+    loader = predictions.get("loader") or {}
+    if "loader" not in config.tries or "skip" in loader or loader.get("bound") is None:
+        return 0.0
+    best_step = max(((predictions.get(name) or {}).get("bound") or 0.0 for name in order), default=0.0)
+    if loader["bound"] <= best_step:
+        return 0.0
+    return _loader_cost(config, cuda, facts.loader_config)
 
 
 def _window_noise(recorder: PerfRecorder) -> float:
