@@ -194,6 +194,101 @@ for step in range(5):
     loss.backward()
     optimizer.step()  # expect: O102
 """),
+    # Hand-written update loops (no torch.optim): the model's zero_grad() at the start of the step
+    # when the update runs every pass over model.parameters(), as in pytorch/examples' regression.
+    ("O101", HEAD + """\
+fc = torch.nn.Linear(4, 1)
+for batch_idx in range(1, 20):
+    batch_x, batch_y = get_batch()
+    output = F.smooth_l1_loss(fc(batch_x), batch_y)
+    output.backward()  # expect: O101
+    # plain SGD
+    for param in fc.parameters():
+        param.data.add_(-0.1 * param.grad)
+""", HEAD + """\
+fc = torch.nn.Linear(4, 1)
+for batch_idx in range(1, 20):
+    fc.zero_grad()
+    batch_x, batch_y = get_batch()
+    output = F.smooth_l1_loss(fc(batch_x), batch_y)
+    output.backward()  # expect: O101
+    # plain SGD
+    for param in fc.parameters():
+        param.data.add_(-0.1 * param.grad)
+"""),
+    ("O101", HEAD + """\
+model = nn.Linear(8, 1)
+for x, y in loader:
+    loss = F.mse_loss(model(x), y)
+    loss.backward()  # expect: O101
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p -= lr * p.grad
+""", HEAD + """\
+model = nn.Linear(8, 1)
+for x, y in loader:
+    model.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()  # expect: O101
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p -= lr * p.grad
+"""),
+    # Not a model's parameters: clear each gradient right after its update.
+    ("O101", HEAD + """\
+params = [w, b]
+for x, y in loader:
+    loss = F.mse_loss(x @ w + b, y)
+    loss.backward()  # expect: O101
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad  # SGD
+""", HEAD + """\
+params = [w, b]
+for x, y in loader:
+    loss = F.mse_loss(x @ w + b, y)
+    loss.backward()  # expect: O101
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad  # SGD
+            p.grad = None
+"""),
+    # The update runs every 4 passes (accumulation): clearing at each pass's start would undo it.
+    ("O101", HEAD + """\
+for i, (x, y) in enumerate(loader):
+    loss = F.mse_loss(model(x), y) / 4
+    loss.backward()  # expect: O101
+    if (i + 1) % 4 == 0:
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
+""", HEAD + """\
+for i, (x, y) in enumerate(loader):
+    loss = F.mse_loss(model(x), y) / 4
+    loss.backward()  # expect: O101
+    if (i + 1) % 4 == 0:
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
+            p.grad = None
+"""),
+    ("O102", HEAD + """\
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+for step in range(8):
+    loss = F.mse_loss(model(x), y)  # expect: O102
+    loss.backward()
+    model.zero_grad(set_to_none=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+""", HEAD + """\
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+for step in range(8):
+    model.zero_grad(set_to_none=False)
+    loss = F.mse_loss(model(x), y)  # expect: O102
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+"""),
     ("O108", TRAIN_HEAD + """\
 for i, (x, y) in enumerate(loader):
     loss = F.cross_entropy(model(x), y)
@@ -338,6 +433,33 @@ UNCERTAIN = [
     ("C103", TRAIN_HEAD + "torch.save(model, 'm.pt')  # expect: C103\nm = torch.load('m.pt')\n", "torch.load"),
     # Adam imported by name: the import must change too
     ("O109", HEAD + "from torch.optim import Adam\nopt = Adam(p, weight_decay=0.1)  # expect: O109\n", "imported"),
+    # hand-written updates: two models updated by hand in one loop
+    ("O101", HEAD + "for x in loader:\n    loss.backward()  # expect: O101\n"
+     "    for p in g.parameters():\n        p.data.add_(-lr * p.grad)\n"
+     "    for p in d.parameters():\n        p.data.add_(-lr * p.grad)\n", "2 hand-written updates"),
+    # the update comes first in the loop (it uses the previous pass's gradients)
+    ("O101", HEAD + "for x in loader:\n    for p in model.parameters():\n        p.data.add_(-lr * p.grad)\n"
+     "    loss = model(x).sum()\n    loss.backward()  # expect: O101\n", "before backward"),
+    # the update is in a helper function: nothing in the loop writes the parameters
+    ("O101", HEAD + "for x in loader:\n    loss = model(x).sum()\n    loss.backward()  # expect: O101\n"
+     "    sgd_update(model, lr)\n", "no hand-written update"),
+    # the gradients are read again after the update (p.grad = None would break the logging)
+    ("O101", HEAD + "for x in loader:\n    loss = model(x).sum()\n    loss.backward()  # expect: O101\n"
+     "    for p in params:\n        p.data.add_(-lr * p.grad)\n    log(params[0].grad.norm())\n", "read again"),
+    # the update can skip its end: p.grad = None there would not always run
+    ("O101", HEAD + "for x in loader:\n    loss = model(x).sum()\n    loss.backward()  # expect: O101\n"
+     "    for p in params:\n        if p.grad is None:\n            continue\n        p -= lr * p.grad\n",
+     "continue/break"),
+    # some gradients are already cleared: which are left is not clear from the code
+    ("O101", HEAD + "for x in loader:\n    loss = model(x).sum()\n    loss.backward()  # expect: O101\n"
+     "    for p in params:\n        p.data.add_(-lr * p.grad)\n    head.zero_grad()\n", "already clears"),
+    # O102 by hand: the update is in a helper, so the loop shows no update after zero_grad()
+    ("O102", HEAD + "for step in range(8):\n    loss = model(x).sum()  # expect: O102\n    loss.backward()\n"
+     "    model.zero_grad(set_to_none=False)\n    sgd_update(model)\n", "no hand-written update"),
+    # O102 by hand: two zero_grad() calls before the update
+    ("O102", HEAD + "for step in range(8):\n    model.zero_grad()\n    loss = model(x).sum()  # expect: O102\n"
+     "    loss.backward()\n    model.zero_grad(set_to_none=False)\n"
+     "    for p in model.parameters():\n        p.data.add_(-lr * p.grad)\n", "not between one backward"),
     # no accumulation test to take the count from
     ("O108", TRAIN_HEAD + "for x in loader:\n    loss.backward()  # expect: O108\n", "accumulation"),
 ]

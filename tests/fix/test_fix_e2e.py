@@ -18,13 +18,8 @@ from nndoctor.cli import main
 from nndoctor.fix.codemods import CODEMODS, codemod_for
 from tests.conftest import BUGGY, FIXTURES, expected_lines
 
-ALL_CASES = [(path, code) for folder in (BUGGY, FIXTURES / "keras") for path in sorted(folder.glob("*.py"))
-             for code in sorted(set(expected_lines(path)) & set(CODEMODS))]
-# Hand-written update loops (`param.data.add_(-lr * param.grad)`, no optimizer): the O101/O102
-# codemods place `optimizer.zero_grad()`, and there is no optimizer to call it on. The fix is
-# only suggested there (below); editing such loops is not implemented.
-MANUAL_UPDATES = [(path, code) for path, code in ALL_CASES if "manual_update" in path.stem]
-CASES = [case for case in ALL_CASES if case not in MANUAL_UPDATES]
+CASES = [(path, code) for folder in (BUGGY, FIXTURES / "keras") for path in sorted(folder.glob("*.py"))
+         for code in sorted(set(expected_lines(path)) & set(CODEMODS))]
 
 
 def fix(tmp_path, script, *options):
@@ -75,13 +70,3 @@ def test_module_target_is_fixed_in_the_project(tmp_path, monkeypatch):
     assert "torch.load(buffer, weights_only=True)" in (tmp_path / "pkg" / "train.py").read_text()
     monkeypatch.delitem(sys.modules, "pkg", raising=False)
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("fixture", "code"), MANUAL_UPDATES, ids=lambda v: getattr(v, "stem", v))
-def test_a_loop_without_an_optimizer_gets_a_suggestion_not_an_edit(fixture, code, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    shutil.copy(fixture, tmp_path / fixture.name)
-    _, report = fix(tmp_path, fixture.name, "--write", "--verify")
-    mine = [e for e in report["edits"] if e["code"] == code]
-    assert mine and not any(e["applied"] for e in mine), mine
-    assert (tmp_path / fixture.name).read_text() == fixture.read_text()
