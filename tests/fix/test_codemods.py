@@ -175,8 +175,8 @@ for x, y in loader:
     optimizer.step()
 """, TRAIN_HEAD + """\
 for x, y in loader:
-    # forward
     optimizer.zero_grad()
+    # forward
     loss = F.cross_entropy(model(x), y)
     loss.backward()  # expect: O101
     optimizer.step()
@@ -199,6 +199,7 @@ for step in range(5):
     ("O101", HEAD + """\
 fc = torch.nn.Linear(4, 1)
 for batch_idx in range(1, 20):
+    # Get data
     batch_x, batch_y = get_batch()
     output = F.smooth_l1_loss(fc(batch_x), batch_y)
     output.backward()  # expect: O101
@@ -209,6 +210,7 @@ for batch_idx in range(1, 20):
 fc = torch.nn.Linear(4, 1)
 for batch_idx in range(1, 20):
     fc.zero_grad()
+    # Get data
     batch_x, batch_y = get_batch()
     output = F.smooth_l1_loss(fc(batch_x), batch_y)
     output.backward()  # expect: O101
