@@ -416,6 +416,11 @@ def test_c101_uses_the_prefix_the_run_saw():
     dp = TRAIN_HEAD + 'model = nn.DataParallel(model)\ntorch.save(model.state_dict(), "ckpt.pt")  # expect: C101\n'
     assert "model.module.state_dict()" in propose("C101", dp, {"prefix": "module."})
 
+    # Already the inner model, and still the prefix: it comes from another wrapper inside.
+    inner = TRAIN_HEAD + "torch.save(model.module.state_dict(), 'ckpt.pt')  # expect: C101\n"
+    with pytest.raises(Uncertain, match="already saving"):
+        propose("C101", inner, {"prefix": "module."})
+
 
 UNCERTAIN = [
     # two optimizers step in the loop: whose gradients to clear?
@@ -462,6 +467,34 @@ UNCERTAIN = [
     ("O102", HEAD + "for step in range(8):\n    model.zero_grad()\n    loss = model(x).sum()  # expect: O102\n"
      "    loss.backward()\n    model.zero_grad(set_to_none=False)\n"
      "    for p in model.parameters():\n        p.data.add_(-lr * p.grad)\n", "not between one backward"),
+    # the sigmoid's output is also thresholded for the accuracy
+    ("L102", TRAIN_HEAD + "probs = torch.sigmoid(model(x))\n"
+     "loss = F.binary_cross_entropy_with_logits(probs, y)  # expect: L102\nacc = ((probs > 0.5) == y).float().mean()\n",
+     "also used"),
+    # nll_loss imported by name: the import must change too
+    ("L103", TRAIN_HEAD + "from torch.nn.functional import nll_loss\nloss = nll_loss(model(x), y)  # expect: L103\n",
+     "imported by name"),
+    # the evaluation is not in a no_grad block: where it starts is not marked
+    ("M101", TRAIN_HEAD + "for x, y in val_loader:\n    out = model(x)  # expect: M101\n", "no_grad"),
+    # two models are put in eval mode in the loop: which one trains?
+    ("M102", HEAD + "g_opt = torch.optim.Adam(gen.parameters())\nd_opt = torch.optim.Adam(disc.parameters())\n"
+     "for epoch in range(3):\n    for x in loader:\n        loss = disc(gen(x)).sum()  # expect: M102\n"
+     "    gen.eval()\n    disc.eval()\n", "more than one model"),
+    # the momentum is a variable: its value is not written here
+    ("B101", TRAIN_HEAD + "bn = nn.BatchNorm1d(16, momentum=keras_momentum)  # expect: B101\n", "not a number"),
+    # no prefix seen and no wrapper built in this file: which attribute holds the inner model?
+    ("C101", TRAIN_HEAD + "model = wrap(model)\ntorch.save(model.state_dict(), 'ckpt.pt')  # expect: C101\n",
+     "neither DataParallel"),
+    # weights_only computed at run time
+    ("C104", TRAIN_HEAD + "state = torch.load('ckpt.pt', weights_only=trusted)  # expect: C104\n", "computed here"),
+    # only `from torch import nn`: no `torch` name to call manual_seed on (adding an import is not minimal)
+    ("R101", "from torch import nn\nmodel = nn.Linear(4, 2)  # expect: R101\n", "not imported at the top"),
+    # the loss goes into a helper: where it is kept is not in this file
+    ("P108", TRAIN_HEAD + "for x in loader:\n    loss = model(x).sum()  # expect: P108\n    tracker.update(loss)\n",
+     "does not show"),
+    # two losses with from_logits=True on the line: which one gets the probabilities?
+    ("K101", "import keras\nlosses = [keras.losses.BinaryCrossentropy(from_logits=True), "
+     "keras.losses.CategoricalCrossentropy(from_logits=True)]  # expect: K101\n", "2 from_logits"),
     # no accumulation test to take the count from
     ("O108", TRAIN_HEAD + "for x in loader:\n    loss.backward()  # expect: O108\n", "accumulation"),
 ]
