@@ -108,6 +108,90 @@ with torch.no_grad():
     probs = model(x)
     val_loss = F.cross_entropy(probs, y)  # expect: L101
 """),
+    # pytorch/examples mnist's shape: the forward names its output, the loss gets a name that
+    # holds the model's output, the model is a parameter of train()/test(); argmax elsewhere.
+    ("L101", HEAD + """\
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x):
+        x = self.fc(torch.flatten(x, 1))
+        output = F.softmax(x, dim=1)
+        return output
+
+
+def train(model, loader, optimizer):
+    for data, target in loader:
+        optimizer.zero_grad()
+        output = model(data)
+        loss = F.cross_entropy(output, target)  # expect: L101
+        loss.backward()
+        optimizer.step()
+
+
+def test(model, loader):
+    with torch.no_grad():
+        for data, target in loader:
+            output = model(data)
+            pred = output.argmax(dim=1, keepdim=True)
+
+
+model = Net().to(device)
+""", HEAD + """\
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x):
+        x = self.fc(torch.flatten(x, 1))
+        output = x
+        return output
+
+
+def train(model, loader, optimizer):
+    for data, target in loader:
+        optimizer.zero_grad()
+        output = model(data)
+        loss = F.cross_entropy(output, target)  # expect: L101
+        loss.backward()
+        optimizer.step()
+
+
+def test(model, loader):
+    with torch.no_grad():
+        for data, target in loader:
+            output = model(data)
+            pred = output.argmax(dim=1, keepdim=True)
+
+
+model = Net().to(device)
+"""),
+    # x = softmax(x); return x: the line goes.
+    ("L101", HEAD + """\
+class Net(nn.Module):
+    def forward(self, x):
+        x = self.fc(x)
+        x = torch.softmax(x, dim=-1)
+        return x
+
+
+net = Net()
+logits = net(batch)
+loss = nn.CrossEntropyLoss()(logits, labels)  # expect: L101
+""", HEAD + """\
+class Net(nn.Module):
+    def forward(self, x):
+        x = self.fc(x)
+        return x
+
+
+net = Net()
+logits = net(batch)
+loss = nn.CrossEntropyLoss()(logits, labels)  # expect: L101
+"""),
     ("L101", TRAIN_HEAD + """\
 loss = F.cross_entropy(F.softmax(model(x), dim=-1), y)  # expect: L101
 """, TRAIN_HEAD + """\
@@ -432,6 +516,17 @@ UNCERTAIN = [
     # the model's probabilities are read elsewhere (not only through argmax)
     ("L101", TRAIN_HEAD + "model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(1))\n"
      "loss = F.cross_entropy(model(x), y)  # expect: L101\nprint(model(x)[0])\n", "also used"),
+    # the output held in a name is also read as probabilities
+    ("L101", HEAD + "model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(1))\nout = model(x)\n"
+     "loss = F.cross_entropy(out, y)  # expect: L101\nconfidence = out.max(1).values\n", "also used at line 8"),
+    # the model is a parameter and the file builds two models under that name
+    ("L101", HEAD + "def step(model, x, y):\n    out = model(x)\n    return F.cross_entropy(out, y)  # expect: L101\n"
+     "model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(1))\nmodel = nn.Sequential(nn.Linear(8, 2), nn.Softmax(1))\n",
+     "not built in this file"),
+    # the forward's probabilities are also kept on the module
+    ("L101", HEAD + "class Net(nn.Module):\n    def forward(self, x):\n        out = F.softmax(self.fc(x), 1)\n"
+     "        self.last_probs = out\n        return out\n\n\nnet = Net()\nloss = F.cross_entropy(net(x), y)  # expect: L101\n",
+     "also used at line 8 in Net.forward"),
     # a sampler decides the order
     ("D105", TRAIN_HEAD + "loader = DataLoader(ds, sampler=s)\nfor x in loader:  # expect: D105\n    pass\n", "sampler"),
     # the model is called twice: scaling one input gives it two ranges
