@@ -101,3 +101,17 @@ def test_hand_written_update_every_few_batches_gets_grad_none_after_it(tmp_path,
     assert "                p -= 0.05 * p.grad\n                p.grad = None\n" in (tmp_path / "train.py").read_text()
     _, second = fix(tmp_path, "train.py")
     assert "O101" not in {f["code"] for f in second["findings"]} and not second["edits"]
+
+
+def test_select_and_max_steps_work_as_in_run(tmp_path, monkeypatch):
+    # Two fixable bugs (class-sorted loader without shuffle, no zero_grad): --select O101 edits
+    # only O101, and --max-steps stops the run as it does for `nndoctor run`.
+    monkeypatch.chdir(tmp_path)
+    text = (BUGGY / "D105_class_sorted_loader.py").read_text().replace("    optimizer.zero_grad()\n", "")
+    (tmp_path / "train.py").write_text(text)
+    _, both = fix(tmp_path, "train.py")
+    assert {e["code"] for e in both["edits"]} == {"D105", "O101"}
+    _, selected = fix(tmp_path, "train.py", "--select", "O101", "--max-steps", "4")
+    assert [e["code"] for e in selected["edits"]] == ["O101"]
+    assert selected["steps"] == 4 and {f["code"] for f in selected["findings"]} == {"O101"}
+    assert (tmp_path / "train.py").read_text() == text
