@@ -205,12 +205,16 @@ class FixContext:
             raise Uncertain("the statement is not in a block that can take another statement")
         return parent, parent.body
 
-    def insert(self, statement: Any, new_statements: Sequence[str], *, after: bool = False) -> str:
-        """Insert source lines (``"model.eval()"``) before or after ``statement``, same indent."""
+    def insert(self, statement: Any, new_statements: Sequence[str], *, after: bool = False,
+               keep_comments: bool = False) -> str:
+        """Insert source lines (``"model.eval()"``) before or after ``statement``, same indent.
+
+        Inserted before it, the new lines go below the comments above ``statement`` (they
+        introduce the block there), or above them with ``keep_comments`` (they describe it)."""
         owner, body = self._body_owner(statement)
         index = list(body).index(statement) + (1 if after else 0)
         parsed = [self.cst.parse_statement(text.rstrip("\n") + "\n") for text in new_statements]
-        if not after and index < len(body):
+        if not after and not keep_comments and index < len(body):
             # The comments and blank lines above the statement stay above the inserted lines.
             first = body[index]
             leading = getattr(first, "leading_lines", ())
@@ -221,11 +225,12 @@ class FixContext:
         return str(self.module.deep_replace(owner, owner.with_changes(body=new_body)).code)
 
     def insert_at_block_start(self, compound: Any, new_statements: Sequence[str]) -> str:
-        """Insert lines as the first statements of ``compound``'s indented body."""
+        """Insert lines as the first statements of ``compound``'s indented body (a comment
+        right under the header stays with the statement it describes, below the new lines)."""
         block = compound.body
         if not isinstance(block, self.cst.IndentedBlock) or not block.body:
             raise Uncertain("the block is written on one line; there is no place for a new first line")
-        return self.insert(block.body[0], new_statements)
+        return self.insert(block.body[0], new_statements, keep_comments=True)
 
 
 def with_keyword(call: Any, name: str, value_code: str) -> Any:

@@ -1,34 +1,51 @@
-"""O102: zero_grad() between backward() and step() — move it before the loss is computed."""
+"""O102: zero_grad() between backward() and step() — move it before the loss is computed.
+
+With an optimizer the finding is at ``step()``. In a loop updated by hand (no torch.optim) it
+is at the next forward of the model; there the loop's own statements must read: one
+``backward()``, then one ``zero_grad()``, then the update (a statement reading ``.grad``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from nndoctor.fix.codemods._hand_update import calls_method, reads_grad
 from nndoctor.fix.syntax import FixContext, Uncertain, dotted
 
 CODE = "O102"
 SAFE = True
 
 
-def _calls_method(ctx: FixContext, statement: Any, method: str) -> list[Any]:
-    return [c for c in ctx.calls(statement)
-            if isinstance(c.func, ctx.cst.Attribute) and c.func.attr.value == method]
-
-
 def propose(ctx: FixContext) -> tuple[str, str]:
-    step = ctx.statement_at()
-    owner = ctx.parent(step)
-    body = list(getattr(owner, "body", ()))
-    if owner is None or step not in body:
-        raise Uncertain("step() is not a statement of a block")
-    index = body.index(step)
-    zero = [s for s in body[:index] if _calls_method(ctx, s, "zero_grad")]
-    backward = [s for s in body[:index] if _calls_method(ctx, s, "backward")]
+    statement = ctx.statement_at()
+    if calls_method(ctx, statement, "step"):
+        owner = ctx.parent(statement)
+        body = list(getattr(owner, "body", ()))
+        if owner is None or statement not in body:
+            raise Uncertain("step() is not a statement of a block")
+        return _move(ctx, owner, body, body.index(statement), "step()")
+    loops = ctx.loops(statement)
+    if not loops or not isinstance(loops[0].body, ctx.cst.IndentedBlock):
+        raise Uncertain("no optimizer step() here and the line is not inside a loop")
+    owner = loops[0].body
+    body = list(owner.body)
+    zero = [i for i, s in enumerate(body) if calls_method(ctx, s, "zero_grad")]
+    update = [i for i, s in enumerate(body) if zero and i > zero[0] and reads_grad(ctx, s)]
+    if not update:
+        raise Uncertain("no step() here and the loop has no hand-written update (reading .grad) "
+                        "after its zero_grad()")
+    return _move(ctx, owner, body, update[0], "the hand-written update")
+
+
+def _move(ctx: FixContext, owner: Any, body: list[Any], index: int, what: str) -> tuple[str, str]:
+    """Move the one ``zero_grad()`` between ``backward()`` and ``body[index]`` before the loss."""
+    zero = [s for s in body[:index] if calls_method(ctx, s, "zero_grad")]
+    backward = [s for s in body[:index] if calls_method(ctx, s, "backward")]
     if len(zero) != 1 or len(backward) != 1 or body.index(zero[0]) < body.index(backward[0]):
-        raise Uncertain("zero_grad() is not between one backward() and this step() in the same block")
+        raise Uncertain(f"zero_grad() is not between one backward() and {what} in the same block")
     target = backward[0]
     # Before the statement that computes the loss backward() is called on, when it is right there.
-    loss = dotted(_calls_method(ctx, target, "backward")[0].func.value)
+    loss = dotted(calls_method(ctx, target, "backward")[0].func.value)
     computes = [s for s in body[:body.index(target)]
                 if isinstance(s, ctx.cst.SimpleStatementLine) and any(
                     isinstance(small, ctx.cst.Assign) and any(dotted(t.target) == loss for t in small.targets)
