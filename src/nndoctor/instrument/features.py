@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Feature:
     name: str  # recorded in ``installation.probes`` when installed
-    install: Callable[[InstallationProtocol], None]  # patches through installation.patcher (undone at uninstall)
+    # Patches through installation.patcher (undone at uninstall). Given an InstallationProtocol;
+    # the torch features (installed only with PyTorch's hooks) take torch_hooks.Installation.
+    install: Callable[[Any], None]
     needed: bool = False
     events: tuple[str, ...] = ()
 
