@@ -207,11 +207,12 @@ def _check_value(key: str, spec: _Key, value: Any, where: str) -> Any:
 
 
 def discovery_start(args: argparse.Namespace) -> str:
-    """Where to start looking: the script, the first path or file, else the working directory."""
+    """Where to start looking: the script, the first path or file (``env --dir``'s folder),
+    else the working directory."""
     target = [t for t in (getattr(args, "target", None) or []) if t != "--"]
     if target and not getattr(args, "module", None) and target[0] != "-m":
         return target[0]
-    for name in ("paths", "file", "files"):
+    for name in ("paths", "file", "files", "dir"):
         value = getattr(args, name, None)
         if isinstance(value, list) and value:
             value = value[0]

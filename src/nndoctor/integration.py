@@ -13,9 +13,12 @@ import sys
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nndoctor.findings import Finding, Report, Severity
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 
 class FindingsReachedFailOn(AssertionError):
@@ -64,7 +67,7 @@ class DoctorRun:
             raise ValueError(f"unknown check code or name: {', '.join(unknown)} (see 'nndoctor checks')")
         self.threshold = options.threshold()  # a bad fail_on fails now, not after training
         self.session: Any = None
-        self.installation: Any = None
+        self.installation: InstallationProtocol | None = None
         self._announced = 0
 
     @property
@@ -103,12 +106,12 @@ class DoctorRun:
     def finish(self, status: str = "completed", crash: BaseException | None = None,
                stream: Any = None) -> Report | None:
         """Uninstall, let the checks conclude, write the requested reports and print one."""
-        if not self.running:
+        installation, self.installation = self.installation, None
+        if installation is None:  # not running
             return self.report
         from nndoctor.report.outputs import deliver
         from nndoctor.run_end import finish
 
-        installation, self.installation = self.installation, None
         finish(self.session, installation, status, crash)
         deliver(self.session.report, self.options.namespace(), stream or sys.stderr)
         return self.session.report

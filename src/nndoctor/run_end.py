@@ -6,15 +6,18 @@ Every way a session ends goes through ``finish``: a script run (``runner``), a c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nndoctor import events as ev
 from nndoctor.crash_context import CRASH_CONTEXT, crash_context
 from nndoctor.engine import Session
 from nndoctor.tracebacks import full_traceback, user_traceback
 
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
-def finish(session: Session, installation: Any, status: str, crash: BaseException | None) -> None:
+
+def finish(session: Session, installation: InstallationProtocol, status: str, crash: BaseException | None) -> None:
     """Close a run: explain a crash, let checks conclude, remove every hook and patch."""
     report = session.report
     report.status = status

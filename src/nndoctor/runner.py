@@ -13,13 +13,16 @@ import runpy
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.engine import Session, StopRun
 from nndoctor.errors import UsageError
 from nndoctor.findings import Report
 from nndoctor.run_end import finish
 from nndoctor.run_guards import ProcessState, ThreadStops
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 
 def release_stopped_pipelines() -> None:
@@ -157,7 +160,7 @@ def run_target(target: Target, session: Session, *,
     return report
 
 
-def _abrupt_end_guard(session: Session, installation: Any, deliver: Callable[[Report], None] | None,
+def _abrupt_end_guard(session: Session, installation: InstallationProtocol, deliver: Callable[[Report], None] | None,
                       handoff: dict[int, Callable[[int, Any], None]] | None = None,
                       ) -> contextlib.AbstractContextManager:
     if deliver is None:

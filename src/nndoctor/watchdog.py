@@ -18,11 +18,14 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Location
 from nndoctor.stash import StashKey
 from nndoctor.user_code import display_path, is_tool_file, is_user_code, user_location
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 DEFAULT_STALL_SECONDS = 300.0
 EXIT_STALLED = 124  # like timeout(1): stopped by --stall-action stop
@@ -348,7 +351,7 @@ def _stop(session: Any, snapshot: Any) -> None:
         os._exit(EXIT_STALLED)
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     from nndoctor.checks.stall import CollectiveMismatch, TrainingStalled
 
     session = installation.session

@@ -17,9 +17,12 @@ import os
 import sys
 import tempfile
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.distributed.parts import CHILD_PART, rank_data, read_parts, remove_parts, write_part
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 # Modules whose processes are not trainers (DataLoader workers, pools, managers, ourselves).
 _LIBRARY_PREFIXES = ("torch.", "multiprocessing.", "concurrent.", "nndoctor.", "joblib.", "loky.")
@@ -85,7 +88,7 @@ def _is_library_target(target: Any) -> bool:
     return module == "multiprocessing" or module.startswith(_LIBRARY_PREFIXES)
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     import multiprocessing.process as mp_process
 
     session = installation.session
@@ -150,7 +153,7 @@ def install(installation: Any) -> None:
     installation.patcher.on_undo(collect)
 
 
-def _watch_subprocesses(installation: Any, owner_pid: int) -> list[str]:
+def _watch_subprocesses(installation: InstallationProtocol, owner_pid: int) -> list[str]:
     """Remember the Python programs the script starts with ``subprocess`` (a launcher's ranks):
     they run outside the session, so a run that trained nothing itself must not look clean."""
     import subprocess

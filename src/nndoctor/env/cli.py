@@ -1,41 +1,34 @@
-"""``nndoctor env``: inspect the installation, the driver and the GPUs; no training is run."""
+"""``nndoctor env``: inspect the installation, the driver and the GPUs; no training is run.
+
+The facts are gathered here; the findings leave through the report tail every command shares
+(``ReportDelivery``): ``--output-format``, ``--json``, ``--sarif``, ``--html``, suppressions
+and ``--quiet`` behave as in ``nndoctor run``. The facts block is the text format's preamble.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import IO
 
 from rich.console import Console
 
-from nndoctor.atomic import describe_write_error, prepare_output_path
+from nndoctor.catalog_table import code_enabled
 from nndoctor.cli import add_common_options
-from nndoctor.env.checks import ENV_CHECKS, diagnose
+from nndoctor.env.checks import TensorflowTritonCrash, diagnose
 from nndoctor.env.collect import collect, shadowing_files, system_summary
 from nndoctor.env.render import facts_json, print_facts
 from nndoctor.errors import UsageError
 from nndoctor.findings import Finding, Report
-from nndoctor.registry import is_enabled, parse_codes
-from nndoctor.report import print_report, write_json
-from nndoctor.selection import fail_threshold
+from nndoctor.report.delivery import ReportDelivery
+from nndoctor.selection import fail_threshold, filter_findings, selectors
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default=".", metavar="PATH",
                         help="folder your training script runs from, checked for files that shadow modules (default: .)")
     add_common_options(parser)
-
-
-def _selectors(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """``--select``/``--ignore`` over the V checks (and R102) without importing any framework."""
-    select, ignore = parse_codes(args.select or []), parse_codes(args.ignore or [])
-    known = [*ENV_CHECKS]
-    bad = [s for s in select + ignore
-           if s.upper() != "ALL" and s.upper() != "R102" and s.lower() != "module-shadowing"
-           and not any(c.code.startswith(s.upper()) or c.name == s.lower() for c in known)]
-    if bad:
-        raise UsageError(f"unknown check code or name for env: {', '.join(bad)} (see 'nndoctor checks --scope env')")
-    return select, ignore
 
 
 def _shadowing_findings(shadowing: list[dict[str, str]]) -> list[Finding]:
@@ -50,38 +43,45 @@ def _shadowing_findings(shadowing: list[dict[str, str]]) -> list[Finding]:
         evidence=item, fix=f"rename {os.path.basename(item['path'])}") for item in shadowing]
 
 
+def _progress_stream(args: argparse.Namespace) -> IO[str]:
+    """Where the spinner may draw: stdout, unless stdout carries the JSON or the annotations."""
+    machine_stdout = args.json == "-" or getattr(args, "output_format", "text") in ("json", "github")
+    return sys.stderr if machine_stdout else sys.stdout
+
+
 def run(args: argparse.Namespace) -> int:
-    select, ignore = _selectors(args)
+    select, ignore = selectors(args)
     fail_on = fail_threshold(args)
     if not os.path.isdir(args.dir):
         raise UsageError(f"--dir {args.dir!r} is not a folder")
-    json_path = prepare_output_path(args.json) if args.json else None  # fail before any work
-    to_stdout = args.json == "-"
-    out = sys.stderr if to_stdout else sys.stdout
-    console = Console(file=out, highlight=False)
-    if out.isatty():
-        with console.status("reading the driver and importing each framework in a child process…"):
-            facts = collect()
+    output = ReportDelivery.from_args(args, text_stream="stdout")  # a bad --json path fails before any work
+    # An ignored V109 spawns no `import tensorflow; import triton` child (it can take minutes).
+    probe_tf_triton = code_enabled(TensorflowTritonCrash.code, select, ignore)
+    progress = _progress_stream(args)
+    if progress.isatty() and not getattr(args, "quiet", False):
+        with Console(file=progress, highlight=False).status(
+                "reading the driver and importing each framework in a child process…"):
+            facts = collect(probe_tf_triton=probe_tf_triton)
     else:
-        facts = collect()
+        facts = collect(probe_tf_triton=probe_tf_triton)
     system = system_summary()
     shadowing = shadowing_files(os.path.abspath(args.dir))
-    findings = diagnose(facts) + _shadowing_findings(shadowing)
     report = Report(command=["nndoctor", "env"], status="completed", steps=0)
-    by_code = {c.code: c for c in ENV_CHECKS}
-    for finding in findings:
-        cls = by_code.get(finding.code)
-        if cls is None or is_enabled(cls, select, ignore):
-            if finding.code == "R102" and any(s.upper() == "R102" or s.lower() == "module-shadowing" for s in ignore):
-                continue
-            report.add(finding)
+    for finding in diagnose(facts) + _shadowing_findings(shadowing):
+        report.add(finding)
+    filter_findings(report, select, ignore)
     report.extra = {"environment": facts_json(facts, system, shadowing)}
-    print_facts(console, facts, system, shadowing)
-    print_report(report, file=out, json_path=None if to_stdout else args.json)
-    if json_path:
-        try:
-            write_json(report, json_path)
-        except OSError as error:
-            print(describe_write_error(args.json, error), file=sys.stderr)
-            return 2
+
+    def render_text(stream: IO[str], json_path: str | None) -> None:
+        from nndoctor.report.terminal import print_report
+
+        print_facts(Console(file=stream, highlight=False), facts, system, shadowing)
+        print_report(report, stream, json_path=json_path)
+
+    try:
+        output.deliver(report, render_text=render_text)
+    finally:
+        output.close()
+    if output.json_failed:
+        return 2  # the report the user asked for was not written
     return 1 if report.reaches(fail_on) else 0

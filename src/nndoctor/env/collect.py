@@ -14,13 +14,16 @@ from nndoctor.env.packages import duplicate_installs, installed_distributions, u
 from nndoctor.env.tf_triton import finish_probe, read_versions, start_probe
 
 
-def collect() -> EnvFacts:
+def collect(*, probe_tf_triton: bool = True) -> EnvFacts:
+    """Every fact; ``probe_tf_triton=False`` (V109 not selected) skips the TensorFlow/triton
+    crash probe's child process, the versions are still read from the package metadata."""
     distributions = installed_distributions()
     tf_triton = read_versions()
     # The crash probe runs beside the framework probes, and only for a pair that can crash.
-    crash_probe = start_probe() if tf_triton.at_risk else None
+    probe = probe_tf_triton and tf_triton.at_risk
+    crash_probe = start_probe() if probe else None
     frameworks = probe_frameworks()
-    if tf_triton.at_risk:
+    if probe:
         finish_probe(tf_triton, crash_probe)
     return EnvFacts(
         driver=query_driver(),

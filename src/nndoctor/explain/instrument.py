@@ -10,7 +10,10 @@ explanation can re-fetch the items one by one and name the samples that broke th
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 NOTE_PREFIX = "nndoctor: the failing batch holds dataset indices "
 ATTRIBUTE = "__nndoctor_batch_indices__"
@@ -40,7 +43,7 @@ def attach_indices(error: BaseException, indices: Any) -> None:
         pass
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     """Wrap the map-style fetcher; undone by ``installation.uninstall()``."""
     from torch.utils.data._utils import fetch as fetch_module
 

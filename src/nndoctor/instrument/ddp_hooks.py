@@ -16,10 +16,13 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.distributed.parts import rank_data
 from nndoctor.stash import StashKey
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
@@ -85,7 +88,7 @@ def param_signature(module: Any) -> dict[int, tuple[str, tuple[int, ...], str, s
     }
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     try:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel

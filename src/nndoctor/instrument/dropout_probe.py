@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,9 @@ import torch.nn.functional as F
 from nndoctor.findings import Location
 from nndoctor.stash import StashKey
 from nndoctor.user_code import user_location
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.torch_hooks import Installation
 
 _FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 
@@ -51,7 +54,7 @@ def dropout_records(session: Any) -> DropoutRecords:
     return session.stash.get_or_create(DROPOUT_RECORDS, DropoutRecords)
 
 
-def install(installation: Any) -> None:
+def install(installation: Installation) -> None:
     # Installed only when a check needs "dropout_calls" (M110): otherwise F.dropout stays
     # untouched (instrument/extensions.py).
     records = dropout_records(installation.session)
@@ -61,7 +64,7 @@ def install(installation: Any) -> None:
             installation.patcher.patch(F, name, _wrap(installation, records, name, original))
 
 
-def _wrap(installation: Any, records: DropoutRecords, name: str, original: Any) -> Any:
+def _wrap(installation: Installation, records: DropoutRecords, name: str, original: Any) -> Any:
     session = installation.session
 
     def record(p: Any, frame: Any) -> None:

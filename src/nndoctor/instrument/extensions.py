@@ -15,6 +15,7 @@ import importlib.util
 
 from nndoctor.engine import Session
 from nndoctor.instrument.features import Feature
+from nndoctor.instrument.installation import InstallationProtocol
 
 
 def torch_available() -> bool:
@@ -104,7 +105,7 @@ def torch_features() -> tuple[Feature, ...]:
     )
 
 
-def install(session: Session):
+def install(session: Session) -> InstallationProtocol:
     """Instrument a run: the hooks, then the features it asks for. ``uninstall()`` undoes it all.
 
     Without PyTorch (a TensorFlow-only environment) only the plain features are installed."""

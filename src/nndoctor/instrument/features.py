@@ -14,13 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 
 @dataclass(frozen=True)
 class Feature:
     name: str  # recorded in ``installation.probes`` when installed
-    install: Callable[[Any], None]  # patches through installation.patcher (undone at uninstall)
+    # Patches through installation.patcher (undone at uninstall). Given an InstallationProtocol;
+    # the torch features (installed only with PyTorch's hooks) take torch_hooks.Installation.
+    install: Callable[[Any], None]
     needed: bool = False
     events: tuple[str, ...] = ()
 
@@ -32,7 +37,7 @@ class Feature:
         return True
 
 
-def install_features(installation: Any, features: Iterable[Feature]) -> None:
+def install_features(installation: InstallationProtocol, features: Iterable[Feature]) -> None:
     """Install every feature the session asks for, recording its name in ``installation.probes``."""
     session = installation.session
     needed = session.needed_probes()

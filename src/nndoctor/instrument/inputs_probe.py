@@ -19,7 +19,7 @@ import functools
 import hashlib
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ from nndoctor.findings import Location
 from nndoctor.instrument.stats import has_plain_values
 from nndoctor.stash import StashKey
 from nndoctor.user_code import user_location
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.torch_hooks import Installation
 
 # Positional index of ``ignore_index`` after (input, target) in both signatures:
 # cross_entropy(input, target, weight, size_average, ignore_index, ...), same for nll_loss.
@@ -97,7 +100,7 @@ def class_target_range(input: Any, target: Any, ignore_index: int) -> tuple[int,
     return classes, int(lo_v), int(hi_v), int(bad_v), int(t.numel())
 
 
-def install(installation: Any) -> None:
+def install(installation: Installation) -> None:
     # Installed only when a check needs "target_ranges" (D107): otherwise the loss functions
     # stay untouched (instrument/extensions.py).
     probe = target_range_records(installation.session)
@@ -108,7 +111,7 @@ def install(installation: Any) -> None:
         installation.patcher.patch(F, name, _make_probe(installation, probe, name, current))
 
 
-def _make_probe(installation: Any, probe: TargetProbe, name: str, wrapped: Any) -> Any:
+def _make_probe(installation: Installation, probe: TargetProbe, name: str, wrapped: Any) -> Any:
     session = installation.session
 
     def record(input: Any, target: Any, args: tuple, kwargs: dict, frame: Any) -> None:

@@ -22,9 +22,12 @@ import functools
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.stash import StashKey
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 GATHERED_KEY = "nndoctor.gathered_device_losses"
 
@@ -83,7 +86,7 @@ def _is_sum(op: Any) -> bool:
     return op is None or op == dist.ReduceOp.SUM
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     try:
         import torch.distributed as dist
         from torch.nn.parallel import DataParallel

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parameter import UninitializedParameter
@@ -29,12 +29,15 @@ from nndoctor.engine import StopRun
 from nndoctor.events import ManualStep
 from nndoctor.instrument.stats import has_plain_values
 
+if TYPE_CHECKING:
+    from nndoctor.instrument.torch_hooks import Installation
+
 _FINGERPRINT_PARAMS = 4
 _FINGERPRINT_VALUES = 8
 
 
 class ManualStepDetector:
-    def __init__(self, installation: Any) -> None:
+    def __init__(self, installation: Installation) -> None:
         self._installation = weakref.ref(installation)
         self._seen: weakref.WeakKeyDictionary[Any, tuple[int, int, Any]] = weakref.WeakKeyDictionary()
         self.confirmed = False
@@ -101,7 +104,7 @@ def _fingerprint(params: list[torch.Tensor]) -> torch.Tensor | None:
     return torch.cat(pieces) if pieces else None
 
 
-def install(installation: Any) -> None:
+def install(installation: Installation) -> None:
     from torch.nn.modules import module as module_mod
 
     detector = ManualStepDetector(installation)

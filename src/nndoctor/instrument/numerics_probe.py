@@ -31,7 +31,7 @@ import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,10 @@ from nndoctor.findings import Location
 from nndoctor.instrument.stats import first_plain_tensor, tensor_version
 from nndoctor.stash import StashKey
 from nndoctor.user_code import display_path, is_user_code, user_location
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
+    from nndoctor.instrument.torch_hooks import Installation
 
 GRADIENT_STATS_KEY = "nndoctor.gradient_stats"
 
@@ -284,7 +288,7 @@ class NonfiniteTracer:
     registered at all.
     """
 
-    def __init__(self, installation: Any) -> None:
+    def __init__(self, installation: Installation) -> None:
         self._installation = weakref.ref(installation)
         self._handles: list[Any] = []
         self._stack: list[Any] = []
@@ -392,17 +396,17 @@ def construction_site(session: Any, obj: Any) -> Location | None:
 
 
 # -- install (each part only when an enabled check needs it: instrument/extensions.py) ------------
-def install_nonfinite_tracer(installation: Any) -> None:
+def install_nonfinite_tracer(installation: Installation) -> None:
     state = probe_state(installation.session)
     state.tracer = NonfiniteTracer(installation)
     installation.patcher.on_undo(state.tracer.disarm)
 
 
-def install_construction_sites(installation: Any) -> None:
+def install_construction_sites(installation: InstallationProtocol) -> None:
     _patch_constructors(installation, probe_state(installation.session))
 
 
-def install_seed_calls(installation: Any) -> None:
+def install_seed_calls(installation: InstallationProtocol) -> None:
     session = installation.session
     state = probe_state(session)
     if not session.report.command:  # watch(): the process may have been seeded earlier
@@ -410,7 +414,7 @@ def install_seed_calls(installation: Any) -> None:
     _patch_seeding(installation, state)
 
 
-def _patch_constructors(installation: Any, state: ProbeState) -> None:
+def _patch_constructors(installation: InstallationProtocol, state: ProbeState) -> None:
     from torch.nn.modules.batchnorm import _NormBase
 
     session = installation.session
@@ -433,7 +437,7 @@ def _patch_constructors(installation: Any, state: ProbeState) -> None:
         installation.patcher.patch(owner, "__init__", make(original))
 
 
-def _patch_seeding(installation: Any, state: ProbeState) -> None:
+def _patch_seeding(installation: InstallationProtocol, state: ProbeState) -> None:
     import random
 
     session = installation.session

@@ -18,12 +18,15 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Location
 from nndoctor.stash import StashKey
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.user_code import user_location
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 WRITER_MODULE = "torch.utils.tensorboard.writer"
 
@@ -178,7 +181,7 @@ def _wrap_flush(cls: type, name: str, log: WriterLog, patcher: Any, *, closing: 
     patcher.patch(cls, name, flush)
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     session = installation.session
     log = session.stash[WRITER_LOG] = WriterLog()
 

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nndoctor import events as ev
 from nndoctor.stash import StashKey
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
+    from nndoctor.instrument.torch_hooks import Installation
 
 # Each ``install_*`` is listed in instrument/extensions.py: the event patches are installed when
 # a check subscribes to their event kind, the records when an enabled check needs them.
@@ -66,7 +70,7 @@ def clipped_while_scaled(session: Any, params: list[torch.Tensor]) -> tuple[bool
     return False, scaler
 
 
-def install_clipping(installation: Any) -> None:
+def install_clipping(installation: Installation) -> None:
     import torch.nn.utils as nn_utils
     import torch.nn.utils.clip_grad as clip_grad
 
@@ -108,7 +112,7 @@ def install_clipping(installation: Any) -> None:
 
 
 # -- GradScaler.step ------------------------------------------------------------------------------
-def install_scaler_step(installation: Any) -> None:
+def install_scaler_step(installation: Installation) -> None:
     try:
         from torch.amp.grad_scaler import GradScaler
     except ImportError:  # pragma: no cover - very old torch
@@ -181,7 +185,7 @@ def _any_requires_grad(values: Any, depth: int = 2) -> bool:
     return False
 
 
-def install_checkpoint(installation: Any) -> None:
+def install_checkpoint(installation: Installation) -> None:
     import torch.utils.checkpoint as checkpoint_module
 
     session = installation.session
@@ -218,7 +222,7 @@ def _callable_name(function: Any) -> str:
 
 
 # -- anomaly detection ----------------------------------------------------------------------------
-def install_debug_modes(installation: Any) -> None:
+def install_debug_modes(installation: Installation) -> None:
     from torch.autograd import anomaly_mode
 
     session = installation.session
@@ -270,7 +274,7 @@ def install_debug_modes(installation: Any) -> None:
 
 
 # -- construction sites of convolutions and linear layers -----------------------------------------
-def install_layer_sites(installation: Any) -> None:
+def install_layer_sites(installation: InstallationProtocol) -> None:
     """Record the user's line that built each Conv/Linear layer (M108, N106 point at it), in
     the numerics probe's table of construction sites."""
     from torch.nn.modules.conv import _ConvNd
@@ -325,7 +329,7 @@ def gc_clock(session: Any) -> GcClock | None:
     return session.stash.get(GC_CLOCK, None)
 
 
-def install_gc_clock(installation: Any) -> None:
+def install_gc_clock(installation: InstallationProtocol) -> None:
     import gc
 
     clock = installation.session.stash[GC_CLOCK] = GcClock()
@@ -338,7 +342,7 @@ def install_gc_clock(installation: Any) -> None:
     installation.patcher.on_undo(remove)
 
 
-def _patch_gradcheck(installation: Any) -> None:
+def _patch_gradcheck(installation: Installation) -> None:
     """Time torch.autograd.gradcheck/gradgradcheck calls (P116: numerical gradient checks run
     inside the training loop). gradgradcheck calls gradcheck: only the outer call is timed."""
     import importlib
@@ -397,7 +401,7 @@ def compile_log(session: Any) -> CompileLog | None:
     return session.stash.get(COMPILE_LOG, None)
 
 
-def install_compile_log(installation: Any) -> None:
+def install_compile_log(installation: InstallationProtocol) -> None:
     import logging
 
     log = installation.session.stash[COMPILE_LOG] = CompileLog()

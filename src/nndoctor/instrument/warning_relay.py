@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.user_code import is_own_file
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 # ``warnings`` with its private ``_showwarnmsg`` hook (not in the stubs), read and replaced here.
 _warnings_module: Any = warnings
@@ -54,7 +57,7 @@ def is_about_our_hooks(msg: Any) -> bool:
     return str(getattr(msg, "message", "")).startswith(_OWN_HOOK_WARNING)
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     # ``warnings._showwarnmsg`` is the one function both the C and the Python implementation
     # of ``warn`` call with the whole WarningMessage (3.6+): relaying there keeps ``source``
     # (the tracemalloc traceback of a ResourceWarning) and leaves ``warnings.showwarning``,

@@ -32,14 +32,18 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Location
+from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.keras import facts as kf
 from nndoctor.keras import shared_codes
 from nndoctor.keras.checks import KerasCheck
 from nndoctor.registry import all_checks, is_enabled
 from nndoctor.user_code import user_location
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 # Batches an accelerator's training loss is read late (see KerasObserver.settle_batch): by then the
 # step that computed it has finished, so reading it does not wait.
@@ -73,7 +77,7 @@ class _Call:
 class KerasObserver:
     """The Keras side of one installation: recorded lines, the active call, the K checks."""
 
-    def __init__(self, installation: Any) -> None:
+    def __init__(self, installation: InstallationProtocol) -> None:
         self.installation = installation
         self.session = installation.session
         self.patched = False
@@ -143,8 +147,9 @@ class KerasObserver:
         self._patch_keras_owned(model_cls, "predict")
         self._patch_loss_call(keras)
         patcher.on_undo(self._disable)
-        if self.shared is not None:
-            patcher.on_undo(lambda: self._guard(self.shared.conclude))
+        shared = self.shared  # set once, above
+        if shared is not None:
+            patcher.on_undo(lambda: self._guard(shared.conclude))
         if self.backend == "tensorflow":
             from nndoctor.keras import tf_loops
 
@@ -176,7 +181,7 @@ class KerasObserver:
                 self._guard(lambda: self._loop_initial_loss(loss, args, kwargs, result, frame))
             return result
 
-        __call__.__wrapped__ = original
+        mark_wrapper(__call__, original)
         self.installation.patcher.patch(keras.losses.Loss, "__call__", __call__)
 
     def inspect_loop_input(self, model: Any, x: Any, location: Location | None) -> None:
@@ -254,7 +259,7 @@ class KerasObserver:
             finally:
                 self._leave_keras()
 
-        keras_owned.__wrapped__ = original
+        mark_wrapper(keras_owned, original)
         self.installation.patcher.patch(owner, name, keras_owned)
 
     def _patch_recording_init(self, cls: Any) -> None:
@@ -295,7 +300,7 @@ class KerasObserver:
                 if phase == "fit":
                     self._guard(lambda: self._after_fit(model, record))
 
-        call.__wrapped__ = original  # keeps inspect.signature(model.fit) as Keras wrote it
+        mark_wrapper(call, original)  # keeps inspect.signature(model.fit) as Keras wrote it
         self.installation.patcher.patch(model_cls, phase, call)
 
     def _with_callback(self, signature: inspect.Signature, model: Any, args: tuple, kwargs: dict) -> tuple:
@@ -399,7 +404,7 @@ class KerasObserver:
             call.logs = original(*args, **kwargs)
             return call.logs
 
-        train_function.__wrapped__ = original
+        mark_wrapper(train_function, original)
         call.train_function = (model, original)
         model.train_function = train_function
 
@@ -754,7 +759,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.remove(self)
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     observer = KerasObserver(installation)
     keras = sys.modules.get("keras")
     if keras is not None and hasattr(keras, "Model"):

@@ -29,17 +29,19 @@ import inspect
 import os
 import sys
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
 from nndoctor.engine import StopRun
+from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.keras import loop_checks
 from nndoctor.keras.loop_checks import ModelCall, TraceHistory
 from nndoctor.keras.tf_location import called_from_user, tf_user_location
-from nndoctor.registry import is_enabled
+from nndoctor.registry import Check, is_enabled
 
 # Layers whose output depends on the training flag.
 _MODE_LAYER_MARKERS = ("Dropout", "BatchNormalization", "GaussianNoise", "Random")
 _PYTHON_SCALARS = (bool, int, float, str, type(None))
+LoopCheck = TypeVar("LoopCheck", bound=Check)
 
 
 class LoopObserver:
@@ -71,7 +73,7 @@ class LoopObserver:
         self.optimizers: set[int] = set()  # optimizers stepped outside fit (L106 skips GANs)
         self._session_pid = session.pid
 
-    def _check(self, cls: type) -> Any:
+    def _check(self, cls: type[LoopCheck]) -> LoopCheck | None:
         session = self.session
         return cls(session) if is_enabled(cls, session.select, session.ignore) else None
 
@@ -120,7 +122,7 @@ class LoopObserver:
         def wrapper(obj, *args, **kwargs):
             return around(original, obj, args, kwargs)
 
-        wrapper.__wrapped__ = original
+        mark_wrapper(wrapper, original)
         patcher.patch(owner, name, wrapper)
 
     # -- model calls (K105) ----------------------------------------------------------------
@@ -134,12 +136,12 @@ class LoopObserver:
                 if layer not in self.inputs_seen:
                     self._inspect_input(layer, args[0], sys._getframe(2))
             if self.flags is not None:
-                self._record_call(layer, kwargs, sys._getframe(2))
+                self._record_call(self.flags, layer, kwargs, sys._getframe(2))
             return original(layer, *args, **kwargs)
         finally:
             self.layer_depth -= 1
 
-    def _record_call(self, layer: Any, kwargs: dict, caller: Any) -> None:
+    def _record_call(self, flags: loop_checks.TrainingFlagMisuse, layer: Any, kwargs: dict, caller: Any) -> None:
         try:
             if not called_from_user(caller):
                 return  # Keras's own train/test step, or a layer inside a model
@@ -153,7 +155,7 @@ class LoopObserver:
             if call.under_tape:
                 self.pending.append((weakref.ref(layer), call))
             elif layer in self.trained:
-                self.flags.evaluation_with_flag(call, self.session.step)
+                flags.evaluation_with_flag(call, self.session.step)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
 
@@ -317,7 +319,8 @@ class LoopObserver:
         stop = False
         try:
             if self.retracing is not None and before >= 0:
-                self._count_traces(function, self._tracing_count(function) > before, args, kwargs, caller)
+                self._count_traces(self.retracing, function, self._tracing_count(function) > before,
+                                   args, kwargs, caller)
             ref = self.step_functions.get(function)
             optimizer = ref() if ref is not None else None
             if optimizer is not None:
@@ -331,12 +334,13 @@ class LoopObserver:
         if stop:
             raise StopRun()
 
-    def _count_traces(self, function: Any, traced: bool, args: tuple, kwargs: dict, caller: Any) -> None:
+    def _count_traces(self, retracing: loop_checks.TfFunctionRetracing, function: Any, traced: bool,
+                      args: tuple, kwargs: dict, caller: Any) -> None:
         history = self.histories.get(function)
         if history is None:
             python_function = getattr(function, "python_function", None)
             history = self.histories[function] = TraceHistory(
-                name=getattr(function, "__name__", None) or getattr(python_function, "__name__", "function"),
+                name=str(getattr(function, "__name__", None) or getattr(python_function, "__name__", "function")),
                 definition=_definition(python_function))
         history.calls += 1
         if not traced:
@@ -345,7 +349,7 @@ class LoopObserver:
         history.traces.append(self._describe(function, args, kwargs))
         if history.calls > 1:  # the first call always traces
             history.consecutive_traces += 1
-            self.retracing.inspect_traces(history, tf_user_location(caller))
+            retracing.inspect_traces(history, tf_user_location(caller))
 
     def _describe(self, function: Any, args: tuple, kwargs: dict) -> dict[str, str]:
         if function not in self.signatures:
@@ -387,6 +391,7 @@ def _describe_value(value: Any) -> str:
         return f"{type(value).__name__} {value!r}"
     shape = getattr(value, "shape", None)
     if shape is not None and hasattr(value, "dtype"):
+        dims: tuple[int | None, ...] | str
         try:
             dims = tuple(None if d is None else int(d) for d in shape)
         except TypeError:

@@ -40,12 +40,13 @@ import os
 import sys
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from nndoctor.catalog_table import is_enabled as rule_enabled
 from nndoctor.catalog_table import rule
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
+from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.registry import all_checks, is_enabled
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
@@ -59,6 +60,9 @@ from nndoctor.tfdata.timing import (
     GraphFetchClock,
 )
 from nndoctor.tfdata.unshuffled import unshuffled_pipeline
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 STAGE_METHODS = ("map", "shuffle", "batch", "padded_batch", "prefetch", "cache", "interleave", "repeat",
                  "filter", "take", "unbatch")
@@ -93,16 +97,28 @@ def small_shuffle(pipeline: Pipeline) -> tuple[int, int] | None:
     return None
 
 
+@runtime_checkable
+class RecordCheck(Protocol):
+    """A tf.data check (``tfdata/checks.py``'s ``TfDataCheck``): judges one dataset's record at
+    the end of the run."""
+
+    code: str
+    name: str
+
+    def inspect(self, record: Any) -> None: ...
+
+
 class TfDataObserver:
-    def __init__(self, installation: Any) -> None:
+    def __init__(self, installation: InstallationProtocol) -> None:
         self.installation = installation
         self.session = installation.session
         self.enabled = True
         self.locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
         self.records: dict[int, DatasetRecord] = {}  # id(dataset) -> record (dataset kept weakly)
         self.iterators: weakref.WeakKeyDictionary[Any, DatasetRecord] = weakref.WeakKeyDictionary()
-        self.checks = [cls(self.session) for cls in all_checks("tfdata")
-                       if is_enabled(cls, self.session.select, self.session.ignore)]
+        enabled = [cls(self.session) for cls in all_checks("tfdata")
+                   if is_enabled(cls, self.session.select, self.session.ignore)]
+        self.checks = [check for check in enabled if isinstance(check, RecordCheck)]
         found = rule("D105")  # a PyTorch code: reported from the catalog table
         self.unshuffled = found if rule_enabled(found, self.session.select, self.session.ignore) else None
         self._tf: Any = None
@@ -195,7 +211,7 @@ class TfDataObserver:
                 return model.train_function if result is function else result
             return result
 
-        make_train_function.__wrapped__ = original
+        mark_wrapper(make_train_function, original)
         self.installation.patcher.patch(trainer, "make_train_function", make_train_function)
 
     def _patch_stage(self, owner: Any, name: str) -> None:
@@ -214,7 +230,7 @@ class TfDataObserver:
                     self.session.internal_error("tf.data instrumentation", error)
             return result
 
-        stage.__wrapped__ = original
+        mark_wrapper(stage, original)
         self.installation.patcher.patch(owner, name, stage)
 
     def _disable(self) -> None:
@@ -258,9 +274,11 @@ class TfDataObserver:
     def _close_segment(self) -> None:
         """Hand the fetch times the graph wrote for the current iterator to its dataset's clock."""
         segment, self._segment = self._segment, None
-        if segment is None or segment[1] is None or self.graph_clock is None:
+        if segment is None or self.graph_clock is None:
             return
         _, record, start, continued, stamps = segment
+        if record is None:
+            return
         if continued:
             record.clock.resumed()
         else:
@@ -434,9 +452,7 @@ def _timed_fetch(function: Any, model: Any, observer: TfDataObserver, owned_iter
         finally:
             observer.timing_trace = False
 
-    train_function._nndoctor_timed_fetch = True
-    train_function.__wrapped__ = function
-    return train_function
+    return mark_wrapper(train_function, function, _nndoctor_timed_fetch=True)
 
 
 def _keras_outer(function: Any) -> Any:
@@ -484,7 +500,7 @@ def _own_outer(function: Any, observer: TfDataObserver) -> Any:
     return tf.function(timed_step_on_iterator, reduce_retracing=True, autograph=False)
 
 
-def install(installation: Any) -> None:
+def install(installation: InstallationProtocol) -> None:
     observer = TfDataObserver(installation)
     if not observer.checks and observer.unshuffled is None:
         return
