@@ -415,6 +415,39 @@ def confirm_end_to_end(loader: Any, candidates: list[dict[str, Any]], step: Capt
     return confirmed
 
 
+# Step changes the captured step can apply itself (StepRunner), hence time end to end with a loader.
+END_TO_END_CHANGES = ("amp", "channels_last", "cudnn-benchmark")
+
+
+def confirm_step_variant(loader: Any, setting: dict[str, Any], step: CapturedStep, variant: str, *,
+                         steps: int = 30, seconds: float = 2.0, rounds: int = 3) -> dict[str, Any]:
+    """The user's step and ``variant`` (e.g. ``"amp+channels_last"``) timed end to end at one
+    loader setting, interleaved ``rounds`` times: once the loader keeps up, does the faster step
+    show in samples/s? (In an input-bound loop the variant's gain hides behind the data wait.)"""
+    import statistics
+
+    import torch
+
+    setting = {k: setting[k] for k in ("num_workers", "pin_memory", "prefetch_factor")}
+    runners = {name: StepRunner(name, step.model, step.optimizer, step.loss_fn, step.inputs, step.target,
+                                step.device) for name in ("baseline", variant)}
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if step.device == "cuda" else []):
+        for round_ in range(rounds):
+            order = list(runners.items())
+            for name, runner in (order if round_ % 2 == 0 else order[::-1]):
+                timing = time_end_to_end(loader, setting, runner, step, steps=steps, seconds=seconds)
+                if timing.get("samples") and timing.get("seconds"):
+                    rates[name].append(timing["samples"] / timing["seconds"])
+    if not rates["baseline"] or not rates[variant]:
+        return {"variant": variant, "setting": setting, "error": "no end-to-end timing"}
+    base, faster = statistics.median(rates["baseline"]), statistics.median(rates[variant])
+    spread = max((max(v) - min(v)) / statistics.median(v) for v in rates.values())
+    return {"variant": variant, "setting": setting, "rounds": rounds, "baseline_samples_per_s": base,
+            "variant_samples_per_s": faster, "rates": rates, "speedup": faster / base, "noise": spread,
+            "pays_off": faster / base > 1.0 + max(spread, 0.03)}
+
+
 def summarize_loader(results: list[dict[str, Any]], current: dict[str, Any]) -> dict[str, Any]:
     """Best setting, the current setting's rate, and the measured speed-up between them
     (loader alone: used when the training step could not be rebuilt)."""

@@ -98,6 +98,15 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
             for key in ("confirm_error", "confirm_skipped"):
                 if loader.get(key):
                     lines.append(f"  {loader[key]}")
+            hidden = loader.get("step_variant_end_to_end") or {}
+            if hidden.get("speedup"):
+                verdict = "pays off" if hidden.get("pays_off") else "no gain"
+                lines.append(f"  {hidden['variant'].replace('+', ' + ')} end to end at num_workers="
+                             f"{hidden['setting']['num_workers']}: {hidden['baseline_samples_per_s']:.1f} → "
+                             f"{hidden['variant_samples_per_s']:.1f} samples/s, {hidden['speedup']:.2f}× "
+                             f"(noise {hidden['noise']:.1%}, {hidden['rounds']} interleaved rounds): {verdict}")
+            elif hidden.get("error"):
+                lines.append(f"  {hidden['variant']} end to end: {hidden['error']}")
         elif loader.get("not_measured"):
             lines.append(f"--try loader: {loader.get('text') or 'not measured (' + loader['not_measured'] + ')'}")
             if loader.get("command"):
