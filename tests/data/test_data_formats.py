@@ -49,7 +49,33 @@ def test_a_zip_that_is_not_npz_is_named_as_what_it_is(tmp_path, run_data):
     with zipfile.ZipFile(tmp_path / "images.zip", "w") as archive:
         archive.writestr("a.jpg", encoded(1))
     result = run_data(tmp_path / "images.zip")
-    assert result.rc == 2 and "unsupported format: ZIP archive" in result.err
+    assert result.rc == 2 and "unsupported format: ZIP archive of 1 image (extract it and give the folder)" in result.err
+
+
+def test_files_met_beside_datasets_are_named(tmp_path, run_data):
+    """What people pass by mistake is named, and never read: a pickle is not unpickled."""
+    import sqlite3
+
+    import torch
+
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "data_batch_1").write_bytes(pickle.dumps({"data": Exploit()}, protocol=2))  # CIFAR's layout
+    torch.save({"w": torch.zeros(2)}, tmp_path / "model.pt")
+    sqlite3.connect(tmp_path / "labels.db").execute("create table t(a)").connection.commit()
+    (tmp_path / "w.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}" + b" " * 14)
+    expected = {"data_batch_1": "a Python pickle (load it where you trust it and save the arrays with numpy.savez)",
+                "model.pt": "a PyTorch checkpoint (torch.save's ZIP: nndoctor ckpt inspect)",
+                "labels.db": "SQLite database",
+                "w.safetensors": "a safetensors file (model weights: nndoctor ckpt inspect)"}
+    for name, what in expected.items():
+        result = run_data(tmp_path / name)
+        assert result.rc == 2 and f"{name}: unsupported format: {what} (supported: " in result.err, result.err
+    assert not marker.exists()
 
 
 def test_a_glob_sets_unsupported_files_aside_with_a_note(tmp_path, run_data):
