@@ -462,3 +462,21 @@ def test_crop_and_tiny_images_in_records(tmp_path, run_data):
     assert result.one("F103")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0002": "24x24",
                                                         f"{tmp_path}/train_lmdb:0006": "8x8"}
     assert result.one("F112")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0006": "tiny: 8x8 px"}
+
+
+def test_class_balance_from_record_labels(tmp_path, run_data):
+    """F108 from the labels each record format carries: .cls / a "label" in .json members,
+    a Parquet label column, pickled (bytes, label) LMDB values."""
+    labels = [0] * 15 + [1] * 14 + [2]
+    samples = []
+    for i, label in enumerate(labels):
+        meta = {"json": json.dumps({"label": label}).encode()} if i % 3 == 0 else {"cls": str(label).encode()}
+        samples.append((f"k{i:04d}", {"jpg": encoded(500 + i), **meta}))
+    write_shard(tmp_path / "train-000000.tar", samples)
+    write_parquet(tmp_path / "train.parquet", [encoded(600 + i) for i in range(30)], labels, ["a", "b", "c"])
+    write_lmdb(tmp_path / "train_lmdb", {f"{i:04d}".encode(): pickle.dumps((encoded(700 + i), label))
+                                         for i, label in enumerate(labels)})
+    for name, rare in (("train-000000.tar", "2"), ("train.parquet", "c"), ("train_lmdb", "2")):
+        finding = run_data(tmp_path / name).one("F108")
+        assert finding["evidence"]["under_represented"] == [rare], name
+        assert sorted(finding["evidence"]["counts"].values()) == [1, 14, 15], name
