@@ -480,3 +480,44 @@ def test_class_balance_from_record_labels(tmp_path, run_data):
         finding = run_data(tmp_path / name).one("F108")
         assert finding["evidence"]["under_represented"] == [rare], name
         assert sorted(finding["evidence"]["counts"].values()) == [1, 14, 15], name
+
+
+def test_same_images_give_the_same_findings_in_every_format(tmp_path, run_data):
+    """One set of images (PNG: lossless) as an image folder, an HDF5 array, a WebDataset shard,
+    a Parquet file and an .npz: the same findings, each at its own record name."""
+    rng = np.random.default_rng(3)
+    images = [(rng.random((24, 24, 3)) * 255).astype(np.uint8) for _ in range(24)]
+    images[5] = images[1]  # F109
+    images[9] = np.full((24, 24, 3), 128, np.uint8)  # F112: blank
+    labels = [2 if i == 23 else i % 2 for i in range(24)]  # F108: class 2 has one image
+
+    def png(array: np.ndarray) -> bytes:
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, "PNG")
+        return buffer.getvalue()
+
+    for i, (array, label) in enumerate(zip(images, labels)):
+        (tmp_path / "folder" / "train" / str(label)).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "folder" / "train" / str(label) / f"{i:03d}.png").write_bytes(png(array))
+    with h5py.File(tmp_path / "train.h5", "w") as handle:
+        handle["images"], handle["labels"] = np.stack(images), np.array(labels)
+    write_shard(tmp_path / "train-0000.tar", [(f"{i:03d}", {"png": png(a), "cls": str(label).encode()})
+                                              for i, (a, label) in enumerate(zip(images, labels))])
+    write_parquet(tmp_path / "train.parquet", [png(a) for a in images], labels, ["0", "1", "2"])
+    np.savez(tmp_path / "data.npz", x_train=np.stack(images), y_train=np.array(labels))
+    names = {"folder": lambda i: f"{tmp_path}/folder/train/{labels[i]}/{i:03d}.png",
+             "train.h5": lambda i: f"{tmp_path}/train.h5:images[{i}]",
+             "train-0000.tar": lambda i: f"{tmp_path}/train-0000.tar:{i:03d}.png",
+             "train.parquet": lambda i: f"{tmp_path}/train.parquet:image[{i}]",
+             "data.npz": lambda i: f"{tmp_path}/data.npz:x_train[{i}]"}
+    statistics = set()
+    for target, name in names.items():
+        result = run_data(tmp_path / target, "--no-cache")
+        assert result.codes() == {"F108", "F109", "F112", "F113"}, target
+        assert result.one("F109")["evidence"]["files"] == [name(1), name(5)], target
+        assert result.one("F112")["evidence"]["files"] == [name(9)], target
+        assert sorted(result.one("F108")["evidence"]["counts"].values()) == [1, 11, 12], target
+        statistics.add((tuple(result.one("F113")["evidence"]["mean"]), tuple(result.one("F113")["evidence"]["std"])))
+    assert len(statistics) == 1  # the same per-channel mean and std from every format
