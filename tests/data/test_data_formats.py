@@ -521,3 +521,19 @@ def test_same_images_give_the_same_findings_in_every_format(tmp_path, run_data):
         assert sorted(result.one("F108")["evidence"]["counts"].values()) == [1, 11, 12], target
         statistics.add((tuple(result.one("F113")["evidence"]["mean"]), tuple(result.one("F113")["evidence"]["std"])))
     assert len(statistics) == 1  # the same per-channel mean and std from every format
+
+
+def test_webdataset_masks_beside_the_images_are_not_checked_as_images(tmp_path, run_data):
+    """Segmentation shards (key.jpg + key.seg.png): the mask is not the training image; taken as
+    one, the masks were a grayscale majority, blank and duplicated (three false alarms)."""
+    from PIL import Image
+
+    mask = io.BytesIO()
+    Image.fromarray((np.arange(32 * 32).reshape(32, 32) % 3).astype(np.uint8), "L").save(mask, "PNG")
+    samples = [(f"s{i:04d}", {"jpg": encoded(800 + i), "seg.png": mask.getvalue(), "cls": b"0"}) for i in range(12)]
+    samples[4][1]["jpg"] = truncated_jpeg(4)
+    write_shard(tmp_path / "seg-000000.tar", samples)
+    result = run_data(tmp_path / "seg-000000.tar")
+    assert result.codes() == {"F101", "F113"}
+    assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/seg-000000.tar:s0004.jpg"]
+    assert result.report["extra"]["scan"]["records"] == 12
