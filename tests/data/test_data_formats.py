@@ -537,3 +537,40 @@ def test_webdataset_masks_beside_the_images_are_not_checked_as_images(tmp_path, 
     assert result.codes() == {"F101", "F113"}
     assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/seg-000000.tar:s0004.jpg"]
     assert result.report["extra"]["scan"]["records"] == 12
+
+
+def test_grayscale_datasets_get_one_channel_of_statistics(tmp_path, run_data):
+    """mnist.npz-style arrays and a folder of grayscale PNGs: Normalize takes one mean and std."""
+    gray = np.stack([pixels(i, 28)[..., 0] for i in range(10)])
+    np.savez(tmp_path / "mnist.npz", x_train=gray, y_train=np.arange(10) % 2)
+    for i, image in enumerate(gray):
+        (tmp_path / "digits" / str(i % 2)).mkdir(parents=True, exist_ok=True)
+        from PIL import Image
+
+        Image.fromarray(image, "L").save(tmp_path / "digits" / str(i % 2) / f"{i}.png")
+    expected_mean = [round(float(gray.mean()) / 255, 4)]
+    for target in ("mnist.npz", "digits"):
+        finding = run_data(tmp_path / target).one("F113")
+        assert finding["evidence"]["mean"] == expected_mean, target
+        assert len(finding["evidence"]["std"]) == 1
+        assert finding["message"].startswith("single-channel statistics of 10 grayscale images")
+
+
+def test_parquet_label_column_found_by_its_class_label_feature(tmp_path, run_data):
+    """CIFAR-100 on the Hugging Face Hub: columns img, fine_label, coarse_label (ClassLabel features)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    fine = [0] * 12 + [1] * 11 + [2]
+    table = pa.table({"img": pa.array([{"bytes": encoded(i), "path": None} for i in range(24)], type=image_type),
+                      "fine_label": pa.array(fine, type=pa.int64()),
+                      "coarse_label": pa.array([0] * 24, type=pa.int64())})
+    features = {"img": {"_type": "Image"},
+                "fine_label": {"_type": "ClassLabel", "names": ["apple", "aquarium_fish", "baby"]},
+                "coarse_label": {"_type": "ClassLabel", "names": ["fruit"]}}
+    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(table, tmp_path / "train-00000-of-00001.parquet")
+    result = run_data(tmp_path / "train-00000-of-00001.parquet")
+    assert "images from column 'img', labels from column 'fine_label'" in result.err
+    assert result.one("F108")["evidence"]["under_represented"] == ["baby"]

@@ -54,6 +54,16 @@ def class_names(schema: Any, column: str) -> list[str] | None:
     return [str(n) for n in names] if isinstance(names, list) else None
 
 
+def _class_label_columns(schema: Any) -> list[str]:
+    """Columns whose Hugging Face feature is a ClassLabel (``fine_label`` of CIFAR-100), in order."""
+    try:
+        features = json.loads((schema.metadata or {})[b"huggingface"])["info"]["features"]
+        return [name for name, feature in features.items()
+                if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"]
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return []
+
+
 def choose_columns(path: str, schema: Any, options: ReadOptions) -> tuple[str, str | None]:
     """(image column, label column or None) of a table schema; UsageError when there is no image column."""
     columns = {schema.field(i).name: schema.field(i).type for i in range(len(schema))}
@@ -63,7 +73,8 @@ def choose_columns(path: str, schema: Any, options: ReadOptions) -> tuple[str, s
     if image is None or image not in columns or not _is_image_type(columns[image]):
         raise UsageError(f"{path}: no image column ({{bytes, path}} struct or binary) "
                          f"{'named ' + image if image else 'found'}; columns: {shown}; pass --images COLUMN")
-    label = options.labels or next((c for c in LABEL_NAMES if c in columns and _is_label_type(columns[c])), None)
+    label = options.labels or next((c for c in LABEL_NAMES if c in columns and _is_label_type(columns[c])), None) \
+        or next((c for c in _class_label_columns(schema) if c in columns and _is_label_type(columns[c])), None)
     if label is not None and (label not in columns or not _is_label_type(columns[label])):
         raise UsageError(f"{path}: --labels {label}: no integer or string column of that name; columns: {shown}")
     return image, label
