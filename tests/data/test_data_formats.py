@@ -574,3 +574,23 @@ def test_parquet_label_column_found_by_its_class_label_feature(tmp_path, run_dat
     result = run_data(tmp_path / "train-00000-of-00001.parquet")
     assert "images from column 'img', labels from column 'fine_label'" in result.err
     assert result.one("F108")["evidence"]["under_represented"] == ["baby"]
+
+
+def test_a_real_webdataset_shard_gives_no_false_alarm(run_data):
+    """webdataset's own test shard (tests/data/fixtures/README.md): 90 grayscale digits with
+    .cls labels. Nothing wrong with it: only F113, one channel, equal to the pixels' mean."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    shard = Path(__file__).parent / "fixtures" / "webdataset_sample.tgz"
+    means = []
+    with tarfile.open(shard) as archive:
+        for member in archive:
+            if member.name.endswith(".png"):
+                means.append(np.asarray(Image.open(archive.extractfile(member)).convert("L")).mean() / 255)
+    assert len(means) == 90
+    result = run_data(shard, "--no-cache")
+    assert result.rc == 0 and result.codes() == {"F113"}
+    assert result.one("F113")["evidence"]["mean"] == [round(float(np.mean(means)), 4)]
+    assert result.report["extra"]["scan"]["records"] == 90
