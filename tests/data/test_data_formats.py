@@ -594,3 +594,26 @@ def test_a_real_webdataset_shard_gives_no_false_alarm(run_data):
     assert result.rc == 0 and result.codes() == {"F113"}
     assert result.one("F113")["evidence"]["mean"] == [round(float(np.mean(means)), 4)]
     assert result.report["extra"]["scan"]["records"] == 90
+
+
+def test_npy_files_pair_images_with_labels(tmp_path, run_data):
+    """The X_train.npy / y_train.npy / X_test.npy / y_test.npy layout: labels from the paired file
+    (F108), splits from the names (F110), a stray label file set aside with a note."""
+    x_train = np.stack([pixels(i) for i in range(30)])
+    x_train[7] = x_train[3]
+    x_test = np.stack([pixels(100 + i) for i in range(10)])
+    x_test[1] = x_train[4]
+    np.save(tmp_path / "X_train.npy", x_train)
+    np.save(tmp_path / "y_train.npy", np.array([0] * 15 + [1] * 14 + [2]))
+    np.save(tmp_path / "X_test.npy", x_test)
+    np.save(tmp_path / "y_test.npy", np.arange(10) % 3)
+    np.save(tmp_path / "y_val.npy", np.arange(5))
+    result = run_data(tmp_path)
+    assert result.rc == 1  # F110 is an error
+    assert result.one("F109")["evidence"]["files"] == [f"{tmp_path}/X_train.npy[3]", f"{tmp_path}/X_train.npy[7]"]
+    assert result.one("F110")["evidence"]["pairs"][0] == {
+        "file": f"{tmp_path}/X_test.npy[1]", "duplicate_of": f"{tmp_path}/X_train.npy[4]", "distance": 0}
+    assert result.one("F108")["evidence"]["counts"] == {"0": 15, "1": 14, "2": 1}
+    assert f"{tmp_path}/X_train.npy: images 30×32×32×3 unsigned integers, labels from y_train.npy" in result.err
+    assert f"{tmp_path}/y_val.npy: 5 integers paired with no image array: not read" in result.err
+    assert sorted(result.report["extra"]["splits"]) == ["test", "train"]
