@@ -617,3 +617,29 @@ def test_npy_files_pair_images_with_labels(tmp_path, run_data):
     assert f"{tmp_path}/X_train.npy: images 30×32×32×3 unsigned integers, labels from y_train.npy" in result.err
     assert f"{tmp_path}/y_val.npy: 5 integers paired with no image array: not read" in result.err
     assert sorted(result.report["extra"]["splits"]) == ["test", "train"]
+
+
+def test_parquet_cells_that_refer_to_image_files(tmp_path, run_data):
+    """{bytes: None, path} cells (datasets opens the file when the row is read): the files are
+    checked, an absolute path to no file is F101 at its row, an unresolvable relative one skipped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "images").mkdir()
+    for i in range(8):
+        (tmp_path / "images" / f"{i}.jpg").write_bytes(encoded(i) if i != 5 else encoded(1))
+    cells = [{"bytes": None, "path": str(tmp_path / "images" / f"{i}.jpg")} for i in range(8)]
+    cells[3]["path"] = str(tmp_path / "images" / "gone.jpg")
+    cells.append({"bytes": None, "path": "images/6.jpg"})  # beside the table: the same file as row 6
+    cells.append({"bytes": None, "path": "elsewhere/unknown.jpg"})  # relative to an unknown directory
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    pq.write_table(pa.table({"image": pa.array(cells, type=image_type), "label": pa.array([0, 1] * 5)}),
+                   tmp_path / "train.parquet")
+    result = run_data(tmp_path / "train.parquet")
+    table = f"{tmp_path}/train.parquet"
+    assert result.one("F101")["evidence"]["reasons"] == {
+        f"{table}:image[3]": f"image file {tmp_path}/images/gone.jpg does not exist (datasets raises "
+                             f"FileNotFoundError for this row)"}
+    assert sorted(result.one("F109")["evidence"]["groups"]) == [[f"{table}:image[1]", f"{table}:image[5]"],
+                                                                [f"{table}:image[6]", f"{table}:image[8]"]]
+    assert result.report["extra"]["scan"]["images_decoded"] == 8
