@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from nndoctor.ckpt.tf_bundle import OBJECT_GRAPH_KEY, TensorBundle
+from nndoctor.ckpt.tf_bundle import OBJECT_GRAPH_KEY, TensorBundle, masked_crc32c
 
 TF_SMALL = FIXTURES / "tf_small"
 KERNEL = "net/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"
@@ -118,8 +118,31 @@ def test_tensorflow_1_savedmodel_with_a_snappy_index(run_cli, tmp_path):
     data[1] = 0x7F  # the first block's literal tag: a literal longer than the block
     index.write_bytes(bytes(data))
     result = run_cli("ckpt", "inspect", copy)
+    assert result.code == 2 and "checksum mismatch in the block at 0" in result.err  # as TensorFlow says
+    # the same damage under a valid checksum reaches the decompressor, which refuses it
+    length = _first_block_length(bytes(data))
+    data[length + 1:length + 5] = masked_crc32c(bytes(data[:length + 1])).to_bytes(4, "little")
+    index.write_bytes(bytes(data))
+    result = run_cli("ckpt", "inspect", copy)
     assert result.code == 2 and "Snappy-compressed block at 0 is corrupt" in result.err
     assert "Traceback" not in result.err
+
+
+def _first_block_length(index: bytes) -> int:
+    """The length of the data block at offset 0, from the handle in the table's index block."""
+    from nndoctor.protowire import read_varint
+
+    footer = index[-48:]
+    _, pos = read_varint(footer, 0)
+    _, pos = read_varint(footer, pos)
+    index_offset, pos = read_varint(footer, pos)
+    entry = index[index_offset:]
+    shared, at = read_varint(entry, 0)
+    unshared, at = read_varint(entry, at)
+    _value_length, at = read_varint(entry, at)
+    offset, at = read_varint(entry, at + unshared)
+    assert (shared, offset) == (0, 0)
+    return read_varint(entry, at)[0]
 
 
 def test_v1_checkpoint_and_a_state_file_naming_another_machine(run_cli, tmp_path):

@@ -133,6 +133,11 @@ class TensorBundle:
         if offset + length + _BLOCK_TRAILER > file_size:
             raise ProtoError(f"a block at {offset}+{length} runs past the end of the file ({file_size} bytes)")
         raw = self.source.read(self.index_path, offset, length + _BLOCK_TRAILER)
+        if len(raw) < length + _BLOCK_TRAILER:
+            raise ProtoError(f"a block at {offset} is cut short")
+        # TensorFlow's table reader checks this too ("block checksum mismatch")
+        if masked_crc32c(raw[:length + 1]) != int.from_bytes(raw[length + 1:length + _BLOCK_TRAILER], "little"):
+            raise ProtoError(f"checksum mismatch in the block at {offset}")
         compression = raw[length]
         if compression == 1:  # TensorFlow 1.x wrote Snappy-compressed index blocks
             try:
