@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("nndoctor.demo.cli", "run the bundled, deliberately buggy training demo"),
     "checks": ("nndoctor.catalog_cli", "list the catalog, or show one check's documentation"),
     "explain": ("nndoctor.explain.cli", "explain a saved traceback or log"),
-    "data": ("nndoctor.data.cli", "check an image dataset or TFRecord files before training"),
+    "data": ("nndoctor.data.cli", "check an image dataset (folders, TFRecord, HDF5, LMDB, WebDataset, Parquet, NumPy) before training"),
     "ckpt": ("nndoctor.ckpt.cli", "inspect, diff, repair and convert checkpoints"),
     "perf": ("nndoctor.perf.cli", "where the step time goes and what to change"),
     "preflight": ("nndoctor.preflight.cli", "run active tests on copies of the model at the first step, then stop"),

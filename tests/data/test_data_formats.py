@@ -49,7 +49,33 @@ def test_a_zip_that_is_not_npz_is_named_as_what_it_is(tmp_path, run_data):
     with zipfile.ZipFile(tmp_path / "images.zip", "w") as archive:
         archive.writestr("a.jpg", encoded(1))
     result = run_data(tmp_path / "images.zip")
-    assert result.rc == 2 and "unsupported format: ZIP archive" in result.err
+    assert result.rc == 2 and "unsupported format: ZIP archive of 1 image (extract it and give the folder)" in result.err
+
+
+def test_files_met_beside_datasets_are_named(tmp_path, run_data):
+    """What people pass by mistake is named, and never read: a pickle is not unpickled."""
+    import sqlite3
+
+    import torch
+
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "data_batch_1").write_bytes(pickle.dumps({"data": Exploit()}, protocol=2))  # CIFAR's layout
+    torch.save({"w": torch.zeros(2)}, tmp_path / "model.pt")
+    sqlite3.connect(tmp_path / "labels.db").execute("create table t(a)").connection.commit()
+    (tmp_path / "w.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}" + b" " * 14)
+    expected = {"data_batch_1": "a Python pickle (load it where you trust it and save the arrays with numpy.savez)",
+                "model.pt": "a PyTorch checkpoint (torch.save's ZIP: nndoctor ckpt inspect)",
+                "labels.db": "SQLite database",
+                "w.safetensors": "a safetensors file (model weights: nndoctor ckpt inspect)"}
+    for name, what in expected.items():
+        result = run_data(tmp_path / name)
+        assert result.rc == 2 and f"{name}: unsupported format: {what} (supported: " in result.err, result.err
+    assert not marker.exists()
 
 
 def test_a_glob_sets_unsupported_files_aside_with_a_note(tmp_path, run_data):
@@ -436,3 +462,184 @@ def test_crop_and_tiny_images_in_records(tmp_path, run_data):
     assert result.one("F103")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0002": "24x24",
                                                         f"{tmp_path}/train_lmdb:0006": "8x8"}
     assert result.one("F112")["evidence"]["reasons"] == {f"{tmp_path}/train_lmdb:0006": "tiny: 8x8 px"}
+
+
+def test_class_balance_from_record_labels(tmp_path, run_data):
+    """F108 from the labels each record format carries: .cls / a "label" in .json members,
+    a Parquet label column, pickled (bytes, label) LMDB values."""
+    labels = [0] * 15 + [1] * 14 + [2]
+    samples = []
+    for i, label in enumerate(labels):
+        meta = {"json": json.dumps({"label": label}).encode()} if i % 3 == 0 else {"cls": str(label).encode()}
+        samples.append((f"k{i:04d}", {"jpg": encoded(500 + i), **meta}))
+    write_shard(tmp_path / "train-000000.tar", samples)
+    write_parquet(tmp_path / "train.parquet", [encoded(600 + i) for i in range(30)], labels, ["a", "b", "c"])
+    write_lmdb(tmp_path / "train_lmdb", {f"{i:04d}".encode(): pickle.dumps((encoded(700 + i), label))
+                                         for i, label in enumerate(labels)})
+    for name, rare in (("train-000000.tar", "2"), ("train.parquet", "c"), ("train_lmdb", "2")):
+        finding = run_data(tmp_path / name).one("F108")
+        assert finding["evidence"]["under_represented"] == [rare], name
+        assert sorted(finding["evidence"]["counts"].values()) == [1, 14, 15], name
+
+
+def test_same_images_give_the_same_findings_in_every_format(tmp_path, run_data):
+    """One set of images (PNG: lossless) as an image folder, an HDF5 array, a WebDataset shard,
+    a Parquet file and an .npz: the same findings, each at its own record name."""
+    rng = np.random.default_rng(3)
+    images = [(rng.random((24, 24, 3)) * 255).astype(np.uint8) for _ in range(24)]
+    images[5] = images[1]  # F109
+    images[9] = np.full((24, 24, 3), 128, np.uint8)  # F112: blank
+    labels = [2 if i == 23 else i % 2 for i in range(24)]  # F108: class 2 has one image
+
+    def png(array: np.ndarray) -> bytes:
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, "PNG")
+        return buffer.getvalue()
+
+    for i, (array, label) in enumerate(zip(images, labels)):
+        (tmp_path / "folder" / "train" / str(label)).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "folder" / "train" / str(label) / f"{i:03d}.png").write_bytes(png(array))
+    with h5py.File(tmp_path / "train.h5", "w") as handle:
+        handle["images"], handle["labels"] = np.stack(images), np.array(labels)
+    write_shard(tmp_path / "train-0000.tar", [(f"{i:03d}", {"png": png(a), "cls": str(label).encode()})
+                                              for i, (a, label) in enumerate(zip(images, labels))])
+    write_parquet(tmp_path / "train.parquet", [png(a) for a in images], labels, ["0", "1", "2"])
+    np.savez(tmp_path / "data.npz", x_train=np.stack(images), y_train=np.array(labels))
+    names = {"folder": lambda i: f"{tmp_path}/folder/train/{labels[i]}/{i:03d}.png",
+             "train.h5": lambda i: f"{tmp_path}/train.h5:images[{i}]",
+             "train-0000.tar": lambda i: f"{tmp_path}/train-0000.tar:{i:03d}.png",
+             "train.parquet": lambda i: f"{tmp_path}/train.parquet:image[{i}]",
+             "data.npz": lambda i: f"{tmp_path}/data.npz:x_train[{i}]"}
+    statistics = set()
+    for target, name in names.items():
+        result = run_data(tmp_path / target, "--no-cache")
+        assert result.codes() == {"F108", "F109", "F112", "F113"}, target
+        assert result.one("F109")["evidence"]["files"] == [name(1), name(5)], target
+        assert result.one("F112")["evidence"]["files"] == [name(9)], target
+        assert sorted(result.one("F108")["evidence"]["counts"].values()) == [1, 11, 12], target
+        statistics.add((tuple(result.one("F113")["evidence"]["mean"]), tuple(result.one("F113")["evidence"]["std"])))
+    assert len(statistics) == 1  # the same per-channel mean and std from every format
+
+
+def test_webdataset_masks_beside_the_images_are_not_checked_as_images(tmp_path, run_data):
+    """Segmentation shards (key.jpg + key.seg.png): the mask is not the training image; taken as
+    one, the masks were a grayscale majority, blank and duplicated (three false alarms)."""
+    from PIL import Image
+
+    mask = io.BytesIO()
+    Image.fromarray((np.arange(32 * 32).reshape(32, 32) % 3).astype(np.uint8), "L").save(mask, "PNG")
+    samples = [(f"s{i:04d}", {"jpg": encoded(800 + i), "seg.png": mask.getvalue(), "cls": b"0"}) for i in range(12)]
+    samples[4][1]["jpg"] = truncated_jpeg(4)
+    write_shard(tmp_path / "seg-000000.tar", samples)
+    result = run_data(tmp_path / "seg-000000.tar")
+    assert result.codes() == {"F101", "F113"}
+    assert result.one("F101")["evidence"]["files"] == [f"{tmp_path}/seg-000000.tar:s0004.jpg"]
+    assert result.report["extra"]["scan"]["records"] == 12
+
+
+def test_grayscale_datasets_get_one_channel_of_statistics(tmp_path, run_data):
+    """mnist.npz-style arrays and a folder of grayscale PNGs: Normalize takes one mean and std."""
+    gray = np.stack([pixels(i, 28)[..., 0] for i in range(10)])
+    np.savez(tmp_path / "mnist.npz", x_train=gray, y_train=np.arange(10) % 2)
+    for i, image in enumerate(gray):
+        (tmp_path / "digits" / str(i % 2)).mkdir(parents=True, exist_ok=True)
+        from PIL import Image
+
+        Image.fromarray(image, "L").save(tmp_path / "digits" / str(i % 2) / f"{i}.png")
+    expected_mean = [round(float(gray.mean()) / 255, 4)]
+    for target in ("mnist.npz", "digits"):
+        finding = run_data(tmp_path / target).one("F113")
+        assert finding["evidence"]["mean"] == expected_mean, target
+        assert len(finding["evidence"]["std"]) == 1
+        assert finding["message"].startswith("single-channel statistics of 10 grayscale images")
+
+
+def test_parquet_label_column_found_by_its_class_label_feature(tmp_path, run_data):
+    """CIFAR-100 on the Hugging Face Hub: columns img, fine_label, coarse_label (ClassLabel features)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    fine = [0] * 12 + [1] * 11 + [2]
+    table = pa.table({"img": pa.array([{"bytes": encoded(i), "path": None} for i in range(24)], type=image_type),
+                      "fine_label": pa.array(fine, type=pa.int64()),
+                      "coarse_label": pa.array([0] * 24, type=pa.int64())})
+    features = {"img": {"_type": "Image"},
+                "fine_label": {"_type": "ClassLabel", "names": ["apple", "aquarium_fish", "baby"]},
+                "coarse_label": {"_type": "ClassLabel", "names": ["fruit"]}}
+    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(table, tmp_path / "train-00000-of-00001.parquet")
+    result = run_data(tmp_path / "train-00000-of-00001.parquet")
+    assert "images from column 'img', labels from column 'fine_label'" in result.err
+    assert result.one("F108")["evidence"]["under_represented"] == ["baby"]
+
+
+def test_a_real_webdataset_shard_gives_no_false_alarm(run_data):
+    """webdataset's own test shard (tests/data/fixtures/README.md): 90 grayscale digits with
+    .cls labels. Nothing wrong with it: only F113, one channel, equal to the pixels' mean."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    shard = Path(__file__).parent / "fixtures" / "webdataset_sample.tgz"
+    means = []
+    with tarfile.open(shard) as archive:
+        for member in archive:
+            if member.name.endswith(".png"):
+                means.append(np.asarray(Image.open(archive.extractfile(member)).convert("L")).mean() / 255)
+    assert len(means) == 90
+    result = run_data(shard, "--no-cache")
+    assert result.rc == 0 and result.codes() == {"F113"}
+    assert result.one("F113")["evidence"]["mean"] == [round(float(np.mean(means)), 4)]
+    assert result.report["extra"]["scan"]["records"] == 90
+
+
+def test_npy_files_pair_images_with_labels(tmp_path, run_data):
+    """The X_train.npy / y_train.npy / X_test.npy / y_test.npy layout: labels from the paired file
+    (F108), splits from the names (F110), a stray label file set aside with a note."""
+    x_train = np.stack([pixels(i) for i in range(30)])
+    x_train[7] = x_train[3]
+    x_test = np.stack([pixels(100 + i) for i in range(10)])
+    x_test[1] = x_train[4]
+    np.save(tmp_path / "X_train.npy", x_train)
+    np.save(tmp_path / "y_train.npy", np.array([0] * 15 + [1] * 14 + [2]))
+    np.save(tmp_path / "X_test.npy", x_test)
+    np.save(tmp_path / "y_test.npy", np.arange(10) % 3)
+    np.save(tmp_path / "y_val.npy", np.arange(5))
+    result = run_data(tmp_path)
+    assert result.rc == 1  # F110 is an error
+    assert result.one("F109")["evidence"]["files"] == [f"{tmp_path}/X_train.npy[3]", f"{tmp_path}/X_train.npy[7]"]
+    assert result.one("F110")["evidence"]["pairs"][0] == {
+        "file": f"{tmp_path}/X_test.npy[1]", "duplicate_of": f"{tmp_path}/X_train.npy[4]", "distance": 0}
+    assert result.one("F108")["evidence"]["counts"] == {"0": 15, "1": 14, "2": 1}
+    assert f"{tmp_path}/X_train.npy: images 30×32×32×3 unsigned integers, labels from y_train.npy" in result.err
+    assert f"{tmp_path}/y_val.npy: 5 integers paired with no image array: not read" in result.err
+    assert sorted(result.report["extra"]["splits"]) == ["test", "train"]
+
+
+def test_parquet_cells_that_refer_to_image_files(tmp_path, run_data):
+    """{bytes: None, path} cells (datasets opens the file when the row is read): the files are
+    checked, an absolute path to no file is F101 at its row, an unresolvable relative one skipped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "images").mkdir()
+    for i in range(8):
+        (tmp_path / "images" / f"{i}.jpg").write_bytes(encoded(i) if i != 5 else encoded(1))
+    cells = [{"bytes": None, "path": str(tmp_path / "images" / f"{i}.jpg")} for i in range(8)]
+    cells[3]["path"] = str(tmp_path / "images" / "gone.jpg")
+    cells.append({"bytes": None, "path": "images/6.jpg"})  # beside the table: the same file as row 6
+    cells.append({"bytes": None, "path": "elsewhere/unknown.jpg"})  # relative to an unknown directory
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    pq.write_table(pa.table({"image": pa.array(cells, type=image_type), "label": pa.array([0, 1] * 5)}),
+                   tmp_path / "train.parquet")
+    result = run_data(tmp_path / "train.parquet")
+    table = f"{tmp_path}/train.parquet"
+    assert result.one("F101")["evidence"]["reasons"] == {
+        f"{table}:image[3]": f"image file {tmp_path}/images/gone.jpg does not exist (datasets raises "
+                             f"FileNotFoundError for this row)"}
+    assert sorted(result.one("F109")["evidence"]["groups"]) == [[f"{table}:image[1]", f"{table}:image[5]"],
+                                                                [f"{table}:image[6]", f"{table}:image[8]"]]
+    assert result.report["extra"]["scan"]["images_decoded"] == 8

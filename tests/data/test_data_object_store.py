@@ -146,3 +146,15 @@ def test_s3_tfrecords(bucket, run_data, tmp_path):
     assert finding["evidence"]["files"] == [f"s3://{BUCKET}/tf/train-00001-of-00002.tfrecord"]
     assert "train-00001-of-00002.tfrecord#1" in " ".join(finding["evidence"]["records"])
     assert result.report["extra"]["scan"]["tfrecord_records"] == 6
+
+
+def test_s3_npy_pairs_read_labels_by_ranges(bucket, run_data, tmp_path):
+    images = np.stack([np.asarray(photo(i, 32, 32)) for i in range(20)])
+    images[9] = images[2]
+    for name, array in (("X_train.npy", images), ("y_train.npy", np.array([0] * 12 + [1] * 7 + [2]))):
+        np.save(tmp_path / name, array)
+        put(bucket, f"npy/{name}", (tmp_path / name).read_bytes())
+    result = run_data(f"s3://{BUCKET}/npy/")
+    assert result.one("F109")["evidence"]["files"] == [f"s3://{BUCKET}/npy/X_train.npy[2]",
+                                                       f"s3://{BUCKET}/npy/X_train.npy[9]"]
+    assert result.one("F108")["evidence"]["counts"] == {"0": 12, "1": 7, "2": 1}  # labels read from S3

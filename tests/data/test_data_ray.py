@@ -54,3 +54,37 @@ def test_ray_engine_gives_the_local_report(build, run_data, tmp_path):
         assert comparable(distributed) == comparable(local)
         assert distributed.report["extra"]["scan"]["engine"] == "ray"
         assert distributed.report["extra"]["scan"]["workers"] == 2
+
+
+def test_address_of_a_running_cluster(run_data, tmp_path):
+    """``--address HOST:PORT``: a separate nndoctor process joins the running local cluster (as a
+    driver on a cluster's node does) and gives the local scan's report. The cluster stays up."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    with h5py.File(tmp_path / "train.h5", "w") as handle:
+        images = np.stack([np.asarray(photo(i, 32, 32)) for i in range(12)])
+        images[7] = images[2]
+        handle["images"] = images
+        handle["labels"] = np.arange(12) % 2
+    local = run_data(tmp_path / "train.h5", "--no-cache")
+    address = ray.get_runtime_context().gcs_address
+    report = tmp_path / "ray.json"
+    # ray.init set RAY_AUTH_MODE in this process when it enabled token authentication: inherited
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-m", "nndoctor", "data", str(tmp_path / "train.h5"), "--no-cache",
+                           "--engine", "ray", "--address", address, "--workers", "1", "--json", str(report)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == local.rc, done.stderr[-3000:]
+    distributed = json.loads(report.read_text())
+    assert local.one("F109")["evidence"]["files"] == [f"{tmp_path}/train.h5:images[2]", f"{tmp_path}/train.h5:images[7]"]
+    assert [(f["code"], f["message"], f["evidence"]) for f in distributed["findings"]] == comparable_json(local)
+    # the cluster's 2 CPUs, not --workers 1: the scan joined the cluster instead of starting its own
+    assert distributed["extra"]["scan"]["engine"] == "ray" and distributed["extra"]["scan"]["workers"] == 2
+    assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 2  # not shut down by the scan
+
+
+def comparable_json(result) -> list[tuple]:
+    return [(f["code"], f["message"], f["evidence"]) for f in result.findings]

@@ -152,7 +152,21 @@ def _tf_location(path: str) -> Any:
             shown = ", ".join(os.path.join(path, p) for p in prefixes[:5])
             raise UsageError(f"{path}: a folder of TensorFlow checkpoints without a 'checkpoint' state file; "
                              f"name one by its prefix: {shown}")
+        versions = _saved_model_versions(path)
+        if versions:  # TensorFlow Serving's model folder: one SavedModel per numbered version
+            shown = ", ".join(versions[-5:])
+            raise UsageError(f"{path}: a TensorFlow Serving model folder (SavedModel versions {shown}); "
+                             f"name one version: {os.path.join(path, versions[-1])}")
     return location
+
+
+def _saved_model_versions(path: str) -> list[str]:
+    """Numbered subfolders holding a SavedModel, oldest first."""
+    try:
+        names = [name for name in os.listdir(path) if name.isdigit()]
+    except OSError:
+        return []
+    return sorted((name for name in names if os.path.isfile(os.path.join(path, name, "saved_model.pb"))), key=int)
 
 
 def _read_zip(path: str, trust: bool, limits: ReadLimits, *, stream: Any = None, size: int | None = None) -> Checkpoint:

@@ -22,10 +22,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nndoctor.ckpt import snappy_block
 from nndoctor.errors import UsageError
 from nndoctor.protowire import ProtoError, as_bytes, as_int, fields, read_varint, signed64
 
-_TABLE_MAGIC = 0xDB4775248B80FB57
+TABLE_MAGIC = 0xDB4775248B80FB57
 _FOOTER_SIZE = 48
 _BLOCK_TRAILER = 5  # compression type byte + masked CRC32C
 _MAX_INDEX_BYTES = 1 << 30
@@ -109,7 +110,7 @@ class TensorBundle:
         if size > _MAX_INDEX_BYTES:
             raise UsageError(f"{self.index_path}: {size} bytes is too large for a checkpoint index")
         footer = self.source.read(self.index_path, size - _FOOTER_SIZE, _FOOTER_SIZE)
-        if int.from_bytes(footer[40:48], "little") != _TABLE_MAGIC:
+        if int.from_bytes(footer[40:48], "little") != TABLE_MAGIC:
             raise UsageError(f"{self.index_path}: not a TensorFlow checkpoint index (no table magic "
                              f"number at its end): truncated or another kind of file")
         try:
@@ -132,10 +133,17 @@ class TensorBundle:
         if offset + length + _BLOCK_TRAILER > file_size:
             raise ProtoError(f"a block at {offset}+{length} runs past the end of the file ({file_size} bytes)")
         raw = self.source.read(self.index_path, offset, length + _BLOCK_TRAILER)
+        if len(raw) < length + _BLOCK_TRAILER:
+            raise ProtoError(f"a block at {offset} is cut short")
+        # TensorFlow's table reader checks this too ("block checksum mismatch")
+        if masked_crc32c(raw[:length + 1]) != int.from_bytes(raw[length + 1:length + _BLOCK_TRAILER], "little"):
+            raise ProtoError(f"checksum mismatch in the block at {offset}")
         compression = raw[length]
-        if compression == 1:
-            raise UsageError(f"{self.index_path}: the index is Snappy-compressed, which TensorFlow's "
-                             f"own writer never does; not supported")
+        if compression == 1:  # TensorFlow 1.x wrote Snappy-compressed index blocks
+            try:
+                return snappy_block.decompress(raw[:length], _MAX_INDEX_BYTES)
+            except snappy_block.SnappyError as error:
+                raise ProtoError(f"a Snappy-compressed block at {offset} is corrupt ({error})") from None
         if compression != 0:
             raise ProtoError(f"unknown block compression type {compression}")
         return raw[:length]

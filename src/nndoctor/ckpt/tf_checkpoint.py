@@ -17,7 +17,13 @@ import numpy as np
 
 from nndoctor.ckpt.checkpoint import Checkpoint, StateDict
 from nndoctor.ckpt.keras_weights import KerasLayerWeights, _guess_kind
-from nndoctor.ckpt.tf_bundle import OBJECT_GRAPH_KEY, ByteSource, LocalFiles, TensorBundle
+from nndoctor.ckpt.tf_bundle import (
+    OBJECT_GRAPH_KEY,
+    TABLE_MAGIC,
+    ByteSource,
+    LocalFiles,
+    TensorBundle,
+)
 from nndoctor.ckpt.tf_objects import NamedVariable, name_variables, parse_object_graph
 from nndoctor.errors import UsageError
 from nndoctor.protowire import ProtoError
@@ -25,6 +31,8 @@ from nndoctor.protowire import ProtoError
 _SHARD = re.compile(r"^(?P<prefix>.+)\.data-\d{5}-of-\d{5}$")
 _STATE_LINE = re.compile(r'^\s*model_checkpoint_path:\s*"(?P<path>(?:[^"\\]|\\.)*)"', re.MULTILINE)
 _MAX_STATE_FILE = 1 << 20
+_V1_FORMAT = ("a V1 checkpoint (one file, no .index: tf.train.Saver's format before TensorFlow 0.12): not "
+              "supported; TensorFlow's tf.train.load_checkpoint reads it")
 
 
 @dataclass
@@ -32,6 +40,7 @@ class TFLocation:
     prefix: str
     format: str  # tf-checkpoint or tf-savedmodel
     saved_model: str | None = None  # the SavedModel folder
+    note: str | None = None  # how the state file's name was resolved, when not as written
 
 
 def _join(folder: str, name: str) -> str:
@@ -64,13 +73,22 @@ def locate(path: str, source: ByteSource, is_dir: bool) -> TFLocation | None:
             named = named.encode().decode("unicode_escape")
         except UnicodeDecodeError:
             pass
-        # tf.train.CheckpointManager writes names relative to the folder; older savers absolute ones.
-        prefix = named if named.startswith("/") and "://" not in folder else _join(folder, posixpath.basename(named))
-        if source.size(prefix + ".index") is None and source.size(_join(folder, named) + ".index") is not None:
-            prefix = _join(folder, named)
-        if source.size(prefix + ".index") is None:
-            raise UsageError(f"{state} names checkpoint {named!r}, but {prefix}.index does not exist")
-        return TFLocation(prefix, "tf-checkpoint")
+        # tf.train.CheckpointManager writes names relative to the folder; older savers absolute
+        # ones, which go stale when the folder is copied elsewhere: then the same name beside the
+        # state file is the checkpoint (TensorFlow itself would fail to find it).
+        candidates = [named] if named.startswith("/") and "://" not in folder else []
+        candidates += [_join(folder, posixpath.basename(named)), _join(folder, named)]
+        for prefix in candidates:
+            if source.size(prefix + ".index") is not None:
+                stale = named.startswith("/") and prefix != named
+                note = f"the state file names {named!r}, not found there; read the same name beside it" if stale else None
+                return TFLocation(prefix, "tf-checkpoint", note=note)
+        beside = _join(folder, posixpath.basename(named))
+        if _is_v1_checkpoint(source, beside):
+            raise UsageError(f"{state} names {named!r}, {_V1_FORMAT}")
+        raise UsageError(f"{state} names checkpoint {named!r}, but {candidates[0]}.index does not exist")
+    if not path.endswith(".index") and _is_v1_checkpoint(source, path):
+        raise UsageError(f"{path}: {_V1_FORMAT}")
     if path.endswith(".index") and source.size(path) is not None:
         return TFLocation(path[: -len(".index")], "tf-checkpoint")
     shard = _SHARD.match(path)
@@ -81,6 +99,14 @@ def locate(path: str, source: ByteSource, is_dir: bool) -> TFLocation | None:
     return None
 
 
+def _is_v1_checkpoint(source: ByteSource, path: str) -> bool:
+    """A single-file V1 checkpoint: a LevelDB table (the tensor-slice format) with no .index beside it."""
+    size = source.size(path)
+    if size is None or size < 48 or source.size(path + ".index") is not None:
+        return False
+    return int.from_bytes(source.read(path, size - 8, 8), "little") == TABLE_MAGIC
+
+
 def read_tf_checkpoint(path: str, location: TFLocation, source: ByteSource | None = None) -> Checkpoint:
     """The bundle's variables as a Checkpoint (model variables first, optimizer ones apart)."""
     source = source or LocalFiles()
@@ -88,6 +114,8 @@ def read_tf_checkpoint(path: str, location: TFLocation, source: ByteSource | Non
     ckpt = Checkpoint(path=path, format=location.format, read_mode="tensors-only")
     ckpt.metadata["prefix"] = location.prefix
     ckpt.metadata["data_shards"] = bundle.num_shards
+    if location.note:
+        ckpt.metadata["state_file"] = location.note
     if location.saved_model is not None:
         ckpt.other_entries["saved_model.pb"] = "graph and functions not loaded (only the variables are read)"
     named = _named(bundle)

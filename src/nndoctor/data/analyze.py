@@ -366,6 +366,16 @@ def _near_pairs(index, a: str, b: str, distance: int, room: int) -> list[tuple[s
     return out
 
 
+GRAYSCALE_MODES = ("1", "L", "LA", "I", "F")  # Pillow modes without colour; also I;16, I;16B …
+
+
+def _all_grayscale(result: ScanResult, splits: list[str]) -> bool:
+    marks = ",".join("?" * len(splits))
+    modes = [row[0] for row in result.index.query(f"SELECT DISTINCT mode FROM images WHERE split IN ({marks})",
+                                                     tuple(splits))]
+    return bool(modes) and all(m in GRAYSCALE_MODES or m.startswith("I;16") for m in modes)
+
+
 def _statistics(result: ScanResult) -> list[Finding]:
     splits = result.plan.splits
     if not splits:
@@ -377,12 +387,17 @@ def _statistics(result: ScanResult) -> list[Finding]:
     sums = [sum(result.splits[s.name].moments[k] for s in train) for k in range(6)]
     mean = [v / images for v in sums[:3]]
     std = [math.sqrt(max(sums[3 + c] / images - mean[c] ** 2, 0.0)) for c in range(3)]
+    gray = _all_grayscale(result, [s.name for s in train])
+    if gray:  # one channel: a 3-value Normalize fails on 1-channel tensors (ToTensor of an "L" image)
+        mean, std = mean[:1], std[:1]
     mean4, std4 = [round(v, 4) for v in mean], [round(v, 4) for v in std]
     mean255, std255 = [round(v * 255, 2) for v in mean], [round(v * 255, 2) for v in std]
     source = " and ".join(s.name for s in train)
     normalize = f"transforms.Normalize(mean={mean4}, std={std4})"
+    counted = f"single-channel statistics of {plural(images, 'grayscale image')}" if gray else \
+        f"per-channel RGB statistics of {plural(images, 'image')}"
     message = (
-        f"per-channel RGB statistics of {plural(images, 'image')} ({source}): {normalize}; "
+        f"{counted} ({source}): {normalize}; "
         f"on the 0–255 scale mean={mean255}, std={std255}"
     )
     return [checks.DatasetStatistics.finding(

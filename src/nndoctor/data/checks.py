@@ -415,7 +415,9 @@ class DatasetStatistics(DataCheck):
     ## What it does
     Computes the per-channel mean and standard deviation of the images (of the training split
     when splits are found), with each image weighted equally, and prints them ready to paste
-    into `transforms.Normalize` (0–1 scale) and as 0–255 values (mmcv/Caffe style).
+    into `transforms.Normalize` (0–1 scale) and as 0–255 values (mmcv/Caffe style). When every
+    image of those splits is grayscale (MNIST-style PNGs, N×H×W arrays), one mean and one std are
+    given: `ToTensor` makes one channel of them, and a three-value `Normalize` fails on it.
 
     ## Why is this bad?
     It is not; it is advice. Training from scratch with ImageNet's statistics on data that is

@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: a process pool (default); ray: the per-file work on Ray Data")
     parser.add_argument("--address", metavar="ADDRESS",
-                        help="with --engine ray: the cluster (ray://host:10001, or auto); default: a local Ray")
+                        help="with --engine ray: the cluster (ray://host:10001, host:6379 or auto); default: a local Ray")
     parser.add_argument("--crop", type=int, metavar="N", help="training crop size: list images smaller than N×N (F103)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="worker processes (default and maximum: the CPUs available)")

@@ -16,7 +16,7 @@ import zlib
 
 from nndoctor.data import storage
 from nndoctor.data.crc32c import masked_crc32c
-from nndoctor.data.formats import IMAGE_FORMATS, sniff
+from nndoctor.data.formats import IMAGE_EXTENSIONS, IMAGE_FORMATS, sniff
 from nndoctor.data.tfrecord import is_tfrecord_name
 from nndoctor.errors import UsageError
 
@@ -49,7 +49,7 @@ def detect_file(path: str) -> str:
         return "tfrecord"  # named so and nothing else: its broken framing is F201's finding
     if len(head) < 512 and name.endswith((".tar", ".tgz", ".tar.gz")):
         return "webdataset"  # a shard cut before its first header: reported as unreadable (F101)
-    raise UnsupportedFormat(path, _describe(head))
+    raise UnsupportedFormat(path, _describe(path, head))
 
 
 def content_kind(path: str, head: bytes) -> str | None:
@@ -141,7 +141,18 @@ def _inflate_head(head: bytes) -> bytes:
         return b""
 
 
-def _describe(head: bytes) -> str:
+# Signatures of other files met where datasets live, named so the message says what the file is.
+_OTHER_SIGNATURES = (
+    (b"SQLite format 3\x00", "SQLite database"),
+    (b"BZh", "bzip2 archive"),
+    (b"\xfd7zXZ\x00", "xz archive"),
+    (b"\x28\xb5\x2f\xfd", "Zstandard archive"),
+    (b"7z\xbc\xaf\x27\x1c", "7-Zip archive"),
+    (b"Rar!\x1a\x07", "RAR archive"),
+)
+
+
+def _describe(path: str, head: bytes) -> str:
     """A name for content nndoctor does not read ("ZIP archive", "unknown binary" …)."""
     if not head:
         return "empty file (0 bytes)"
@@ -154,4 +165,28 @@ def _describe(head: bytes) -> str:
         return "gzip archive (neither a tar shard nor a TFRecord inside)"
     if head.startswith(b"version https://git-lfs.github.com/spec/"):
         return "a Git LFS pointer, not the file's content (run git lfs pull)"
+    if head.startswith(b"PK\x03\x04"):
+        return _describe_zip(path)
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        # e.g. CIFAR-10's python batches; not unpickled here: a pickle can run code when loaded
+        return "a Python pickle (load it where you trust it and save the arrays with numpy.savez)"
+    if len(head) >= 9 and head[8:9] == b"{" and head[6:8] == b"\x00\x00":
+        return "a safetensors file (model weights: nndoctor ckpt inspect)"
+    for signature, name in _OTHER_SIGNATURES:
+        if head.startswith(signature):
+            return name
     return kind
+
+
+def _describe_zip(path: str) -> str:
+    try:
+        with storage.open_input(path) as handle, zipfile.ZipFile(handle) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return "ZIP archive (unreadable directory: truncated?)"
+    if any(name.endswith("/data.pkl") or name == "data.pkl" for name in names):
+        return "a PyTorch checkpoint (torch.save's ZIP: nndoctor ckpt inspect)"
+    images = sum(1 for name in names if name.lower().endswith(tuple(IMAGE_EXTENSIONS)))
+    if images:
+        return f"ZIP archive of {images:,} image{'s' if images != 1 else ''} (extract it and give the folder)"
+    return "ZIP archive"

@@ -24,6 +24,7 @@ from nndoctor.data.index import ScanIndex
 from nndoctor.data.layout import FileTask, Plan, Split, WalkProblems, display, iter_files
 from nndoctor.data.probe import PROBE_VERSION, FileRecord, probe_batch
 from nndoctor.data.progress import ScanProgress
+from nndoctor.data.readers import numpy_arrays
 from nndoctor.data.record_probe import plan_source, probe_units
 from nndoctor.data.records import ReadOptions, Unit
 from nndoctor.data.storage import is_url
@@ -276,7 +277,13 @@ def _scan_records(
         return
     progress.stage("reading records")
     units: list[Unit] = []
+    paired, used = numpy_arrays.plan_pairs([(s.path, s.split) for s in plan.records if s.kind == "npy"], read)
+    for info in paired:  # X_train.npy with y_train.npy …
+        units += info.units
+        result.notes += info.notes
     for source in plan.records:
+        if source.path in used:
+            continue
         info = plan_source(source.kind, source.path, source.split, read)
         units += info.units
         result.notes += info.notes

@@ -10,7 +10,7 @@ from typing import IO, Any
 import numpy as np
 
 from nndoctor.data import storage
-from nndoctor.data.readers.arrays import ArrayInfo, choose, label_text
+from nndoctor.data.readers.arrays import ArrayInfo, choose, is_image_array, label_text
 from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit, oversized, ranges
 from nndoctor.errors import UsageError
 from nndoctor.limits import ReadLimits, megabytes
@@ -29,21 +29,77 @@ def _header(handle: IO[bytes]) -> tuple[tuple[int, ...], np.dtype, bool, int]:
 def plan(path: str, split: str, options: ReadOptions) -> SourceInfo:
     if path.lower().endswith(".npz") or _is_zip(path):
         return _plan_npz(path, split, options)
+    shape, dtype, fortran = _npy_header(path)
+    if dtype.hasobject:
+        raise UsageError(f"{path}: a NumPy array of Python objects needs unpickling, which nndoctor never does")
+    info_array = ArrayInfo(name="array", shape=shape, kind=dtype.kind, encoded=False)
+    choose(path, [info_array], None, None)
+    if fortran:
+        raise UsageError(f"{path}: Fortran-ordered arrays are not read record by record; save with np.save(np.ascontiguousarray(a))")
+    return _plan_npy(path, split, info_array, dtype, None)
+
+
+def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool]:
     try:
         with storage.open_input(path) as handle:
             shape, dtype, fortran, _ = _header(handle)
     except (OSError, ValueError) as error:
         raise UsageError(f"{path}: NumPy file does not open ({error})") from None
-    if dtype.hasobject:
-        raise UsageError(f"{path}: a NumPy array of Python objects needs unpickling, which nndoctor never does")
-    info_array = ArrayInfo(name="array", shape=shape, kind=dtype.kind, encoded=False)
-    pair = choose(path, [info_array], None, None)[0]
-    if fortran:
-        raise UsageError(f"{path}: Fortran-ordered arrays are not read record by record; save with np.save(np.ascontiguousarray(a))")
-    info = SourceInfo(notes=[f"{path}: images {pair.images.describe()}, no labels"])
-    item_bytes = dtype.itemsize * math.prod(shape[1:])
-    info.units = [Unit("npy", path, split, a, b) for a, b in ranges(shape[0], item_bytes)]
+    return shape, dtype, fortran
+
+
+def _plan_npy(path: str, split: str, images: ArrayInfo, dtype: np.dtype, labels: str | None) -> SourceInfo:
+    shown = f", labels from {storage.basename(labels)}" if labels else ", no labels"
+    info = SourceInfo(notes=[f"{path}: images {images.describe()}{shown}"])
+    item_bytes = dtype.itemsize * math.prod(images.shape[1:])
+    info.units = [Unit("npy", path, split, a, b, (labels,) if labels else ()) for a, b in ranges(images.shape[0], item_bytes)]
     return info
+
+
+def plan_pairs(sources: list[tuple[str, str]], options: ReadOptions) -> tuple[list[SourceInfo], set[str]]:
+    """.npy files of one folder that pair images with labels (``X_train.npy`` + ``y_train.npy``,
+    ``images.npy`` + ``labels.npy``), chosen by name and length as the arrays of an .npz are:
+    their plans, and every path they use. Other .npy files are planned alone."""
+    if options.images is not None or options.labels is not None:
+        return [], set()
+    folders: dict[str, list[tuple[str, str]]] = {}
+    for path, split in sources:
+        if not path.lower().endswith(".npy"):
+            continue
+        folders.setdefault(path.rsplit("/", 1)[0] if "/" in path else "", []).append((path, split))
+    infos: list[SourceInfo] = []
+    used: set[str] = set()
+    for folder, members in folders.items():
+        arrays: dict[str, tuple[str, str, ArrayInfo, np.dtype]] = {}
+        for path, split in members:
+            try:
+                shape, dtype, fortran = _npy_header(path)
+            except UsageError:
+                continue  # reported when planned alone
+            if dtype.hasobject or fortran:
+                continue
+            name = storage.basename(path)[: -len(".npy")]
+            arrays[name] = (path, split, ArrayInfo(name, shape, dtype.kind, False, dtype.itemsize), dtype)
+        infos_here = [entry[2] for entry in arrays.values()]
+        if not any(is_image_array(a) for a in infos_here) or all(is_image_array(a) for a in infos_here):
+            continue
+        try:
+            pairs = choose(folder or ".", infos_here, None, None)
+        except UsageError:
+            continue
+        for pair in pairs:
+            if pair.labels is None:
+                continue
+            path, split, images, dtype = arrays[pair.images.name]
+            labels = arrays[pair.labels.name][0]
+            infos.append(_plan_npy(path, pair.split or split, images, dtype, labels))
+            used |= {path, labels}
+        if any(entry[0] in used for entry in arrays.values()):
+            for path, _split, array, _dtype in arrays.values():
+                if path not in used and not is_image_array(array):  # y_val.npy without its images
+                    infos.append(SourceInfo(notes=[f"{path}: {array.describe()} paired with no image array: not read"]))
+                    used.add(path)
+    return infos, used
 
 
 def _is_zip(path: str) -> bool:
@@ -99,16 +155,29 @@ def read(unit: Unit) -> Iterator[Sample]:
         handle.seek(offset + unit.start * per_item)
         count = unit.stop - unit.start
         data = handle.read(per_item * count)
+    labels = _label_slice(unit.options[0], unit.start, unit.stop) if unit.options else None
     if len(data) < per_item * count:
         complete = len(data) // per_item
         block = np.frombuffer(data[: complete * per_item], dtype=dtype).reshape((complete, *shape[1:]))
-        yield from _samples(unit, "", block, None)
+        yield from _samples(unit, "", block, labels)
         for index in range(unit.start + complete, unit.stop):
             yield Sample(f"{unit.path}[{index}]", None, problem=f"truncated file: the array's header promises "
                          f"{shape[0]:,} items, the data ends before item {index}")
         return
     block = np.frombuffer(data, dtype=dtype).reshape((count, *shape[1:]))
-    yield from _samples(unit, "", block, None)
+    yield from _samples(unit, "", block, labels)
+
+
+def _label_slice(path: str, start: int, stop: int) -> np.ndarray | None:
+    """Labels ``start:stop`` of a label .npy, by a ranged read; None where the file ends early."""
+    with storage.open_input(path) as handle:
+        shape, dtype, _, offset = _header(handle)
+        per_item = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        handle.seek(offset + start * per_item)
+        data = handle.read(per_item * (stop - start))
+    if len(data) < per_item * (stop - start):
+        return None  # a truncated label file: the images are still checked, without their labels
+    return np.frombuffer(data, dtype=dtype).reshape((stop - start, *shape[1:]))
 
 
 def _read_npz(unit: Unit) -> Iterator[Sample]:

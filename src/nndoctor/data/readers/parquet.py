@@ -9,6 +9,7 @@ metadata when it has one.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from nndoctor.data.readers.arrays import LABEL_NAMES, label_text
 from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit
 from nndoctor.errors import UsageError
 
+MAX_REFERENCED = 1 << 30  # bytes read from a file an image cell refers to
 IMAGE_COLUMNS = ("image", "images", "img", "jpg", "png", "picture", "pixel_values")
 
 
@@ -54,6 +56,16 @@ def class_names(schema: Any, column: str) -> list[str] | None:
     return [str(n) for n in names] if isinstance(names, list) else None
 
 
+def _class_label_columns(schema: Any) -> list[str]:
+    """Columns whose Hugging Face feature is a ClassLabel (``fine_label`` of CIFAR-100), in order."""
+    try:
+        features = json.loads((schema.metadata or {})[b"huggingface"])["info"]["features"]
+        return [name for name, feature in features.items()
+                if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"]
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return []
+
+
 def choose_columns(path: str, schema: Any, options: ReadOptions) -> tuple[str, str | None]:
     """(image column, label column or None) of a table schema; UsageError when there is no image column."""
     columns = {schema.field(i).name: schema.field(i).type for i in range(len(schema))}
@@ -63,7 +75,8 @@ def choose_columns(path: str, schema: Any, options: ReadOptions) -> tuple[str, s
     if image is None or image not in columns or not _is_image_type(columns[image]):
         raise UsageError(f"{path}: no image column ({{bytes, path}} struct or binary) "
                          f"{'named ' + image if image else 'found'}; columns: {shown}; pass --images COLUMN")
-    label = options.labels or next((c for c in LABEL_NAMES if c in columns and _is_label_type(columns[c])), None)
+    label = options.labels or next((c for c in LABEL_NAMES if c in columns and _is_label_type(columns[c])), None) \
+        or next((c for c in _class_label_columns(schema) if c in columns and _is_label_type(columns[c])), None)
     if label is not None and (label not in columns or not _is_label_type(columns[label])):
         raise UsageError(f"{path}: --labels {label}: no integer or string column of that name; columns: {shown}")
     return image, label
@@ -117,7 +130,30 @@ def samples(path: str, table: Any, image: str, label: str | None, names: list[st
         data = value.get("bytes") if isinstance(value, dict) else value
         if data is None:
             if isinstance(value, dict) and value.get("path"):
-                continue  # the image lives in a file beside the dataset; the loader opens that
+                referenced = _referenced_image(path, str(value["path"]))
+                if referenced is not None:
+                    yield Sample(where, text, **referenced)
+                continue
             yield Sample(where, text, problem="empty image cell (null): the loader gets None")
             continue
         yield Sample(where, text, data)
+
+
+def _referenced_image(table_path: str, image_path: str) -> dict[str, Any] | None:
+    """A ``{bytes: None, path}`` cell: ``datasets`` opens that file when the row is read. Its
+    content (``data=``), a ``problem=`` when an absolute path names no file, or None when the
+    path cannot be resolved from here (relative to an unknown working directory, a URL)."""
+    if storage.is_url(table_path) or "://" in image_path:
+        return None
+    # datasets opens a relative path from the working directory; beside the table is tried too
+    candidates = [image_path] if os.path.isabs(image_path) else \
+        [image_path, os.path.join(os.path.dirname(table_path), image_path)]
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            try:
+                return {"data": storage.read_bytes(candidate, MAX_REFERENCED)}
+            except OSError as error:
+                return {"problem": f"image file {image_path} cannot be read ({error.strerror or error})"}
+    if os.path.isabs(image_path):
+        return {"problem": f"image file {image_path} does not exist (datasets raises FileNotFoundError for this row)"}
+    return None

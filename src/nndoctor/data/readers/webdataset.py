@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from nndoctor.data import storage
 from nndoctor.data.records import ReadOptions, Sample, SourceInfo, Unit
 
-IMAGE_EXTENSIONS = frozenset(("jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif"))
+IMAGE_PREFERENCE = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif")
+IMAGE_EXTENSIONS = frozenset(IMAGE_PREFERENCE)
 LABEL_EXTENSIONS = ("cls", "cls2", "label", "target", "index")
 JSON_LABEL_KEYS = ("label", "cls", "class", "category", "target")
 MAX_MEMBER = 1 << 30  # a member over 1 GiB is not read into memory
@@ -86,11 +87,21 @@ def _cut_before_end_blocks(raw, ended: int) -> bool:
 def _samples(path: str, key: str | None, group: dict[str, bytes]) -> Iterator[Sample]:
     if key is None:
         return
-    label = _label(group)
-    for ext, data in sorted(group.items()):
-        last = ext.rsplit(".", 1)[-1]
-        if last in IMAGE_EXTENSIONS:
-            yield Sample(f"{path}:{key}.{ext}", label, data, extension="." + last)
+    ext = primary_image(group)
+    if ext is not None:
+        yield Sample(f"{path}:{key}.{ext}", _label(group), group[ext], extension="." + ext.rsplit(".", 1)[-1])
+
+
+def primary_image(group: dict[str, bytes]) -> str | None:
+    """The extension of the sample's training image: a plain one (``jpg``, ``png`` …) first,
+    else the first image member by name. Other image members of the sample — segmentation
+    masks (``seg.png``), depth maps, extra views — are not the image the model is given, and
+    checked beside the images they would be a grayscale minority, blank, duplicated: false alarms."""
+    for ext in IMAGE_PREFERENCE:
+        if ext in group:
+            return ext
+    compound = sorted(ext for ext in group if ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS)
+    return compound[0] if compound else None
 
 
 def _label(group: dict[str, bytes]) -> str | None:
