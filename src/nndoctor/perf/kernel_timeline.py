@@ -79,6 +79,10 @@ class KernelProfiler:
     the perf recorder's step-end handler)."""
 
     steps: int = PROFILED_STEPS
+    # Also measure DDP's all-reduce (perf/ddp_comm.py): on CPU (gloo) too, where no kernel runs.
+    comm: bool = False
+    cuda: bool = True
+    comm_result: dict[str, Any] | None = None
     profiler: Any = None
     seen: int = 0
     _marker: Any = None  # the record_function range of the step in progress
@@ -90,7 +94,8 @@ class KernelProfiler:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda and torch.cuda.is_available()
+                                               else [])
         try:
             # One start/stop cycle, so accumulating costs nothing; without it torch warns on the
             # user's stderr that "Profiler clears events at the end of each cycle".
@@ -120,11 +125,18 @@ class KernelProfiler:
             return False
         import torch
 
-        if torch.cuda.is_available():
+        if self.cuda and torch.cuda.is_available():
             torch.cuda.synchronize()  # every kernel of the profiled steps has ended
         self.profiler.stop()
         profiler, self.profiler = self.profiler, None
-        self.result = idle_breakdown(*timeline_intervals(profiler.events()))
+        events = profiler.events()
+        if self.cuda:
+            self.result = idle_breakdown(*timeline_intervals(events))
+        if self.comm:
+            from nndoctor.perf.ddp_comm import comm_from_events
+
+            self.comm_result = comm_from_events(events, STEP_MARK) or {
+                "missing": "no all-reduce in the profiled steps (a comm hook, or no gradient synchronised)"}
         return True
 
     def abandon(self) -> None:

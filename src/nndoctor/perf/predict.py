@@ -41,6 +41,10 @@ class PlanFacts:
     attention: dict[str, Any] | None = None
     tf32_matmul: bool = False
     loader_batch_size: int | None = None
+    # DistributedDataParallel (perf/ddp_comm.py): settings and all-reduce time; None without DDP.
+    ddp: dict[str, Any] | None = None
+    communication: dict[str, Any] | None = None
+    backwards_per_step: float | None = None
 
     @property
     def compute_share(self) -> float:
@@ -69,6 +73,8 @@ def plan_facts(breakdown: Any, facts: Any, capability: tuple[int, int] | None) -
         attention=facts.attention, tf32_matmul=facts.tf32_matmul,
         loader_batch_size=((facts.loader_config or {}).get("batch_size")
                            or (facts.loader_config or {}).get("sampler_batch_size")),
+        ddp=getattr(facts, "ddp", None), communication=getattr(facts, "communication", None),
+        backwards_per_step=getattr(facts, "backwards_per_step", None),
     )
 
 
@@ -86,6 +92,10 @@ def predict(change: str, f: PlanFacts) -> dict[str, Any]:
     c = f.compute_share
     if change == "fused-optimizer":
         return _fused_optimizer(f)
+    if change.startswith("ddp-"):
+        from nndoctor.perf.ddp_trials import predict_ddp
+
+        return predict_ddp(change, f)
     if change in ("amp", "tf32"):
         if f.param_dtype != "float32":
             return _skip(f"the parameters are {f.param_dtype} already, not float32")

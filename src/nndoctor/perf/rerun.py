@@ -192,6 +192,9 @@ def change_verdict(name: str, baseline: list[dict[str, Any]], runs: list[dict[st
         "measure": "re-run",
     })
     verdict["pays_off"] = bool(verdict["pays_off"] and verdict["loss_ok"])
+    per_rank = [r["rank_seconds_per_step"] for r in runs if r.get("rank_seconds_per_step")]
+    if per_rank:  # a re-run of every rank (torchrun): each rank's median step
+        verdict["rank_seconds_per_step"] = [statistics.median(times) for times in zip(*per_rank)]
     return verdict
 
 
