@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nndoctor.perf.kernel_timeline import Interval, merge, overlap
-
-DDP_DEFAULT_BUCKET_MB = 25.0
+from nndoctor.perf.kernel_timeline import Interval, merge
 
 
 def _length(intervals: list[Interval]) -> float:

@@ -137,7 +137,7 @@ class DdpInjection:
                 injection._models.append(ddp_self)
                 ddp_self.register_forward_pre_hook(injection._before_forward)
 
-        DistributedDataParallel.__init__ = patched_init  # type: ignore[method-assign]
+        DistributedDataParallel.__init__ = patched_init  # type: ignore[method-assign,assignment]
 
     def _before_forward(self, module: Any, args: Any) -> None:
         import torch
@@ -147,9 +147,9 @@ class DdpInjection:
         self._forwards += 1
         k = self._accumulation
         # All but the last forward of an accumulation cycle skip the all-reduce (no_sync()).
-        sync = not (k and k > 1 and self._forwards < k)
+        sync = not (k is not None and k > 1 and self._forwards < k)
         module.require_backward_grad_sync = sync
-        if not sync and not any(a.startswith("no_sync()") for a in self.applied):
+        if not sync and k is not None and not any(a.startswith("no_sync()") for a in self.applied):
             self.applied.append(f"no_sync() on {k - 1} of every {k} accumulation forwards/backwards of "
                                 f"DistributedDataParallel({type(module.module).__name__})")
 

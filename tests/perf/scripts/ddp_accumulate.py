@@ -20,7 +20,7 @@ model = DistributedDataParallel(
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 data = TensorDataset(torch.randn(2048, 64), torch.randint(0, 10, (2048,)))
 loader = DataLoader(data, batch_size=32)
-for epoch in range(100):
+for _epoch in range(100):
     for i, (x, y) in enumerate(loader):
         loss = nn.functional.cross_entropy(model(x), y) / ACCUMULATE
         loss.backward()
