@@ -1,0 +1,247 @@
+"""``nndoctor perf`` with DistributedDataParallel: the all-reduce in the breakdown, DDP's settings
+as --try changes, the ranks' re-runs and numbers merged into one report (CPU, gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from nndoctor.perf import ddp_comm, ddp_trials
+from nndoctor.perf.predict import PlanFacts
+from nndoctor.perf.trials import DDP_TRIALS, parse_tries
+from tests import childproc
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of one rank in this process (DDP still all-reduces its buckets)."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_facts(**overrides):
+    facts = {"world_size": 2, "backend": "nccl", "module": "ResNet", "gradient_as_bucket_view": False,
+             "static_graph": False, "find_unused_parameters": False, "bucket_cap_mb": 25.0,
+             "gradient_mb": 97.5, "parameters": 161, "no_sync_seen": False}
+    return {**facts, **overrides}
+
+
+# -- the communication breakdown --------------------------------------------------------------------
+def test_all_reduce_split_into_overlapped_and_exposed():
+    # Two 1 s steps; all-reduce 0.5–0.8 and 1.9–2.1 (only up to 2.0 is inside the steps);
+    # computation 0–0.7 and 1.0–1.95.
+    result = ddp_comm.comm_breakdown(steps=[(0.0, 1.0), (1.0, 2.0)], comm=[(0.5, 0.8), (1.9, 2.1)],
+                                     compute=[(0.0, 0.7), (1.0, 1.95)], collectives=2, measure="test")
+    assert result["all_reduce_s_per_step"] == pytest.approx(0.2)  # (0.3 + 0.1) / 2
+    assert result["overlapped_s_per_step"] == pytest.approx(0.125)  # (0.2 + 0.05) / 2
+    assert result["exposed_s_per_step"] == pytest.approx(0.075)
+    assert result["overlapped_fraction"] == pytest.approx(0.625)
+    assert result["exposed_fraction_of_step"] == pytest.approx(0.075)
+    assert result["collectives_per_step"] == 1.0
+    assert ddp_comm.comm_breakdown([(0.0, 1.0)], [], [(0.0, 1.0)], 0, "test") is None
+
+
+def test_gloo_all_reduce_found_in_a_real_profile(one_rank_group):
+    import torch
+    from torch.autograd.profiler import record_function
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.profiler import ProfilerActivity, profile
+
+    from nndoctor.perf.kernel_timeline import STEP_MARK
+
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 4)))
+    x = torch.randn(8, 32)
+    model(x).sum().backward()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(2):
+            with record_function(f"{STEP_MARK}{i}"):
+                model(x).sum().backward()
+    result = ddp_comm.comm_from_events(prof.events(), STEP_MARK)
+    assert result is not None and result["steps"] == 2
+    assert result["collectives_per_step"] >= 1 and result["all_reduce_s_per_step"] > 0
+    assert 0.0 <= result["overlapped_fraction"] <= 1.0
+    assert "gloo" in result["measure"]
+    facts = ddp_comm.ddp_facts(model)
+    assert facts["world_size"] == 1 and facts["backend"] == "gloo" and facts["bucket_cap_mb"] == 25.0
+    assert facts["gradient_mb"] == pytest.approx((32 * 64 + 64 + 64 * 4 + 4) * 4 / 2**20)
+
+
+# -- predictions ------------------------------------------------------------------------------------
+def test_ddp_changes_are_skipped_with_their_reason():
+    assert ddp_trials.predict_ddp("ddp-static-graph", PlanFacts())["skip"] == ddp_trials.NOT_DDP
+    one_rank = PlanFacts(ddp=_ddp_facts(world_size=1))
+    assert "skip" in ddp_trials.predict_ddp("ddp-bucket-view", one_rank)
+    assert ddp_trials.predict_ddp("ddp-static-graph", PlanFacts(ddp=_ddp_facts(static_graph=True)))["skip"] \
+        == "static_graph=True already"
+    assert "already" in ddp_trials.predict_ddp("ddp-bucket-view",
+                                               PlanFacts(ddp=_ddp_facts(gradient_as_bucket_view=True)))["skip"]
+    small = PlanFacts(ddp=_ddp_facts(gradient_mb=3.0))
+    assert "fit in one bucket" in ddp_trials.predict_ddp("ddp-bucket-cap", small)["skip"]
+    no_accumulation = PlanFacts(ddp=_ddp_facts(), backwards_per_step=1)
+    assert "no gradient accumulation" in ddp_trials.predict_ddp("ddp-no-sync", no_accumulation)["skip"]
+    own_no_sync = PlanFacts(ddp=_ddp_facts(no_sync_seen=True), backwards_per_step=4)
+    assert "no_sync() already" in ddp_trials.predict_ddp("ddp-no-sync", own_no_sync)["skip"]
+
+
+def test_ddp_predictions_bound_by_the_exposed_all_reduce():
+    comm = {"exposed_fraction_of_step": 0.4}
+    accumulating = PlanFacts(ddp=_ddp_facts(), communication=comm, backwards_per_step=2)
+    # Half of the all-reduces go: at most 0.4 / 2 of the step.
+    assert ddp_trials.predict_ddp("ddp-no-sync", accumulating)["bound"] == pytest.approx(1 / 0.8, abs=1e-3)
+    bucket = ddp_trials.predict_ddp("ddp-bucket-cap", accumulating)
+    assert bucket["bound"] == pytest.approx(1 / 0.6, abs=1e-3)
+    assert bucket["bucket_cap_mb"] == 50.0  # half of 97.5 MB, at least 50
+    assert ddp_comm.bucket_cap_for(_ddp_facts(gradient_mb=1000.0)) == 200.0
+    assert ddp_comm.bucket_cap_for(_ddp_facts(gradient_mb=10.0)) == 50.0
+
+
+def test_try_ddp_names_every_ddp_setting_and_all_includes_them():
+    assert parse_tries(["ddp"]) == DDP_TRIALS
+    assert set(DDP_TRIALS) <= set(parse_tries(["all"]))
+    assert parse_tries(["ddp_no_sync"]) == ("ddp-no-sync",)
+
+
+# -- injection into DistributedDataParallel(...) --------------------------------------------------
+def test_injection_overrides_the_constructor_and_skips_accumulation_all_reduces(one_rank_group, monkeypatch):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    monkeypatch.setenv(ddp_trials.BUCKET_CAP_ENV, "64")
+    original = DistributedDataParallel.__init__
+    applied, notes = [], []
+    injection = ddp_trials.DdpInjection(frozenset({"ddp-static-graph", "ddp-bucket-cap", "ddp-bucket-view",
+                                                   "ddp-no-sync"}), applied, notes)
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(8, 2), bucket_cap_mb=25, gradient_as_bucket_view=True)
+    finally:
+        injection.undo()
+    assert DistributedDataParallel.__init__ is original
+    assert model.static_graph and model.bucket_bytes_cap == 64 * 2**20
+    assert "static_graph=True on DistributedDataParallel(Linear)" in applied
+    assert "bucket_cap_mb=64.0 on DistributedDataParallel(Linear)" in applied
+    assert "gradient_as_bucket_view=True already" in notes  # the script's own setting, left alone
+    x = torch.randn(4, 8)
+    syncs = []
+    for _step in range(2):  # two micro-batches per optimizer step
+        for _micro in range(2):
+            model(x).sum().backward()
+            syncs.append(model.require_backward_grad_sync)
+        injection.step_ended()
+    # The first step teaches the accumulation (2); then only its last backward all-reduces.
+    assert syncs == [True, True, False, True]
+    assert any(a.startswith("no_sync() on 1 of every 2") for a in applied)
+
+
+# -- the ranks' re-runs and numbers merged ----------------------------------------------------------
+def test_a_job_rerun_counts_the_slowest_rank_and_any_rank_error():
+    runs = [{"seconds_per_step": 0.10, "final_loss": 1.0, "applied": ["x"]}, {"seconds_per_step": 0.12}]
+    merged = ddp_trials.merge_rank_runs(runs)
+    assert merged["seconds_per_step"] == 0.12 and merged["rank_seconds_per_step"] == [0.10, 0.12]
+    assert merged["final_loss"] == 1.0 and merged["applied"] == ["x"]
+    failed = ddp_trials.merge_rank_runs([runs[0], {"error": "RuntimeError: static graph"}])
+    assert failed["error"] == "rank 1: RuntimeError: static graph"
+
+
+class _FakeStore:
+    def __init__(self):
+        self.values = {}
+
+    def set(self, key, value):
+        self.values[key] = value
+
+    def check(self, keys):
+        return all(k in self.values for k in keys)
+
+    def get(self, key):
+        return self.values[key]
+
+
+def test_followers_rerun_what_rank_0_publishes_until_done():
+    from nndoctor.distributed.context import RankInfo
+
+    store = _FakeStore()
+    leader = ddp_trials.RankChannel(RankInfo(0, 2, 0, "r"), store)
+    follower = ddp_trials.RankChannel(RankInfo(1, 2, 1, "r"), store)
+    leader.put("cmd/1", {"changes": ["ddp-static-graph"], "warmup": 3, "steps": 5, "min_steps": 5,
+                         "env": ddp_trials.rerun_env(12345, {"A": "1"})})
+    leader.put("done", {"after": 1})
+    seen = []
+
+    def run_child(changes, warmup, steps, min_steps, env):
+        seen.append((changes, warmup, steps, env["MASTER_PORT"], env["TORCHELASTIC_USE_AGENT_STORE"], env["A"]))
+        return {"seconds_per_step": 0.5}
+
+    import time
+
+    assert ddp_trials.follow(follower, run_child, time.monotonic() + 5) == 1
+    assert seen == [(["ddp-static-graph"], 3, 5, "12345", "False", "1")]
+    assert json.loads(store.get("nndoctor-perf/r/0/result/1/1")) == {"seconds_per_step": 0.5}
+
+
+def test_one_report_lists_every_rank_and_the_slowest():
+    own = {"breakdown": {"median_step_s": 0.1}, "ddp": _ddp_facts(),
+           "communication": {"all_reduce_s_per_step": 0.02, "exposed_s_per_step": 0.005,
+                             "overlapped_fraction": 0.75, "all_reduce_fraction_of_step": 0.2,
+                             "exposed_fraction_of_step": 0.05, "collectives_per_step": 4.0, "steps": 3,
+                             "measure": "test"}}
+    summaries = [ddp_trials.rank_summary(1, {"breakdown": {"median_step_s": 0.13, "steps": 5},
+                                             "communication": {"all_reduce_s_per_step": 0.03,
+                                                               "exposed_s_per_step": 0.01}}),
+                 ddp_trials.rank_summary(0, {**own, "breakdown": {"median_step_s": 0.1, "steps": 5}})]
+    merged = ddp_trials.merge_perf(own, summaries, world_size=3)
+    assert [r["rank"] for r in merged["ranks"]] == [0, 1]
+    assert merged["slowest_rank"] == 1 and merged["slowest_step_s"] == 0.13 and merged["missing_ranks"] == [2]
+    text = "\n".join(ddp_comm.comm_lines(merged))
+    assert "all-reduce 20.00 ms a step (20% of the step, 4.0 collectives), 75% overlapped" in text
+    assert "rank 1: median step 130.0 ms, all-reduce 30.00 ms (exposed 10.00 ms)  ← slowest" in text
+
+
+# -- end to end: torchrun, 2 processes, gloo ------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_torchrun_perf_reports_all_reduce_and_measures_ddp_changes_in_one_report(tmp_path):
+    budget = 100
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "nndoctor", "perf", "--warmup", "5", "--steps", "5", "--try", "ddp-no-sync,ddp-static-graph",
+               "--try-repeats", "2", "--budget", str(budget), "--json", str(tmp_path / "report.json"),
+               str(SCRIPTS / "ddp_accumulate.py"), "2"]
+    result = childproc.run(command, cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("step time over") == 1  # rank 0 alone prints the report
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["internal_errors"] == []
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
+    perf = report["extra"]["perf"]
+    assert perf["ddp"]["world_size"] == 2 and perf["backwards_per_step"] == 2
+    comm = perf["communication"]
+    # Two backwards a step without no_sync(): at least two all-reduces a step.
+    assert comm["all_reduce_s_per_step"] > 0 and comm["collectives_per_step"] >= 2
+    assert [r["rank"] for r in perf["ranks"]] == [0, 1] and perf["slowest_rank"] in (0, 1)
+    assert all(r["communication"]["all_reduce_s_per_step"] > 0 for r in perf["ranks"])
+    trials = perf["trials"]
+    measured = [name for name in ("ddp-no-sync", "ddp-static-graph") if "speedup" in trials[name]]
+    assert measured, trials  # the budget fits a baseline and one change at least
+    for name in measured:
+        assert len(trials[name]["rank_seconds_per_step"]) == 2
+    for name in ("ddp-no-sync", "ddp-static-graph"):
+        assert "speedup" in trials[name] or trials[name].get("not_measured") == "budget"
+    if "speedup" in trials["ddp-no-sync"]:
+        assert trials["ddp-no-sync"]["applied"][0].startswith("no_sync() on 1 of every 2")
+        assert trials["ddp-no-sync"]["loss_ok"]  # the same gradients, synchronised once
+    assert trials["budget"]["used_s"] <= budget + trials["budget"]["longest_re_run_s"]
+    for name in ("ddp-no-sync", "ddp-static-graph"):
+        if trials[name].get("not_measured"):
+            assert trials[name]["command"].startswith(f"torchrun --nproc_per_node 2 -m nndoctor perf --try {name} ")
