@@ -172,6 +172,10 @@ def follow_trials(run: PerfRun) -> None:
     from nndoctor.perf.rerun import CHILD_TIMEOUT_S
 
     started = run.config.started if run.config.started is not None else time.monotonic()
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # this rank's re-runs need the memory this process no longer uses
     follow(run.channel, _rank_child(run), started + run.config.budget + CHILD_TIMEOUT_S + 60.0)
 
 
