@@ -106,7 +106,7 @@ def summarize(report: dict, wall_s: float, args: argparse.Namespace, returncode:
         "median_step_s": (perf.get("breakdown") or {}).get("median_step_s"),
         "ddp": perf.get("ddp"), "communication": perf.get("communication"),
         "ddp_trials": ddp_trials, "best": trials.get("best"),
-        "other_trials": {name: ("speedup %.3f" % t["speedup"] if "speedup" in t else
+        "other_trials": {name: (f"speedup {t['speedup']:.3f}" if "speedup" in t else
                                 t.get("skipped") or t.get("not_measured") or t.get("error"))
                          for name, t in trials.items() if isinstance(t, dict) and name not in ddp_trials
                          and name not in ("baseline", "budget", "best", "combined")},

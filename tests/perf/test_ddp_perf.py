@@ -245,3 +245,25 @@ def test_torchrun_perf_reports_all_reduce_and_measures_ddp_changes_in_one_report
     for name in ("ddp-no-sync", "ddp-static-graph"):
         if trials[name].get("not_measured"):
             assert trials[name]["command"].startswith(f"torchrun --nproc_per_node 2 -m nndoctor perf --try {name} ")
+
+
+def test_cuda_kernels_that_run_after_the_hosts_last_step_still_count():
+    # The host ended its two steps at 2.0; the device ran the last all-reduce 2.2–2.4 (drained at 2.4).
+    result = ddp_comm.comm_breakdown(steps=[(0.0, 1.0), (1.0, 2.0)], comm=[(0.5, 0.6), (2.2, 2.4)],
+                                     compute=[(0.0, 2.3)], collectives=2, measure="test", drained=2.4)
+    assert result["all_reduce_s_per_step"] == pytest.approx(0.15)
+    assert result["exposed_s_per_step"] == pytest.approx(0.05)  # 2.3–2.4: nothing else ran
+    assert result["exposed_fraction_of_step"] == pytest.approx(0.05)  # over the host's 2 s
+
+
+def test_a_paying_bucket_cap_is_advised_with_the_cap_it_measured():
+    from types import SimpleNamespace
+
+    from nndoctor.perf.diagnosis import advice
+
+    trials = {"ddp-bucket-cap": {"speedup": 1.2, "pays_off": True, "noise": 0.01,
+                                 "predicted": {"kind": "prediction", "bound": 1.5, "bucket_cap_mb": 50.0}},
+              "ddp-static-graph": {"speedup": 1.0, "pays_off": False, "noise": 0.01}}
+    result = SimpleNamespace(trials=trials, breakdown=SimpleNamespace(steps=0), facts=SimpleNamespace(sync_kinds={}))
+    assert advice(result) == [{"change": "ddp-bucket-cap", "measured_speedup": 1.2, "noise": 0.01,
+                               "bucket_cap_mb": 50.0}]

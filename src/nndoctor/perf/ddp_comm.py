@@ -57,15 +57,18 @@ def _minus(a: list[Interval], b: list[Interval]) -> list[Interval]:
 
 
 def comm_breakdown(steps: list[Interval], comm: list[Interval], compute: list[Interval],
-                   collectives: int, measure: str) -> dict[str, Any] | None:
+                   collectives: int, measure: str, drained: float | None = None) -> dict[str, Any] | None:
     """All-reduce seconds per step, the overlapped part and the exposed rest, from intervals
-    (seconds). None when no step or no collective was seen."""
-    steps = [s for s in steps if s[1] > s[0]]
+    (seconds). None when no step or no collective was seen. ``drained``: when the device finished
+    the profiled steps' work (CUDA kernels run after the host's step ended: the last step's
+    window reaches that far, while the fractions stay over the host's step time)."""
+    steps = sorted(s for s in steps if s[1] > s[0])
     if not steps or not comm:
         return None
     comm_m, compute_m = merge(comm), merge(compute)
     wall = sum(b - a for a, b in steps)
-    in_steps = [piece for step in steps for piece in _intersection(comm_m, [step])]
+    windows = merge(steps[:-1] + [(steps[-1][0], max(steps[-1][1], drained or 0.0))])
+    in_steps = [piece for window in windows for piece in _intersection(comm_m, [window])]
     comm_s = _length(in_steps)
     overlapped_s = _length(_intersection(merge(in_steps), compute_m))
     exposed_s = max(0.0, comm_s - overlapped_s)
@@ -102,7 +105,9 @@ def comm_from_events(events: Any, step_mark: str) -> dict[str, Any] | None:
         elif name.startswith("c10d::") or name.startswith("nccl:"):
             c10d.append(span)
     if nccl:
-        return comm_breakdown(steps, nccl, kernels, len(nccl), "torch.profiler: NCCL kernels vs the other kernels")
+        drained = max(end for _, end in nccl + kernels)
+        return comm_breakdown(steps, nccl, kernels, len(nccl), "torch.profiler: NCCL kernels vs the other kernels",
+                              drained=drained)
     compute = _minus(merge(backward), merge(c10d))
     return comm_breakdown(steps, gloo, compute, len(gloo),
                           "torch.profiler: gloo collectives vs the backward's autograd functions")
