@@ -83,6 +83,11 @@ class KernelProfiler:
     comm: bool = False
     cuda: bool = True
     comm_result: dict[str, Any] | None = None
+    # Read the events only when ``analyze`` is called: under DDP reading them at the end of the
+    # warm-up would hold this rank up, and the other ranks would wait for it in the all-reduce
+    # of the first measured step.
+    defer: bool = False
+    stopped: Any = None
     profiler: Any = None
     seen: int = 0
     _marker: Any = None  # the record_function range of the step in progress
@@ -128,7 +133,16 @@ class KernelProfiler:
         if self.cuda and torch.cuda.is_available():
             torch.cuda.synchronize()  # every kernel of the profiled steps has ended
         self.profiler.stop()
-        profiler, self.profiler = self.profiler, None
+        self.stopped, self.profiler = self.profiler, None
+        if not self.defer:
+            self.analyze()
+        return True
+
+    def analyze(self) -> None:
+        """The results from the stopped profiler's events (once)."""
+        if self.stopped is None:
+            return
+        profiler, self.stopped = self.stopped, None
         events = profiler.events()
         if self.cuda:
             self.result = idle_breakdown(*timeline_intervals(events))
@@ -137,7 +151,6 @@ class KernelProfiler:
 
             self.comm_result = comm_from_events(events, STEP_MARK) or {
                 "missing": "no all-reduce in the profiled steps (a comm hook, or no gradient synchronised)"}
-        return True
 
     def abandon(self) -> None:
         self._close_marker()

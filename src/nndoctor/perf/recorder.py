@@ -378,11 +378,10 @@ class PerfRecorder:
             if profiler is None:
                 cuda, ddp = self.facts.device == "cuda", self.facts.ddp is not None
                 if (cuda or ddp) and step == self.config.warmup - PROFILED_STEPS and step >= MIN_UNPROFILED_WARMUP:
-                    self._kernel_profiler = KernelProfiler(comm=ddp, cuda=cuda)
+                    self._kernel_profiler = KernelProfiler(comm=ddp, cuda=cuda, defer=ddp)
                     self._kernel_profiler.start()
-            elif profiler.profiler is not None and profiler.step_ended():
+            elif profiler.profiler is not None and profiler.step_ended() and not profiler.defer:
                 self.facts.kernel_timeline = profiler.result
-                self.facts.communication = profiler.comm_result
         except Exception as error:  # noqa: BLE001 - observer rule: fall back to CUDA events
             if profiler is not None:
                 profiler.abandon()
@@ -397,6 +396,14 @@ class PerfRecorder:
         self.window_done = True
         if self._backwards:
             self.facts.backwards_per_step = statistics.median(self._backwards)
+        profiler = self._kernel_profiler
+        if profiler is not None and profiler.defer and profiler.stopped is not None:
+            try:
+                profiler.analyze()  # after the window: reading the events here delays no rank's step
+                self.facts.kernel_timeline = profiler.result
+                self.facts.communication = profiler.comm_result
+            except Exception as error:  # noqa: BLE001 - observer rule
+                self.facts.communication = {"error": f"{type(error).__name__}: {error}"}
         model = self.model_ref() if self.model_ref is not None else None
         if self.facts.ddp is not None and model is not None:
             from nndoctor.perf.ddp_comm import note_buckets
