@@ -78,6 +78,15 @@ def test_gloo_all_reduce_found_in_a_real_profile(one_rank_group):
     assert facts["gradient_mb"] == pytest.approx((32 * 64 + 64 + 64 * 4 + 4) * 4 / 2**20)
 
 
+def test_profiled_ddp_steps_end_two_steps_before_the_window():
+    from nndoctor.perf.recorder import profile_start
+
+    assert profile_start(8, ddp=True) == 3  # steps 4-6 profiled, 7 and 8 settle, the window from 9
+    assert profile_start(5, ddp=True) == 2  # too short to settle: profiled up to the window, as on one GPU
+    assert profile_start(5, ddp=False) == 2 and profile_start(8, ddp=False) == 5
+    assert profile_start(4, ddp=True) is None
+
+
 # -- predictions ------------------------------------------------------------------------------------
 def test_ddp_changes_are_skipped_with_their_reason():
     assert ddp_trials.predict_ddp("ddp-static-graph", PlanFacts())["skip"] == ddp_trials.NOT_DDP
@@ -215,7 +224,7 @@ def test_torchrun_perf_reports_all_reduce_and_measures_ddp_changes_in_one_report
     budget = 100
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "nndoctor", "perf", "--warmup", "5", "--steps", "5", "--try", "ddp-no-sync,ddp-static-graph",
+               "-m", "nndoctor", "perf", "--steps", "5", "--try", "ddp-no-sync,ddp-static-graph",
                "--try-repeats", "2", "--budget", str(budget), "--json", str(tmp_path / "report.json"),
                str(SCRIPTS / "ddp_accumulate.py"), "2"]
     result = childproc.run(command, cwd=tmp_path, env=env, timeout=600)
@@ -226,6 +235,7 @@ def test_torchrun_perf_reports_all_reduce_and_measures_ddp_changes_in_one_report
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
     perf = report["extra"]["perf"]
     assert perf["ddp"]["world_size"] == 2 and perf["backwards_per_step"] == 2
+    assert perf["window"]["warmup"] == 8  # the default under torchrun: profiled steps, then 2 to settle
     comm = perf["communication"]
     # Two backwards a step without no_sync(): at least two all-reduces a step.
     assert comm["all_reduce_s_per_step"] > 0 and comm["collectives_per_step"] >= 2

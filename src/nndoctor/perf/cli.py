@@ -38,8 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "nndoctor perf [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]"
     add_common_options(parser)
     parser.add_argument("--steps", type=int, default=20, metavar="N", help="measured optimizer steps (default 20)")
-    parser.add_argument("--warmup", type=int, default=5, metavar="N",
-                        help="optimizer steps run before measuring (default 5)")
+    parser.add_argument("--warmup", type=int, default=None, metavar="N",
+                        help=f"optimizer steps run before measuring (default {DEFAULT_WARMUP}; {DDP_WARMUP} under "
+                             "torchrun, where the profiled warm-up steps are followed by two unprofiled ones)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="CHANGES",
                         help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, tf32, "
                              "fused-optimizer, sdpa, cuda-graphs, batch-size (PyTorch); prefetch, "
@@ -60,6 +61,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
 
+DEFAULT_WARMUP = 5
+# Under torchrun: 3 profiled steps (all-reduce timeline), then 2 steps for the ranks to settle
+# after the profiler stops (unevenly on each rank) before the window, after 2 plain ones.
+DDP_WARMUP = 8
+
+
 def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
     """Findings, step class and advice of a Keras/TensorFlow window (perf/tf_diagnosis.py)."""
     from nndoctor.perf.tf_diagnosis import classify_tf, median_wait_s, tf_advice, tf_diagnose
@@ -71,6 +78,10 @@ def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
 
 def run(args: argparse.Namespace) -> int:
     target = target_from_args(args)
+    if args.warmup is None:
+        from nndoctor.distributed.context import torchrun_rank
+
+        args.warmup = DDP_WARMUP if torchrun_rank() is not None else DEFAULT_WARMUP
     if args.steps < 1 or args.warmup < 0:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
     if args.try_repeats < 2:
