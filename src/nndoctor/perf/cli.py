@@ -43,7 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "torchrun, where the profiled warm-up steps are followed by two unprofiled ones)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="CHANGES",
                         help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, tf32, "
-                             "fused-optimizer, sdpa, cuda-graphs, batch-size (PyTorch); prefetch, "
+                             "fused-optimizer, sdpa, cuda-graphs, batch-size (PyTorch); under torchrun with DDP "
+                             "ddp-bucket-view, ddp-static-graph, ddp-bucket-cap, ddp-no-sync (ddp: all four); prefetch, "
                              "parallel-map, mixed-precision (Keras/TensorFlow; amp means mixed-precision "
                              "there); all (comma-separated or repeated); step changes re-run your script "
                              "with the change injected")

@@ -160,7 +160,8 @@ class DdpInjection:
 
     def undo(self) -> None:
         self._cls.__init__ = self._original  # type: ignore[method-assign]
-        if self.no_sync and not any(a.startswith("no_sync()") for a in self.applied):
+        if self.no_sync and self._accumulation is not None and not any(
+                a.startswith("no_sync()") for a in self.applied):
             self.notes.append("one training forward per optimizer step: no accumulation to skip all-reduces in")
 
 
