@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nndoctor.perf import ddp_comm, ddp_trials
-from nndoctor.perf.predict import PlanFacts
+from nndoctor.perf.predict import NOT_DDP, PlanFacts, predict_ddp
 from nndoctor.perf.trials import DDP_TRIALS, parse_tries
 from tests import childproc
 
@@ -89,27 +89,27 @@ def test_profiled_ddp_steps_end_two_steps_before_the_window():
 
 # -- predictions ------------------------------------------------------------------------------------
 def test_ddp_changes_are_skipped_with_their_reason():
-    assert ddp_trials.predict_ddp("ddp-static-graph", PlanFacts())["skip"] == ddp_trials.NOT_DDP
+    assert predict_ddp("ddp-static-graph", PlanFacts())["skip"] == NOT_DDP
     one_rank = PlanFacts(ddp=_ddp_facts(world_size=1))
-    assert "skip" in ddp_trials.predict_ddp("ddp-bucket-view", one_rank)
-    assert ddp_trials.predict_ddp("ddp-static-graph", PlanFacts(ddp=_ddp_facts(static_graph=True)))["skip"] \
+    assert "skip" in predict_ddp("ddp-bucket-view", one_rank)
+    assert predict_ddp("ddp-static-graph", PlanFacts(ddp=_ddp_facts(static_graph=True)))["skip"] \
         == "static_graph=True already"
-    assert "already" in ddp_trials.predict_ddp("ddp-bucket-view",
+    assert "already" in predict_ddp("ddp-bucket-view",
                                                PlanFacts(ddp=_ddp_facts(gradient_as_bucket_view=True)))["skip"]
     small = PlanFacts(ddp=_ddp_facts(gradient_mb=3.0))
-    assert "fit in one bucket" in ddp_trials.predict_ddp("ddp-bucket-cap", small)["skip"]
+    assert "fit in one bucket" in predict_ddp("ddp-bucket-cap", small)["skip"]
     no_accumulation = PlanFacts(ddp=_ddp_facts(), backwards_per_step=1)
-    assert "no gradient accumulation" in ddp_trials.predict_ddp("ddp-no-sync", no_accumulation)["skip"]
+    assert "no gradient accumulation" in predict_ddp("ddp-no-sync", no_accumulation)["skip"]
     own_no_sync = PlanFacts(ddp=_ddp_facts(no_sync_seen=True), backwards_per_step=4)
-    assert "no_sync() already" in ddp_trials.predict_ddp("ddp-no-sync", own_no_sync)["skip"]
+    assert "no_sync() already" in predict_ddp("ddp-no-sync", own_no_sync)["skip"]
 
 
 def test_ddp_predictions_bound_by_the_exposed_all_reduce():
     comm = {"exposed_fraction_of_step": 0.4}
     accumulating = PlanFacts(ddp=_ddp_facts(), communication=comm, backwards_per_step=2)
     # Half of the all-reduces go: at most 0.4 / 2 of the step.
-    assert ddp_trials.predict_ddp("ddp-no-sync", accumulating)["bound"] == pytest.approx(1 / 0.8, abs=1e-3)
-    bucket = ddp_trials.predict_ddp("ddp-bucket-cap", accumulating)
+    assert predict_ddp("ddp-no-sync", accumulating)["bound"] == pytest.approx(1 / 0.8, abs=1e-3)
+    bucket = predict_ddp("ddp-bucket-cap", accumulating)
     assert bucket["bound"] == pytest.approx(1 / 0.6, abs=1e-3)
     assert bucket["bucket_cap_mb"] == 50.0  # half of 97.5 MB, at least 50
     assert ddp_comm.bucket_cap_for(_ddp_facts(gradient_mb=1000.0)) == 200.0
@@ -277,3 +277,23 @@ def test_a_paying_bucket_cap_is_advised_with_the_cap_it_measured():
     result = SimpleNamespace(trials=trials, breakdown=SimpleNamespace(steps=0), facts=SimpleNamespace(sync_kinds={}))
     assert advice(result) == [{"change": "ddp-bucket-cap", "measured_speedup": 1.2, "noise": 0.01,
                                "bucket_cap_mb": 50.0}]
+
+
+def test_the_profiled_steps_are_read_only_when_analysed(one_rank_group):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from nndoctor.perf.kernel_timeline import KernelProfiler
+
+    model = DistributedDataParallel(torch.nn.Linear(16, 4))
+    x = torch.randn(4, 16)
+    profiler = KernelProfiler(steps=2, comm=ddp_comm.comm_from_events, cuda=False, defer=True)
+    profiler.start()
+    done = False
+    while not done:
+        model(x).sum().backward()
+        done = profiler.step_ended()
+    assert profiler.comm_result is None and profiler.result is None  # stopped, not yet read
+    profiler.analyze()
+    assert profiler.comm_result["steps"] == 2 and profiler.comm_result["collectives_per_step"] >= 1
+    assert profiler.result is None  # no CUDA: no kernel timeline

@@ -79,8 +79,9 @@ class KernelProfiler:
     the perf recorder's step-end handler)."""
 
     steps: int = PROFILED_STEPS
-    # Also measure DDP's all-reduce (perf/ddp_comm.py): on CPU (gloo) too, where no kernel runs.
-    comm: bool = False
+    # Also measure DDP's all-reduce: ``comm(events, STEP_MARK)`` (perf/ddp_comm.py's
+    # comm_from_events), on CPU (gloo) too, where no kernel runs.
+    comm: Any = None
     cuda: bool = True
     comm_result: dict[str, Any] | None = None
     # Read the events only when ``analyze`` is called: under DDP reading them at the end of the
@@ -146,10 +147,8 @@ class KernelProfiler:
         events = profiler.events()
         if self.cuda:
             self.result = idle_breakdown(*timeline_intervals(events))
-        if self.comm:
-            from nndoctor.perf.ddp_comm import comm_from_events
-
-            self.comm_result = comm_from_events(events, STEP_MARK) or {
+        if self.comm is not None:
+            self.comm_result = self.comm(events, STEP_MARK) or {
                 "missing": "no all-reduce in the profiled steps (a comm hook, or no gradient synchronised)"}
 
     def abandon(self) -> None:

@@ -378,7 +378,9 @@ class PerfRecorder:
             if profiler is None:
                 cuda, ddp = self.facts.device == "cuda", self.facts.ddp is not None
                 if (cuda or ddp) and step == profile_start(self.config.warmup, ddp):
-                    self._kernel_profiler = KernelProfiler(comm=ddp, cuda=cuda, defer=ddp)
+                    from nndoctor.perf.ddp_comm import comm_from_events
+
+                    self._kernel_profiler = KernelProfiler(comm=comm_from_events if ddp else None, cuda=cuda, defer=ddp)
                     self._kernel_profiler.start()
             elif profiler.profiler is not None and profiler.step_ended() and not profiler.defer:
                 self.facts.kernel_timeline = profiler.result
