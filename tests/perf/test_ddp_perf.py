@@ -184,19 +184,37 @@ def test_followers_rerun_what_rank_0_publishes_until_done():
     leader = ddp_trials.RankChannel(RankInfo(0, 2, 0, "r"), store)
     follower = ddp_trials.RankChannel(RankInfo(1, 2, 1, "r"), store)
     leader.put("cmd/1", {"changes": ["ddp-static-graph"], "warmup": 3, "steps": 5, "min_steps": 5,
-                         "env": ddp_trials.rerun_env(12345, {"A": "1"})})
+                         "env": ddp_trials.rerun_env(12345, {"A": "1"}), "timeout_s": 75.0})
     leader.put("done", {"after": 1})
     seen = []
 
-    def run_child(changes, warmup, steps, min_steps, env):
-        seen.append((changes, warmup, steps, env["MASTER_PORT"], env["TORCHELASTIC_USE_AGENT_STORE"], env["A"]))
+    def run_child(changes, warmup, steps, min_steps, env, timeout_s):
+        seen.append((changes, warmup, steps, env["MASTER_PORT"], env["TORCHELASTIC_USE_AGENT_STORE"], env["A"],
+                     timeout_s))
         return {"seconds_per_step": 0.5}
 
     import time
 
     assert ddp_trials.follow(follower, run_child, time.monotonic() + 5) == 1
-    assert seen == [(["ddp-static-graph"], 3, 5, "12345", "False", "1")]
+    assert seen == [(["ddp-static-graph"], 3, 5, "12345", "False", "1", 75.0)]
     assert json.loads(store.get("nndoctor-perf/r/0/result/1/1")) == {"seconds_per_step": 0.5}
+
+
+def test_rank_0_publishes_a_deadline_within_the_budget_and_counts_a_silent_rank_as_failed(monkeypatch):
+    from nndoctor.distributed.context import RankInfo
+
+    store = _FakeStore()
+    leader = ddp_trials.RankChannel(RankInfo(0, 2, 0, "r"), store)
+    monkeypatch.setattr(ddp_trials, "POLL_S", 0.01)
+    own = []
+    job = ddp_trials.JobRerun(leader, lambda *args: own.append(args) or {"seconds_per_step": 0.1}, 900.0,
+                              time_left=lambda: 40.0)
+    monkeypatch.setattr(ddp_trials.time, "monotonic", iter([0.0, 0.0, 1e6]).__next__)  # rank 1 never answers
+    result = job.run(["ddp-bucket-view"], 3, 5, 5, {})
+    command = json.loads(store.get("nndoctor-perf/r/0/cmd/1"))
+    assert command["timeout_s"] == 100.0 and own[0][-1] == 100.0  # 40 s of budget left + 60
+    assert command["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert result["error"] == "rank 1: no result from this rank's re-run in time"
 
 
 def test_one_report_lists_every_rank_and_the_slowest():

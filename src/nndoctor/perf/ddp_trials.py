@@ -178,20 +178,30 @@ def merge_rank_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 class JobRerun:
     """Rank 0's re-run of the whole job: ``run(changes)`` publishes the command, re-runs rank 0's
-    own script and collects the other ranks' results."""
+    own script and collects the other ranks' results.
 
-    def __init__(self, channel: RankChannel, run_child: Any, child_timeout_s: float) -> None:
+    Every rank's re-run is killed at the same deadline, the budget left plus a minute (at most
+    ``child_timeout_s``): when one rank's re-run fails, the others may wait for it in a
+    collective (NCCL's own timeout is 10 minutes), and the next re-run must start on every rank."""
+
+    def __init__(self, channel: RankChannel, run_child: Any, child_timeout_s: float,
+                 time_left: Any = None) -> None:
         self.channel, self._run_child, self.timeout = channel, run_child, child_timeout_s
+        self.time_left = time_left
         self.seq = 0
 
     def run(self, changes: list[str], warmup: int, steps: int, min_steps: int | None,
             env: dict[str, str]) -> dict[str, Any]:
         self.seq += 1
+        timeout = self.timeout
+        if self.time_left is not None:
+            timeout = min(timeout, max(60.0, self.time_left() + 60.0))
         command = {"changes": changes, "warmup": warmup, "steps": steps, "min_steps": min_steps,
-                   "env": rerun_env(free_port(), env)}
+                   "env": rerun_env(free_port(), env), "timeout_s": timeout}
+        started = time.monotonic()
         self.channel.put(f"cmd/{self.seq}", command)
-        runs = [self._run_child(changes, warmup, steps, min_steps, command["env"])]
-        deadline = time.monotonic() + self.timeout + 60.0
+        runs = [self._run_child(changes, warmup, steps, min_steps, command["env"], timeout)]
+        deadline = started + timeout + 30.0
         for rank in range(1, self.channel.info.world_size):
             found = self.channel.wait([f"result/{self.seq}/{rank}"], deadline)
             runs.append(found[1] if found else {"error": "no result from this rank's re-run in time"})
@@ -213,7 +223,7 @@ def follow(channel: RankChannel, run_child: Any, deadline: float) -> int:
         command = found[1]
         try:
             result = run_child(command["changes"], command["warmup"], command["steps"], command.get("min_steps"),
-                               command["env"])
+                               command["env"], command.get("timeout_s"))
         except Exception as error:  # noqa: BLE001 - reported to rank 0 as this rank's failure
             result = {"error": f"{type(error).__name__}: {error}"}
         channel.put(f"result/{seq}/{channel.info.rank}", result)

@@ -140,7 +140,10 @@ class PerfSession(Session):
                 from nndoctor.perf.ddp_trials import JobRerun
                 from nndoctor.perf.rerun import CHILD_TIMEOUT_S
 
-                job = JobRerun(run.channel, _rank_child(run), CHILD_TIMEOUT_S)
+                config = run.config
+                started = config.started if config.started is not None else time.monotonic()
+                job = JobRerun(run.channel, _rank_child(run), CHILD_TIMEOUT_S,
+                               time_left=lambda: config.budget - (time.monotonic() - started))
             # Filled in place: a trial interrupted by Ctrl-C / SIGTERM leaves the finished ones.
             run_trials(recorder, run.config, run.target, run.cwd, announce=run.announce, results=run.trials,
                        job=job)
@@ -161,8 +164,9 @@ def _rank_child(run: PerfRun) -> Callable[..., dict[str, Any]]:
     from nndoctor.perf import rerun
 
     def run_child(changes: list[str], warmup: int, steps: int, min_steps: int | None,
-                  env: dict[str, str]) -> dict[str, Any]:
-        return rerun.run_child(run.target, changes, warmup, steps, run.cwd, min_steps=min_steps, env=env)
+                  env: dict[str, str], timeout_s: float | None = None) -> dict[str, Any]:
+        return rerun.run_child(run.target, changes, warmup, steps, run.cwd, min_steps=min_steps, env=env,
+                               timeout_s=timeout_s)
 
     return run_child
 
