@@ -315,3 +315,13 @@ def test_the_profiled_steps_are_read_only_when_analysed(one_rank_group):
     profiler.analyze()
     assert profiler.comm_result["steps"] == 2 and profiler.comm_result["collectives_per_step"] >= 1
     assert profiler.result is None  # no CUDA: no kernel timeline
+
+
+def test_without_torchruns_store_the_channel_says_why(monkeypatch):
+    from nndoctor.distributed.context import RankInfo
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(ddp_trials.free_port()))  # nothing listens there
+    monkeypatch.setattr(ddp_trials, "STORE_TIMEOUT_S", 1.0)
+    why = ddp_trials.open_channel(RankInfo(1, 2, 1, "r"))
+    assert isinstance(why, str) and why

@@ -105,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(channel, str) and shows_text:
         print(f"nndoctor perf: the ranks cannot reach torchrun's store ({channel}): each rank reports "
               "alone and --try re-runs only this rank", file=sys.stderr)
-    channel = None if isinstance(channel, str) else channel
     with stdout_to_stderr(args.json == "-" or args.output_format == "json"), sigterm_interrupts() as signals:
         report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce,
-                                  rank=rank if channel is not None else None, channel=channel)
+                                  rank=rank, channel=channel)
+    channel = None if isinstance(channel, str) else channel
     if result.framework == "tensorflow":
         measured, step_class, advised = tensorflow_diagnosis(report, result)
     else:

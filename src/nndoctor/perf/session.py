@@ -88,7 +88,7 @@ class PerfRun:
     trials: dict[str, Any] = field(default_factory=dict)
     tf_recorder: Any = None  # perf/tf_instrument.py's TfStepRecorder, once the script imports TensorFlow
     # Under torchrun: this rank, and the store channel the ranks' re-runs and reports go through
-    # (perf/ddp_trials.py); None on one process.
+    # (perf/ddp_trials.py), or why there is none (a str); None on one process.
     rank: Any = None
     channel: Any = None
 
@@ -127,6 +127,11 @@ class PerfSession(Session):
         run = self.perf
         if not run.config.tries or tensorflow_run(run):
             return  # TensorFlow's trials run after the script (tf_trials.py)
+        if isinstance(run.channel, str):  # under torchrun without the store: no re-run could rendezvous
+            run.trials.update({name: {"skipped": f"under torchrun every rank re-runs the script together, which "
+                                                 f"needs torchrun's store; this rank could not reach it ({run.channel})"}
+                               for name in run.config.tries})
+            return
         # The trials call optimizer.step() and the loss functions: keep every hook quiet.
         active, self.active = self.active, False
         run.announce(f"measured {run.config.steps} steps; now trying "
