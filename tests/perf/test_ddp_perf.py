@@ -74,6 +74,8 @@ def test_gloo_all_reduce_found_in_a_real_profile(one_rank_group):
     assert 0.0 <= result["overlapped_fraction"] <= 1.0
     assert "gloo" in result["measure"]
     facts = ddp_comm.ddp_facts(model)
+    ddp_comm.note_unused(facts, model)
+    assert facts["unused_parameter_sizes"] == [0]  # every parameter used
     assert facts["world_size"] == 1 and facts["backend"] == "gloo" and facts["bucket_cap_mb"] == 25.0
     assert facts["gradient_mb"] == pytest.approx((32 * 64 + 64 + 64 * 4 + 4) * 4 / 2**20)
 
@@ -96,6 +98,11 @@ def test_ddp_changes_are_skipped_with_their_reason():
         == "static_graph=True already"
     assert "already" in predict_ddp("ddp-bucket-view",
                                                PlanFacts(ddp=_ddp_facts(gradient_as_bucket_view=True)))["skip"]
+    dynamic = PlanFacts(ddp=_ddp_facts(find_unused_parameters=True, unused_parameter_sizes=[0, 2**20]))
+    assert predict_ddp("ddp-static-graph", dynamic)["skip"].startswith(
+        "the graph changes between steps: the parameters a backward left unused varied (0.00 MB, 1.00 MB)")
+    steady = PlanFacts(ddp=_ddp_facts(find_unused_parameters=True, unused_parameter_sizes=[2**20]))
+    assert "find_unused_parameters=True walks the autograd graph" in predict_ddp("ddp-static-graph", steady)["basis"]
     small = PlanFacts(ddp=_ddp_facts(gradient_mb=3.0))
     assert "fit in one bucket" in predict_ddp("ddp-bucket-cap", small)["skip"]
     no_accumulation = PlanFacts(ddp=_ddp_facts(), backwards_per_step=1)
@@ -325,3 +332,26 @@ def test_without_torchruns_store_the_channel_says_why(monkeypatch):
     monkeypatch.setattr(ddp_trials, "STORE_TIMEOUT_S", 1.0)
     why = ddp_trials.open_channel(RankInfo(1, 2, 1, "r"))
     assert isinstance(why, str) and why
+
+
+def test_a_branch_taken_every_other_step_reads_as_a_dynamic_graph(one_rank_group):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.step = 0
+
+        def forward(self, x):
+            self.step += 1
+            return self.a(x) if self.step % 2 else self.b(self.a(x))
+
+    model = DistributedDataParallel(Branchy(), find_unused_parameters=True)
+    facts = ddp_comm.ddp_facts(model)
+    for _ in range(4):
+        model(torch.randn(2, 8)).sum().backward()
+        ddp_comm.note_unused(facts, model)
+    assert len(facts["unused_parameter_sizes"]) == 2  # b's 72 parameters unused on every other step
+    assert "skip" in predict_ddp("ddp-static-graph", PlanFacts(ddp={**facts, "world_size": 2}))

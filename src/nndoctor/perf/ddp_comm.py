@@ -151,6 +151,19 @@ def note_buckets(facts: dict[str, Any], module: Any) -> None:
         pass
 
 
+def note_unused(facts: dict[str, Any], module: Any) -> None:
+    """With find_unused_parameters=True, DDP records the bytes of parameters the last backward
+    did not use: more than one value over the run means a graph that changes between steps
+    (``static_graph=True`` would be wrong there)."""
+    try:
+        size = int(module._get_ddp_logging_data().get("unused_parameter_size", 0))
+    except Exception:  # noqa: BLE001 - a private API
+        return
+    sizes = facts.setdefault("unused_parameter_sizes", [])
+    if size not in sizes and len(sizes) < 8:
+        sizes.append(size)
+
+
 def bucket_cap_for(facts: dict[str, Any]) -> float:
     """The bucket_cap_mb ``--try ddp-bucket-cap`` measures: about half the gradients a bucket
     (two all-reduces: far fewer launches than 25 MB buckets on a large model, and the first

@@ -189,6 +189,11 @@ def predict_ddp(change: str, f: Any) -> dict[str, Any]:
     if change == "ddp-static-graph":
         if ddp["static_graph"]:
             return _skip("static_graph=True already")
+        unused = ddp.get("unused_parameter_sizes") or []
+        if len(unused) > 1:
+            return _skip(f"the graph changes between steps: the parameters a backward left unused varied "
+                         f"({', '.join(f'{b / 2**20:.2f} MB' for b in sorted(unused))}); static_graph=True needs "
+                         "the same parameters used every step")
         why = ("find_unused_parameters=True walks the autograd graph every step; with static_graph=True DDP "
                "does it once" if ddp["find_unused_parameters"] else
                "static_graph=True lets DDP fix the bucket order after the first step and skip per-step bookkeeping")

@@ -312,8 +312,14 @@ class PerfRecorder:
             from nndoctor.perf.ddp_comm import ddp_facts
 
             self.facts.ddp = ddp_facts(module)
-        if self.facts.ddp is not None and not getattr(module, "require_backward_grad_sync", True):
+        if self.facts.ddp is None:
+            return
+        if not getattr(module, "require_backward_grad_sync", True):
             self.facts.ddp["no_sync_seen"] = True  # the script accumulates under no_sync() already
+        if self.facts.ddp["find_unused_parameters"]:
+            from nndoctor.perf.ddp_comm import note_unused
+
+            note_unused(self.facts.ddp, module)
 
     def on_backward(self, event: Any) -> None:
         self._backwards_now += 1
