@@ -128,7 +128,7 @@ def main() -> int:
     parser.add_argument("--tries", default="all", help="nndoctor perf --try (default all)")
     parser.add_argument("--budget", type=float, default=300.0)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=None, help="default: nndoctor perf's (8 under torchrun)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,8 @@ def main() -> int:
     report_path = out / "report.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
                "-m", "nndoctor", "perf", "--try", args.tries, "--budget", f"{args.budget:g}",
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(report_path), str(script)]
+               "--steps", str(args.steps), *(["--warmup", str(args.warmup)] if args.warmup is not None else []),
+               "--json", str(report_path), str(script)]
     env = dict(os.environ)
     source = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH", "")) if p)
