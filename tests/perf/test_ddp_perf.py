@@ -239,7 +239,7 @@ def test_one_report_lists_every_rank_and_the_slowest():
     assert merged["slowest_rank"] == 1 and merged["slowest_step_s"] == 0.13 and merged["missing_ranks"] == [2]
     text = "\n".join(ddp_comm.comm_lines(merged))
     assert "all-reduce 20.00 ms a step (20% of the step, 4.0 collectives), 75% overlapped" in text
-    assert "rank 1: median step 130.0 ms, all-reduce 30.00 ms (exposed 10.00 ms)  ← slowest" in text
+    assert "    rank 1: median step 130.0 ms, all-reduce 30.00 ms (exposed 10.00 ms)  ← slowest" in text
 
 
 # -- end to end: torchrun, 2 processes, gloo ------------------------------------------------------

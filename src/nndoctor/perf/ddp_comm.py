@@ -191,6 +191,9 @@ def comm_lines(perf: dict[str, Any]) -> list[str]:
                      f"({comm['steps']} warm-up steps, {comm['measure']})")
     elif comm.get("error") or comm.get("missing"):
         lines.append(f"  all-reduce: not measured ({comm.get('error') or comm.get('missing')})")
+    if perf.get("ranks"):
+        lines.append("  per rank (a rank's all-reduce includes waiting for the other ranks to reach it: "
+                     "uneven times mean uneven work before it):")
     for rank in perf.get("ranks") or []:
         rank_comm = rank.get("communication") or {}
         comm_text = (f", all-reduce {1000 * rank_comm['all_reduce_s_per_step']:.2f} ms "
@@ -198,5 +201,5 @@ def comm_lines(perf: dict[str, Any]) -> list[str]:
                      if rank_comm.get("all_reduce_s_per_step") is not None else "")
         step = f"{1000 * rank['median_step_s']:.1f} ms" if rank.get("median_step_s") else "-"
         slowest = "  ← slowest" if rank.get("rank") == perf.get("slowest_rank") else ""
-        lines.append(f"  rank {rank['rank']}: median step {step}{comm_text}{slowest}")
+        lines.append(f"    rank {rank['rank']}: median step {step}{comm_text}{slowest}")
     return lines
