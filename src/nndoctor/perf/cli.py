@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -36,11 +38,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "nndoctor perf [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]"
     add_common_options(parser)
     parser.add_argument("--steps", type=int, default=20, metavar="N", help="measured optimizer steps (default 20)")
-    parser.add_argument("--warmup", type=int, default=5, metavar="N",
-                        help="optimizer steps run before measuring (default 5)")
+    parser.add_argument("--warmup", type=int, default=None, metavar="N",
+                        help=f"optimizer steps run before measuring (default {DEFAULT_WARMUP}; {DDP_WARMUP} under "
+                             "torchrun, where the profiled warm-up steps are followed by two unprofiled ones)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="CHANGES",
                         help="measure changes: loader, amp, channels_last, compile, cudnn-benchmark, tf32, "
-                             "fused-optimizer, sdpa, cuda-graphs, batch-size (PyTorch); prefetch, "
+                             "fused-optimizer, sdpa, cuda-graphs, batch-size (PyTorch); under torchrun with DDP "
+                             "ddp-bucket-view, ddp-static-graph, ddp-bucket-cap, ddp-no-sync (ddp: all four); prefetch, "
                              "parallel-map, mixed-precision (Keras/TensorFlow; amp means mixed-precision "
                              "there); all (comma-separated or repeated); step changes re-run your script "
                              "with the change injected")
@@ -58,6 +62,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]")
 
 
+DEFAULT_WARMUP = 5
+# Under torchrun: 3 profiled steps (all-reduce timeline), then 2 steps for the ranks to settle
+# after the profiler stops (unevenly on each rank) before the window, after 2 plain ones.
+DDP_WARMUP = 8
+
+
 def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
     """Findings, step class and advice of a Keras/TensorFlow window (perf/tf_diagnosis.py)."""
     from nndoctor.perf.tf_diagnosis import classify_tf, median_wait_s, tf_advice, tf_diagnose
@@ -69,6 +79,10 @@ def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
 
 def run(args: argparse.Namespace) -> int:
     target = target_from_args(args)
+    if args.warmup is None:
+        from nndoctor.distributed.context import torchrun_rank
+
+        args.warmup = DDP_WARMUP if torchrun_rank() is not None else DEFAULT_WARMUP
     if args.steps < 1 or args.warmup < 0:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
     if args.try_repeats < 2:
@@ -83,11 +97,18 @@ def run(args: argparse.Namespace) -> int:
     config = PerfConfig(warmup=args.warmup, steps=args.steps, tries=tries, try_seconds=args.try_seconds,
                         try_repeats=args.try_repeats, budget=args.budget, started=time.monotonic(),
                         try_all=any(p.strip().lower() == "all" for v in args.tries for p in v.split(",")))
+    rank, channel = ranks_of_launch(target)
     output = ReportDelivery.from_args(args, also_scan=[] if target.is_module else [target.name])
-    shows_text = not args.quiet and args.output_format == "text"
+    # Under torchrun rank 0 alone speaks: the other ranks' numbers reach its report.
+    shows_text = not args.quiet and args.output_format == "text" and (rank is None or rank.is_leader)
     announce = (lambda line: print(f"nndoctor perf: {line}", file=sys.stderr, flush=True)) if shows_text else None
+    if isinstance(channel, str) and shows_text:
+        print(f"nndoctor perf: the ranks cannot reach torchrun's store ({channel}): each rank reports "
+              "alone and --try re-runs only this rank", file=sys.stderr)
     with stdout_to_stderr(args.json == "-" or args.output_format == "json"), sigterm_interrupts() as signals:
-        report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce)
+        report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce,
+                                  rank=rank, channel=channel)
+    channel = None if isinstance(channel, str) else channel
     if result.framework == "tensorflow":
         measured, step_class, advised = tensorflow_diagnosis(report, result)
     else:
@@ -110,6 +131,15 @@ def run(args: argparse.Namespace) -> int:
     if interrupted:
         perf["interrupted"] = interrupted
 
+    if channel is not None:
+        merged = merge_ranks(report, perf, rank, channel, select, ignore)
+        if merged is None:  # another rank: rank 0 reports for the launch; the script's own status
+            from nndoctor.distributed.rank_run import script_status
+
+            output.close()
+            return 130 if interrupted else script_status(report)
+        report, perf = merged, merged.extra["perf"]
+
     def show(stream, json_path) -> None:
         print("\n".join(["", *breakdown_lines(perf), *trial_lines(perf["trials"]), ""]), file=stream)
         print_report(report, stream, json_path=json_path)
@@ -121,6 +151,48 @@ def run(args: argparse.Namespace) -> int:
     if interrupted:  # as a shell shows it: 128 + the signal
         return 143 if interrupted == "SIGTERM" else 130
     return exit_status(report, fail_threshold(args))
+
+
+def ranks_of_launch(target) -> tuple[Any, Any]:
+    """(this rank, the ranks' store channel or why there is none) under torchrun, else (None, None)."""
+    from nndoctor.distributed.context import torchrun_rank
+
+    rank = torchrun_rank()
+    if rank is None:
+        return None, None
+    from nndoctor.perf.ddp_trials import open_channel
+
+    return rank, open_channel(rank)
+
+
+def merge_ranks(report, perf: dict[str, Any], rank, channel, select, ignore):
+    """Every rank posts its report part and numbers; rank 0 returns the merged report (its perf
+    section with every rank's step and all-reduce time), the other ranks None."""
+    from nndoctor._version import __version__
+    from nndoctor.distributed.merge import merge_parts
+    from nndoctor.perf.ddp_trials import gather_final, merge_perf, publish_final, rank_summary
+
+    part = {"rank": rank.rank, "world_size": rank.world_size, "pid": os.getpid(), "host": socket.gethostname(),
+            "report": report.to_json(__version__), "data": {}}
+    try:
+        publish_final(channel, part, rank_summary(rank.rank, perf))
+    except Exception as error:  # noqa: BLE001 - observer rule: this rank's numbers are missing, said so
+        print(f"nndoctor perf: rank {rank.rank} could not post its numbers: {type(error).__name__}: {error}",
+              file=sys.stderr)
+    if not rank.is_leader:
+        return None
+    try:
+        posts = gather_final(channel)
+    except Exception as error:  # noqa: BLE001
+        report.extra["perf"] = {**perf, "ranks_error": f"{type(error).__name__}: {error}"}
+        return report
+    parts = [post["part"] for post in posts]
+    merged = merge_parts(parts, command=report.command, world_size=rank.world_size, select=list(select),
+                         ignore=list(ignore))
+    # The P findings (and their order) are rank 0's own, which carries the measured ones.
+    merged.extra = {**merged.extra, **report.extra}
+    merged.extra["perf"] = merge_perf(perf, [post["summary"] for post in posts], rank.world_size)
+    return merged
 
 
 @contextlib.contextmanager

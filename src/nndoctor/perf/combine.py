@@ -17,7 +17,7 @@ from nndoctor.perf.timeline import speedup_verdict
 
 # Changes whose solo gain can be carried into a combined re-run (loader is timed apart).
 COMBINABLE = ("amp", "channels_last", "compile", "tf32", "fused-optimizer", "sdpa", "cudnn-benchmark",
-              "cuda-graphs")
+              "cuda-graphs", "ddp-bucket-view", "ddp-static-graph", "ddp-bucket-cap", "ddp-no-sync")
 
 
 def paying_set(results: dict[str, Any]) -> list[str]:

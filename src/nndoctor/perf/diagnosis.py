@@ -206,10 +206,11 @@ def advice(result: Any) -> list[dict[str, Any]]:
     if isinstance(best, dict):
         return items + best_point_advice(trials, best)
     for name in ("amp", "channels_last", "cudnn-benchmark", "compile", "tf32", "fused-optimizer", "sdpa",
-                 "cuda-graphs"):
+                 "cuda-graphs", "ddp-bucket-view", "ddp-static-graph", "ddp-bucket-cap", "ddp-no-sync"):
         outcome = trial_outcome(trials, name)
         if outcome and outcome.get("pays_off"):
-            items.append({"change": name, "measured_speedup": outcome["speedup"], "noise": outcome["noise"]})
+            items.append(_with_setting(name, outcome, {"change": name, "measured_speedup": outcome["speedup"],
+                                                       "noise": outcome["noise"]}))
     batch = trial_outcome(trials, "batch-size")
     if batch and batch.get("pays_off"):
         items.append(batch_size_advice(batch))
@@ -228,8 +229,8 @@ def best_point_advice(trials: dict[str, Any], best: dict[str, Any]) -> list[dict
                 items.append(batch_size_advice(batch))
             continue
         outcome = trials.get(name) or {}
-        item: dict[str, Any] = {"change": name, "measured_speedup": outcome.get("speedup"),
-                                "noise": outcome.get("noise")}
+        item: dict[str, Any] = _with_setting(name, outcome, {"change": name, "measured_speedup": outcome.get("speedup"),
+                                                             "noise": outcome.get("noise")})
         if not outcome.get("pays_off"):
             item["measured_with"] = [n for n in best["changes"] if n != name]
         items.append(item)
@@ -237,6 +238,14 @@ def best_point_advice(trials: dict[str, Any], best: dict[str, Any]) -> list[dict
         items.append({"change": "combination", "changes": list(best["changes"]),
                       "measured_speedup": best["speedup"], "measured_as": best["measured_as"]})
     return items
+
+
+def _with_setting(name: str, outcome: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    """``ddp-bucket-cap``'s advice names the cap that was measured."""
+    cap = (outcome.get("predicted") or {}).get("bucket_cap_mb")
+    if name == "ddp-bucket-cap" and cap is not None:
+        item["bucket_cap_mb"] = cap
+    return item
 
 
 def combined_advice(trials: dict[str, Any], advised: set[str]) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@ modules whose hand-written attention that forward ran compiled with the SDPA rew
 ``sdpa.py``), the first ``optimizer.step()`` (fused kernels, before any optimizer state
 exists), the construction of batch samplers (``batch-size=K``: every ``BatchSampler``, the
 one a ``DataLoader(batch_size=…)`` builds included, draws K times as many samples), or
-process-wide flags at start (TF32, cuDNN autotuning).
+process-wide flags at start (TF32, cuDNN autotuning), or the ``DistributedDataParallel(...)``
+call (DDP's settings, ``perf/ddp_trials.py``).
 Nothing about the step's shape is assumed — dict or tuple batches, reshapes and casts
 between model and loss, losses computed inside the model, several models and optimizers —
 because the user's loop runs as written.
@@ -77,6 +78,12 @@ class ChangeInjector:
         factor = batch_factor(self.changes)
         if factor:
             self._scale_batch_samplers(factor)
+        self._ddp: Any = None
+        if any(change.startswith("ddp-") for change in self.changes):
+            from nndoctor.perf.ddp_trials import DdpInjection
+
+            self._ddp = DdpInjection(self.changes, self.applied, self.notes)
+            self._undo.append(self._ddp.undo)
         if "sdpa" in self.changes:
             from nndoctor.perf.sdpa import AttentionTracer
 
@@ -124,6 +131,10 @@ class ChangeInjector:
             group["fused"] = True
             group["foreach"] = False
         self.applied.append(f"fused=True on {type(optimizer).__name__}")
+
+    def on_step_end(self, event: Any) -> None:
+        if self._ddp is not None:
+            self._ddp.step_ended()
 
     def on_run_end(self, event: Any) -> None:
         if self._tracer is not None:

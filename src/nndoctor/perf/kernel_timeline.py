@@ -79,6 +79,16 @@ class KernelProfiler:
     the perf recorder's step-end handler)."""
 
     steps: int = PROFILED_STEPS
+    # Also measure DDP's all-reduce: ``comm(events, STEP_MARK)`` (perf/ddp_comm.py's
+    # comm_from_events), on CPU (gloo) too, where no kernel runs.
+    comm: Any = None
+    cuda: bool = True
+    comm_result: dict[str, Any] | None = None
+    # Read the events only when ``analyze`` is called: under DDP reading them at the end of the
+    # warm-up would hold this rank up, and the other ranks would wait for it in the all-reduce
+    # of the first measured step.
+    defer: bool = False
+    stopped: Any = None
     profiler: Any = None
     seen: int = 0
     _marker: Any = None  # the record_function range of the step in progress
@@ -90,7 +100,8 @@ class KernelProfiler:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda and torch.cuda.is_available()
+                                               else [])
         try:
             # One start/stop cycle, so accumulating costs nothing; without it torch warns on the
             # user's stderr that "Profiler clears events at the end of each cycle".
@@ -120,12 +131,25 @@ class KernelProfiler:
             return False
         import torch
 
-        if torch.cuda.is_available():
+        if self.cuda and torch.cuda.is_available():
             torch.cuda.synchronize()  # every kernel of the profiled steps has ended
         self.profiler.stop()
-        profiler, self.profiler = self.profiler, None
-        self.result = idle_breakdown(*timeline_intervals(profiler.events()))
+        self.stopped, self.profiler = self.profiler, None
+        if not self.defer:
+            self.analyze()
         return True
+
+    def analyze(self) -> None:
+        """The results from the stopped profiler's events (once)."""
+        if self.stopped is None:
+            return
+        profiler, self.stopped = self.stopped, None
+        events = profiler.events()
+        if self.cuda:
+            self.result = idle_breakdown(*timeline_intervals(events))
+        if self.comm is not None:
+            self.comm_result = self.comm(events, STEP_MARK) or {
+                "missing": "no all-reduce in the profiled steps (a comm hook, or no gradient synchronised)"}
 
     def abandon(self) -> None:
         self._close_marker()

@@ -41,6 +41,10 @@ class PlanFacts:
     attention: dict[str, Any] | None = None
     tf32_matmul: bool = False
     loader_batch_size: int | None = None
+    # DistributedDataParallel (perf/ddp_comm.py): settings and all-reduce time; None without DDP.
+    ddp: dict[str, Any] | None = None
+    communication: dict[str, Any] | None = None
+    backwards_per_step: float | None = None
 
     @property
     def waiting(self) -> float:
@@ -84,6 +88,8 @@ def plan_facts(breakdown: Any, facts: Any, capability: tuple[int, int] | None) -
         attention=facts.attention, tf32_matmul=facts.tf32_matmul,
         loader_batch_size=((facts.loader_config or {}).get("batch_size")
                            or (facts.loader_config or {}).get("sampler_batch_size")),
+        ddp=getattr(facts, "ddp", None), communication=getattr(facts, "communication", None),
+        backwards_per_step=getattr(facts, "backwards_per_step", None),
     )
 
 
@@ -101,6 +107,8 @@ def predict(change: str, f: PlanFacts) -> dict[str, Any]:
     c = f.compute_share
     if change == "fused-optimizer":
         return _fused_optimizer(f)
+    if change.startswith("ddp-"):
+        return predict_ddp(change, f)
     if change in ("amp", "tf32"):
         if f.param_dtype != "float32":
             return _skip(f"the parameters are {f.param_dtype} already, not float32")
@@ -183,6 +191,69 @@ def predict(change: str, f: PlanFacts) -> dict[str, Any]:
             return _skip(f"the loop waited for data {data:.1%} of the step: a faster loader gains at most "
                          f"{amdahl(data, 1e9):.2f}×")
         return _prediction(amdahl(data, 1e9), f"the loop waited for data {data:.0%} of the step (Amdahl bound)")
+    return _prediction(None, "no model for this change")
+
+
+NOT_DDP = ("the script does not train a DistributedDataParallel model with more than one rank "
+           "(run it under torchrun: torchrun --nproc_per_node N -m nndoctor perf …)")
+
+
+def predict_ddp(change: str, f: Any) -> dict[str, Any]:
+    """The prediction of one DDP change from the breakdown's facts (``predict.PlanFacts``)."""
+    ddp = f.ddp
+    if not ddp or ddp.get("world_size", 1) < 2:
+        return _skip(NOT_DDP)
+    comm = f.communication or {}
+    exposed = comm.get("exposed_fraction_of_step")
+    if change == "ddp-bucket-view":
+        if ddp["gradient_as_bucket_view"]:
+            return _skip("gradient_as_bucket_view=True already")
+        return _prediction(None, f"DDP copies the {ddp['gradient_mb']:.1f} MB of gradients into its all-reduce "
+                                 "buckets and back every step; as views of the buckets they need neither copy nor "
+                                 "the second copy's memory (gain not bounded from the breakdown)")
+    if change == "ddp-static-graph":
+        if ddp["static_graph"]:
+            return _skip("static_graph=True already")
+        unused = ddp.get("unused_parameter_sizes") or []
+        if len(unused) > 1:
+            return _skip(f"the graph changes between steps: the parameters a backward left unused varied "
+                         f"({', '.join(f'{b / 2**20:.2f} MB' for b in sorted(unused))}); static_graph=True needs "
+                         "the same parameters used every step")
+        why = ("find_unused_parameters=True walks the autograd graph every step; with static_graph=True DDP "
+               "does it once" if ddp["find_unused_parameters"] else
+               "static_graph=True lets DDP fix the bucket order after the first step and skip per-step bookkeeping")
+        return _prediction(None, f"{why}; it needs the same parameters used every step (the re-run fails "
+                                 "otherwise, and says so)")
+    if change == "ddp-bucket-cap":
+        from nndoctor.perf.ddp_comm import bucket_cap_for
+
+        cap = bucket_cap_for(ddp)
+        if ddp["gradient_mb"] <= ddp["bucket_cap_mb"]:
+            return _skip(f"the {ddp['gradient_mb']:.1f} MB of gradients fit in one bucket of "
+                         f"bucket_cap_mb={ddp['bucket_cap_mb']:g} already: a larger cap changes nothing")
+        if ddp["bucket_cap_mb"] >= cap:
+            return _skip(f"bucket_cap_mb={ddp['bucket_cap_mb']:g} already (≥ the {cap:g} MB this would try)")
+        prediction = _prediction(1.0 / max(1e-3, 1.0 - exposed) if exposed is not None else None,
+                                 f"bucket_cap_mb={cap:g} ({ddp['gradient_mb']:.0f} MB of gradients, about half a "
+                                 "bucket: fewer, larger all-reduces); "
+                                 + (f"the exposed all-reduce is {exposed:.0%} of the step, at most all of it removed"
+                                    if exposed is not None else "the all-reduce was not measured"))
+        prediction["bucket_cap_mb"] = cap
+        return prediction
+    if change == "ddp-no-sync":
+        k = f.backwards_per_step
+        if ddp.get("no_sync_seen"):
+            return _skip("the script accumulates under model.no_sync() already")
+        if not k or k <= 1:
+            return _skip("one backward per optimizer step: no gradient accumulation whose all-reduces "
+                         "no_sync() could skip")
+        if exposed is None:
+            return _prediction(None, f"{k:g} backwards per optimizer step each all-reduce; no_sync() keeps one "
+                                     "(the all-reduce was not measured)")
+        share = exposed * (k - 1) / k
+        return _prediction(1.0 / max(1e-3, 1.0 - share),
+                           f"{k:g} backwards per optimizer step each all-reduce; no_sync() on all but the last "
+                           f"removes {k - 1:g} of {k:g} all-reduces (exposed all-reduce {exposed:.0%} of the step)")
     return _prediction(None, "no model for this change")
 
 

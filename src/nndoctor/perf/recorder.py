@@ -9,6 +9,7 @@ batch it copies (for ``--try``) is a detached clone taken on the last measured s
 
 from __future__ import annotations
 
+import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -71,6 +72,12 @@ class LoopFacts:
     # None when it was not traced (no warm-up step, or the trace failed).
     attention: dict[str, Any] | None = None
     tf32_matmul: bool = False
+    # DistributedDataParallel (perf/ddp_comm.py): its settings, and the all-reduce time of the
+    # profiled warm-up steps; None outside a DDP run.
+    ddp: dict[str, Any] | None = None
+    communication: dict[str, Any] | None = None
+    # Backward calls per optimizer step in the window (more than 1: gradient accumulation).
+    backwards_per_step: float | None = None
 
 
 def _first_tensor(value: Any) -> Any:
@@ -118,6 +125,8 @@ class PerfRecorder:
         self.facts = LoopFacts()
         self.records: list[StepRecord] = []
         self.current = StepRecord(step=0)
+        self._backwards: list[int] = []  # backward calls of each measured step
+        self._backwards_now = 0
         self._last_step_end: float | None = None
         self._phase: str | None = None
         self._phase_started = 0.0
@@ -265,6 +274,7 @@ class PerfRecorder:
         facts = self.facts
         self.model_ref = weakref.ref(module)
         facts.dataparallel = facts.dataparallel or isinstance(module, torch.nn.DataParallel)
+        self._note_ddp(module)
         if facts.forward_location is None:
             facts.forward_location = event.location
             param = next(iter(module.parameters()))
@@ -295,7 +305,24 @@ class PerfRecorder:
         if self.capturing() and self.captured_target is None and event.target is not None:
             self.captured_target = _detached_clone(event.target)
 
+    def _note_ddp(self, module: Any) -> None:
+        if type(module).__name__ != "DistributedDataParallel":
+            return
+        if self.facts.ddp is None:
+            from nndoctor.perf.ddp_comm import ddp_facts
+
+            self.facts.ddp = ddp_facts(module)
+        if self.facts.ddp is None:
+            return
+        if not getattr(module, "require_backward_grad_sync", True):
+            self.facts.ddp["no_sync_seen"] = True  # the script accumulates under no_sync() already
+        if self.facts.ddp["find_unused_parameters"]:
+            from nndoctor.perf.ddp_comm import note_unused
+
+            note_unused(self.facts.ddp, module)
+
     def on_backward(self, event: Any) -> None:
+        self._backwards_now += 1
         self.begin("backward")
 
     def on_backward_done(self, event: Any) -> None:
@@ -329,7 +356,9 @@ class PerfRecorder:
         record, self.current = self.current, StepRecord(step=event.step)
         record.step = event.step
         self._phase = None
+        backwards, self._backwards_now = self._backwards_now, 0
         if self._last_step_end is not None and self.config.warmup < event.step <= self.config.last_step:
+            self._backwards.append(backwards)
             record.wall = now - self._last_step_end
             self.records.append(record)
             if self._gpu_start is not None:
@@ -353,22 +382,45 @@ class PerfRecorder:
         profiler = self._kernel_profiler
         try:
             if profiler is None:
-                if (self.facts.device == "cuda" and step == self.config.warmup - PROFILED_STEPS
-                        and step >= MIN_UNPROFILED_WARMUP):
-                    self._kernel_profiler = KernelProfiler()
+                cuda, ddp = self.facts.device == "cuda", self.facts.ddp is not None
+                if (cuda or ddp) and step == profile_start(self.config.warmup, ddp):
+                    from nndoctor.perf.ddp_comm import comm_from_events
+
+                    self._kernel_profiler = KernelProfiler(comm=comm_from_events if ddp else None, cuda=cuda, defer=ddp)
                     self._kernel_profiler.start()
-            elif profiler.profiler is not None and profiler.step_ended():
+            elif profiler.profiler is not None and profiler.step_ended() and not profiler.defer:
                 self.facts.kernel_timeline = profiler.result
         except Exception as error:  # noqa: BLE001 - observer rule: fall back to CUDA events
             if profiler is not None:
                 profiler.abandon()
             self._kernel_profiler = KernelProfiler(steps=0)  # not tried again
             self.facts.kernel_timeline = {"error": f"{type(error).__name__}: {error}"}
+            if self.facts.ddp is not None:
+                self.facts.communication = {"error": f"{type(error).__name__}: {error}"}
 
     # -- end of the window -------------------------------------------------------------------
     def close_window(self) -> None:
         """Resolve GPU timings (one synchronisation, after the window) and run the trials."""
         self.window_done = True
+        if self._backwards:
+            self.facts.backwards_per_step = statistics.median(self._backwards)
+        profiler = self._kernel_profiler
+        if profiler is not None and profiler.defer and profiler.stopped is not None:
+            try:
+                profiler.analyze()  # after the window: reading the events here delays no rank's step
+                self.facts.kernel_timeline = profiler.result
+                self.facts.communication = profiler.comm_result
+            except Exception as error:  # noqa: BLE001 - observer rule
+                self.facts.communication = {"error": f"{type(error).__name__}: {error}"}
+        model = self.model_ref() if self.model_ref is not None else None
+        if self.facts.ddp is not None and model is not None:
+            from nndoctor.perf.ddp_comm import note_buckets
+
+            note_buckets(self.facts.ddp, model)
+        if self.facts.ddp is not None and self.facts.communication is None:
+            self.facts.communication = {"missing": f"the warm-up is too short to profile (--warmup "
+                                                   f"{self.config.warmup}; at least "
+                                                   f"{PROFILED_STEPS + MIN_UNPROFILED_WARMUP} needed)"}
         try:
             import torch
 
@@ -386,6 +438,20 @@ class PerfRecorder:
             self.facts.peak_memory_bytes = int(torch.cuda.max_memory_allocated())
         if self.on_window_end is not None:
             self.on_window_end(self)
+
+
+# Under DDP the profiler stops unevenly on each rank and the next steps run slower (measured on
+# gloo: 75 vs 127 ms to stop, then two steps 3–10× the steady step): two unprofiled steps
+# separate the profiled ones from the window when the warm-up is long enough.
+DDP_SETTLE_STEPS = 2
+
+
+def profile_start(warmup: int, ddp: bool) -> int | None:
+    """The step after which the profiled warm-up steps start (None: the warm-up is too short)."""
+    if ddp and warmup - PROFILED_STEPS - DDP_SETTLE_STEPS >= MIN_UNPROFILED_WARMUP:
+        return warmup - PROFILED_STEPS - DDP_SETTLE_STEPS
+    start = warmup - PROFILED_STEPS
+    return start if start >= MIN_UNPROFILED_WARMUP else None
 
 
 def loader_config(loader: Any) -> dict[str, Any]:

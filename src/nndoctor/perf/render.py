@@ -7,6 +7,7 @@ from typing import Any
 from nndoctor.perf.timeline import PHASE_LABELS
 
 TF_TRIAL_NAMES = ("prefetch", "parallel-map", "mixed-precision")
+DDP_TRIAL_NAMES = ("ddp-bucket-view", "ddp-static-graph", "ddp-bucket-cap", "ddp-no-sync")
 TF_PHASE_LABELS = {"data": "input wait (tf.data iterator)", "compute": "compute (rest of the step)"}
 
 
@@ -45,6 +46,10 @@ def breakdown_lines(perf: dict[str, Any]) -> list[str]:
                      f"{kernel['host_idle_fraction']:.0%}, while it waits for data {kernel['data_idle_fraction']:.0%}")
     elif kernel.get("error"):
         lines.append(f"kernel timeline: not measured ({kernel['error']})")
+    if perf.get("ddp"):
+        from nndoctor.perf.ddp_comm import comm_lines
+
+        lines += comm_lines(perf)
     if perf.get("peak_memory_bytes"):
         lines.append(f"peak GPU memory allocated: {perf['peak_memory_bytes'] / 2**30:.2f} GiB")
     if perf.get("framework") == "tensorflow":
@@ -124,7 +129,7 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
             lines.append(f"  (the loop waited for data {timing['data_share']:.0%} of the step: each change is timed on "
                          "the step without that wait, which only the loader settings shorten)")
     for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
-                 "cuda-graphs", "batch-size", *TF_TRIAL_NAMES):
+                 "cuda-graphs", "batch-size", *DDP_TRIAL_NAMES, *TF_TRIAL_NAMES):
         result = trials.get(name)
         if not isinstance(result, dict):
             continue
@@ -143,7 +148,11 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         lines.append(f"--try {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → "
                      f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}{runs}, "
                      f"loss change {loss}): {verdict} — measured{_predicted_suffix(result)}")
-        lines += [f"  applied: {text}" for text in result.get("applied") or [] if name in TF_TRIAL_NAMES]
+        lines += [f"  applied: {text}" for text in result.get("applied") or []
+                  if name in TF_TRIAL_NAMES or name in DDP_TRIAL_NAMES]
+        if result.get("rank_seconds_per_step"):
+            lines.append("  slowest rank's step counted; per rank: "
+                         + ", ".join(f"{1000 * t:.1f} ms" for t in result["rank_seconds_per_step"]))
     lines += combined_lines(trials.get("combined"))
     best = trials.get("best")
     if isinstance(best, dict):

@@ -72,18 +72,20 @@ def child_command(target: Any, changes: list[str], warmup: int, steps: int, out:
 
 def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str,
               min_steps: int | None = None, child: str = CHILD, env: dict[str, str] | None = None,
-              min_warmup: int | None = None) -> dict[str, Any]:
+              min_warmup: int | None = None, timeout_s: float | None = None) -> dict[str, Any]:
     """One re-run; the child's own output is kept only to explain a failure. ``env``: variables
-    set for the re-run on top of this process's environment (the run-private compile cache)."""
+    set for the re-run on top of this process's environment (the run-private compile cache).
+    ``timeout_s``: killed after this long (default CHILD_TIMEOUT_S)."""
+    timeout = CHILD_TIMEOUT_S if timeout_s is None else timeout_s
     with tempfile.TemporaryDirectory(prefix="nndoctor-try-") as folder:
         out = os.path.join(folder, "result.json")
         log = os.path.join(folder, "log.txt")
         command = child_command(target, changes, warmup, steps, out, min_steps, child, min_warmup)
         try:
-            returncode = _launch(command, child, cwd, log, {**os.environ, **(env or {})})
+            returncode = _launch(command, child, cwd, log, {**os.environ, **(env or {})}, timeout)
         except subprocess.TimeoutExpired:
-            return {"error": f"the re-run did not finish within {CHILD_TIMEOUT_S:.0f} s "
-                             "(NNDOCTOR_TRY_TIMEOUT)"}
+            why = "NNDOCTOR_TRY_TIMEOUT" if timeout_s is None else "the budget left, or NNDOCTOR_TRY_TIMEOUT"
+            return {"error": f"the re-run did not finish within {timeout:.0f} s ({why})"}
         if os.path.exists(out):
             with open(out) as handle:
                 return json.load(handle)
@@ -92,17 +94,18 @@ def run_child(target: Any, changes: list[str], warmup: int, steps: int, cwd: str
         return {"error": f"the re-run exited with status {returncode}: {tail[-1] if tail else 'no output'}"}
 
 
-def _launch(command: list[str], child: str, cwd: str, log: str, env: dict[str, str] | None = None) -> int:
+def _launch(command: list[str], child: str, cwd: str, log: str, env: dict[str, str] | None = None,
+            timeout: float = CHILD_TIMEOUT_S) -> int:
     """Run ``python -m child ARGS`` (``command``): forked from a warm helper that has torch
     imported when it can be (warm_launcher), else in a fresh process; its return code."""
     if warm_launcher.enabled(child):
         try:
-            return warm_launcher.launcher_for(child).run(command[3:], cwd, log, CHILD_TIMEOUT_S, env=env)
+            return warm_launcher.launcher_for(child).run(command[3:], cwd, log, timeout, env=env)
         except warm_launcher.LauncherFailed:
             pass  # the same re-run in a fresh process
     with open(log, "w") as handle:
         done = subprocess.run(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                              stdin=subprocess.DEVNULL, timeout=CHILD_TIMEOUT_S, check=False)
+                              stdin=subprocess.DEVNULL, timeout=timeout, check=False)
     return done.returncode
 
 
@@ -192,6 +195,9 @@ def change_verdict(name: str, baseline: list[dict[str, Any]], runs: list[dict[st
         "measure": "re-run",
     })
     verdict["pays_off"] = bool(verdict["pays_off"] and verdict["loss_ok"])
+    per_rank = [r["rank_seconds_per_step"] for r in runs if r.get("rank_seconds_per_step")]
+    if per_rank:  # a re-run of every rank (torchrun): each rank's median step
+        verdict["rank_seconds_per_step"] = [statistics.median(times) for times in zip(*per_rank)]
     return verdict
 
 

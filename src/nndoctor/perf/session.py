@@ -71,6 +71,8 @@ class PerfResult:
             "syncs": {"by_kind": facts.sync_kinds,
                       "by_location": {str(k): v for k, v in facts.sync_locations.items()}},
             "trials": self.trials,
+            **({"ddp": facts.ddp, "communication": facts.communication,
+                "backwards_per_step": facts.backwards_per_step} if facts.ddp else {}),
         }
 
 
@@ -90,6 +92,10 @@ class PerfRun:
     recorder: PerfRecorder | None = None
     trials: dict[str, Any] = field(default_factory=dict)
     tf_recorder: Any = None  # perf/tf_instrument.py's TfStepRecorder, once the script imports TensorFlow
+    # Under torchrun: this rank, and the store channel the ranks' re-runs and reports go through
+    # (perf/ddp_trials.py), or why there is none (a str); None on one process.
+    rank: Any = None
+    channel: Any = None
 
 
 class PerfSession(Session):
@@ -126,17 +132,65 @@ class PerfSession(Session):
         run = self.perf
         if not run.config.tries or tensorflow_run(run):
             return  # TensorFlow's trials run after the script (tf_trials.py)
+        if isinstance(run.channel, str):  # under torchrun without the store: no re-run could rendezvous
+            run.trials.update({name: {"skipped": f"under torchrun every rank re-runs the script together, which "
+                                                 f"needs torchrun's store; this rank could not reach it ({run.channel})"}
+                               for name in run.config.tries})
+            return
         # The trials call optimizer.step() and the loss functions: keep every hook quiet.
         active, self.active = self.active, False
         run.announce(f"measured {run.config.steps} steps; now trying "
                      f"{', '.join(run.config.tries)} on the captured step and loader")
+        job = None
         try:
+            if run.channel is not None and not run.rank.is_leader:
+                follow_trials(run)  # rank 0 decides what is re-run; this rank re-runs it too
+                return
+            if run.channel is not None:
+                from nndoctor.perf.ddp_trials import JobRerun
+                from nndoctor.perf.rerun import CHILD_TIMEOUT_S
+
+                config = run.config
+                started = config.started if config.started is not None else time.monotonic()
+                job = JobRerun(run.channel, _rank_child(run), CHILD_TIMEOUT_S,
+                               time_left=lambda: config.budget - (time.monotonic() - started))
             # Filled in place: a trial interrupted by Ctrl-C / SIGTERM leaves the finished ones.
-            run_trials(recorder, run.config, run.target, run.cwd, announce=run.announce, results=run.trials)
+            run_trials(recorder, run.config, run.target, run.cwd, announce=run.announce, results=run.trials,
+                       job=job)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.internal_error("perf --try", error)
         finally:
+            if job is not None:
+                try:
+                    job.done()  # the other ranks stop waiting for re-runs
+                except Exception as error:  # noqa: BLE001
+                    self.internal_error("perf --try (telling the other ranks the trials ended)", error)
             self.active = active
+
+
+def _rank_child(run: PerfRun) -> Callable[..., dict[str, Any]]:
+    """This rank's re-run of the script, as rank 0 commands it: the whole warm-up always runs (an
+    early end on one rank would leave the others waiting in an all-reduce)."""
+    from nndoctor.perf import rerun
+
+    def run_child(changes: list[str], warmup: int, steps: int, min_steps: int | None,
+                  env: dict[str, str], timeout_s: float | None = None) -> dict[str, Any]:
+        return rerun.run_child(run.target, changes, warmup, steps, run.cwd, min_steps=min_steps, env=env,
+                               timeout_s=timeout_s)
+
+    return run_child
+
+
+def follow_trials(run: PerfRun) -> None:
+    from nndoctor.perf.ddp_trials import follow
+    from nndoctor.perf.rerun import CHILD_TIMEOUT_S
+
+    started = run.config.started if run.config.started is not None else time.monotonic()
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # this rank's re-runs need the memory this process no longer uses
+    follow(run.channel, _rank_child(run), started + run.config.budget + CHILD_TIMEOUT_S + 60.0)
 
 
 def tensorflow_result(run: PerfRun, session: PerfSession) -> PerfResult:
@@ -161,8 +215,9 @@ def tensorflow_run(run: PerfRun) -> bool:
 
 def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: str,
                announce: Callable[[str], None] | None = None,
-               results: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The --try trials, into ``results`` (in place) and returned."""
+               results: dict[str, Any] | None = None, job: Any = None) -> dict[str, Any]:
+    """The --try trials, into ``results`` (in place) and returned. ``job``: under torchrun, rank 0's
+    re-run of every rank (perf/ddp_trials.py's JobRerun)."""
     import torch
 
     from nndoctor.perf import loader_trials, predict, rerun, schedule, step_trials, trials
@@ -184,7 +239,15 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
         missing.append("target")
     step = None if missing else step_trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
                                                     recorder.captured_target, device)
-    step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS)
+    ddp = getattr(facts, "ddp", None)
+    # Under --try all a script without DDP is not told about DDP's settings; asked by name, it is.
+    step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS
+                       and not (t in trials.DDP_TRIALS and config.try_all and not ddp))
+    if job is not None and "loader" in config.tries:
+        config = dataclasses.replace(config, tries=tuple(t for t in config.tries if t != "loader"))
+        results["loader"] = {"skipped": "not under torchrun: the loader trial steps a copy of the model in this "
+                                        "process, outside the process group; measure it on one process "
+                                        "(nndoctor perf --try loader SCRIPT)"}
     budget = schedule.Budget(config.budget, config.started if config.started is not None else time.monotonic())
     predictions: dict[str, Any] = {}
     if step_tries or "loader" in config.tries:
@@ -217,12 +280,26 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 announce(f"the loop waited for data {data_share:.0%} of the step: the step changes are timed "
                          "without that wait (the loader trial measures loading)")
 
+        cap = (predictions.get("ddp-bucket-cap") or {}).get("bucket_cap_mb")
+
         def run_child(changes: list[str]) -> dict[str, Any]:
+            env = dict(child_env)
+            if cap is not None:
+                from nndoctor.perf.ddp_trials import BUCKET_CAP_ENV
+
+                env[BUCKET_CAP_ENV] = str(cap)
+            if job is not None:
+                return job.run(changes, warmup, steps, config.steps, env)
             # The warm-up ends early once two steps take the same time (compiled changes: after 3 at least).
             least = rerun.MIN_COMPILED_WARMUP if any(c in rerun.COMPILED for c in changes) else rerun.MIN_STABLE_WARMUP
-            return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps, env=child_env,
+            return rerun.run_child(target, changes, warmup, steps, cwd, min_steps=config.steps, env=env,
                                    min_warmup=least)
 
+        measure_alone = schedule.measure_alone_command(target)
+        if job is not None:
+            world = job.channel.info.world_size
+            single = measure_alone
+            measure_alone = lambda name: f"torchrun --nproc_per_node {world} -m {single(name)}"  # noqa: E731
         step_budget = budget
         loader_first = _loader_reserve(config, predictions, order, cuda, facts)
         if loader_first:
@@ -232,7 +309,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             if announce:
                 announce(f"--try loader promises the most: {loader_first:.0f} s of the budget kept for it")
         scheduler = schedule.TrialScheduler(run_child, budget=step_budget, repeats=config.try_repeats, device=device,
-                                            announce=announce, measure_alone=schedule.measure_alone_command(target),
+                                            announce=announce, measure_alone=measure_alone,
                                             first_estimate=budget.elapsed(),
                                             noise_floor=_window_noise(recorder))
         cuda_only = {name: {"skipped": f"{why}; this run trained on {device}"}
@@ -417,13 +494,16 @@ def other_gpu_processes(processes: list[dict[str, Any]], own_pid: int) -> list[d
 
 
 def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
-             announce: Callable[[str], None] | None = None) -> tuple[Report, PerfResult]:
+             announce: Callable[[str], None] | None = None, rank: Any = None,
+             channel: Any = None) -> tuple[Report, PerfResult]:
     """Run ``target`` under a perf session; the report carries the run-scope P findings.
 
-    ``announce`` receives a line for each thing being measured, as it starts."""
+    ``announce`` receives a line for each thing being measured, as it starts. Under torchrun,
+    ``rank`` (distributed/context.py's RankInfo) and ``channel`` (perf/ddp_trials.py) make the
+    trials re-runs of every rank, driven by rank 0."""
     if config.started is None:  # the budget counts from here: the script's own run included
         config = dataclasses.replace(config, started=time.monotonic())
-    run = PerfRun(config, target=target, announce=announce or _silent)
+    run = PerfRun(config, target=target, announce=announce or _silent, rank=rank, channel=channel)
     session = PerfSession(run, select=select, ignore=ignore, command=target.command)
     run.announce(f"running {' '.join(target.command)}: {config.warmup} warm-up optimizer steps, "
                  f"then timing {config.steps}")

@@ -6,7 +6,8 @@ of that grid are then timed end to end (loading, the copy to the device and the 
 training step on a copy of the model), which decides the advice: pinned memory and the
 CPU cores the main process needs only show there. The step changes (``amp``,
 ``channels_last``, ``compile``, ``cudnn-benchmark``, ``tf32``, ``fused-optimizer``, ``sdpa``,
-``cuda-graphs``, ``batch-size``) are measured on the user's own loop, re-run with the change
+``cuda-graphs``, ``batch-size``, and under torchrun DDP's ``ddp-bucket-view``, ``ddp-static-graph``,
+``ddp-bucket-cap``, ``ddp-no-sync``; ``ddp`` names all four) are measured on the user's own loop, re-run with the change
 injected: see ``rerun.py`` and ``inject.py``. On Keras/TensorFlow the changes are ``prefetch``,
 ``parallel-map`` and ``mixed-precision`` (``tf_inject.py``, ``tf_trials.py``).
 
@@ -16,8 +17,11 @@ streams are left as they were (``torch.random.fork_rng``).
 
 from __future__ import annotations
 
+# DistributedDataParallel's own settings, under torchrun (perf/ddp_trials.py): every rank's
+# re-run gets the change in its DistributedDataParallel(...) call.
+DDP_TRIALS = ("ddp-bucket-view", "ddp-static-graph", "ddp-bucket-cap", "ddp-no-sync")
 STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
-               "cuda-graphs", "batch-size")
+               "cuda-graphs", "batch-size", *DDP_TRIALS)
 # Keras/TensorFlow changes (perf/tf_inject.py); ``amp`` means mixed-precision there.
 TF_TRIALS = ("prefetch", "parallel-map", "mixed-precision")
 ALL_TRIALS = ("loader", *STEP_TRIALS, *TF_TRIALS)
@@ -41,7 +45,11 @@ def parse_tries(values: list[str] | None) -> tuple[str, ...]:
                 names.extend(ALL_TRIALS)
                 continue
             part = {"channels-last": "channels_last", "cudagraphs": "cuda-graphs", "batch": "batch-size",
-                    "fused": "fused-optimizer", "mixed": "mixed-precision", "map": "parallel-map"}.get(part, part)
+                    "fused": "fused-optimizer", "mixed": "mixed-precision", "map": "parallel-map",
+                    "ddp": "ddp-all"}.get(part, part)
+            if part == "ddp-all":  # --try ddp: every DDP setting
+                names.extend(DDP_TRIALS)
+                continue
             if part not in ALL_TRIALS:
                 raise ValueError(f"unknown --try {part!r} (choose from {', '.join(ALL_TRIALS)}, all)")
             names.append(part)
