@@ -12,18 +12,20 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from packaging.utils import canonicalize_name
-
-from nndoctor.env.frameworks import FrameworkFacts
-from nndoctor.env.nvidia import DriverInfo
-from nndoctor.env.packages import DuplicateInstall, UnmetRequirement
-from nndoctor.env.tf_triton import TfTritonFacts
 from nndoctor.explain.base import CrashExplanation
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
 from nndoctor.registry import Check, register
+
+if TYPE_CHECKING:
+    # Only ``nndoctor env`` reads these facts; ``nndoctor explain`` imports this module for its
+    # crash explanations and should not pay for packaging, importlib.metadata and subprocess.
+    from nndoctor.env.frameworks import FrameworkFacts
+    from nndoctor.env.nvidia import DriverInfo
+    from nndoctor.env.packages import DuplicateInstall, UnmetRequirement
+    from nndoctor.env.tf_triton import TfTritonFacts
 
 _GPU_FAILURE = re.compile(r"DNN|cuDNN|CUDA|GPU|convolution algorithm|cudart|cublas|cusolver|cufft|curand")
 ENV_HINT = "Run `nndoctor env` to see the driver, the framework builds and the GPUs side by side."
@@ -33,18 +35,30 @@ GPU_BUSY_MEMORY_FRACTION = 0.10
 GPU_BUSY_UTILIZATION = 50.0
 
 
+def _no_driver() -> DriverInfo:
+    from nndoctor.env.nvidia import DriverInfo
+
+    return DriverInfo()
+
+
+def _no_tf_triton() -> TfTritonFacts:
+    from nndoctor.env.tf_triton import TfTritonFacts
+
+    return TfTritonFacts()
+
+
 @dataclass
 class EnvFacts:
     """Everything ``nndoctor env`` read, as plain data (the checks' only input)."""
 
-    driver: DriverInfo = field(default_factory=DriverInfo)
+    driver: DriverInfo = field(default_factory=_no_driver)
     frameworks: dict[str, FrameworkFacts] = field(default_factory=dict)
     companions: dict[str, str | None] = field(default_factory=dict)
     unmet: list[UnmetRequirement] = field(default_factory=list)
     duplicates: list[DuplicateInstall] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
-    tf_triton: TfTritonFacts = field(default_factory=TfTritonFacts)
+    tf_triton: TfTritonFacts = field(default_factory=_no_tf_triton)
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -637,6 +651,8 @@ def unsupported_architectures(facts: EnvFacts) -> list[Finding]:
 
 
 def tools(facts: EnvFacts) -> list[Finding]:
+    from packaging.utils import canonicalize_name
+
     found = []
     for duplicate in facts.duplicates:
         if canonicalize_name(duplicate.name) not in FRAMEWORK_DISTRIBUTIONS:
