@@ -1739,6 +1739,7 @@ ENTRIES = (
         'class_name': 'Tf32Disabled',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.tensor_cores', 'TensorCoresNote'),),
     },
     {
         'code': 'P116',

@@ -1,9 +1,11 @@
 """Real error logs as users paste them into issue trackers (tests/explain/pasted/*.txt).
 
 Each file starts with a header: its public source, the catalog code decided from the thread's
-answer before nndoctor was run on it (``none`` when no catalog code fits), and the paste's
-format. Below ``---`` is the log. A log with a code must be explained by that code alone; a
-log with ``none`` must come out as "no known cause" and never with a guessed code. A case whose
+answer before nndoctor was run on it (``none`` when no catalog code fits, ``nothing`` for a log
+with no error whose only warning does not apply to the run), and the paste's format. Below
+``---`` is the log. A log with a code must be explained by that code alone; a log with ``none``
+must come out as "no known cause" and never with a guessed code; a log with ``nothing`` must
+give no finding at all. A case whose
 header says ``known-miss`` is one nndoctor still gets wrong, kept as a strict expected failure
 so the hit rate stays honest.
 """
@@ -30,13 +32,13 @@ def read_case(path: Path) -> tuple[dict[str, str], str]:
 
 
 def outcome(log: str) -> str:
-    """The code nndoctor names for ``log``, "none" for no known cause, "missed" for no error found,
-    or the codes joined by '+' when it names several."""
+    """The code nndoctor names for ``log``, "none" for no known cause, "nothing" for no error and
+    no cause found, or the codes joined by '+' when it names several."""
     findings, unexplained = explain_text(log)
     codes = sorted({f.code for f in findings})
     if codes:
         return "+".join(codes)
-    return "none" if unexplained else "missed"
+    return "none" if unexplained else "nothing"
 
 
 CASES = sorted(PASTED.glob("*.txt"))
@@ -59,7 +61,7 @@ def test_there_are_enough_real_logs():
     assert len(expected) >= 100
     assert expected.count("none") >= 12  # logs whose honest answer is "no known cause"
     # Whole logs, not only Python exceptions: every family a log can show is represented.
-    assert {code[0] for code in expected if code != "none"} >= {"E", "V", "K", "X", "P"}
+    assert {code[0] for code in expected if code not in ("none", "nothing")} >= {"E", "V", "K", "X", "P"}
 
 
 # The explanations README.md shows: a launcher/NCCL log and a log holding only a warning.

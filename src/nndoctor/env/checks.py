@@ -387,7 +387,8 @@ class ComputeCapabilityUnsupported(EnvCheck):
     Compares each GPU's compute capability with the architectures the installed PyTorch was
     compiled for (``torch.cuda.get_arch_list()``), and explains "no kernel image is available
     for execution on the device" and "CUDA capability sm_XX is not compatible with the
-    current PyTorch installation".
+    current PyTorch installation" (PyTorch's start-up warning, also in a log that holds no
+    error), naming the architectures the build supports.
 
     ## Why is this bad?
     A build without kernels for the GPU's architecture fails on the first CUDA operation
@@ -413,8 +414,24 @@ class ComputeCapabilityUnsupported(EnvCheck):
     summary = "the GPU's architecture is not in the framework build"
     fix = "install a framework build compiled for this GPU's architecture"
     patterns = (r"(?P<what>no kernel image is available for execution on the device)",
-                r"(?P<what>CUDA capability sm_\d+ is not compatible with the current PyTorch installation)")
+                r"(?P<what>CUDA capability sm_\d+ is not compatible with the current PyTorch installation)"
+                # The warning's next line lists the build's architectures.
+                r"(?:\.?\s*The current PyTorch install supports CUDA capabilities (?P<supported>sm_\d+(?: \w+)*))?")
+    # PyTorch's UserWarning at CUDA start-up (torch/cuda/__init__.py), on its own line after
+    # "UserWarning:": "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with
+    # the current PyTorch installation." The program runs on until its first CUDA kernel.
+    warning_lines = (r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",)
+    # The warning is printed at start-up: it explains "no kernel image is available", not
+    # whatever exception comes later in the same log.
+    preamble_evidence = False
+    log_context_lines = 1
     crash_message = "This build has no kernels for the GPU ({what})."
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        supported = f"; the build supports {facts['supported']}" if facts.get("supported") else ""
+        detail = f"This build has no kernels for the GPU ({facts['what']}{supported})."
+        return cls.make(crash, f"{detail} {ENV_HINT}", evidence={"error": crash.message[:300], **facts})
 
 
 @register

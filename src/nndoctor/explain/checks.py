@@ -19,12 +19,14 @@ from nndoctor.explain import (
     memory,
     shapes,
     state,
+    tensor_cores,
     tf_errors,
     tf_gradients,
     tfrecord_parse,
 )
 
 FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed,
-            tf_errors, tf_gradients, keras_input, tfrecord_parse, keras_losses, compile_limits)
+            tf_errors, tf_gradients, keras_input, tfrecord_parse, keras_losses, compile_limits,
+            tensor_cores)
 
 __all__ = ["FAMILIES"]
