@@ -1642,6 +1642,7 @@ ENTRIES = (
         'class_name': 'DataParallelInUse',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.data_parallel', 'DataParallelGatherWarning'),),
     },
     {
         'code': 'P108',

@@ -9,6 +9,7 @@ from __future__ import annotations
 from nndoctor.explain import (
     autograd,
     compile_limits,
+    data_parallel,
     devices,
     distributed,
     dtypes,
@@ -27,6 +28,6 @@ from nndoctor.explain import (
 
 FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed,
             tf_errors, tf_gradients, keras_input, tfrecord_parse, keras_losses, compile_limits,
-            tensor_cores)
+            tensor_cores, data_parallel)
 
 __all__ = ["FAMILIES"]
