@@ -75,3 +75,16 @@ def test_log_line_explanations_read_as_recorded(stem):
     assert not unexplained
     assert_findings_snapshot(f"explain/pasted_{stem}", findings, local_paths=False,
                              source=f"nndoctor explain tests/explain/pasted/{stem}.txt")
+
+
+# README's explain section shows two of these snapshots (a launcher/NCCL log, a warning-only log):
+# what it prints must be what the tool prints, so the section cannot drift from the snapshots.
+README_EXAMPLES = ("nccl_watchdog_pid_rank_prefix", "dynamo_recompile_limit_warning_only")
+
+
+@pytest.mark.parametrize("stem", README_EXAMPLES)
+def test_readme_shows_the_recorded_explanation(stem):
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    snapshot = (Path(__file__).parents[1] / "snapshots" / "explain" / f"pasted_{stem}.txt").read_text(encoding="utf-8")
+    rendered = snapshot.split("\n", 2)[2].strip("\n")  # below the "# nndoctor explain …" header
+    assert "```\n$ nndoctor explain " in readme and f"\n{rendered}\n```" in readme, stem
