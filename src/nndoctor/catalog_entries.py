@@ -1909,6 +1909,7 @@ ENTRIES = (
         'class_name': 'DuplicateOrMissingTools',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.env.checks', 'TensorBoardNotInstalled'),),
     },
     {
         'code': 'V109',

@@ -57,7 +57,7 @@ def test_anchor_is_the_literal_start_of_the_wording():
 
 def test_every_code_family_a_log_shows_has_an_explain_path():
     codes = {cls.code for cls in explanations()}
-    assert {"K101", "K103", "K109", "P107", "P113", "P115", "X110", "V103", "V104", "V105", "V107", "E130", "E131",
+    assert {"K101", "K103", "K109", "P107", "P113", "P115", "X110", "V103", "V104", "V105", "V107", "V108", "E130", "E131",
             "E115"} <= codes
 
 

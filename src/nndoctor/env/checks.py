@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nndoctor.explain.base import CrashExplanation
+from nndoctor.explain.base import CrashExplanation, variant
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
 from nndoctor.registry import Check, register
@@ -469,6 +469,49 @@ class DuplicateOrMissingTools(Check):
     scope = "env"
     summary = "TensorBoard missing, several installations of one framework on sys.path"
     fix = "uninstall the extra copies so one installation remains; pip install tensorboard"
+
+
+@variant
+class TensorBoardNotInstalled(EnvCheck):
+    """
+    ## What it does
+    From a crash: explains ``torch.utils.tensorboard`` failing to import because the
+    ``tensorboard`` package is not installed in the environment that runs the script
+    ("No module named 'tensorboard'", "TensorBoard logging requires TensorBoard with Python
+    summary writer installed", "TensorBoard logging requires TensorBoard version 1.15 or
+    above"). A traceback through a file of the user's named ``tensorboard.py`` is left alone:
+    that file hides the package (E119's cause), and installing TensorBoard would not help.
+
+    ## References
+    - torch.utils.tensorboard (TensorBoard is installed separately): https://pytorch.org/docs/stable/tensorboard.html
+    - bubbliiiing/yolov5-pytorch issue #115 (fixed by pip install tensorboard): https://github.com/bubbliiiing/yolov5-pytorch/issues/115
+    """
+
+    code = "V108"
+    name = "duplicate-or-missing-tools"
+    severity = Severity.WARNING
+    summary = "TensorBoard missing, several installations of one framework on sys.path"
+    fix = ("install TensorBoard in the environment that runs the script: python -m pip install tensorboard "
+           "(with that environment's python)")
+    patterns = (r"(?P<what>No module named 'tensorboard')",
+                r"(?P<what>TensorBoard logging requires TensorBoard (?:with Python summary writer installed|version [\d.]+ or above))")
+    crash_message = "TensorBoard is not installed in the Python environment that ran the script ({what})."
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        if any(re.split(r"[\\/]", frame.path)[-1] == "tensorboard.py" for frame in crash.frames):
+            return None  # the user's tensorboard.py shadows the package: not a missing install
+        own = f"{crash.exc_type}: {crash.message}"
+        if not any(re.search(pattern, own) for pattern in cls.patterns):
+            return None  # only the exception itself, not a line printed before it
+        return super().match(crash)
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        detail = cls.crash_message.format(**facts)
+        message = (f"{detail} torch.utils.tensorboard needs the tensorboard package, which PyTorch does not install; "
+                   "if it is installed, it is in another environment than the python that ran the script.")
+        return cls.make(crash, message, evidence={"error": crash.message[:300], **facts})
 
 
 @register
