@@ -9,11 +9,22 @@ compiles every pattern, as the CLI's one call does) and the best and median of `
 
     PYTHONPATH=src python benchmarks/explain_long_log.py            # 2 MB, best of 5
     PYTHONPATH=src python benchmarks/explain_long_log.py --mb 8
+    PYTHONPATH=src python benchmarks/explain_long_log.py --cli 3    # also `nndoctor explain FILE`, 3 runs
+
+``--cli N`` also runs the command end to end N times in fresh processes (start-up, imports,
+reading the file, the report) and prints the median wall time, the median CPU time (user +
+system: what the load of a shared machine does not inflate) and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=2.0, help="size of the log in MB (default 2)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs; the best is printed (default 5)")
+    parser.add_argument("--cli", type=int, default=0, metavar="N",
+                        help="also time `python -m nndoctor explain FILE` end to end, N runs (default 0: not)")
     args = parser.parse_args()
     text = build_log(int(args.mb * 1_000_000))
     from nndoctor.explain.base import explanations
@@ -60,6 +73,30 @@ def main() -> None:
           f"{len(result.findings)} distinct causes, {len(result.unexplained)} unexplained")
     print(f"explain_all: first call {times[0]:.3f} s (compiles every pattern), then best {min(times[1:]):.3f} s, "
           f"median {sorted(times[1:])[len(times[1:]) // 2]:.3f} s of {len(times) - 1} runs")
+    if args.cli:
+        time_cli(text, args.cli)
+
+
+def time_cli(text: str, runs: int) -> None:
+    """Median wall and CPU seconds of ``python -m nndoctor explain FILE`` in fresh processes."""
+    with tempfile.TemporaryDirectory() as folder:
+        log = os.path.join(folder, "long.log")
+        with open(log, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        command = [sys.executable, "-m", "nndoctor", "explain", log]
+        subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)  # warm caches
+        walls, cpus = [], []
+        for _ in range(runs):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            walls.append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"nndoctor explain FILE (CLI, end to end): median wall {statistics.median(walls):.2f} s "
+          f"({', '.join(f'{w:.2f}' for w in walls)}), median CPU {statistics.median(cpus):.2f} s; "
+          f"load average {load} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

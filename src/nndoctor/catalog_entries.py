@@ -1642,6 +1642,7 @@ ENTRIES = (
         'class_name': 'DataParallelInUse',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.data_parallel', 'DataParallelGatherWarning'),),
     },
     {
         'code': 'P108',
@@ -1739,6 +1740,7 @@ ENTRIES = (
         'class_name': 'Tf32Disabled',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.explain.tensor_cores', 'TensorCoresNote'),),
     },
     {
         'code': 'P116',
@@ -1907,6 +1909,7 @@ ENTRIES = (
         'class_name': 'DuplicateOrMissingTools',
         'heuristic': False,
         'false_positives': None,
+        'variants': (('nndoctor.env.checks', 'TensorBoardNotInstalled'),),
     },
     {
         'code': 'V109',

@@ -23,6 +23,32 @@ def test_every_log_wording_has_an_anchor_and_no_named_group():
         assert re.compile(wording).groupindex == {}, (code, wording)
 
 
+def test_every_contradiction_belongs_to_warning_lines():
+    for cls in explanations():
+        for wording in cls.log_contradictions:
+            assert cls.warning_lines, cls.code  # only a warning can be contradicted by the rest of the log
+            re.compile(wording)
+
+
+def test_a_warning_the_log_contradicts_is_not_reported():
+    # Lightning prints its tensor-core note in bf16 runs too; the same note without the AMP line is P115.
+    log = read_case(PASTED / "tf32_tensor_cores_note_under_bf16_amp.txt")[1]
+    assert explain_text(log) == ([], [])
+    findings, unexplained = explain_text(log.split("\n", 1)[1])
+    assert [f.code for f in findings] == ["P115"] and findings[0].severity.label == "info" and not unexplained
+
+
+def test_a_start_up_warning_does_not_explain_a_later_exception():
+    # PyTorch's "sm_120 is not compatible" warning names V107 alone; a later KeyError is not a
+    # missing kernel, while "no kernel image is available" in the exception itself still is V107.
+    warning = read_case(PASTED / "v107_warning_only_container_fixed_by_cu128.txt")[1]
+    findings, unexplained = explain_text(warning + "\nKeyError: 'label'\n")
+    assert findings == [] and [c.exc_type for c in unexplained] == ["KeyError"]
+    findings, unexplained = explain_text(
+        warning + "\nRuntimeError: CUDA error: no kernel image is available for execution on the device\n")
+    assert [f.code for f in findings] == ["V107"] and not unexplained
+
+
 def test_anchor_is_the_literal_start_of_the_wording():
     assert anchor(r"Work WorkNCCL\(SeqNum=\d+") == "Work WorkNCCL(SeqNum="
     assert anchor(r"produced by an? [\w ]+") == "produced by a"  # the optional "n" ends it
@@ -31,7 +57,8 @@ def test_anchor_is_the_literal_start_of_the_wording():
 
 def test_every_code_family_a_log_shows_has_an_explain_path():
     codes = {cls.code for cls in explanations()}
-    assert {"K101", "K103", "K109", "P113", "X110", "V103", "V104", "V105", "E130", "E131", "E115"} <= codes
+    assert {"K101", "K103", "K109", "P107", "P113", "P115", "X110", "V103", "V104", "V105", "V107", "V108", "E130", "E131",
+            "E115"} <= codes
 
 
 def test_a_warning_is_reported_only_when_the_log_holds_no_error():

@@ -12,18 +12,20 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from packaging.utils import canonicalize_name
-
-from nndoctor.env.frameworks import FrameworkFacts
-from nndoctor.env.nvidia import DriverInfo
-from nndoctor.env.packages import DuplicateInstall, UnmetRequirement
-from nndoctor.env.tf_triton import TfTritonFacts
-from nndoctor.explain.base import CrashExplanation
+from nndoctor.explain.base import CrashExplanation, variant
 from nndoctor.explain.crash import Crash
 from nndoctor.findings import Finding, Severity
 from nndoctor.registry import Check, register
+
+if TYPE_CHECKING:
+    # Only ``nndoctor env`` reads these facts; ``nndoctor explain`` imports this module for its
+    # crash explanations and should not pay for packaging, importlib.metadata and subprocess.
+    from nndoctor.env.frameworks import FrameworkFacts
+    from nndoctor.env.nvidia import DriverInfo
+    from nndoctor.env.packages import DuplicateInstall, UnmetRequirement
+    from nndoctor.env.tf_triton import TfTritonFacts
 
 _GPU_FAILURE = re.compile(r"DNN|cuDNN|CUDA|GPU|convolution algorithm|cudart|cublas|cusolver|cufft|curand")
 ENV_HINT = "Run `nndoctor env` to see the driver, the framework builds and the GPUs side by side."
@@ -33,18 +35,30 @@ GPU_BUSY_MEMORY_FRACTION = 0.10
 GPU_BUSY_UTILIZATION = 50.0
 
 
+def _no_driver() -> DriverInfo:
+    from nndoctor.env.nvidia import DriverInfo
+
+    return DriverInfo()
+
+
+def _no_tf_triton() -> TfTritonFacts:
+    from nndoctor.env.tf_triton import TfTritonFacts
+
+    return TfTritonFacts()
+
+
 @dataclass
 class EnvFacts:
     """Everything ``nndoctor env`` read, as plain data (the checks' only input)."""
 
-    driver: DriverInfo = field(default_factory=DriverInfo)
+    driver: DriverInfo = field(default_factory=_no_driver)
     frameworks: dict[str, FrameworkFacts] = field(default_factory=dict)
     companions: dict[str, str | None] = field(default_factory=dict)
     unmet: list[UnmetRequirement] = field(default_factory=list)
     duplicates: list[DuplicateInstall] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
-    tf_triton: TfTritonFacts = field(default_factory=TfTritonFacts)
+    tf_triton: TfTritonFacts = field(default_factory=_no_tf_triton)
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -373,7 +387,8 @@ class ComputeCapabilityUnsupported(EnvCheck):
     Compares each GPU's compute capability with the architectures the installed PyTorch was
     compiled for (``torch.cuda.get_arch_list()``), and explains "no kernel image is available
     for execution on the device" and "CUDA capability sm_XX is not compatible with the
-    current PyTorch installation".
+    current PyTorch installation" (PyTorch's start-up warning, also in a log that holds no
+    error), naming the architectures the build supports.
 
     ## Why is this bad?
     A build without kernels for the GPU's architecture fails on the first CUDA operation
@@ -399,8 +414,24 @@ class ComputeCapabilityUnsupported(EnvCheck):
     summary = "the GPU's architecture is not in the framework build"
     fix = "install a framework build compiled for this GPU's architecture"
     patterns = (r"(?P<what>no kernel image is available for execution on the device)",
-                r"(?P<what>CUDA capability sm_\d+ is not compatible with the current PyTorch installation)")
+                r"(?P<what>CUDA capability sm_\d+ is not compatible with the current PyTorch installation)"
+                # The warning's next line lists the build's architectures.
+                r"(?:\.?\s*The current PyTorch install supports CUDA capabilities (?P<supported>sm_\d+(?: \w+)*))?")
+    # PyTorch's UserWarning at CUDA start-up (torch/cuda/__init__.py), on its own line after
+    # "UserWarning:": "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with
+    # the current PyTorch installation." The program runs on until its first CUDA kernel.
+    warning_lines = (r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",)
+    # The warning is printed at start-up: it explains "no kernel image is available", not
+    # whatever exception comes later in the same log.
+    preamble_evidence = False
+    log_context_lines = 1
     crash_message = "This build has no kernels for the GPU ({what})."
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        supported = f"; the build supports {facts['supported']}" if facts.get("supported") else ""
+        detail = f"This build has no kernels for the GPU ({facts['what']}{supported})."
+        return cls.make(crash, f"{detail} {ENV_HINT}", evidence={"error": crash.message[:300], **facts})
 
 
 @register
@@ -438,6 +469,49 @@ class DuplicateOrMissingTools(Check):
     scope = "env"
     summary = "TensorBoard missing, several installations of one framework on sys.path"
     fix = "uninstall the extra copies so one installation remains; pip install tensorboard"
+
+
+@variant
+class TensorBoardNotInstalled(EnvCheck):
+    """
+    ## What it does
+    From a crash: explains ``torch.utils.tensorboard`` failing to import because the
+    ``tensorboard`` package is not installed in the environment that runs the script
+    ("No module named 'tensorboard'", "TensorBoard logging requires TensorBoard with Python
+    summary writer installed", "TensorBoard logging requires TensorBoard version 1.15 or
+    above"). A traceback through a file of the user's named ``tensorboard.py`` is left alone:
+    that file hides the package (E119's cause), and installing TensorBoard would not help.
+
+    ## References
+    - torch.utils.tensorboard (TensorBoard is installed separately): https://pytorch.org/docs/stable/tensorboard.html
+    - bubbliiiing/yolov5-pytorch issue #115 (fixed by pip install tensorboard): https://github.com/bubbliiiing/yolov5-pytorch/issues/115
+    """
+
+    code = "V108"
+    name = "duplicate-or-missing-tools"
+    severity = Severity.WARNING
+    summary = "TensorBoard missing, several installations of one framework on sys.path"
+    fix = ("install TensorBoard in the environment that runs the script: python -m pip install tensorboard "
+           "(with that environment's python)")
+    patterns = (r"(?P<what>No module named 'tensorboard')",
+                r"(?P<what>TensorBoard logging requires TensorBoard (?:with Python summary writer installed|version [\d.]+ or above))")
+    crash_message = "TensorBoard is not installed in the Python environment that ran the script ({what})."
+
+    @classmethod
+    def match(cls, crash: Crash) -> dict[str, Any] | None:
+        if any(re.split(r"[\\/]", frame.path)[-1] == "tensorboard.py" for frame in crash.frames):
+            return None  # the user's tensorboard.py shadows the package: not a missing install
+        own = f"{crash.exc_type}: {crash.message}"
+        if not any(re.search(pattern, own) for pattern in cls.patterns):
+            return None  # only the exception itself, not a line printed before it
+        return super().match(crash)
+
+    @classmethod
+    def build(cls, crash: Crash, facts: dict[str, Any]) -> Finding:
+        detail = cls.crash_message.format(**facts)
+        message = (f"{detail} torch.utils.tensorboard needs the tensorboard package, which PyTorch does not install; "
+                   "if it is installed, it is in another environment than the python that ran the script.")
+        return cls.make(crash, message, evidence={"error": crash.message[:300], **facts})
 
 
 @register
@@ -637,6 +711,8 @@ def unsupported_architectures(facts: EnvFacts) -> list[Finding]:
 
 
 def tools(facts: EnvFacts) -> list[Finding]:
+    from packaging.utils import canonicalize_name
+
     found = []
     for duplicate in facts.duplicates:
         if canonicalize_name(duplicate.name) not in FRAMEWORK_DISTRIBUTIONS:

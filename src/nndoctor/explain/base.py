@@ -41,6 +41,10 @@ class CrashExplanation(Check):
     # ``match`` (``explain.logscan``).
     log_lines: ClassVar[tuple[str, ...]] = ()
     warning_lines: ClassVar[tuple[str, ...]] = ()
+    # Wordings that, anywhere in the log, show that one of ``warning_lines`` does not apply to this
+    # run (Lightning prints its tensor-core note even when it trains in bfloat16): the warning is
+    # then not reported.
+    log_contradictions: ClassVar[tuple[str, ...]] = ()
     # Lines after such a line that continue its message (dynamo's "function: …", "last reason: …").
     log_context_lines: ClassVar[int] = 0
     # May the log lines printed before an exception (``crash.preamble``) alone supply the wording?

@@ -9,6 +9,7 @@ from __future__ import annotations
 from nndoctor.explain import (
     autograd,
     compile_limits,
+    data_parallel,
     devices,
     distributed,
     dtypes,
@@ -19,12 +20,14 @@ from nndoctor.explain import (
     memory,
     shapes,
     state,
+    tensor_cores,
     tf_errors,
     tf_gradients,
     tfrecord_parse,
 )
 
 FAMILIES = (devices, dtypes, memory, shapes, autograd, loading, state, environment, distributed,
-            tf_errors, tf_gradients, keras_input, tfrecord_parse, keras_losses, compile_limits)
+            tf_errors, tf_gradients, keras_input, tfrecord_parse, keras_losses, compile_limits,
+            tensor_cores, data_parallel)
 
 __all__ = ["FAMILIES"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -177,6 +178,8 @@ def _add_log_line_causes(result: Explained, cleaned: str, *, select, ignore, war
     for hit in chosen:
         if hit.explanation.code in codes:
             continue
+        if hit.warning and any(re.search(wording, cleaned) for wording in hit.explanation.log_contradictions):
+            continue  # the log shows the warning does not apply to this run
         codes.add(hit.explanation.code)
         result.findings.append(finding_from_line(hit))
 
