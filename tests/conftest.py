@@ -100,6 +100,27 @@ def run():
     return run_script
 
 
+# -- torch.compile's kernel cache -------------------------------------------------------------------
+# Inductor compiles C++ kernels for the CPU: tests/frameworks' two torch.compile programs took 47
+# CPU-seconds (pytest included) with an empty cache directory, 14 with their kernels cached. Tests
+# that point TORCHINDUCTOR_CACHE_DIR somewhere share this folder, so only a machine's first run
+# pays the compiler. It lives outside the repository (one folder per torch version;
+# NNDOCTOR_TEST_INDUCTOR_CACHE moves it), like torch's own default cache (/tmp/torchinductor_USER,
+# which the other compiling tests use): a missing or emptied folder only makes the tests slower,
+# never changes what they see, since Inductor's cache keys hold the graph, the torch version, the
+# configuration and the compiler.
+INDUCTOR_CACHE_ENV = "NNDOCTOR_TEST_INDUCTOR_CACHE"
+
+
+@pytest.fixture(scope="session")
+def inductor_cache() -> Path:
+    torch_version = getattr(sys.modules.get("torch"), "__version__", "none")
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nndoctor-tests"
+    folder = Path(os.environ.get(INDUCTOR_CACHE_ENV) or default / f"inductor-torch-{torch_version}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def pytest_addoption(parser):
     parser.addoption("--snapshot-update", action="store_true", default=False,
                      help="rewrite tests/snapshots/ with what users read now (see tests/snapshot.py)")
