@@ -154,10 +154,10 @@ def pytest_collection_finish(session):
 # call + teardown seconds in tests/durations.json; a test over SLOW_S there is marked ``slow``, and
 # so is every test of a module where one setup took over SLOW_MODULE_SETUP_S (a module-scoped
 # subprocess or model: whichever of its tests runs first pays it). Tests missing from the file are
-# not marked. SLOW_S is 1 s, not 5: the 46 tests of 1 to 5 s (CLI and hostile end-to-end runs in
-# subprocesses, 2.7% of the tests) took 126 of the inner loop's 282 s; without them it is under
-# 3 minutes (CONTRIBUTING.md). Hand-marked ``slow`` (tests/durations.json does not know a new test
-# yet): a test over ~5 s.
+# not marked. SLOW_S is 1 s, not 5: the 46 tests of 1 to 5 s (mostly CLI and hostile end-to-end
+# runs in subprocesses; 2.7% of the inner loop's tests) recorded 126 of its tests' 244 s, and
+# without them the inner loop takes half the CPU time (CONTRIBUTING.md). Marked by hand
+# (tests/durations.json does not know a new test yet): a test over ~5 s.
 DURATIONS = Path(__file__).parent / "durations.json"
 SLOW_S = 1.0
 SLOW_MODULE_SETUP_S = 5.0
