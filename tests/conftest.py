@@ -100,6 +100,27 @@ def run():
     return run_script
 
 
+# -- torch.compile's kernel cache -------------------------------------------------------------------
+# Inductor compiles C++ kernels for the CPU: tests/frameworks' two torch.compile programs took 47
+# CPU-seconds (pytest included) with an empty cache directory, 14 with their kernels cached. Tests
+# that point TORCHINDUCTOR_CACHE_DIR somewhere share this folder, so only a machine's first run
+# pays the compiler. It lives outside the repository (one folder per torch version;
+# NNDOCTOR_TEST_INDUCTOR_CACHE moves it), like torch's own default cache (/tmp/torchinductor_USER,
+# which the other compiling tests use): a missing or emptied folder only makes the tests slower,
+# never changes what they see, since Inductor's cache keys hold the graph, the torch version, the
+# configuration and the compiler.
+INDUCTOR_CACHE_ENV = "NNDOCTOR_TEST_INDUCTOR_CACHE"
+
+
+@pytest.fixture(scope="session")
+def inductor_cache() -> Path:
+    torch_version = getattr(sys.modules.get("torch"), "__version__", "none")
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nndoctor-tests"
+    folder = Path(os.environ.get(INDUCTOR_CACHE_ENV) or default / f"inductor-torch-{torch_version}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def pytest_addoption(parser):
     parser.addoption("--snapshot-update", action="store_true", default=False,
                      help="rewrite tests/snapshots/ with what users read now (see tests/snapshot.py)")
@@ -131,10 +152,15 @@ def pytest_collection_finish(session):
 # The inner loop is ``pytest -m "not slow"``. Which tests are slow is measured, not guessed: a run
 # with --record-durations (on a quiet 2-core machine, `pytest -n 2`) stores every test's setup +
 # call + teardown seconds in tests/durations.json; a test over SLOW_S there is marked ``slow``, and
-# so is every test of a module where one setup took over SLOW_S (a module-scoped subprocess or
-# model: whichever of its tests runs first pays it). Tests missing from the file are not marked.
+# so is every test of a module where one setup took over SLOW_MODULE_SETUP_S (a module-scoped
+# subprocess or model: whichever of its tests runs first pays it). Tests missing from the file are
+# not marked. SLOW_S is 1 s, not 5: the 46 tests of 1 to 5 s (mostly CLI and hostile end-to-end
+# runs in subprocesses; 2.7% of the inner loop's tests) recorded 126 of its tests' 244 s, and
+# without them the inner loop takes half the CPU time (CONTRIBUTING.md). Marked by hand
+# (tests/durations.json does not know a new test yet): a test over ~5 s.
 DURATIONS = Path(__file__).parent / "durations.json"
-SLOW_S = 5.0
+SLOW_S = 1.0
+SLOW_MODULE_SETUP_S = 5.0
 _recorded: dict[str, dict[str, float]] = {}
 
 
@@ -154,7 +180,7 @@ def pytest_collection_modifyitems(config, items):
     import json
 
     durations = {_plain_id(nodeid): times for nodeid, times in json.loads(DURATIONS.read_text()).items()}
-    slow_modules = {module for module, longest in _longest_setups(durations).items() if longest > SLOW_S}
+    slow_modules = {module for module, longest in _longest_setups(durations).items() if longest > SLOW_MODULE_SETUP_S}
     for item in items:
         nodeid = _plain_id(item.nodeid)
         if durations.get(nodeid, {}).get("total", 0.0) > SLOW_S or _module_of(nodeid) in slow_modules:

@@ -8,7 +8,14 @@ import pytest
 
 from nndoctor import catalog_table
 from nndoctor.catalog_update import entry_of, registered_entries, render
-from nndoctor.registry import Check, get_check, register, registered_checks
+from nndoctor.registry import (
+    SCOPE_FAMILIES,
+    Check,
+    all_checks,
+    get_check,
+    register,
+    registered_checks,
+)
 
 STALE = f"the catalog table is stale: run `{catalog_table.UPDATE_COMMAND}`"
 
@@ -25,6 +32,17 @@ def test_table_equals_the_registered_checks():
         found = {key: getattr(rule, key) for key in entry}
         found["severity"] = rule.severity.label
         assert found == entry, f"{code} differs from its check; {STALE}"
+
+
+@pytest.mark.parametrize("scope", sorted(SCOPE_FAMILIES))
+def test_a_scopes_families_hold_every_check_of_that_scope(scope):
+    """The Keras and tf.data observers load only their scope's families (no torch import): a
+    check of that scope defined anywhere else would silently never run."""
+    everywhere = {c for c in all_checks() if c.scope == scope}
+    assert everywhere, f"no check has scope {scope!r}"
+    outside = sorted(f"{c.code} ({c.__module__})" for c in everywhere if c.__module__ not in SCOPE_FAMILIES[scope])
+    assert not outside, f"{scope} checks outside registry.SCOPE_FAMILIES[{scope!r}]: {outside}"
+    assert set(all_checks(scope)) == everywhere
 
 
 def test_generated_file_is_exactly_what_update_writes():

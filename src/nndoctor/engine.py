@@ -107,6 +107,10 @@ class RunState:
 class Session:
     """One observed run: checks, dispatch, findings and the state they share."""
 
+    # False: the run installs only the instrumentation that needs no PyTorch (Keras, tf.data),
+    # as without torch installed, and never imports torch (a TensorFlow re-run: tf_inject.py).
+    instruments_torch = True
+
     def __init__(
         self,
         *,

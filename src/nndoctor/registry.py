@@ -49,6 +49,11 @@ CHECK_MODULES = (
 
 # Frameworks a family may need; without them the family is left out instead of failing.
 OPTIONAL_FRAMEWORKS = ("torch", "torchvision", "tensorflow", "keras")
+# The families that define the checks of a scope other than "run": the Keras and tf.data
+# observers load these only, not the PyTorch families (which import torch, ~3 s of CPU that a
+# TensorFlow script's run, or each of its ``perf --try`` re-runs, would pay for nothing).
+SCOPE_FAMILIES = {"keras": ("nndoctor.keras.checks", "nndoctor.keras.loop_checks"),
+                  "tfdata": ("nndoctor.tfdata.checks",)}
 
 _REGISTRY: dict[str, type[Check]] = {}
 # Other classes of a registered code, by code (``note_variant``), in the order they were added.
@@ -203,7 +208,10 @@ def registered_checks() -> list[type[Check]]:
 
 
 def all_checks(scope: str | None = None) -> list[type[Check]]:
-    load_all()
+    if scope is not None and scope in SCOPE_FAMILIES:
+        load_families(SCOPE_FAMILIES[scope])
+    else:
+        load_all()
     checks = sorted(_REGISTRY.values(), key=lambda c: c.code)
     return [c for c in checks if scope is None or c.scope == scope]
 

@@ -71,13 +71,14 @@ def _params(pattern: str) -> list:
 
 
 @pytest.fixture
-def framework_run(monkeypatch, tmp_path):
-    """Offline, on the CPU, one thread, files written only under a temporary directory."""
+def framework_run(monkeypatch, tmp_path, inductor_cache):
+    """Offline, on the CPU, one thread, files written only under a temporary directory (and
+    Inductor's compiled kernels in the tests' shared compile cache: tests/conftest.py)."""
     for name, value in {
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
         "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1",
         "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true", "CUDA_VISIBLE_DEVICES": "",
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)

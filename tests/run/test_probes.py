@@ -189,3 +189,19 @@ def test_a_later_session_starts_with_empty_records():
     installation.uninstall()
     assert probe_state(first).seeds.calls.get("torch") == 1  # (manual_seed seeds cuda too)
     assert probe_state(second).seeds.calls == {}
+
+
+def test_a_tensorflow_rerun_session_installs_no_torch_hook():
+    """A TensorFlow ``perf --try`` re-run times Keras/TF steps only: it installs what a run
+    without torch installs, and leaves torch's functions untouched."""
+    from nndoctor.instrument.plain import PlainInstallation
+    from nndoctor.perf.tf_inject import TfRerunSession
+
+    before = (F.cross_entropy, torch.optim.Optimizer.step, torch.Tensor.item)
+    installation = install(TfRerunSession(checks=[]))
+    try:
+        assert isinstance(installation, PlainInstallation)
+        assert [f.name for f in installation.features] == [f.name for f in plain_features()]
+        assert (F.cross_entropy, torch.optim.Optimizer.step, torch.Tensor.item) == before
+    finally:
+        installation.uninstall()

@@ -108,8 +108,9 @@ def torch_features() -> tuple[Feature, ...]:
 def install(session: Session) -> InstallationProtocol:
     """Instrument a run: the hooks, then the features it asks for. ``uninstall()`` undoes it all.
 
-    Without PyTorch (a TensorFlow-only environment) only the plain features are installed."""
-    if torch_available():
+    Without PyTorch (a TensorFlow-only environment), or for a session that does not instrument
+    it (``Session.instruments_torch``), only the plain features are installed."""
+    if session.instruments_torch and torch_available():
         from nndoctor.instrument.torch_hooks import install as install_hooks
 
         return install_hooks(session, torch_features() + plain_features())
