@@ -224,16 +224,21 @@ class LossAtChance(Check):
         if counts_on_device is None:
             return
         with torch.no_grad():  # no host sync: every value stays on the device until a sampled step
-            valid = (target != ignore) & (target >= 0) & (target < classes)
-            safe = torch.where(valid, target, torch.zeros_like(target))
-            correct = ((logits.detach().argmax(1) == safe) & valid).sum()
-            row = self._rows[len(self._steps)]
+            # As few kernels as give the same numbers: each is a launch on every training step.
+            # An ignore_index outside [0, classes) (the default -100) is excluded by the range
+            # test already, and an argmax (always in range) never equals an invalid target.
+            ignore_in_range = not isinstance(ignore, int) or 0 <= ignore < classes
+            valid = (target >= 0) & (target < classes)
+            if ignore_in_range:
+                valid &= target != ignore
+            safe = target * valid  # the invalid targets counted (with weight 0) as class 0
+            predicted = logits.detach().argmax(1)
+            correct = ((predicted == safe) & valid).sum() if ignore_in_range else (predicted == target).sum()
+            seen = valid.sum()
             loss = output.detach().float().reshape(())
             if event.options.get("reduction", "mean") == "sum":  # Trainer's loss over the items of a batch
-                loss = loss / valid.sum().clamp(min=1)
-            row[0].copy_(loss)
-            row[1].copy_(correct)
-            row[2].copy_(valid.sum())
+                loss = loss / seen.clamp(min=1)
+            torch.stack((loss, correct, seen), out=self._rows[len(self._steps)])
             counts_on_device.scatter_add_(0, safe.long(), valid.to(counts_on_device.dtype))
         self._last_step = event.step
         self._steps.append((event.step, self._training_pass()))
