@@ -267,6 +267,8 @@ class SamplerEpochNotSet(Check):
     def on_step_end(self, event: Any) -> None:
         # A pass counts once it trains: evaluating on the same loader within an epoch (same
         # sampler epoch, no optimizer step) is not an epoch of its own.
+        if not self._pending:  # the usual step: no pass started since the last one
+            return
         for sampler, (epoch, location, passes) in list(self._pending.items()):
             del self._pending[sampler]
             previous = self._trained_epoch.get(sampler)
