@@ -118,26 +118,28 @@ class Installation:
         original = torch.nn.Module.__call__
 
         @functools.wraps(original)
-        def module_call(module, *args, **kwargs):
+        def module_call(self, *args, **kwargs):
+            # ``self``, as torch names it: crash explanations look for the user's name of the
+            # model in the traceback's locals, and skip ``self``.
             if not session.active or _compiling():
-                return original(module, *args, **kwargs)
-            stack.append(module)
-            is_loss = isinstance(module, _Loss)
+                return original(self, *args, **kwargs)
+            stack.append(self)
+            is_loss = isinstance(self, _Loss)
             if is_loss:
                 inst._in_loss += 1
             try:
-                output = original(module, *args, **kwargs)
+                output = original(self, *args, **kwargs)
             except BaseException as error:
-                inst._forward_raised(module, args, error, is_loss)
+                inst._forward_raised(self, args, error, is_loss)
                 raise
-            if stack and stack[-1] is module:
+            if stack and stack[-1] is self:
                 stack.pop()  # the usual return: nothing to search
             else:
-                inst._pop(module)
+                inst._pop(self)
             if is_loss and inst._in_loss:
                 inst._in_loss -= 1
             if not stack or is_loss or session.sampled:
-                inst._forward_returned(module, args, kwargs, output, is_loss)
+                inst._forward_returned(self, args, kwargs, output, is_loss)
             return output
 
         _not_a_compiled_frame(module_call)
