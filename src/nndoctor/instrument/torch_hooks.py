@@ -1,8 +1,9 @@
 """PyTorch instrumentation: global hooks where torch has them, reversible patches elsewhere.
 
-Hooks used: global module forward pre/post hooks (``always_call`` so a crash inside a
-module is seen on its way out), global optimizer step pre/post hooks. Patches (undone at
-uninstall): ``Module.train``, ``Module.zero_grad``, ``Optimizer.zero_grad``,
+Hooks used: global optimizer step pre/post hooks. Module calls are observed by a wrapper of
+``Module.__call__`` (its exception path records the crashing module), not by global module
+forward hooks: those would send every module call down torch's slow path. Other patches
+(undone at uninstall): ``Module.train``, ``Module.zero_grad``, ``Optimizer.zero_grad``,
 ``Tensor.backward`` / ``torch.autograd.backward``, DataLoader iteration, the functional
 losses, LR scheduler ``step``, ``Module.load_state_dict``, ``torch.save`` / ``torch.load``,
 ``GradScaler.scale``.
