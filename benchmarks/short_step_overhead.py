@@ -12,6 +12,9 @@ per step and the ratio, per round and as medians over rounds.
     python benchmarks/short_step_overhead.py                       # 7 rounds × 20,000 steps, ~3 min
     python benchmarks/short_step_overhead.py --sides plain,all,none --rounds 5   # none: --ignore ALL
     python benchmarks/short_step_overhead.py --rounds 1 --steps 500 # smoke run
+    # a small ResNet-like CNN (8 residual blocks, 62 module calls a forward; 8 images of 3×16×16):
+    # what nndoctor costs per module call shows here
+    python benchmarks/short_step_overhead.py --model cnn --steps 2000 --rounds 3
     # before/after a change: a side "all@SRC" imports nndoctor from SRC (PYTHONPATH)
     python benchmarks/short_step_overhead.py --sides plain,all,all@../main/src --steps 5000
 
@@ -40,11 +43,16 @@ def patient(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
+    g = torch.Generator().manual_seed(1)
+    if args.model == "cnn":
+        model = _small_resnet(nn)
+        batches = [(torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g))
+                   for _ in range(8)]
+    else:
+        model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
+        batches = [(torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(8)]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     criterion = nn.CrossEntropyLoss()
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(8)]
     wall = cpu = 0.0
     for i in range(args.warmup + args.steps):
         if i == args.warmup:  # past nndoctor's 16-step full-instrumentation window
@@ -58,8 +66,26 @@ def patient(args: argparse.Namespace) -> None:
                               "steps": args.steps}), flush=True)
 
 
+def _small_resnet(nn):
+    """A ResNet-like CNN small enough for one CPU core: a stem, 8 residual blocks of
+    conv-BN-ReLU-conv-BN, pooling and a linear head (62 module calls a forward)."""
+
+    class Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+            self.conv2, self.bn2 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(x + self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))))
+
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), *[Block(8) for _ in range(8)],
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
 def launch(args: argparse.Namespace, side: str, workdir: str) -> dict:
-    script = ["--patient", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    script = ["--patient", "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model]
     checks, _, source = side.partition("@")
     extra = SIDES[checks] if checks in SIDES else ["--select", checks]
     report = os.path.join(workdir, f"{len(os.listdir(workdir))}.json")
@@ -85,6 +111,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20000, help="timed steps per launch")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                        help="mlp: 64×32 → 32 → 10 (the default); cnn: a small ResNet-like CNN")
     parser.add_argument("--sides", default="plain,all",
                         help="comma-separated: plain, all (every check), none (--ignore ALL), or check codes; "
                              "SIDE@SRC imports nndoctor from SRC")
@@ -104,7 +132,7 @@ def main() -> None:
             line = ", ".join(f"{s} {runs[s][-1]['wall_s'] / args.steps * 1e6:.1f}/{runs[s][-1]['cpu_s'] / args.steps * 1e6:.1f}"
                              for s in sides)
             print(f"round {r + 1}: µs/step wall/CPU: {line}", flush=True)
-    result: dict = {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+    result: dict = {"model": args.model, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                     "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
                     "torch_threads": 1, "sides": {}}
     plain = runs["plain"]

@@ -1,4 +1,4 @@
-"""The module that was running when the user's code raised: recorded by the forward hooks on the
+"""The module that was running when the user's code raised: recorded by the module-call wrapper on the
 exception path, read by the crash explanation and the ``crash`` event.
 
 Kept in the session's stash (``CRASH_CONTEXT``), so a nested session's crash never describes

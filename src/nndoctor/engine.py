@@ -33,6 +33,21 @@ DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "100"))
 _MAX_INTERNAL_ERRORS = 20
 
 
+class _ProcessId:
+    """``os.getpid()`` read once per process, not once per event: refreshed in a forked child
+    (DataLoader workers), where a session of the parent must stop dispatching."""
+
+    value = os.getpid()
+
+    @classmethod
+    def refresh(cls) -> None:
+        cls.value = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ProcessId.refresh)
+
+
 class StopRun(BaseException):
     """Raised out of ``optimizer.step()`` when ``--max-steps`` is reached.
 
@@ -195,7 +210,7 @@ class Session:
         """Give the event to every check that subscribed to its kind (or to ``route``, a
         subset of them: ``LOSS_FORWARD``); never raise."""
         handlers = (self._handlers if event.sampled else self._every_step).get(route or event.kind)
-        if not handlers or os.getpid() != self.pid:
+        if not handlers or _ProcessId.value != self.pid:
             return
         try:
             # No copy: ``_disable`` replaces the lists instead of changing them.

@@ -28,6 +28,7 @@ def _torch_surface():
         "forward_pre_hooks": len(module_mod._global_forward_pre_hooks),
         "step_pre": len(optimizer_mod._global_optimizer_pre_hooks),
         "step_post": len(optimizer_mod._global_optimizer_post_hooks),
+        "call": nn.Module.__call__,
         "train": nn.Module.train, "zero_grad": torch.optim.Optimizer.zero_grad,
         "module_zero_grad": nn.Module.zero_grad, "backward": torch.Tensor.backward,
         "autograd_backward": torch.autograd.backward, "ce": torch.nn.functional.cross_entropy,

@@ -254,6 +254,64 @@ def test_a_submodule_forward_on_an_unsampled_step_leaves_the_module_stack_empty(
         finish(session, installation, "completed", None)
 
 
+def test_every_check_on_leaves_torch_s_fast_path_to_every_module_call():
+    """Module calls are observed by a wrapper of ``Module.__call__``: once the first forward
+    has run, no global module hook remains (any one sends every module call of every step
+    down torch's slow path), and the wrapper is gone after the run."""
+    from torch.nn.modules import module as module_mod
+
+    original_call = nn.Module.__call__
+    session = Session(full_window=2, sample_every=1000)
+    installation = install(session)
+    try:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
+            optimizer.step()
+        assert nn.Module.__call__ is not original_call
+        assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
+    finally:
+        finish(session, installation, "completed", None)
+    assert nn.Module.__call__ is original_call
+    assert session.step == 4 and not session.report.internal_errors
+
+
+def test_an_exception_caught_inside_a_forward_on_an_unsampled_step_keeps_the_stack_exact():
+    """The wrapper's exception path pops what the failing call pushed, and records the crash
+    context of the innermost module once."""
+    from nndoctor.crash_context import crash_context
+
+    class Fallback(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wrong, self.right = nn.Linear(3, 2), nn.Linear(4, 2)
+
+        def forward(self, x):
+            try:
+                return self.wrong(x)  # shape mismatch: raises inside the submodule
+            except RuntimeError:
+                return self.right(x)
+
+    session = Session(checks=[], full_window=1, sample_every=1000)
+    installation = install(session)
+    try:
+        model = Fallback()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            assert installation._stack == [] and installation._in_loss == 0
+        record = crash_context(session)
+        assert record is not None and record.context["module_qualname"] == "wrong"
+        assert record.context["module_path"] == ["", "wrong"]
+    finally:
+        finish(session, installation, "completed", None)
+    assert not session.report.internal_errors
+
+
 def test_a_handler_that_unsubscribes_itself_is_not_called_again():
     class Once:
         subscriber_name = "once"

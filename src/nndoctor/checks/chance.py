@@ -142,6 +142,7 @@ class LossAtChance(Check):
         self._classes = 0
         self._counts: torch.Tensor | None = None  # per-class target counts, on the loss's device
         self._rows: torch.Tensor | None = None  # (loss, correct, seen) of the steps not read yet
+        self._row_views: tuple[torch.Tensor, ...] = ()
         self._steps: list[tuple[int, int]] = []  # their steps, and the pass each batch came from
         # Passes over the data (ids and counts only): the last pass started per dataset key, the
         # source of the last batch fetched, and the passes that trained per dataset key.
@@ -210,6 +211,7 @@ class LossAtChance(Check):
             self._flush()
             size = 4 * self.session.sample_every + self.session.full_window + 8
             self._rows = torch.zeros(size, 3, dtype=torch.float32, device=output.device)
+            self._row_views = self._rows.unbind()  # made once: indexing per step is an op too
             if self._counts is None or self._counts.device != output.device:
                 counts = torch.zeros(classes, dtype=torch.float64, device=output.device)
                 if self._counts is not None:
@@ -224,17 +226,25 @@ class LossAtChance(Check):
         if counts_on_device is None:
             return
         with torch.no_grad():  # no host sync: every value stays on the device until a sampled step
-            valid = (target != ignore) & (target >= 0) & (target < classes)
-            safe = torch.where(valid, target, torch.zeros_like(target))
-            correct = ((logits.detach().argmax(1) == safe) & valid).sum()
-            row = self._rows[len(self._steps)]
-            loss = output.detach().float().reshape(())
+            # As few kernels as give the same numbers: each is a launch on every training step.
+            # An ignore_index outside [0, classes) (the default -100) is excluded by the range
+            # test already, and an argmax (always in range) never equals an invalid target.
+            ignore_in_range = not isinstance(ignore, int) or 0 <= ignore < classes
+            valid = (target >= 0) & (target < classes)
+            if ignore_in_range:
+                valid &= target != ignore
+            safe = target * valid  # the invalid targets counted (with weight 0) as class 0
+            predicted = logits.argmax(1)  # under no_grad: nothing recorded, no detach needed
+            correct = ((predicted == safe) & valid).sum() if ignore_in_range else (predicted == target).sum()
+            seen = valid.sum()
+            loss = output.float()  # a no-op for float32; half precision would round the counts below
+            if loss.dim():
+                loss = loss.reshape(())
             if event.options.get("reduction", "mean") == "sum":  # Trainer's loss over the items of a batch
-                loss = loss / valid.sum().clamp(min=1)
-            row[0].copy_(loss)
-            row[1].copy_(correct)
-            row[2].copy_(valid.sum())
-            counts_on_device.scatter_add_(0, safe.long(), valid.to(counts_on_device.dtype))
+                loss = loss / seen.clamp(min=1)
+            torch.stack((loss, correct, seen), out=self._row_views[len(self._steps)])
+            index = safe if safe.dtype == torch.int64 else safe.long()
+            counts_on_device.scatter_add_(0, index, valid.to(counts_on_device.dtype))
         self._last_step = event.step
         self._steps.append((event.step, self._training_pass()))
         if not self._classes:
@@ -311,6 +321,7 @@ class LossAtChance(Check):
         self._decided = True
         self._found = None
         self._rows = self._counts = None
+        self._row_views = ()
         self._outcomes.clear()
         self._evaluations.clear()
         self._pending_evaluations.clear()

@@ -267,6 +267,8 @@ class SamplerEpochNotSet(Check):
     def on_step_end(self, event: Any) -> None:
         # A pass counts once it trains: evaluating on the same loader within an epoch (same
         # sampler epoch, no optimizer step) is not an epoch of its own.
+        if not self._pending:  # the usual step: no pass started since the last one
+            return
         for sampler, (epoch, location, passes) in list(self._pending.items()):
             del self._pending[sampler]
             previous = self._trained_epoch.get(sampler)
@@ -472,7 +474,9 @@ class RankDivergence(CrossRankCheck):
             return
         with torch.no_grad():
             norms = torch._foreach_norm([p.detach() for _, p in named])
-            values = torch.stack([n.float() for n in norms]).double().cpu().tolist()
+            # One stack and one conversion (not one .float() per parameter): half precision
+            # converts to double exactly either way, so the values are the same.
+            values = torch.stack(norms).double().cpu().tolist()
         checksums[str(event.step)] = values
         if "param_names" not in data:
             data["param_names"] = [n for n, _ in named]

@@ -159,13 +159,13 @@ class _DeviceSum:
 
     def add(self, loss: torch.Tensor) -> None:
         if loss.device.type == "cpu":
-            self.host_total += loss.detach().item()
+            self.host_total += loss.item()  # item() records nothing for autograd: no detach needed
             self.count += 1
             return
-        value = loss.detach().float()
-        if self.total is None or self.total.device != value.device:
-            self.total = torch.zeros((), dtype=torch.float64, device=value.device)
-        self.total.add_(value)
+        if self.total is None or self.total.device != loss.device:
+            self.total = torch.zeros((), dtype=torch.float64, device=loss.device)
+        with torch.no_grad():  # one kernel: the in-place add promotes to float64 itself
+            self.total.add_(loss.reshape(()) if loss.dim() else loss)
         self.count += 1
 
     def mean_and_reset(self) -> float | None:

@@ -439,8 +439,12 @@ class UnnormalizedInput(Check):
     def on_module_output(self, event: ModuleOutput) -> None:
         self._first.observe(event)
 
+    @sampled_only  # the first layer's input is recorded on sampled steps only
+    @model_forwards_only
     def on_forward(self, event: Forward) -> None:
-        first = self._first.take(event.module) if not event.is_loss else None
+        if not event.sampled or event.is_loss:
+            return
+        first = self._first.take(event.module)
         stats = _model_input(self, event)
         if stats is None and first is not None:
             # Called with keyword arguments only (``model(pixel_values=x)``, as Hugging Face
@@ -764,12 +768,13 @@ class ChannelsLastInput(Check):
         if isinstance(event.module, _ConvNd):
             self._first.observe(event)
 
+    @sampled_only  # the first convolution's input is recorded on sampled steps only
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
-        if event.is_loss:
+        if not event.sampled or event.is_loss:
             return
         first = self._first.take(event.module)
-        if first is None:  # recorded on sampled steps only: nothing else to do on the others
+        if first is None:
             return
         tensor = model_input_tensor(event.inputs, event.kwargs)
         if tensor is None:

@@ -148,7 +148,7 @@ class LossSumAcrossDevices(Check):
                 record.reported = True
                 self._report_all_reduce(record, event)
                 return
-        if not self._reported_dp:
+        if not self._reported_dp and state.gathered:
             found = summed_device_losses(tensor.grad_fn, _scaler_scale(self.session))
             if found is not None and abs(found["devices"] * found["multiplier"] - 1.0) > 1e-6:
                 self._reported_dp = True

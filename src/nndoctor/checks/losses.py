@@ -19,6 +19,7 @@ from nndoctor.initial_loss import (  # noqa: F401 - re-exported for the tests an
     initial_loss_finding,
 )
 from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
+from nndoctor.instrument.stats import cached_item
 from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
     DIVERGING_RATIO,
     DIVERGING_Z,
@@ -585,6 +586,7 @@ class LossNotDecreasing(Check):
     def __init__(self, session) -> None:
         super().__init__(session)
         self._buffer: torch.Tensor | None = None
+        self._slots: tuple[torch.Tensor, ...] = ()  # the buffer's elements, as views
         self._filled = 0
         self._values: list[float] = []
         self._location: Location | None = None
@@ -601,7 +603,7 @@ class LossNotDecreasing(Check):
         if loss.device.type == "cpu" and not self._filled:
             # A CPU loss is read at once (~1 µs, no device to wait for): cheaper than the copy
             # into the buffer that a GPU loss needs to avoid a synchronisation every step.
-            self._values.append(loss.detach().item())
+            self._values.append(cached_item(event, loss))  # item() records nothing for autograd
             self._halve_if_long()
             return
         buffer = self._buffer
@@ -609,9 +611,10 @@ class LossNotDecreasing(Check):
             self._flush()
             size = 4 * self.session.sample_every + self.session.full_window + 8
             buffer = self._buffer = torch.empty(size, dtype=torch.float32, device=loss.device)
+            self._slots = buffer.unbind()
         if self._filled < buffer.numel():  # when full, skip until the next sampled flush
-            with torch.no_grad():
-                buffer[self._filled].copy_(loss.detach().reshape(()))
+            with torch.no_grad():  # one kernel: the slot views are made once, with the buffer
+                self._slots[self._filled].copy_(loss if loss.dim() == 0 else loss.reshape(()))
             self._filled += 1
         if event.sampled:
             self._flush()
@@ -630,7 +633,7 @@ class LossNotDecreasing(Check):
 
     def on_run_end(self, event: RunEnd) -> None:
         self._flush()
-        self._buffer = None
+        self._buffer, self._slots = None, ()
         steps = event.step - (self._first_step or 0)
         if self._most_optimizers > 1 or steps < TREND_MIN_STEPS:
             return

@@ -26,17 +26,19 @@ from nndoctor.instrument.numerics_probe import (
     params_finite,
     probe_state,
 )
+from nndoctor.instrument.stats import cached_item
 from nndoctor.registry import Check, register
 
 
-def scalar_is_finite(tensor: Any) -> bool | None:
+def scalar_is_finite(tensor: Any, event: Any = None) -> bool | None:
     """Finiteness of a loss read without a device sync: None when that needs one (CUDA)."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         return True
     if tensor.device.type != "cpu":
         return None
     if tensor.numel() == 1:
-        return math.isfinite(tensor.item())  # ~1 µs (item() records nothing for autograd)
+        # ~1 µs (item() records nothing for autograd), shared with the event's other readers
+        return math.isfinite(cached_item(event, tensor) if event is not None else tensor.item())
     with torch.no_grad():
         return bool(torch.isfinite(tensor.detach()).all())
 
@@ -243,7 +245,7 @@ class NonfiniteLoss(Check):
     def on_backward(self, event: Backward) -> None:
         if self._done:
             return
-        finite = scalar_is_finite(event.tensor)
+        finite = scalar_is_finite(event.tensor, event)
         if finite is None:
             finite = self._device_check(event)
         if finite is False:

@@ -13,6 +13,7 @@ from typing import Any
 from nndoctor.checks.distributed import CrossRankCheck
 from nndoctor.findings import Finding, Location, Severity
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 
 @register
@@ -71,7 +72,10 @@ class TrainingStalled(Check):
     def on_batch(self, event: Any) -> None:
         self._progress("batch")
 
+    @model_forwards_only  # the loss module's forward follows the model's within microseconds
     def on_forward(self, event: Any) -> None:
+        if event.is_loss:
+            return
         self._progress("forward")
 
     def on_backward_done(self, event: Any) -> None:

@@ -50,6 +50,9 @@ class SummedLoss:
 @dataclass
 class LossSumFacts:
     summed: list[SummedLoss] = field(default_factory=list)
+    # Per-device loss vectors annotated so far: without one, no backward graph can reach one,
+    # and X106 need not walk the graph on every step.
+    gathered: int = 0
 
 
 LOSS_SUM_FACTS = StashKey[LossSumFacts]("losses summed across devices or ranks")
@@ -111,6 +114,7 @@ def install(installation: InstallationProtocol) -> None:
                         vector.grad_fn.metadata[GATHERED_KEY] = {
                             "devices": len(outputs), "shape": list(vector.shape),
                             "path": where.path if where else None, "line": where.line if where else None}
+                        state.gathered += 1
             except Exception as error:  # noqa: BLE001 - observer rule
                 session.internal_error("DataParallel gather record", error)
         return result

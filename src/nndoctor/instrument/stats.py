@@ -303,3 +303,13 @@ def cached_stats(event, key: str, tensor: torch.Tensor | None) -> TensorStats | 
             _RECENT.put(tensor, step, stats)
         cache[key] = stats
     return cache[key]
+
+
+def cached_item(event: Any, tensor: torch.Tensor) -> float:
+    """``tensor.item()`` of a one-element CPU tensor, read once per event: several checks read
+    the same loss on every step (N101 its finiteness, L106 its value)."""
+    cache = event.cache
+    value = cache.get("scalar_item")
+    if value is None or value[0] is not tensor:
+        value = cache["scalar_item"] = (tensor, tensor.item())
+    return value[1]

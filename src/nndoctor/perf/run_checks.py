@@ -11,6 +11,7 @@ from nndoctor.checks._timing import share_in_halves, timing_severity
 from nndoctor.findings import Severity
 from nndoctor.perf.detection import DATA_BOUND_FRACTION, dataparallel_severity, loader_costs_time
 from nndoctor.registry import Check, register
+from nndoctor.subscribers import model_forwards_only
 
 
 def trains_on_accelerator(optimizer: Any) -> bool:
@@ -186,10 +187,13 @@ class DataParallelInUse(Check):
     summary = "nn.DataParallel instead of DistributedDataParallel"
     fix = "use DistributedDataParallel (one process per GPU, launched with torchrun), or a single GPU"
 
+    @model_forwards_only
     def on_forward(self, event: Any) -> None:
+        if event.is_loss:
+            return
         import torch
 
-        if event.is_loss or not isinstance(event.module, torch.nn.DataParallel):
+        if not isinstance(event.module, torch.nn.DataParallel):
             return
         device_ids = list(getattr(event.module, "device_ids", None) or [])
         self.report(

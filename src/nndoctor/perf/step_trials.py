@@ -59,8 +59,8 @@ class StepRunner:
         self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()))
         self.forward = self.model
         if "compile" in self.parts:
-            # In place on our copy: an OptimizedModule wrapper would make the engine's global
-            # module hooks fire twice per call (torch warns about it).
+            # In place on our copy: an OptimizedModule wrapper would add a second module call
+            # (the wrapper's, then the model's) to every forward the engine observes.
             self.model.compile()
 
     @contextlib.contextmanager
