@@ -144,6 +144,8 @@ class Installation:
             return output
 
         _not_a_compiled_frame(module_call)
+        for handler in (Installation._forward_returned, Installation._forward_raised, Installation._pop):
+            _not_a_compiled_frame(handler, callees=False)
         self.patcher.patch(torch.nn.Module, "__call__", module_call)
 
     def _pop(self, module: Any) -> int | None:
@@ -609,12 +611,15 @@ class Installation:
         self.patcher.patch(GradScaler, "scale", scale)
 
 
-def _not_a_compiled_frame(function: Any) -> None:
+def _not_a_compiled_frame(function: Any, *, callees: bool = True) -> None:
     """``torch.compile(model)`` compiles the first frame it enters below ``model.__call__``
     that is not torch's own: with ``Module.__call__`` wrapped, that would be the wrapper, and
     dynamo's records (recompilations, graph breaks) would name nndoctor instead of the user's
-    ``forward``. Dynamo skips this code object as a frame (the frames it calls are compiled as
-    before); where it inlines the wrapper, the wrapper steps aside (``_compiling``)."""
+    ``forward``. Dynamo skips this code object as a frame; with ``callees`` the frames it calls
+    (the user's ``forward``) are compiled as before, without, they are skipped too (nndoctor's
+    own handlers: compiled, they fail inside dynamo — a dataclass event built while tracing a
+    compiled model — and cost compile time for nothing). Where dynamo inlines the wrapper, the
+    wrapper steps aside (``_compiling``)."""
     try:
         from torch._C._dynamo.eval_frame import (
             _FrameAction,
@@ -622,7 +627,8 @@ def _not_a_compiled_frame(function: Any) -> None:
             set_code_exec_strategy,
         )
 
-        set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+        below = _FrameAction.DEFAULT if callees else _FrameAction.SKIP
+        set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP, below))
     except Exception:  # noqa: BLE001 - a torch without this API compiles the wrapper's frame: still correct
         pass
 
