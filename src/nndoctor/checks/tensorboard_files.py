@@ -10,53 +10,21 @@ from __future__ import annotations
 
 import struct
 
+from nndoctor.protowire import fields, signed64
+
 MAX_BYTES = 64 << 20
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while pos < len(data) and shift < 70:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-    raise ValueError("bad varint")
-
-
-def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
-    out: list[tuple[int, int | bytes]] = []
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        wire = key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            out.append((key >> 3, value))
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            out.append((key >> 3, data[pos:pos + length]))
-            pos += length
-        else:
-            raise ValueError("bad wire type")
-    return out
 
 
 def _event_tags_and_step(event: bytes) -> tuple[list[str], int]:
     step = 0
     tags: list[str] = []
-    for number, value in _fields(event):
+    for number, value in fields(event):
         if number == 2 and isinstance(value, int):
-            step = value - (1 << 64) if value >= 1 << 63 else value
+            step = signed64(value)
         elif number == 5 and isinstance(value, bytes):
-            for summary_field, summary_value in _fields(value):
+            for summary_field, summary_value in fields(value):
                 if summary_field == 1 and isinstance(summary_value, bytes):
-                    for value_field, tag in _fields(summary_value):
+                    for value_field, tag in fields(summary_value):
                         if value_field == 1 and isinstance(tag, bytes):
                             tags.append(tag.decode("utf-8", "replace"))
     return tags, step

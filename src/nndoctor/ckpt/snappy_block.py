@@ -12,26 +12,19 @@ output with a 1-, 2- or 4-byte offset (01, 10, 11).
 
 from __future__ import annotations
 
+from nndoctor.protowire import ProtoError, read_varint
+
 
 class SnappyError(ValueError):
     """The block is not valid Snappy data."""
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < len(data) and shift < 35:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-    raise SnappyError("bad uncompressed-length varint")
-
-
 def decompress(data: bytes, max_size: int) -> bytes:
     """The uncompressed bytes of ``data``; SnappyError if invalid or larger than ``max_size``."""
-    size, pos = _varint(data, 0)
+    try:
+        size, pos = read_varint(data, 0)
+    except ProtoError as error:
+        raise SnappyError(f"bad uncompressed-length varint ({error})") from None
     if size > max_size:
         raise SnappyError(f"declares {size} uncompressed bytes (more than {max_size})")
     out = bytearray()
