@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from nndoctor.findings import Location, Severity
-from nndoctor.perf import detection, diagnosis
-from nndoctor.perf.recorder import LoopFacts, PerfConfig
+from nndoctor.perf import detection
+from nndoctor.perf.torch import diagnosis
+from nndoctor.perf.torch.recorder import LoopFacts, PerfConfig
 from nndoctor.perf.session import DeviceInfo, PerfResult, other_gpu_processes
 from nndoctor.perf.timeline import StepRecord, summarize
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from nndoctor.findings import Severity
-from nndoctor.perf.diagnosis import diagnose
-from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.torch.diagnosis import diagnose
+from nndoctor.perf.torch.recorder import PerfConfig
 from nndoctor.perf.session import run_perf
 from nndoctor.runner import Target
 

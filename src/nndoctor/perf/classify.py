@@ -14,7 +14,7 @@ LAUNCH_BOUND = 0.50  # below this, with no data wait, the host is the bottleneck
 # The changes that can help each class, in the order to try them.
 ADVICE_ORDER = {
     "input-bound": ("loader", "parallel-map", "prefetch"),
-    # Keras/TensorFlow (perf/tf_diagnosis.py): the step is either fed in time or not.
+    # Keras/TensorFlow (perf/tf/diagnosis.py): the step is either fed in time or not.
     "compute-bound": ("mixed-precision", "parallel-map", "prefetch"),
     "launch-bound": ("cuda-graphs", "batch-size", "compile", "fused-optimizer", "fewer-syncs", "amp"),
     "gpu-bound": ("amp", "sdpa", "compile", "channels_last", "tf32", "fused-optimizer", "cudnn-benchmark",

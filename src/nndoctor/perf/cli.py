@@ -22,7 +22,7 @@ from typing import Any
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
 from nndoctor.perf.classify import classify_step, order_advice
-from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.torch.recorder import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.schedule import DEFAULT_BUDGET_S
 from nndoctor.perf.session import run_perf
@@ -69,8 +69,8 @@ DDP_WARMUP = 8
 
 
 def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
-    """Findings, step class and advice of a Keras/TensorFlow window (perf/tf_diagnosis.py)."""
-    from nndoctor.perf.tf_diagnosis import classify_tf, median_wait_s, tf_advice, tf_diagnose
+    """Findings, step class and advice of a Keras/TensorFlow window (perf/tf/diagnosis.py)."""
+    from nndoctor.perf.tf.diagnosis import classify_tf, median_wait_s, tf_advice, tf_diagnose
 
     # The perf window's own measurement of the input wait replaces the run-time K106 estimate.
     report.findings = [f for f in report.findings if f.code != "K106"]
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if result.framework == "tensorflow":
         measured, step_class, advised = tensorflow_diagnosis(report, result)
     else:
-        from nndoctor.perf.diagnosis import advice, diagnose  # imports the PyTorch checks
+        from nndoctor.perf.torch.diagnosis import advice, diagnose  # imports the PyTorch checks
 
         measured = diagnose(result)
         if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
@@ -160,7 +160,7 @@ def ranks_of_launch(target) -> tuple[Any, Any]:
     rank = torchrun_rank()
     if rank is None:
         return None, None
-    from nndoctor.perf.ddp_trials import open_channel
+    from nndoctor.perf.torch.ddp_trials import open_channel
 
     return rank, open_channel(rank)
 
@@ -170,7 +170,7 @@ def merge_ranks(report, perf: dict[str, Any], rank, channel, select, ignore):
     section with every rank's step and all-reduce time), the other ranks None."""
     from nndoctor._version import __version__
     from nndoctor.distributed.merge import merge_parts
-    from nndoctor.perf.ddp_trials import gather_final, merge_perf, publish_final, rank_summary
+    from nndoctor.perf.torch.ddp_trials import gather_final, merge_perf, publish_final, rank_summary
 
     part = {"rank": rank.rank, "world_size": rank.world_size, "pid": os.getpid(), "host": socket.gethostname(),
             "report": report.to_json(__version__), "data": {}}

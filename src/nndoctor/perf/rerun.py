@@ -54,7 +54,7 @@ def window_steps(steps: int, step_seconds: float | None) -> int:
     return min(steps * MAX_WINDOW_FACTOR, math.ceil(MIN_WINDOW_S / step_seconds))
 
 
-CHILD = "nndoctor.perf.rerun_child"  # the TensorFlow re-run is nndoctor.perf.tf_rerun_child
+CHILD = "nndoctor.perf.torch.rerun_child"  # the TensorFlow re-run is nndoctor.perf.tf.rerun_child
 
 
 def child_command(target: Any, changes: list[str], warmup: int, steps: int, out: str,

@@ -4,7 +4,7 @@
 stops it cleanly after ``warmup + steps`` optimizer steps, and the recorder's window-end
 callback runs the ``--try`` experiments while the user's objects are still alive (on
 copies, with the instrumentation switched off). The result is a ``PerfResult``; the
-findings are derived from it by ``perf/diagnosis.py``.
+findings are derived from it by ``perf/torch/diagnosis.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 from nndoctor.engine import Session
 from nndoctor.findings import Report
-from nndoctor.perf.recorder import LoopFacts, PerfConfig, PerfRecorder
-from nndoctor.perf.rerun_child import DATA_WAIT_ENV
+from nndoctor.perf.torch.recorder import LoopFacts, PerfConfig, PerfRecorder
+from nndoctor.perf.torch.rerun_child import DATA_WAIT_ENV
 from nndoctor.perf.timeline import Breakdown, summarize
 from nndoctor.registry import enabled_checks
 from nndoctor.runner import Target, run_target
@@ -57,7 +57,7 @@ class PerfResult:
     def to_json(self) -> dict[str, Any]:
         facts = self.facts
         if self.framework == "tensorflow":
-            from nndoctor.perf.tf_diagnosis import tf_json
+            from nndoctor.perf.tf.diagnosis import tf_json
 
             return tf_json(self)
         return {
@@ -91,9 +91,9 @@ class PerfRun:
     announce: Callable[[str], None] = _silent
     recorder: PerfRecorder | None = None
     trials: dict[str, Any] = field(default_factory=dict)
-    tf_recorder: Any = None  # perf/tf_instrument.py's TfStepRecorder, once the script imports TensorFlow
+    tf_recorder: Any = None  # perf/tf/instrument.py's TfStepRecorder, once the script imports TensorFlow
     # Under torchrun: this rank, and the store channel the ranks' re-runs and reports go through
-    # (perf/ddp_trials.py), or why there is none (a str); None on one process.
+    # (perf/torch/ddp_trials.py), or why there is none (a str); None on one process.
     rank: Any = None
     channel: Any = None
 
@@ -125,7 +125,7 @@ class PerfSession(Session):
 
     @property
     def perf_config(self) -> PerfConfig:
-        """``perf/recorder.py`` reads the configuration here."""
+        """``perf/torch/recorder.py`` reads the configuration here."""
         return self.perf.config
 
     def _window_end(self, recorder: PerfRecorder) -> None:
@@ -147,7 +147,7 @@ class PerfSession(Session):
                 follow_trials(run)  # rank 0 decides what is re-run; this rank re-runs it too
                 return
             if run.channel is not None:
-                from nndoctor.perf.ddp_trials import JobRerun
+                from nndoctor.perf.torch.ddp_trials import JobRerun
                 from nndoctor.perf.rerun import CHILD_TIMEOUT_S
 
                 config = run.config
@@ -182,7 +182,7 @@ def _rank_child(run: PerfRun) -> Callable[..., dict[str, Any]]:
 
 
 def follow_trials(run: PerfRun) -> None:
-    from nndoctor.perf.ddp_trials import follow
+    from nndoctor.perf.torch.ddp_trials import follow
     from nndoctor.perf.rerun import CHILD_TIMEOUT_S
 
     started = run.config.started if run.config.started is not None else time.monotonic()
@@ -195,8 +195,8 @@ def follow_trials(run: PerfRun) -> None:
 
 def tensorflow_result(run: PerfRun, session: PerfSession) -> PerfResult:
     """A Keras/TensorFlow window: input wait vs compute per step, and the TF --try re-runs."""
-    from nndoctor.perf.tf_diagnosis import tf_breakdown
-    from nndoctor.perf.tf_trials import tensorflow_trials
+    from nndoctor.perf.tf.diagnosis import tf_breakdown
+    from nndoctor.perf.tf.trials import tensorflow_trials
 
     recorder = run.tf_recorder
     facts = recorder.facts
@@ -217,10 +217,11 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                announce: Callable[[str], None] | None = None,
                results: dict[str, Any] | None = None, job: Any = None) -> dict[str, Any]:
     """The --try trials, into ``results`` (in place) and returned. ``job``: under torchrun, rank 0's
-    re-run of every rank (perf/ddp_trials.py's JobRerun)."""
+    re-run of every rank (perf/torch/ddp_trials.py's JobRerun)."""
     import torch
 
-    from nndoctor.perf import loader_trials, predict, rerun, schedule, step_trials, trials
+    from nndoctor.perf import predict, rerun, schedule, trials
+    from nndoctor.perf.torch import loader_trials, step_trials
 
     results = {} if results is None else results
     results.update({
@@ -285,7 +286,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
         def run_child(changes: list[str]) -> dict[str, Any]:
             env = dict(child_env)
             if cap is not None:
-                from nndoctor.perf.ddp_trials import BUCKET_CAP_ENV
+                from nndoctor.perf.torch.ddp_trials import BUCKET_CAP_ENV
 
                 env[BUCKET_CAP_ENV] = str(cap)
             if job is not None:
@@ -381,7 +382,7 @@ def _confirm_hidden_step_gains(results: dict[str, Any], loader: Any, step: Any, 
     loader's best setting is known, the step changes that measured faster there (undecided,
     loss unchanged) are timed end to end at that setting against the user's step; when they pay
     there, they join the advice as measured that way."""
-    from nndoctor.perf import loader_trials
+    from nndoctor.perf.torch import loader_trials
 
     if not (results.get("step_timing") or {}).get("excludes_data_wait") or step is None:
         return
@@ -411,7 +412,7 @@ def _confirm_hidden_step_gains(results: dict[str, Any], loader: Any, step: Any, 
 
 
 def _loader_cost(config: Any, cuda: bool, loader_config: Any) -> float:
-    from nndoctor.perf import loader_trials
+    from nndoctor.perf.torch import loader_trials
 
     grid = loader_trials.loader_grid(loader_trials.available_cpus(), cuda, loader_config)
     return (len(grid) + 3) * config.try_seconds * 1.5
@@ -499,7 +500,7 @@ def run_perf(target: Target, config: PerfConfig, *, select=(), ignore=(),
     """Run ``target`` under a perf session; the report carries the run-scope P findings.
 
     ``announce`` receives a line for each thing being measured, as it starts. Under torchrun,
-    ``rank`` (distributed/context.py's RankInfo) and ``channel`` (perf/ddp_trials.py) make the
+    ``rank`` (distributed/context.py's RankInfo) and ``channel`` (perf/torch/ddp_trials.py) make the
     trials re-runs of every rank, driven by rank 0."""
     if config.started is None:  # the budget counts from here: the script's own run included
         config = dataclasses.replace(config, started=time.monotonic())

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nndoctor.perf.tf_inject import TF_CHANGES
+from nndoctor.perf.tf.inject import TF_CHANGES
 from nndoctor.perf.trials import TORCH_EQUIVALENTS
 
-TF_CHILD = "nndoctor.perf.tf_rerun_child"
+TF_CHILD = "nndoctor.perf.tf.rerun_child"
 
 
 def split_tries(tries: tuple[str, ...], try_all: bool) -> tuple[tuple[str, ...], dict[str, Any]]:

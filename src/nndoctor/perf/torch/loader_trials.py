@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nndoctor.perf.step_trials import CapturedStep, StepRunner
+from nndoctor.perf.torch.step_trials import CapturedStep, StepRunner
 
 
 def loader_grid(cpu_count: int, cuda: bool, current: dict[str, Any]) -> list[dict[str, Any]]:
@@ -132,7 +132,7 @@ def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_bat
     count batches loaded during start-up. Epochs wrap (workers persist); the window is one
     epoch or a time box (``TimingWindow``).
     """
-    from nndoctor.perf.recorder import _first_tensor
+    from nndoctor.perf.torch.recorder import _first_tensor
 
     setting = dict(setting)
     rebuilt = _rebuild_loader(loader, setting)
@@ -328,7 +328,7 @@ def time_end_to_end(loader: Any, setting: dict[str, Any], runner: StepRunner, st
     ``warmup`` steps run; the clock then covers one epoch when that fits (``TimingWindow``),
     else ``steps`` steps or ``seconds`` once ``min_steps`` ran; the device is synchronised at
     both ends."""
-    from nndoctor.perf.recorder import _first_tensor
+    from nndoctor.perf.torch.recorder import _first_tensor
 
     device = step.device
     non_blocking = bool(setting["pin_memory"]) and device == "cuda"
