@@ -293,6 +293,30 @@ def test_allowed_upward_import_is_still_needed(graph):
     assert not stale, f"no longer imported, remove from ALLOWED_UPWARD: {stale}"
 
 
+PERF_BACKENDS = ("perf.torch", "perf.tf")
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_perf_backends_import_each_other_never_and_neutral_perf_only_lazily(graph):
+    # perf/torch and perf/tf are the frameworks' perf backends (perf/backend.py): neither knows the
+    # other (a TensorFlow run never imports torch), and the framework-neutral perf modules reach
+    # them only inside functions, so importing perf imports no framework's machinery.
+    _, imports = graph
+    crossed = [_where(i) for i in imports for ours, theirs in (PERF_BACKENDS, PERF_BACKENDS[::-1])
+               if _in_package(i.source, ours) and _in_package(i.target, theirs)]
+    assert not crossed, crossed
+    neutral = [_where(i) for i in imports if i.kind == "module" and _in_package(i.source, "perf")
+               and not any(_in_package(i.source, b) for b in PERF_BACKENDS)
+               and any(_in_package(i.target, b) for b in PERF_BACKENDS)]
+    assert not neutral, neutral
+    # The rule has something to check: the neutral session reaches both backends (lazily).
+    assert {b for i in imports if i.source == "perf.session" for b in PERF_BACKENDS if _in_package(i.target, b)} \
+        == set(PERF_BACKENDS)
+
+
 def test_instrumentation_imports_no_check(graph):
     # Instrumentation turns framework activity into events and knows nothing of checks.
     _, imports = graph

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from nndoctor.perf import schedule
-from nndoctor.perf.torch.diagnosis import best_point_advice
 from nndoctor.perf.predict import PlanFacts, amdahl, plan, predict, prediction_text
 from nndoctor.perf.render import trial_lines
+from nndoctor.perf.torch.diagnosis import best_point_advice
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -118,7 +118,7 @@ def test_an_input_bound_gpu_is_idle_but_neither_cuda_graphs_nor_a_larger_batch_c
 def test_the_loader_budget_is_kept_when_it_promises_more_than_every_step_change():
     from types import SimpleNamespace
 
-    from nndoctor.perf.session import _loader_reserve
+    from nndoctor.perf.torch.run_trials import _loader_reserve
 
     config = SimpleNamespace(tries=("amp", "loader"), try_seconds=3.0)
     facts = SimpleNamespace(loader_config={"batch_size": 128, "num_workers": 0, "pin_memory": False})
@@ -343,8 +343,8 @@ def test_predictions_stay_labelled_in_findings_and_html(monkeypatch):
     """A change the budget left out: the finding and the HTML report carry its prediction,
     labelled as one, and the command that measures it."""
     from nndoctor.findings import Report
-    from nndoctor.perf.torch.diagnosis import _measured_advice
     from nndoctor.perf.measured_checks import NoMixedPrecision
+    from nndoctor.perf.torch.diagnosis import _measured_advice
     from nndoctor.report.html import render_html
 
     prediction = predict("amp", gpu_facts())

@@ -5,10 +5,12 @@ import pytest
 
 from nndoctor.findings import Location, Severity
 from nndoctor.perf import detection
-from nndoctor.perf.torch import diagnosis
-from nndoctor.perf.torch.recorder import LoopFacts, PerfConfig
-from nndoctor.perf.session import DeviceInfo, PerfResult, other_gpu_processes
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.timeline import StepRecord, summarize
+from nndoctor.perf.torch import diagnosis
+from nndoctor.perf.torch.recorder import LoopFacts
+from nndoctor.perf.torch.result import DeviceInfo, other_gpu_processes
+from nndoctor.perf.torch.result import TorchPerfResult as PerfResult
 
 
 def test_data_bound_threshold_and_amdahl_bound():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.perf.torch import ddp_comm, ddp_trials
 from nndoctor.perf.predict import NOT_DDP, PlanFacts, predict_ddp
+from nndoctor.perf.torch import ddp_comm, ddp_trials
 from nndoctor.perf.trials import DDP_TRIALS, parse_tries
 from tests import childproc
 

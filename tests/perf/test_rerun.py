@@ -9,7 +9,7 @@ import pytest
 
 from nndoctor.cli import main
 from nndoctor.perf.classify import classify_step, order_advice
-from nndoctor.perf.torch.recorder import PerfConfig
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.rerun import try_changes, window_steps
 from nndoctor.perf.session import run_perf
 from nndoctor.runner import Target

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nndoctor.perf.torch.diagnosis import batch_size_advice
 from nndoctor.perf.render import trial_lines
 from nndoctor.perf.rerun import summarize_batch_sizes, try_changes
+from nndoctor.perf.torch.diagnosis import batch_size_advice
 from nndoctor.perf.torch.sdpa import AttentionTracer, _microbenchmark, outputs_agree, rewrite
 from nndoctor.perf.trials import parse_tries
 from nndoctor.runner import Target

@@ -182,7 +182,7 @@ def test_a_step_change_hidden_by_the_data_wait_is_timed_end_to_end_at_the_best_l
     from types import SimpleNamespace
 
     from nndoctor.perf.torch import loader_trials
-    from nndoctor.perf.session import _confirm_hidden_step_gains
+    from nndoctor.perf.torch.run_trials import _confirm_hidden_step_gains
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))

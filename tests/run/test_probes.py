@@ -15,8 +15,10 @@ from nndoctor.instrument.dropout_probe import DROPOUT_RECORDS
 from nndoctor.instrument.extensions import install, plain_features, torch_features
 from nndoctor.instrument.inputs_probe import TARGET_RANGES, target_range_records
 from nndoctor.instrument.numerics_probe import PROBE_STATE, probe_state
-from nndoctor.perf.torch.recorder import PerfConfig, PerfRecorder
-from nndoctor.perf.session import PerfRun, PerfSession
+from nndoctor.perf.backend import PerfRun
+from nndoctor.perf.config import PerfConfig
+from nndoctor.perf.session import PerfSession
+from nndoctor.perf.torch.recorder import PerfRecorder
 from nndoctor.probes import PROBES
 from nndoctor.registry import Check, all_checks, register
 from nndoctor.stash import Stash, StashKey

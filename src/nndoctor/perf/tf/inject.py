@@ -238,8 +238,8 @@ class TfStepClock:
 class TfRerunSession(Session):
     """The re-run's session: Keras/TF steps arrive through ``count_step`` only (no step events).
 
-    The re-run times the Keras/TF steps of a run whose steps all came from Keras/TF (perf's
-    ``tensorflow_run``), with no check enabled: PyTorch's hooks would only cost the re-run the
+    The re-run times the Keras/TF steps of a run whose steps all came from Keras/TF (the perf
+    ``TfBackend`` measured it), with no check enabled: PyTorch's hooks would only cost the re-run the
     torch import (about 3 s of CPU on a 2-core machine, paid by every re-run)."""
 
     instruments_torch = False

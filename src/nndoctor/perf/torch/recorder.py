@@ -16,29 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndoctor.findings import Location
-from nndoctor.perf.torch.kernel_timeline import MIN_UNPROFILED_WARMUP, PROFILED_STEPS, KernelProfiler
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.timeline import StepRecord
-
-
-@dataclass
-class PerfConfig:
-    warmup: int = 5
-    steps: int = 20
-    tries: tuple[str, ...] = ()
-    # Tensors on these device types count as host-device syncs when read back on the host.
-    # Tests use {"cpu"} as a stand-in for CUDA on machines without a GPU.
-    sync_device_types: frozenset[str] = frozenset({"cuda"})
-    try_seconds: float = 2.0  # time box of one --try loader configuration
-    try_repeats: int = 3  # interleaved re-runs of the script per step change (and of the baseline)
-    try_all: bool = False  # --try all: the other framework's changes are left out silently
-    # --budget: seconds for the whole perf run (the measured window included), counted from
-    # ``started`` (time.monotonic(); None: from the start of the run).
-    budget: float = 300.0
-    started: float | None = None
-
-    @property
-    def last_step(self) -> int:
-        return self.warmup + self.steps
+from nndoctor.perf.torch.kernel_timeline import (
+    MIN_UNPROFILED_WARMUP,
+    PROFILED_STEPS,
+    KernelProfiler,
+)
+from nndoctor.stash import StashKey
 
 
 @dataclass
@@ -119,9 +104,9 @@ class PerfRecorder:
     subscriber_name = "perf recorder"
     needs = frozenset({"perf_timers"})  # perf/torch/instrument.py, installed only for this subscriber
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, config: PerfConfig) -> None:
         self.session = session
-        self.config: PerfConfig = session.perf_config
+        self.config = config
         self.facts = LoopFacts()
         self.records: list[StepRecord] = []
         self.current = StepRecord(step=0)
@@ -482,3 +467,7 @@ def _cuda_event() -> Any:
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
+
+
+# The recorder of a perf session, where perf/torch/instrument.py finds it (perf/torch/backend.py puts it there).
+PERF_RECORDER = StashKey[PerfRecorder]("perf: the PyTorch step recorder")
