@@ -58,4 +58,4 @@ def order_advice(items: list[dict[str, Any]], step_class: str) -> list[dict[str,
     """Advice items with the ones that fit the step's class first (stable otherwise)."""
     order = ADVICE_ORDER.get(step_class, ())
     rank = {name: i for i, name in enumerate(order)}
-    return sorted(items, key=lambda item: rank.get(item.get("change"), len(order)))
+    return sorted(items, key=lambda item: rank.get(item.get("change", ""), len(order)))

@@ -91,7 +91,7 @@ def diagnose(result: Any) -> list[Finding]:
                    f"({b.phases['data'] / b.steps * 1000:.1f} ms of a {ms:.1f} ms step): a loader that "
                    f"kept up would make steps up to {data['max_speedup']:.2f}× faster (Amdahl bound)")
         best = (loader_trial or {}).get("best")
-        if best and (loader_trial or {}).get("speedup"):
+        if loader_trial is not None and best and loader_trial.get("speedup"):
             message += (f"; measured: {_setting(best)} {_rate(loader_trial, best)}, "
                         f"{loader_trial['speedup']:.2f}× the current setting")
         findings.append(InputPipelineBound.finding(message, location=facts.loader_location,

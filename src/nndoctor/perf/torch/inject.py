@@ -204,7 +204,7 @@ class ChangeInjector:
                 applied.append(entry)
             original(sampler_self, sampler, batch_size * factor, drop_last, *args, **kwargs)
 
-        BatchSampler.__init__ = scaled_init
+        setattr(BatchSampler, "__init__", scaled_init)  # noqa: B010 - patching a method: mypy rejects the assignment
         self._undo.append(lambda: setattr(BatchSampler, "__init__", original))
 
 

@@ -47,8 +47,8 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                                         ("batch", recorder.captured_inputs)) if value is None]
     if recorder.captured_target is None:
         missing.append("target")
-    step = None if missing else step_trials.CapturedStep(model, optimizer, loss_fn, recorder.captured_inputs,
-                                                    recorder.captured_target, device)
+    step = None if missing or loss_fn is None else step_trials.CapturedStep(
+        model, optimizer, loss_fn, recorder.captured_inputs, recorder.captured_target, device)
     ddp = getattr(facts, "ddp", None)
     # Under --try all a script without DDP is not told about DDP's settings; asked by name, it is.
     step_tries = tuple(t for t in config.tries if t in trials.STEP_TRIALS
