@@ -1,5 +1,5 @@
 """``--try`` on TensorFlow: the changes injected into a re-run of the user's unchanged script,
-and the clock that times its steps (``python -m nndoctor.perf.torch.rerun_child --framework tensorflow``).
+and the clock that times its steps (``python -m nndoctor.perf.tf.rerun_child``).
 
 * ``prefetch``: a dataset iterated eagerly (``fit``'s epoch iterator, a ``for`` loop) whose
   last stage is not a prefetch is iterated as ``dataset.prefetch(tf.data.AUTOTUNE)``;

@@ -64,11 +64,11 @@ class TorchBackend:
                                trials=self.trials, steps_run=session.step)
 
     def _window_end(self, session: Session, recorder: PerfRecorder) -> None:
-        from nndoctor.perf.torch.run_trials import run_trials
-
         run = self.run
         if not run.config.tries or run.backend() is not self:
             return  # another framework timed the steps: its trials run after the script
+        from nndoctor.perf.torch.run_trials import run_trials
+
         channel = self.channel
         if isinstance(channel, str):  # under torchrun without the store: no re-run could rendezvous
             self.trials.update({name: {"skipped": f"under torchrun every rank re-runs the script together, which "
