@@ -253,7 +253,8 @@ def _capability(cuda: bool) -> tuple[int, int] | None:
         return None
     import torch
 
-    return tuple(torch.cuda.get_device_capability(torch.cuda.current_device()))  # type: ignore[return-value]
+    major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+    return major, minor
 
 
 def _median_step_seconds(recorder: PerfRecorder) -> float | None:
