@@ -105,9 +105,9 @@ def test_register_rejects_a_misspelt_handler():
 
 def test_internal_subscribers_are_not_checks_and_have_no_code():
     from nndoctor.history import HistoryRecorder
-    from nndoctor.perf.inject import ChangeInjector
-    from nndoctor.perf.recorder import PerfRecorder
-    from nndoctor.perf.rerun_child import StepClock
+    from nndoctor.perf.torch.inject import ChangeInjector
+    from nndoctor.perf.torch.recorder import PerfRecorder
+    from nndoctor.perf.torch.rerun_child import StepClock
     from nndoctor.preflight.probe import PreflightProbe
 
     for cls in (HistoryRecorder, ChangeInjector, PerfRecorder, StepClock, PreflightProbe):

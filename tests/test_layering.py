@@ -293,6 +293,30 @@ def test_allowed_upward_import_is_still_needed(graph):
     assert not stale, f"no longer imported, remove from ALLOWED_UPWARD: {stale}"
 
 
+PERF_BACKENDS = ("perf.torch", "perf.tf")
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_perf_backends_import_each_other_never_and_neutral_perf_only_lazily(graph):
+    # perf/torch and perf/tf are the frameworks' perf backends (perf/backend.py): neither knows the
+    # other (a TensorFlow run never imports torch), and the framework-neutral perf modules reach
+    # them only inside functions, so importing perf imports no framework's machinery.
+    _, imports = graph
+    crossed = [_where(i) for i in imports for ours, theirs in (PERF_BACKENDS, PERF_BACKENDS[::-1])
+               if _in_package(i.source, ours) and _in_package(i.target, theirs)]
+    assert not crossed, crossed
+    neutral = [_where(i) for i in imports if i.kind == "module" and _in_package(i.source, "perf")
+               and not any(_in_package(i.source, b) for b in PERF_BACKENDS)
+               and any(_in_package(i.target, b) for b in PERF_BACKENDS)]
+    assert not neutral, neutral
+    # The rule has something to check: the neutral session reaches both backends (lazily).
+    assert {b for i in imports if i.source == "perf.session" for b in PERF_BACKENDS if _in_package(i.target, b)} \
+        == set(PERF_BACKENDS)
+
+
 def test_instrumentation_imports_no_check(graph):
     # Instrumentation turns framework activity into events and knows nothing of checks.
     _, imports = graph
@@ -309,10 +333,10 @@ STRING_IMPORTERS = {
     "catalog_entries": "the generated table names the module of each check (read with ast, not imported)",
     "catalog_update": "imports every family to regenerate the table",
     # Named, not imported in this process:
-    "perf.rerun": "runs `python -m nndoctor.perf.rerun_child` in a subprocess",
-    "perf.rerun_child": "its argparse prog name",
-    "perf.tf_trials": "runs `python -m nndoctor.perf.tf_rerun_child` in a subprocess",
-    "perf.tf_rerun_child": "its argparse prog name",
+    "perf.rerun": "runs `python -m nndoctor.perf.torch.rerun_child` in a subprocess",
+    "perf.torch.rerun_child": "its argparse prog name",
+    "perf.tf.trials": "runs `python -m nndoctor.perf.tf.rerun_child` in a subprocess",
+    "perf.tf.rerun_child": "its argparse prog name",
     "report.html": "reads the report's assets with importlib.resources",
     "explain.base": "EXPLANATION_FAMILIES, the families `nndoctor explain` loads (not the runtime checks: no torch)",
     "perf.warm_launcher": "WARM_CHILDREN, the re-run child its helper process imports and forks",

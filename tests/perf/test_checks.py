@@ -4,10 +4,13 @@ from __future__ import annotations
 import pytest
 
 from nndoctor.findings import Location, Severity
-from nndoctor.perf import detection, diagnosis
-from nndoctor.perf.recorder import LoopFacts, PerfConfig
-from nndoctor.perf.session import DeviceInfo, PerfResult, other_gpu_processes
+from nndoctor.perf import detection
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.timeline import StepRecord, summarize
+from nndoctor.perf.torch import diagnosis
+from nndoctor.perf.torch.recorder import LoopFacts
+from nndoctor.perf.torch.result import DeviceInfo, other_gpu_processes
+from nndoctor.perf.torch.result import TorchPerfResult as PerfResult
 
 
 def test_data_bound_threshold_and_amdahl_bound():

@@ -4,7 +4,7 @@ are run and how the verdicts and the advice follow from the re-runs' timings."""
 from __future__ import annotations
 
 from nndoctor.perf.combine import paying_set, try_combined
-from nndoctor.perf.diagnosis import combined_advice
+from nndoctor.perf.torch.diagnosis import combined_advice
 
 TRIED = ("cuda-graphs", "fused-optimizer", "batch-size")
 

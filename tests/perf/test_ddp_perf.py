@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.perf import ddp_comm, ddp_trials
 from nndoctor.perf.predict import NOT_DDP, PlanFacts, predict_ddp
+from nndoctor.perf.torch import ddp_comm, ddp_trials
 from nndoctor.perf.trials import DDP_TRIALS, parse_tries
 from tests import childproc
 
@@ -59,7 +59,7 @@ def test_gloo_all_reduce_found_in_a_real_profile(one_rank_group):
     from torch.nn.parallel import DistributedDataParallel
     from torch.profiler import ProfilerActivity, profile
 
-    from nndoctor.perf.kernel_timeline import STEP_MARK
+    from nndoctor.perf.torch.kernel_timeline import STEP_MARK
 
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 4)))
     x = torch.randn(8, 32)
@@ -81,7 +81,7 @@ def test_gloo_all_reduce_found_in_a_real_profile(one_rank_group):
 
 
 def test_profiled_ddp_steps_end_two_steps_before_the_window():
-    from nndoctor.perf.recorder import profile_start
+    from nndoctor.perf.torch.recorder import profile_start
 
     assert profile_start(8, ddp=True) == 3  # steps 4-6 profiled, 7 and 8 settle, the window from 9
     assert profile_start(5, ddp=True) == 2  # too short to settle: profiled up to the window, as on one GPU
@@ -294,7 +294,7 @@ def test_cuda_kernels_that_run_after_the_hosts_last_step_still_count():
 def test_a_paying_bucket_cap_is_advised_with_the_cap_it_measured():
     from types import SimpleNamespace
 
-    from nndoctor.perf.diagnosis import advice
+    from nndoctor.perf.torch.diagnosis import advice
 
     trials = {"ddp-bucket-cap": {"speedup": 1.2, "pays_off": True, "noise": 0.01,
                                  "predicted": {"kind": "prediction", "bound": 1.5, "bucket_cap_mb": 50.0}},
@@ -308,7 +308,7 @@ def test_the_profiled_steps_are_read_only_when_analysed(one_rank_group):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from nndoctor.perf.kernel_timeline import KernelProfiler
+    from nndoctor.perf.torch.kernel_timeline import KernelProfiler
 
     model = DistributedDataParallel(torch.nn.Linear(16, 4))
     x = torch.randn(4, 16)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from nndoctor.findings import Severity
-from nndoctor.perf.diagnosis import diagnose
-from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.session import run_perf
+from nndoctor.perf.torch.diagnosis import diagnose
 from nndoctor.runner import Target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

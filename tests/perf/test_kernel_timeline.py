@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from nndoctor.perf.classify import classify_step
-from nndoctor.perf.kernel_timeline import KernelProfiler, idle_breakdown, merge
+from nndoctor.perf.torch.kernel_timeline import KernelProfiler, idle_breakdown, merge
 
 
 def test_overlapping_kernels_count_once():

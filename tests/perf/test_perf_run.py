@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from nndoctor.engine import Session
-from nndoctor.perf.diagnosis import diagnose
-from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.session import run_perf
+from nndoctor.perf.torch.diagnosis import diagnose
 from nndoctor.runner import Target
 
 SCRIPTS = Path(__file__).parent / "scripts"

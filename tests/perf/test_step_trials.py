@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nndoctor.perf.diagnosis import batch_size_advice
 from nndoctor.perf.render import trial_lines
 from nndoctor.perf.rerun import summarize_batch_sizes, try_changes
-from nndoctor.perf.sdpa import AttentionTracer, _microbenchmark, outputs_agree, rewrite
+from nndoctor.perf.torch.diagnosis import batch_size_advice
+from nndoctor.perf.torch.sdpa import AttentionTracer, _microbenchmark, outputs_agree, rewrite
 from nndoctor.perf.trials import parse_tries
 from nndoctor.runner import Target
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from nndoctor.perf.render import breakdown_lines, trial_lines
-from nndoctor.perf.tf_diagnosis import classify_tf, tf_breakdown
-from nndoctor.perf.tf_trials import split_tries
+from nndoctor.perf.tf.diagnosis import classify_tf, tf_breakdown
+from nndoctor.perf.tf.trials import split_tries
 from nndoctor.perf.timeline import StepRecord
 from nndoctor.perf.trials import parse_tries
 from tests import childproc

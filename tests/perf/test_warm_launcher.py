@@ -73,7 +73,7 @@ def test_disabled_or_unknown_children_run_in_a_fresh_process(tmp_path, monkeypat
     assert not warm_launcher.enabled(CHILD)  # only the torch re-run child is forked
     monkeypatch.setenv("NNDOCTOR_TRY_WARM", "0")
     monkeypatch.setenv("PYTHONPATH", _env_with_tests()["PYTHONPATH"])
-    assert not warm_launcher.enabled("nndoctor.perf.rerun_child")
+    assert not warm_launcher.enabled("nndoctor.perf.torch.rerun_child")
     out, log = tmp_path / "out.json", tmp_path / "log.txt"
     code = _launch([sys.executable, "-m", CHILD, "return", str(out)], CHILD, str(tmp_path), str(log))
     assert code == 5 and json.loads(out.read_text())["torch_loaded"] is False

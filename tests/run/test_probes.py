@@ -15,8 +15,10 @@ from nndoctor.instrument.dropout_probe import DROPOUT_RECORDS
 from nndoctor.instrument.extensions import install, plain_features, torch_features
 from nndoctor.instrument.inputs_probe import TARGET_RANGES, target_range_records
 from nndoctor.instrument.numerics_probe import PROBE_STATE, probe_state
-from nndoctor.perf.recorder import PerfConfig, PerfRecorder
-from nndoctor.perf.session import PerfRun, PerfSession
+from nndoctor.perf.backend import PerfRun
+from nndoctor.perf.config import PerfConfig
+from nndoctor.perf.session import PerfSession
+from nndoctor.perf.torch.recorder import PerfRecorder
 from nndoctor.probes import PROBES
 from nndoctor.registry import Check, all_checks, register
 from nndoctor.stash import Stash, StashKey
@@ -195,7 +197,7 @@ def test_a_tensorflow_rerun_session_installs_no_torch_hook():
     """A TensorFlow ``perf --try`` re-run times Keras/TF steps only: it installs what a run
     without torch installs, and leaves torch's functions untouched."""
     from nndoctor.instrument.plain import PlainInstallation
-    from nndoctor.perf.tf_inject import TfRerunSession
+    from nndoctor.perf.tf.inject import TfRerunSession
 
     before = (F.cross_entropy, torch.optim.Optimizer.step, torch.Tensor.item)
     installation = install(TfRerunSession(checks=[]))

@@ -28,7 +28,7 @@ def torch_available() -> bool:
 def plain_features() -> tuple[Feature, ...]:
     """Features that need no PyTorch: each patches Keras / tf.data only once the script imports it."""
     from nndoctor.keras import instrument as keras_instrument
-    from nndoctor.perf import tf_instrument as perf_tf_instrument
+    from nndoctor.perf.tf import instrument as perf_tf_instrument
     from nndoctor.tfdata import instrument as tfdata_instrument
 
     return (
@@ -59,7 +59,7 @@ def torch_features() -> tuple[Feature, ...]:
         training_probe,
         warning_relay,
     )
-    from nndoctor.perf import instrument as perf_instrument
+    from nndoctor.perf.torch import instrument as perf_instrument
 
     return (
         # D107: the class-target range, read before cross_entropy / nll_loss runs

@@ -14,7 +14,7 @@ LAUNCH_BOUND = 0.50  # below this, with no data wait, the host is the bottleneck
 # The changes that can help each class, in the order to try them.
 ADVICE_ORDER = {
     "input-bound": ("loader", "parallel-map", "prefetch"),
-    # Keras/TensorFlow (perf/tf_diagnosis.py): the step is either fed in time or not.
+    # Keras/TensorFlow (perf/tf/diagnosis.py): the step is either fed in time or not.
     "compute-bound": ("mixed-precision", "parallel-map", "prefetch"),
     "launch-bound": ("cuda-graphs", "batch-size", "compile", "fused-optimizer", "fewer-syncs", "amp"),
     "gpu-bound": ("amp", "sdpa", "compile", "channels_last", "tf32", "fused-optimizer", "cudnn-benchmark",
@@ -58,4 +58,4 @@ def order_advice(items: list[dict[str, Any]], step_class: str) -> list[dict[str,
     """Advice items with the ones that fit the step's class first (stable otherwise)."""
     order = ADVICE_ORDER.get(step_class, ())
     rank = {name: i for i, name in enumerate(order)}
-    return sorted(items, key=lambda item: rank.get(item.get("change"), len(order)))
+    return sorted(items, key=lambda item: rank.get(item.get("change", ""), len(order)))

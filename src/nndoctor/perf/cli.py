@@ -21,8 +21,9 @@ from typing import Any
 
 from nndoctor.cli import add_common_options
 from nndoctor.errors import UsageError
-from nndoctor.perf.classify import classify_step, order_advice
-from nndoctor.perf.recorder import PerfConfig
+from nndoctor.perf.backend import replace_estimates
+from nndoctor.perf.classify import order_advice
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.render import breakdown_lines, trial_lines
 from nndoctor.perf.schedule import DEFAULT_BUDGET_S
 from nndoctor.perf.session import run_perf
@@ -68,15 +69,6 @@ DEFAULT_WARMUP = 5
 DDP_WARMUP = 8
 
 
-def tensorflow_diagnosis(report, result) -> tuple[list, dict, list]:
-    """Findings, step class and advice of a Keras/TensorFlow window (perf/tf_diagnosis.py)."""
-    from nndoctor.perf.tf_diagnosis import classify_tf, median_wait_s, tf_advice, tf_diagnose
-
-    # The perf window's own measurement of the input wait replaces the run-time K106 estimate.
-    report.findings = [f for f in report.findings if f.code != "K106"]
-    return tf_diagnose(result), classify_tf(result.breakdown, median_wait_s(result), result.tf_facts.fetches), tf_advice(result)
-
-
 def run(args: argparse.Namespace) -> int:
     target = target_from_args(args)
     if args.warmup is None:
@@ -109,22 +101,14 @@ def run(args: argparse.Namespace) -> int:
         report, result = run_perf(target, config, select=select, ignore=ignore, announce=announce,
                                   rank=rank, channel=channel)
     channel = None if isinstance(channel, str) else channel
-    if result.framework == "tensorflow":
-        measured, step_class, advised = tensorflow_diagnosis(report, result)
-    else:
-        from nndoctor.perf.diagnosis import advice, diagnose  # imports the PyTorch checks
-
-        measured = diagnose(result)
-        if any(f.code == "P102" for f in measured):  # the measurement replaces the run-time estimate
-            report.findings = [f for f in report.findings if f.code != "P102"]
-        step_class = classify_step(result.breakdown.fraction("data"), result.breakdown.gpu_busy_fraction,
-                                   result.device.cuda, kernel=result.facts.kernel_timeline)
-        advised = advice(result)
-    for finding in measured:
+    diagnosis = result.diagnose()
+    replace_estimates(report, diagnosis)
+    for finding in diagnosis.findings:
         report.add(finding)
     filter_findings(report, select, ignore)
+    step_class = diagnosis.step_class
     report.extra["perf"] = {**result.to_json(), "step_class": step_class,
-                            "advice": order_advice(advised, step_class["class"])}
+                            "advice": order_advice(diagnosis.advice, step_class["class"])}
     perf = report.extra["perf"]
     interrupted = signals.received or ("SIGINT" if (perf.get("trials") or {}).get("interrupted") or
                                         report.status == "interrupted" else None)
@@ -160,7 +144,7 @@ def ranks_of_launch(target) -> tuple[Any, Any]:
     rank = torchrun_rank()
     if rank is None:
         return None, None
-    from nndoctor.perf.ddp_trials import open_channel
+    from nndoctor.perf.torch.ddp_trials import open_channel
 
     return rank, open_channel(rank)
 
@@ -170,7 +154,7 @@ def merge_ranks(report, perf: dict[str, Any], rank, channel, select, ignore):
     section with every rank's step and all-reduce time), the other ranks None."""
     from nndoctor._version import __version__
     from nndoctor.distributed.merge import merge_parts
-    from nndoctor.perf.ddp_trials import gather_final, merge_perf, publish_final, rank_summary
+    from nndoctor.perf.torch.ddp_trials import gather_final, merge_perf, publish_final, rank_summary
 
     part = {"rank": rank.rank, "world_size": rank.world_size, "pid": os.getpid(), "host": socket.gethostname(),
             "report": report.to_json(__version__), "data": {}}

@@ -1,7 +1,7 @@
 """The perf checks' thresholds and detection math: pure functions over measured numbers.
 
 Shared by the run-scope checks (``run_checks``) and by ``diagnosis``, which derives the
-perf-scope findings from a finished ``PerfResult``; tests call them directly.
+perf-scope findings from a finished ``TorchPerfResult``; tests call them directly.
 """
 
 from __future__ import annotations

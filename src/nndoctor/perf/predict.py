@@ -41,7 +41,7 @@ class PlanFacts:
     attention: dict[str, Any] | None = None
     tf32_matmul: bool = False
     loader_batch_size: int | None = None
-    # DistributedDataParallel (perf/ddp_comm.py): settings and all-reduce time; None without DDP.
+    # DistributedDataParallel (perf/torch/ddp_comm.py): settings and all-reduce time; None without DDP.
     ddp: dict[str, Any] | None = None
     communication: dict[str, Any] | None = None
     backwards_per_step: float | None = None
@@ -225,7 +225,7 @@ def predict_ddp(change: str, f: Any) -> dict[str, Any]:
         return _prediction(None, f"{why}; it needs the same parameters used every step (the re-run fails "
                                  "otherwise, and says so)")
     if change == "ddp-bucket-cap":
-        from nndoctor.perf.ddp_comm import bucket_cap_for
+        from nndoctor.perf.torch.ddp_comm import bucket_cap_for
 
         cap = bucket_cap_for(ddp)
         if ddp["gradient_mb"] <= ddp["bucket_cap_mb"]:

@@ -47,7 +47,7 @@ def breakdown_lines(perf: dict[str, Any]) -> list[str]:
     elif kernel.get("error"):
         lines.append(f"kernel timeline: not measured ({kernel['error']})")
     if perf.get("ddp"):
-        from nndoctor.perf.ddp_comm import comm_lines
+        from nndoctor.perf.torch.ddp_comm import comm_lines
 
         lines += comm_lines(perf)
     if perf.get("peak_memory_bytes"):

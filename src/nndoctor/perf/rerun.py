@@ -54,7 +54,7 @@ def window_steps(steps: int, step_seconds: float | None) -> int:
     return min(steps * MAX_WINDOW_FACTOR, math.ceil(MIN_WINDOW_S / step_seconds))
 
 
-CHILD = "nndoctor.perf.rerun_child"  # the TensorFlow re-run is nndoctor.perf.tf_rerun_child
+CHILD = "nndoctor.perf.torch.rerun_child"  # the TensorFlow re-run is nndoctor.perf.tf.rerun_child
 
 
 def child_command(target: Any, changes: list[str], warmup: int, steps: int, out: str,
@@ -240,14 +240,15 @@ def summarize_batch_sizes(runs: dict[str, list[dict[str, Any]]], factors: tuple[
     rows = [_row(runs["baseline"], 1, base_size)]
     for k in factors:
         done = runs[f"batch-size={k}"]
+        size = sizes[k]
         if not done:
             rows.append({"factor": k, "batch_size": base_size * k if base_size else None,
                          "error": "not tried: a smaller batch already did not fit or failed"})
         elif any("error" in r for r in done):
-            rows.append({"factor": k, "batch_size": sizes[k][1] if sizes[k] else None,
+            rows.append({"factor": k, "batch_size": size[1] if size else None,
                          "error": next(r["error"] for r in done if "error" in r)})
-        elif sizes[k] is not None:
-            rows.append(_row(done, k, sizes[k][1]))
+        elif size is not None:
+            rows.append(_row(done, k, size[1]))
     if base_size is None or not rows[0]["samples_per_s"]:
         return {"skipped": "the batches do not come from a torch DataLoader/BatchSampler whose batch_size could "
                            "be changed (e.g. tensors made in the loop)", "sizes": rows}

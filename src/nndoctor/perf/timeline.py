@@ -97,7 +97,7 @@ def summarize(records: list[StepRecord]) -> Breakdown:
         for name, seconds in record.phases.items():
             phases[name] += seconds
         phases["other"] += record.other
-    gpu_steps = [r for r in records if r.gpu_busy is not None]
+    gpu_steps = [(r.gpu_busy, r.wall) for r in records if r.gpu_busy is not None]
     return Breakdown(
         steps=len(records),
         wall=sum(r.wall for r in records),
@@ -105,8 +105,8 @@ def summarize(records: list[StepRecord]) -> Breakdown:
         syncs=sum(r.syncs for r in records),
         samples=sum(r.samples for r in records),
         step_times=[r.wall for r in records],
-        gpu_busy=sum(r.gpu_busy for r in gpu_steps) if gpu_steps else None,
-        gpu_wall=sum(r.wall for r in gpu_steps) if gpu_steps else None,
+        gpu_busy=sum(busy for busy, _ in gpu_steps) if gpu_steps else None,
+        gpu_wall=sum(wall for _, wall in gpu_steps) if gpu_steps else None,
     )
 
 

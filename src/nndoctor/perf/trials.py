@@ -17,12 +17,12 @@ streams are left as they were (``torch.random.fork_rng``).
 
 from __future__ import annotations
 
-# DistributedDataParallel's own settings, under torchrun (perf/ddp_trials.py): every rank's
+# DistributedDataParallel's own settings, under torchrun (perf/torch/ddp_trials.py): every rank's
 # re-run gets the change in its DistributedDataParallel(...) call.
 DDP_TRIALS = ("ddp-bucket-view", "ddp-static-graph", "ddp-bucket-cap", "ddp-no-sync")
 STEP_TRIALS = ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
                "cuda-graphs", "batch-size", *DDP_TRIALS)
-# Keras/TensorFlow changes (perf/tf_inject.py); ``amp`` means mixed-precision there.
+# Keras/TensorFlow changes (perf/tf/inject.py); ``amp`` means mixed-precision there.
 TF_TRIALS = ("prefetch", "parallel-map", "mixed-precision")
 ALL_TRIALS = ("loader", *STEP_TRIALS, *TF_TRIALS)
 # What a PyTorch change asked of a TensorFlow script would be there (and the reverse).

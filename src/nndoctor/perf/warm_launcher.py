@@ -3,7 +3,7 @@
 A perf run re-runs the user's script 10–30 times (the baseline and every change, repeated), and a
 fresh Python pays the torch import each time: 1–5 s, more than the measured window of a small
 model. This launcher starts one helper process that imports torch and the re-run child once, then
-forks a copy of itself per re-run. The fork runs exactly what ``python -m nndoctor.perf.rerun_child``
+forks a copy of itself per re-run. The fork runs exactly what ``python -m nndoctor.perf.torch.rerun_child``
 would (same arguments, working directory, environment, stdin from /dev/null, stdout and stderr
 into the log) and exits with its status.
 
@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 # Only children whose imports are fork-safe are forked (TensorFlow starts threads at import).
-WARM_CHILDREN = frozenset({"nndoctor.perf.rerun_child"})
+WARM_CHILDREN = frozenset({"nndoctor.perf.torch.rerun_child"})
 _START_TIMEOUT_S = 300.0
 
 _launchers: dict[tuple[str, str], WarmLauncher] = {}

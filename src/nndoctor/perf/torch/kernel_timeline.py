@@ -79,7 +79,7 @@ class KernelProfiler:
     the perf recorder's step-end handler)."""
 
     steps: int = PROFILED_STEPS
-    # Also measure DDP's all-reduce: ``comm(events, STEP_MARK)`` (perf/ddp_comm.py's
+    # Also measure DDP's all-reduce: ``comm(events, STEP_MARK)`` (perf/torch/ddp_comm.py's
     # comm_from_events), on CPU (gloo) too, where no kernel runs.
     comm: Any = None
     cuda: bool = True

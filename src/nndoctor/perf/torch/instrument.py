@@ -17,16 +17,20 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nndoctor.perf.torch.recorder import PERF_RECORDER, PerfRecorder
 from nndoctor.user_code import user_location
+
+if TYPE_CHECKING:
+    # The concrete PyTorch installation: the forward-start hook reads its module-call stack.
+    from nndoctor.instrument.torch_hooks import Installation
 
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
 
-def install(installation: Any) -> None:
-    run = getattr(installation.session, "perf", None)  # a PerfSession's PerfRun
-    recorder = run.recorder if run is not None else None
+def install(installation: Installation) -> None:
+    recorder = installation.session.stash.get(PERF_RECORDER, None)  # only a perf session has one
     if recorder is None:
         return
     _install_forward_start(installation, recorder)
@@ -34,11 +38,11 @@ def install(installation: Any) -> None:
     _patch_copies(installation, recorder)
 
 
-def _live(installation: Any, recorder: Any) -> bool:
+def _live(installation: Installation, recorder: PerfRecorder) -> bool:
     return installation.session.active and not recorder.window_done
 
 
-def _install_forward_start(installation: Any, recorder: Any) -> None:
+def _install_forward_start(installation: Installation, recorder: PerfRecorder) -> None:
     from torch.nn.modules import module as module_mod
 
     stack = installation._stack
@@ -53,7 +57,7 @@ def _install_forward_start(installation: Any, recorder: Any) -> None:
     installation.patcher.on_undo(handle.remove)
 
 
-def _patch_syncs(installation: Any, recorder: Any) -> None:
+def _patch_syncs(installation: Installation, recorder: PerfRecorder) -> None:
     import torch
 
     device_types = recorder.config.sync_device_types
@@ -91,7 +95,7 @@ def _patch_syncs(installation: Any, recorder: Any) -> None:
     installation.patcher.patch(torch.cuda, "synchronize", synchronize)
 
 
-def _patch_copies(installation: Any, recorder: Any) -> None:
+def _patch_copies(installation: Installation, recorder: PerfRecorder) -> None:
     import torch
 
     device_types = recorder.config.sync_device_types

@@ -8,7 +8,7 @@ modules whose hand-written attention that forward ran compiled with the SDPA rew
 exists), the construction of batch samplers (``batch-size=K``: every ``BatchSampler``, the
 one a ``DataLoader(batch_size=…)`` builds included, draws K times as many samples), or
 process-wide flags at start (TF32, cuDNN autotuning), or the ``DistributedDataParallel(...)``
-call (DDP's settings, ``perf/ddp_trials.py``).
+call (DDP's settings, ``perf/torch/ddp_trials.py``).
 Nothing about the step's shape is assumed — dict or tuple batches, reshapes and casts
 between model and loss, losses computed inside the model, several models and optimizers —
 because the user's loop runs as written.
@@ -80,12 +80,12 @@ class ChangeInjector:
             self._scale_batch_samplers(factor)
         self._ddp: Any = None
         if any(change.startswith("ddp-") for change in self.changes):
-            from nndoctor.perf.ddp_trials import DdpInjection
+            from nndoctor.perf.torch.ddp_trials import DdpInjection
 
             self._ddp = DdpInjection(self.changes, self.applied, self.notes)
             self._undo.append(self._ddp.undo)
         if "sdpa" in self.changes:
-            from nndoctor.perf.sdpa import AttentionTracer
+            from nndoctor.perf.torch.sdpa import AttentionTracer
 
             self._tracer = AttentionTracer()
             self._arm_tracer()
@@ -169,7 +169,7 @@ class ChangeInjector:
         a module compiled inside an outer torch.compile would be inlined, its rewrite lost."""
         import torch
 
-        from nndoctor.perf.sdpa import SdpaRewriter
+        from nndoctor.perf.torch.sdpa import SdpaRewriter
 
         self._tracer.stop()
         names = {id(m): n for n, m in root.named_modules()}
@@ -204,7 +204,7 @@ class ChangeInjector:
                 applied.append(entry)
             original(sampler_self, sampler, batch_size * factor, drop_last, *args, **kwargs)
 
-        BatchSampler.__init__ = scaled_init
+        setattr(BatchSampler, "__init__", scaled_init)  # noqa: B010 - patching a method: mypy rejects the assignment
         self._undo.append(lambda: setattr(BatchSampler, "__init__", original))
 
 

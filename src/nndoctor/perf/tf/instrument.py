@@ -2,7 +2,8 @@
 
 Steps are the ones the Keras/TF instrumentation already counts (``fit``'s callback,
 ``apply_gradients`` in custom loops, eager or inside ``tf.function``): the perf session hears
-each one through ``PerfSession.count_step`` and the ``TfStepRecorder`` closes a step there.
+each one through ``PerfSession.count_step`` (``TfBackend.step_counted``) and the ``TfStepRecorder``
+closes a step there.
 The input wait is the time spent in the ``tf.data`` iterator's ``__next__`` since the last
 step. Keras's compiled train function fetches its batch inside the graph, where nothing can
 be timed, so in a perf session (only there) it is given the batch fetched eagerly instead —
@@ -17,12 +18,16 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Location
 from nndoctor.perf.timeline import StepRecord
+from nndoctor.stash import StashKey
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.user_code import user_location
+
+if TYPE_CHECKING:
+    from nndoctor.instrument.installation import InstallationProtocol
 
 TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 
@@ -92,8 +97,12 @@ def _batch_size(element: Any) -> int:
         return 0
 
 
+# The step recorder of a perf session, where ``install`` finds it (perf/tf/backend.py puts it there).
+TF_STEP_RECORDER = StashKey[TfStepRecorder]("perf: the Keras/TensorFlow step recorder")
+
+
 class TfPerfPatches:
-    def __init__(self, installation: Any, recorder: TfStepRecorder) -> None:
+    def __init__(self, installation: InstallationProtocol, recorder: TfStepRecorder) -> None:
         self.installation = installation
         self.session = installation.session
         self.recorder = recorder
@@ -188,11 +197,9 @@ def _eager_fetch(function: Any, model: Any, patches: TfPerfPatches, owned_iterat
     return train_function
 
 
-def install(installation: Any) -> None:
-    run = getattr(installation.session, "perf", None)  # a PerfSession's PerfRun
-    if run is None or not hasattr(run, "tf_recorder"):
+def install(installation: InstallationProtocol) -> None:
+    recorder = installation.session.stash.get(TF_STEP_RECORDER, None)  # only a perf session has one
+    if recorder is None:
         return
-    config = run.config
-    run.tf_recorder = TfStepRecorder(config.warmup, config.last_step)
-    patches = TfPerfPatches(installation, run.tf_recorder)
+    patches = TfPerfPatches(installation, recorder)
     when_imported("tensorflow", lambda tf: patches._guard(lambda: patches.patch_tensorflow(tf)), installation.patcher)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nndoctor.perf.kernel_timeline import Interval, merge
+from nndoctor.perf.torch.kernel_timeline import Interval, merge
 
 
 def _length(intervals: list[Interval]) -> float:

@@ -175,7 +175,8 @@ def _is(node: Any, names: set[str]) -> bool:
 
 def _ndim(node: Any) -> int | None:
     value = node.meta.get("example_value", node.meta.get("val")) if hasattr(node, "meta") else None
-    return value.dim() if hasattr(value, "dim") else None
+    dim = getattr(value, "dim", None)
+    return dim() if dim is not None else None
 
 
 def _last_two(dims: tuple[Any, ...], ndim: int | None) -> bool:

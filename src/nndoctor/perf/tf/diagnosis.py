@@ -1,5 +1,5 @@
 """``nndoctor perf`` on Keras/TensorFlow: the breakdown (input wait vs compute), the step class,
-the findings and the advice, from a finished ``PerfResult`` whose ``framework`` is "tensorflow".
+the findings and the advice, from a finished ``TfPerfResult`` (``perf/tf/backend.py``).
 
 The JSON has the keys of the PyTorch perf (``window``, ``breakdown`` with ``phases_s`` and
 ``fractions``, ``device``, ``trials``, ``step_class``, ``advice``) plus ``framework`` and
@@ -11,7 +11,7 @@ a measured mixed-precision gain on a GPU as P105. Nothing here imports TensorFlo
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Finding, Severity
 from nndoctor.perf.classify import INPUT_BOUND
@@ -19,6 +19,9 @@ from nndoctor.perf.detection import data_bound, trial_outcome
 from nndoctor.perf.measured_checks import NoMixedPrecision
 from nndoctor.perf.timeline import Breakdown, StepRecord
 from nndoctor.tfdata.checks import MIN_MEDIAN_WAIT_MS, TfDataInputBound
+
+if TYPE_CHECKING:
+    from nndoctor.perf.tf.backend import TfPerfResult
 
 INPUT_CHANGES = ("prefetch", "parallel-map")
 
@@ -30,9 +33,9 @@ def tf_breakdown(records: list[StepRecord]) -> Breakdown:
                      gpu_busy=None, gpu_wall=None)
 
 
-def median_wait_s(result: Any) -> float:
+def median_wait_s(result: TfPerfResult) -> float:
     """The median step's input wait: a few slow fetches (an epoch's first) do not make a pipeline slow."""
-    waits = result.tf_facts.waits
+    waits = result.facts.waits
     return statistics.median(waits) if waits else 0.0
 
 
@@ -51,13 +54,13 @@ def classify_tf(breakdown: Breakdown, median_wait: float, fetches: int = 1) -> d
                       "bounds it (mixed precision on a GPU, a larger batch, XLA)"}
 
 
-def tf_json(result: Any) -> dict[str, Any]:
-    facts = result.tf_facts
+def tf_json(result: TfPerfResult) -> dict[str, Any]:
+    facts = result.facts
     return {
         "framework": "tensorflow",
         "window": {"warmup": result.config.warmup, "steps": result.config.steps, "measured": result.breakdown.steps},
         "breakdown": result.breakdown.to_json(),
-        "device": {"name": result.device.name, "capability": None, "other_processes": [], "nvml": "not used"},
+        "device": {"name": result.device_name, "capability": None, "other_processes": [], "nvml": "not used"},
         "peak_memory_bytes": None,
         "kernel_timeline": None,
         "loader": {},
@@ -89,8 +92,8 @@ def _measured(trials: dict[str, Any], name: str) -> str:
     return f"not measured: run nndoctor perf --try {name}"
 
 
-def tf_diagnose(result: Any) -> list[Finding]:
-    b, facts, trials = result.breakdown, result.tf_facts, result.trials
+def tf_diagnose(result: TfPerfResult) -> list[Finding]:
+    b, facts, trials = result.breakdown, result.facts, result.trials
     findings: list[Finding] = []
     if not b.steps:
         return findings
@@ -111,7 +114,7 @@ def tf_diagnose(result: Any) -> list[Finding]:
     outcome = trial_outcome(trials, "mixed-precision")
     if facts.gpus and "mixed" not in facts.policy:
         if outcome is None or outcome.get("pays_off"):
-            claim = f"float32 Keras training ({facts.policy or 'float32'} policy) on {result.device.name}"
+            claim = f"float32 Keras training ({facts.policy or 'float32'} policy) on {result.device_name}"
             severity = Severity.WARNING if outcome else Severity.INFO
             findings.append(NoMixedPrecision.finding(
                 f"{claim}; " + _measured(trials, "mixed-precision"), location=facts.iterated_at, severity=severity,
@@ -120,7 +123,7 @@ def tf_diagnose(result: Any) -> list[Finding]:
     return findings
 
 
-def tf_advice(result: Any) -> list[dict[str, Any]]:
+def tf_advice(result: TfPerfResult) -> list[dict[str, Any]]:
     items = []
     for name in (*INPUT_CHANGES, "mixed-precision"):
         outcome = trial_outcome(result.trials, name)

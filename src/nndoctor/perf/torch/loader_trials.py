@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nndoctor.perf.step_trials import CapturedStep, StepRunner
+from nndoctor.perf.torch.step_trials import CapturedStep, StepRunner
 
 
 def loader_grid(cpu_count: int, cuda: bool, current: dict[str, Any]) -> list[dict[str, Any]]:
@@ -103,11 +103,12 @@ class TimingWindow:
         self.whole_epoch = self.per_epoch is not None
 
     def done(self, count: int, elapsed: float) -> bool:
-        if self.whole_epoch:
-            if count >= self.per_epoch:
+        per_epoch = self.per_epoch
+        if self.whole_epoch and per_epoch is not None:  # whole_epoch is only ever set with per_epoch
+            if count >= per_epoch:
                 return True
             if elapsed >= self.seconds and count >= self.min_count:
-                projected = elapsed * self.per_epoch / count
+                projected = elapsed * per_epoch / count
                 if projected > self.EPOCH_STRETCH * self.seconds:
                     self.whole_epoch = False  # too long: fall back to the time box
                     return True
@@ -132,7 +133,7 @@ def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_bat
     count batches loaded during start-up. Epochs wrap (workers persist); the window is one
     epoch or a time box (``TimingWindow``).
     """
-    from nndoctor.perf.recorder import _first_tensor
+    from nndoctor.perf.torch.recorder import _first_tensor
 
     setting = dict(setting)
     rebuilt = _rebuild_loader(loader, setting)
@@ -158,6 +159,7 @@ def time_loader(loader: Any, setting: dict[str, Any], *, seconds: float, max_bat
             tensor = _first_tensor(batch)
             samples += int(tensor.shape[0]) if tensor is not None and tensor.dim() else 1
             batches += 1
+            assert t0 is not None  # set by the first fetches, which are not timed
             if window.done(batches, now - t0):
                 done = True
                 break
@@ -328,7 +330,7 @@ def time_end_to_end(loader: Any, setting: dict[str, Any], runner: StepRunner, st
     ``warmup`` steps run; the clock then covers one epoch when that fits (``TimingWindow``),
     else ``steps`` steps or ``seconds`` once ``min_steps`` ran; the device is synchronised at
     both ends."""
-    from nndoctor.perf.recorder import _first_tensor
+    from nndoctor.perf.torch.recorder import _first_tensor
 
     device = step.device
     non_blocking = bool(setting["pin_memory"]) and device == "cuda"

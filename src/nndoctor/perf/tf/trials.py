@@ -1,19 +1,23 @@
-"""``nndoctor perf`` on Keras/TensorFlow after the script stopped: the measured window as a
-``PerfResult`` and the ``--try`` re-runs (``prefetch``, ``parallel-map``, ``mixed-precision``).
+"""``nndoctor perf`` on Keras/TensorFlow after the script stopped: the ``--try`` re-runs (``prefetch``, ``parallel-map``, ``mixed-precision``).
 
-The re-runs are ``rerun.try_changes``'s, with ``tf_rerun_child`` as the child: the baseline and
+The re-runs are ``rerun.try_changes``'s, with ``perf/tf/rerun_child.py`` as the child: the baseline and
 each change interleaved ``--try-repeats`` times, medians, noise and the loss-change check.
 A PyTorch-only change asked of a TensorFlow script is answered with why it does not apply.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nndoctor.perf.tf_inject import TF_CHANGES
+from nndoctor.perf.tf.inject import TF_CHANGES
 from nndoctor.perf.trials import TORCH_EQUIVALENTS
 
-TF_CHILD = "nndoctor.perf.tf_rerun_child"
+if TYPE_CHECKING:
+    from nndoctor.engine import Session
+    from nndoctor.perf.backend import PerfRun
+    from nndoctor.perf.tf.instrument import TfStepRecorder
+
+TF_CHILD = "nndoctor.perf.tf.rerun_child"
 
 
 def split_tries(tries: tuple[str, ...], try_all: bool) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -33,11 +37,10 @@ def split_tries(tries: tuple[str, ...], try_all: bool) -> tuple[tuple[str, ...],
     return tuple(dict.fromkeys(wanted)), answers
 
 
-def tensorflow_trials(run: Any, session: Any) -> dict[str, Any]:
+def tensorflow_trials(run: PerfRun, recorder: TfStepRecorder, session: Session) -> dict[str, Any]:
     """The ``--try`` results of a Keras/TensorFlow perf run (re-runs of the script)."""
     from nndoctor.perf import rerun
 
-    recorder = run.tf_recorder
     config = run.config
     gpus = recorder.facts.gpus
     wanted, trials = split_tries(config.tries, config.try_all)

@@ -1,5 +1,5 @@
 """``--try`` on TensorFlow: the changes injected into a re-run of the user's unchanged script,
-and the clock that times its steps (``python -m nndoctor.perf.rerun_child --framework tensorflow``).
+and the clock that times its steps (``python -m nndoctor.perf.tf.rerun_child``).
 
 * ``prefetch``: a dataset iterated eagerly (``fit``'s epoch iterator, a ``for`` loop) whose
   last stage is not a prefetch is iterated as ``dataset.prefetch(tf.data.AUTOTUNE)``;
@@ -238,8 +238,8 @@ class TfStepClock:
 class TfRerunSession(Session):
     """The re-run's session: Keras/TF steps arrive through ``count_step`` only (no step events).
 
-    The re-run times the Keras/TF steps of a run whose steps all came from Keras/TF (perf's
-    ``tensorflow_run``), with no check enabled: PyTorch's hooks would only cost the re-run the
+    The re-run times the Keras/TF steps of a run whose steps all came from Keras/TF (the perf
+    ``TfBackend`` measured it), with no check enabled: PyTorch's hooks would only cost the re-run the
     torch import (about 3 s of CPU on a 2-core machine, paid by every re-run)."""
 
     instruments_torch = False

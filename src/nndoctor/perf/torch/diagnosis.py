@@ -1,4 +1,4 @@
-"""Perf findings from a measured run: ``diagnose(result)`` turns a finished ``PerfResult`` into
+"""Perf findings from a measured run: ``diagnose(result)`` turns a finished ``TorchPerfResult`` into
 the perf-scope findings (and the measured P102), each with its evidence and the gain that can be
 expected — an Amdahl bound from the measured fractions, or the speed-up ``--try`` measured;
 ``advice(result)`` ranks what to change.
@@ -77,7 +77,7 @@ def _loss_words(outcome: dict[str, Any]) -> str:
 
 
 def diagnose(result: Any) -> list[Finding]:
-    """Every perf-scope finding (and the measured P102) for a finished ``PerfResult``."""
+    """Every perf-scope finding (and the measured P102) for a finished ``TorchPerfResult``."""
     findings: list[Finding] = []
     b, facts, device, trials = result.breakdown, result.facts, result.device, result.trials
     if b.steps == 0:
@@ -91,7 +91,7 @@ def diagnose(result: Any) -> list[Finding]:
                    f"({b.phases['data'] / b.steps * 1000:.1f} ms of a {ms:.1f} ms step): a loader that "
                    f"kept up would make steps up to {data['max_speedup']:.2f}× faster (Amdahl bound)")
         best = (loader_trial or {}).get("best")
-        if best and (loader_trial or {}).get("speedup"):
+        if loader_trial is not None and best and loader_trial.get("speedup"):
             message += (f"; measured: {_setting(best)} {_rate(loader_trial, best)}, "
                         f"{loader_trial['speedup']:.2f}× the current setting")
         findings.append(InputPipelineBound.finding(message, location=facts.loader_location,

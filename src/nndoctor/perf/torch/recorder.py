@@ -1,7 +1,7 @@
 """The perf recorder: turns the run's events into per-step phase times and facts about the loop.
 
 It subscribes to the session's events like a check does (``Session.subscribe``), with no catalog code;
-``perf/instrument.py`` adds what events do not carry (the start of a top-level forward,
+``perf/torch/instrument.py`` adds what events do not carry (the start of a top-level forward,
 host-to-device copies, host-device syncs). It keeps only numbers, ``Location``s, shapes,
 and weak references to the user's model, optimizer, loss module and DataLoader; the one
 batch it copies (for ``--try``) is a detached clone taken on the last measured step.
@@ -16,29 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndoctor.findings import Location
-from nndoctor.perf.kernel_timeline import MIN_UNPROFILED_WARMUP, PROFILED_STEPS, KernelProfiler
+from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.timeline import StepRecord
-
-
-@dataclass
-class PerfConfig:
-    warmup: int = 5
-    steps: int = 20
-    tries: tuple[str, ...] = ()
-    # Tensors on these device types count as host-device syncs when read back on the host.
-    # Tests use {"cpu"} as a stand-in for CUDA on machines without a GPU.
-    sync_device_types: frozenset[str] = frozenset({"cuda"})
-    try_seconds: float = 2.0  # time box of one --try loader configuration
-    try_repeats: int = 3  # interleaved re-runs of the script per step change (and of the baseline)
-    try_all: bool = False  # --try all: the other framework's changes are left out silently
-    # --budget: seconds for the whole perf run (the measured window included), counted from
-    # ``started`` (time.monotonic(); None: from the start of the run).
-    budget: float = 300.0
-    started: float | None = None
-
-    @property
-    def last_step(self) -> int:
-        return self.warmup + self.steps
+from nndoctor.perf.torch.kernel_timeline import (
+    MIN_UNPROFILED_WARMUP,
+    PROFILED_STEPS,
+    KernelProfiler,
+)
+from nndoctor.stash import StashKey
 
 
 @dataclass
@@ -68,11 +53,11 @@ class LoopFacts:
     optimizer_name: str = ""
     optimizer_fused: bool | None = None
     optimizer_foreach: bool | None = None
-    # The first training forward of the warm-up, traced (perf/sdpa.py's AttentionTracer):
+    # The first training forward of the warm-up, traced (perf/torch/sdpa.py's AttentionTracer):
     # None when it was not traced (no warm-up step, or the trace failed).
     attention: dict[str, Any] | None = None
     tf32_matmul: bool = False
-    # DistributedDataParallel (perf/ddp_comm.py): its settings, and the all-reduce time of the
+    # DistributedDataParallel (perf/torch/ddp_comm.py): its settings, and the all-reduce time of the
     # profiled warm-up steps; None outside a DDP run.
     ddp: dict[str, Any] | None = None
     communication: dict[str, Any] | None = None
@@ -117,11 +102,11 @@ class PerfRecorder:
     """Internal subscriber of a perf session (an event subscriber, not a catalog check)."""
 
     subscriber_name = "perf recorder"
-    needs = frozenset({"perf_timers"})  # perf/instrument.py, installed only for this subscriber
+    needs = frozenset({"perf_timers"})  # perf/torch/instrument.py, installed only for this subscriber
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, config: PerfConfig) -> None:
         self.session = session
-        self.config: PerfConfig = session.perf_config
+        self.config = config
         self.facts = LoopFacts()
         self.records: list[StepRecord] = []
         self.current = StepRecord(step=0)
@@ -158,7 +143,7 @@ class PerfRecorder:
     def capturing(self) -> bool:
         return self.session.step == self.config.last_step - 1
 
-    # -- phases (called by handlers and by perf/instrument.py) -----------------------------
+    # -- phases (called by handlers and by perf/torch/instrument.py) -----------------------------
     def begin(self, phase: str) -> bool:
         if self._phase is not None:
             return False
@@ -233,7 +218,7 @@ class PerfRecorder:
 
             if not torch.is_grad_enabled():
                 return
-            from nndoctor.perf.sdpa import AttentionTracer
+            from nndoctor.perf.torch.sdpa import AttentionTracer
 
             self._attention_tracer = AttentionTracer()
             self._traced_root = id(module)
@@ -309,7 +294,7 @@ class PerfRecorder:
         if type(module).__name__ != "DistributedDataParallel":
             return
         if self.facts.ddp is None:
-            from nndoctor.perf.ddp_comm import ddp_facts
+            from nndoctor.perf.torch.ddp_comm import ddp_facts
 
             self.facts.ddp = ddp_facts(module)
         if self.facts.ddp is None:
@@ -317,7 +302,7 @@ class PerfRecorder:
         if not getattr(module, "require_backward_grad_sync", True):
             self.facts.ddp["no_sync_seen"] = True  # the script accumulates under no_sync() already
         if self.facts.ddp["find_unused_parameters"]:
-            from nndoctor.perf.ddp_comm import note_unused
+            from nndoctor.perf.torch.ddp_comm import note_unused
 
             note_unused(self.facts.ddp, module)
 
@@ -384,7 +369,7 @@ class PerfRecorder:
             if profiler is None:
                 cuda, ddp = self.facts.device == "cuda", self.facts.ddp is not None
                 if (cuda or ddp) and step == profile_start(self.config.warmup, ddp):
-                    from nndoctor.perf.ddp_comm import comm_from_events
+                    from nndoctor.perf.torch.ddp_comm import comm_from_events
 
                     self._kernel_profiler = KernelProfiler(comm=comm_from_events if ddp else None, cuda=cuda, defer=ddp)
                     self._kernel_profiler.start()
@@ -414,7 +399,7 @@ class PerfRecorder:
                 self.facts.communication = {"error": f"{type(error).__name__}: {error}"}
         model = self.model_ref() if self.model_ref is not None else None
         if self.facts.ddp is not None and model is not None:
-            from nndoctor.perf.ddp_comm import note_buckets
+            from nndoctor.perf.torch.ddp_comm import note_buckets
 
             note_buckets(self.facts.ddp, model)
         if self.facts.ddp is not None and self.facts.communication is None:
@@ -463,7 +448,7 @@ def loader_config(loader: Any) -> dict[str, Any]:
         "prefetch_factor": getattr(loader, "prefetch_factor", None),
         "batch_size": getattr(loader, "batch_size", None),
         # DataLoader(sampler=BatchSampler(...), batch_size=None): the batches' size is the
-        # sampler's, and --try batch-size scales every BatchSampler (perf/inject.py).
+        # sampler's, and --try batch-size scales every BatchSampler (perf/torch/inject.py).
         "sampler_batch_size": _sampler_batch_size(loader),
     }
 
@@ -482,3 +467,7 @@ def _cuda_event() -> Any:
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
+
+
+# The recorder of a perf session, where perf/torch/instrument.py finds it (perf/torch/backend.py puts it there).
+PERF_RECORDER = StashKey[PerfRecorder]("perf: the PyTorch step recorder")

@@ -1,4 +1,4 @@
-"""``python -m nndoctor.perf.rerun_child``: one ``--try`` timing — the user's script run again,
+"""``python -m nndoctor.perf.torch.rerun_child``: one ``--try`` timing — the user's script run again,
 unchanged, with the given changes injected, for a warm-up plus a measured window.
 
 Prints nothing of its own; writes one JSON object to ``--out``: seconds per step over the
@@ -18,7 +18,7 @@ from typing import Any
 
 from nndoctor.atomic import atomic_write_text
 from nndoctor.engine import Session, StopRun
-from nndoctor.perf.inject import ChangeInjector
+from nndoctor.perf.torch.inject import ChangeInjector
 from nndoctor.runner import Target, run_target
 
 
@@ -113,7 +113,7 @@ class StepClock:
             self._last_loss = tensor.detach()  # read after the run, if it ends inside the window
 
     def on_batch(self, event: Any) -> None:
-        from nndoctor.perf.recorder import _first_tensor
+        from nndoctor.perf.torch.recorder import _first_tensor
 
         if self.started is None or self.seconds_per_step is not None:
             return
@@ -177,7 +177,7 @@ class StepClock:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nndoctor.perf.rerun_child")
+    parser = argparse.ArgumentParser(prog="nndoctor.perf.torch.rerun_child")
     parser.add_argument("--changes", default="")
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)

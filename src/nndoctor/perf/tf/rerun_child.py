@@ -1,4 +1,4 @@
-"""``python -m nndoctor.perf.tf_rerun_child``: one ``--try`` timing of a Keras/TensorFlow script —
+"""``python -m nndoctor.perf.tf.rerun_child``: one ``--try`` timing of a Keras/TensorFlow script —
 run again, unchanged, with the changes of ``tf_inject.py`` injected, stopped after the window.
 
 Writes the same JSON object as ``rerun_child`` (seconds per step, first and final loss,
@@ -14,12 +14,12 @@ import sys
 from typing import Any
 
 from nndoctor.atomic import atomic_write_text
-from nndoctor.perf.tf_inject import TfChangeInjector, TfRerunSession, TfStepClock
+from nndoctor.perf.tf.inject import TfChangeInjector, TfRerunSession, TfStepClock
 from nndoctor.runner import Target, run_target
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nndoctor.perf.tf_rerun_child")
+    parser = argparse.ArgumentParser(prog="nndoctor.perf.tf.rerun_child")
     parser.add_argument("--changes", default="")
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
