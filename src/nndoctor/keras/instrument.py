@@ -1,8 +1,9 @@
 """Zero-code-change instrumentation of Keras 3 ``Model.fit`` / ``Model.evaluate``.
 
 Importing Keras costs seconds, so nothing here imports it: when the user's script has
-already imported Keras at install time it is patched at once, otherwise a
-``sys.meta_path`` finder patches it right after the script's own ``import keras``.
+already imported Keras at install time it is patched at once, otherwise the post-import hook
+(``tfdata.hooks.when_imported``, the one every TensorFlow-side feature uses) patches it right
+after the script's own ``import keras``.
 Every patch is recorded on the installation's patcher and undone at the end of the run.
 
 What is patched, and why:
@@ -25,7 +26,6 @@ What is patched, and why:
 
 from __future__ import annotations
 
-import importlib.abc
 import inspect
 import math
 import os
@@ -38,8 +38,9 @@ from nndoctor.findings import Location
 from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.keras import facts as kf
 from nndoctor.keras import shared_codes
-from nndoctor.keras.checks import KerasCheck
-from nndoctor.registry import all_checks, is_enabled
+from nndoctor.keras.events import KerasBatch
+from nndoctor.registry import framework_checks
+from nndoctor.tfdata.hooks import when_imported
 from nndoctor.user_code import user_location
 
 if TYPE_CHECKING:
@@ -84,7 +85,6 @@ class KerasObserver:
         self.calls: list[_Call] = []
         self.compile_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
         self.layer_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
-        self.checks: list[Any] = []
         self.shared: shared_codes.SharedCodes | None = None
         self.enabled = True
         self._keras_depth = 0
@@ -105,8 +105,9 @@ class KerasObserver:
         from keras.src.layers.convolutional.base_conv import BaseConv
 
         session = self.session
-        self.checks = [cls(session) for cls in all_checks("keras")
-                       if issubclass(cls, KerasCheck) and is_enabled(cls, session.select, session.ignore)]
+        # The K checks (and the custom-loop ones) become the session's: the observer emits
+        # events, the session dispatches them.
+        session.add_checks(framework_checks("keras", session.select, session.ignore))
         self.shared = shared_codes.SharedCodes.for_session(session)
         patcher = self.installation.patcher
         model_cls = keras.Model
@@ -155,6 +156,15 @@ class KerasObserver:
 
             tf_loops.install(self, keras)
 
+    def patch_imported(self, keras: Any) -> None:
+        """Patch Keras once the script has imported it (``tfdata.hooks.when_imported``)."""
+        if not hasattr(keras, "Model"):
+            return  # a Keras still being imported: what it defines is not there yet
+        try:
+            self.patch(keras)
+        except Exception as error:  # noqa: BLE001 - observer rule: the run goes on unobserved
+            self.session.internal_error("keras instrumentation", error)
+
     def _disable(self) -> None:
         self.enabled = False
 
@@ -163,9 +173,9 @@ class KerasObserver:
         """A custom loop calls its loss object itself (``loss_fn(y, model(x))``): K101 reads the
         predictions of its first calls, as ``fit``'s compiled loss is read in ``compute_loss``, and
         L105 the value of a classification loss computed before the first optimizer step."""
-        check = next((c for c in self.checks if c.code == "K101"), None)
+        wanted = self.session.wants(KerasBatch.kind)
         initial = self.shared is not None and "L105" in self.shared.checks
-        if check is None and not initial:
+        if not wanted and not initial:
             return
         original = self.installation.patcher.patch(keras.losses.Loss, "__call__", None)
         inspected: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -175,7 +185,7 @@ class KerasObserver:
                 and os.getpid() == self.session.pid
             frame = sys._getframe(1) if watch else None
             if watch:
-                self._guard(lambda: self._inspect_loop_loss(check, loss, args, kwargs, frame, inspected))
+                self._guard(lambda: self._inspect_loop_loss(loss, args, kwargs, frame, inspected))
             result = original(loss, *args, **kwargs)
             if watch and initial and self.session.step == 0:
                 self._guard(lambda: self._loop_initial_loss(loss, args, kwargs, result, frame))
@@ -188,17 +198,18 @@ class KerasObserver:
         """D101 on the input a custom loop gives its model under a GradientTape (its first call)."""
         if self.shared is None or "D101" not in self.shared.checks:
             return
-        self.shared.inspect(kf.BatchFacts(
+        batch = kf.BatchFacts(
             phase="the training loop", call_location=location, compile_location=None, loss=None,
             output_layer=None, output_activation=None, output_location=None, x=kf.summarize(x), y=None,
-            y_pred=None, first_conv=None, leading_layers=_leading_layers(_layers(model)), backend=self.backend))
+            y_pred=None, first_conv=None, leading_layers=_leading_layers(_layers(model)), backend=self.backend)
+        self.shared.inspect(batch)
 
     def _loop_location(self, frame: Any) -> Location | None:
         from nndoctor.keras.tf_location import tf_user_location
 
         return tf_user_location(frame) if self.backend == "tensorflow" else user_location(frame)
 
-    def _inspect_loop_loss(self, check: Any, loss: Any, args: tuple, kwargs: dict, frame: Any,
+    def _inspect_loop_loss(self, loss: Any, args: tuple, kwargs: dict, frame: Any,
                            inspected: weakref.WeakKeyDictionary) -> None:
         from nndoctor.keras.tf_location import called_from_user
 
@@ -209,13 +220,13 @@ class KerasObserver:
         if not called_from_user(frame):
             return  # a loss called by Keras or another library
         y_pred = args[1] if len(args) > 1 else kwargs.get("y_pred")
-        pred = kf.summarize(y_pred) if config.from_logits and check is not None else None
+        pred = kf.summarize(y_pred) if config.from_logits and self.session.wants(KerasBatch.kind) else None
         if pred is None or pred.has_values:
             inspected[loss] = inspected.get(loss, 0) + 1
         if pred is None:
             return
         kept = kf.loss_reads_logits(y_pred, self.backend)
-        check.inspect(kf.BatchFacts(
+        self._emit_batch(kf.BatchFacts(
             phase="the training loop", call_location=self._loop_location(frame), compile_location=None,
             loss=config, output_layer=None, output_activation=None, output_location=None, x=None, y=None,
             y_pred=pred, first_conv=None, backend=self.backend, logits_kept=kept))
@@ -524,15 +535,13 @@ class KerasObserver:
         if loss is not None and loss.kind in ("sparse", "categorical") and y_pred is not None \
                 and len(y_pred.shape) == 2 and y_pred.shape[-1] >= 2:
             call.classes = int(y_pred.shape[-1])
-        for check in list(self.checks):
-            try:
-                check.inspect(batch)
-            except Exception as error:  # noqa: BLE001 - a broken check must not break the run
-                self.session.internal_error(f"{check.code} {check.name} on keras batch", error)
-                self.checks.remove(check)
+        self._emit_batch(batch)
         if self.shared is not None:
             self.shared.inspect(batch)
         return y_pred is None or y_pred.has_values
+
+    def _emit_batch(self, batch: kf.BatchFacts) -> None:
+        self.session.emit(KerasBatch(step=self.session.step, sampled=True, facts=batch))
 
     def _first_conv(self, layers: list[Any]) -> kf.ConvFacts | None:
         from keras.src.layers.convolutional.base_conv import BaseConv
@@ -719,55 +728,6 @@ def _make_callback_class(keras: Any, observer: KerasObserver) -> type:
     return NndoctorCallback
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Lets ``import keras`` run as usual, then patches the imported package."""
-
-    def __init__(self, observer: KerasObserver) -> None:
-        self.observer = observer
-        self._loader: Any = None
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "keras" or self.observer.patched:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                self._loader = spec.loader
-                spec.loader = self
-                return spec
-            if spec is not None:
-                return None
-        return None
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        # Later reloads use Keras's own loader.
-        module.__spec__.loader = module.__loader__ = self._loader
-        try:
-            self.observer.patch(module)
-        except Exception as error:  # noqa: BLE001 - observer rule: keras is imported either way
-            self.observer.session.internal_error("keras instrumentation", error)
-        self.remove()
-
-    def remove(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-
 def install(installation: InstallationProtocol) -> None:
     observer = KerasObserver(installation)
-    keras = sys.modules.get("keras")
-    if keras is not None and hasattr(keras, "Model"):
-        try:
-            observer.patch(keras)
-        except Exception as error:  # noqa: BLE001 - observer rule: the run goes on unobserved
-            installation.session.internal_error("keras instrumentation", error)
-        return
-    hook = _PatchAfterImport(observer)
-    sys.meta_path.insert(0, hook)
-    installation.patcher.on_undo(hook.remove)
+    when_imported("keras", observer.patch_imported, installation.patcher)

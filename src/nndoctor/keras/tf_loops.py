@@ -29,31 +29,28 @@ import inspect
 import os
 import sys
 import weakref
-from typing import Any, TypeVar
+from typing import Any
 
 from nndoctor.engine import StopRun
 from nndoctor.instrument.wrapping import mark_wrapper
-from nndoctor.keras import loop_checks
-from nndoctor.keras.loop_checks import ModelCall, TraceHistory
+from nndoctor.keras.events import FunctionTraced, KerasModelCall
+from nndoctor.keras.facts import ModelCall, TraceHistory
 from nndoctor.keras.tf_location import called_from_user, tf_user_location
-from nndoctor.registry import Check, is_enabled
 
 # Layers whose output depends on the training flag.
 _MODE_LAYER_MARKERS = ("Dropout", "BatchNormalization", "GaussianNoise", "Random")
 _PYTHON_SCALARS = (bool, int, float, str, type(None))
-LoopCheck = TypeVar("LoopCheck", bound=Check)
 
 
 class LoopObserver:
-    """Custom-loop facts for K105/K109 and step counting of eager and tf.function steps."""
+    """Custom-loop facts for K105/K109 (emitted on the session as ``KerasModelCall`` and
+    ``FunctionTraced`` events) and step counting of eager and tf.function steps."""
 
     def __init__(self, observer: Any, keras: Any) -> None:
         self.observer = observer
         self.session = observer.session
         self.keras = keras
         session = self.session
-        self.flags = self._check(loop_checks.TrainingFlagMisuse)
-        self.retracing = self._check(loop_checks.TfFunctionRetracing)
         self.tape_depth = 0
         self.layer_depth = 0
         self.apply_depth = 0
@@ -72,10 +69,6 @@ class LoopObserver:
         self.last_input: tuple[weakref.ref, Any] | None = None
         self.optimizers: set[int] = set()  # optimizers stepped outside fit (L106 skips GANs)
         self._session_pid = session.pid
-
-    def _check(self, cls: type[LoopCheck]) -> LoopCheck | None:
-        session = self.session
-        return cls(session) if is_enabled(cls, session.select, session.ignore) else None
 
     @property
     def watching(self) -> bool:
@@ -127,7 +120,8 @@ class LoopObserver:
 
     # -- model calls (K105) ----------------------------------------------------------------
     def _layer_call(self, original: Any, layer: Any, args: tuple, kwargs: dict) -> Any:
-        if self.layer_depth or not self.watching or (self.flags is None and self.observer.shared is None):
+        flags = self.session.wants(KerasModelCall.kind)
+        if self.layer_depth or not self.watching or (not flags and self.observer.shared is None):
             return original(layer, *args, **kwargs)
         self.layer_depth += 1
         try:
@@ -135,13 +129,13 @@ class LoopObserver:
                 self._remember_input(layer, args[0], sys._getframe(2))
                 if layer not in self.inputs_seen:
                     self._inspect_input(layer, args[0], sys._getframe(2))
-            if self.flags is not None:
-                self._record_call(self.flags, layer, kwargs, sys._getframe(2))
+            if flags:
+                self._record_call(layer, kwargs, sys._getframe(2))
             return original(layer, *args, **kwargs)
         finally:
             self.layer_depth -= 1
 
-    def _record_call(self, flags: loop_checks.TrainingFlagMisuse, layer: Any, kwargs: dict, caller: Any) -> None:
+    def _record_call(self, layer: Any, kwargs: dict, caller: Any) -> None:
         try:
             if not called_from_user(caller):
                 return  # Keras's own train/test step, or a layer inside a model
@@ -155,7 +149,7 @@ class LoopObserver:
             if call.under_tape:
                 self.pending.append((weakref.ref(layer), call))
             elif layer in self.trained:
-                flags.evaluation_with_flag(call, self.session.step)
+                self._emit_call(call, 0)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
 
@@ -223,6 +217,9 @@ class LoopObserver:
             self.mode_layers[layer] = cached
         return cached
 
+    def _emit_call(self, call: ModelCall, updated: int) -> None:
+        self.session.emit(KerasModelCall(step=self.session.step, sampled=True, call=call, updated_variables=updated))
+
     # -- optimizer steps -------------------------------------------------------------------
     def _apply(self, original: Any, optimizer: Any, args: tuple, kwargs: dict) -> Any:
         if self.apply_depth or not self.watching:
@@ -250,8 +247,7 @@ class LoopObserver:
                 count = sum(id(v) in updated for v in model.trainable_variables)
                 if count:
                     self.trained.add(model)
-                    if self.flags is not None:
-                        self.flags.training_without_flag(call, count)
+                    self._emit_call(call, count)
             self.pending.clear()
             self.last_input = None
             if not self.inside_fit:
@@ -318,9 +314,8 @@ class LoopObserver:
                         result: Any) -> None:
         stop = False
         try:
-            if self.retracing is not None and before >= 0:
-                self._count_traces(self.retracing, function, self._tracing_count(function) > before,
-                                   args, kwargs, caller)
+            if before >= 0 and self.session.wants(FunctionTraced.kind):
+                self._count_traces(function, self._tracing_count(function) > before, args, kwargs, caller)
             ref = self.step_functions.get(function)
             optimizer = ref() if ref is not None else None
             if optimizer is not None:
@@ -334,8 +329,7 @@ class LoopObserver:
         if stop:
             raise StopRun()
 
-    def _count_traces(self, retracing: loop_checks.TfFunctionRetracing, function: Any, traced: bool,
-                      args: tuple, kwargs: dict, caller: Any) -> None:
+    def _count_traces(self, function: Any, traced: bool, args: tuple, kwargs: dict, caller: Any) -> None:
         history = self.histories.get(function)
         if history is None:
             python_function = getattr(function, "python_function", None)
@@ -349,7 +343,8 @@ class LoopObserver:
         history.traces.append(self._describe(function, args, kwargs))
         if history.calls > 1:  # the first call always traces
             history.consecutive_traces += 1
-            retracing.inspect_traces(history, tf_user_location(caller))
+            self.session.emit(FunctionTraced(step=self.session.step, sampled=True, history=history,
+                                             called_at=tf_user_location(caller)))
 
     def _describe(self, function: Any, args: tuple, kwargs: dict) -> dict[str, str]:
         if function not in self.signatures:
