@@ -45,6 +45,8 @@ CHECK_MODULES = (
     "nndoctor.preflight.checks",
     "nndoctor.tfdata.checks",
     "nndoctor.keras.loop_checks",
+    "nndoctor.keras.data_variants",
+    "nndoctor.keras.training_variants",
 )
 
 # Frameworks a family may need; without them the family is left out instead of failing.
@@ -52,7 +54,8 @@ OPTIONAL_FRAMEWORKS = ("torch", "torchvision", "tensorflow", "keras")
 # The families that define the checks of a scope other than "run": the Keras and tf.data
 # observers load these only, not the PyTorch families (which import torch, ~3 s of CPU that a
 # TensorFlow script's run, or each of its ``perf --try`` re-runs, would pay for nothing).
-SCOPE_FAMILIES = {"keras": ("nndoctor.keras.checks", "nndoctor.keras.loop_checks"),
+SCOPE_FAMILIES = {"keras": ("nndoctor.keras.checks", "nndoctor.keras.loop_checks", "nndoctor.keras.data_variants",
+                            "nndoctor.keras.training_variants"),
                   "tfdata": ("nndoctor.tfdata.checks",)}
 
 _REGISTRY: dict[str, type[Check]] = {}

@@ -66,10 +66,11 @@ class FitStarted(Event):
 
 @dataclass(eq=False)
 class TrainLoss(Event):
-    """A training loss of a Keras/TensorFlow run. In ``fit`` (``in_fit``): Keras's running mean
-    over the epoch after each batch, and an eager step's non-finite loss read before its update
-    (``exact``: ``model`` and ``inputs`` are the failing batch's). In a custom loop: the target of
-    an eager ``tape.gradient``, or the loss a compiled training step returned (``compiled``)."""
+    """A training loss of a Keras/TensorFlow run. In ``fit`` (``in_fit``) only a non-finite one is
+    emitted at once: Keras's running mean over the epoch after a batch, or an eager step's loss read
+    before its update (``exact``: ``model`` and ``inputs`` are the failing batch's); the finite
+    running means reach the checks in ``FitEnded.means``. In a custom loop: every target of an
+    eager ``tape.gradient``, or the loss a compiled training step returned (``compiled``)."""
 
     kind: ClassVar[str] = "train_loss"
     value: float = 0.0

@@ -33,7 +33,13 @@ from typing import Any
 
 from nndoctor.engine import StopRun
 from nndoctor.instrument.wrapping import mark_wrapper
-from nndoctor.keras.events import FunctionTraced, KerasModelCall
+from nndoctor.keras.events import (
+    FunctionTraced,
+    GradientsApplied,
+    KerasBatch,
+    KerasModelCall,
+    TrainLoss,
+)
 from nndoctor.keras.facts import ModelCall, TraceHistory
 from nndoctor.keras.tf_location import called_from_user, tf_user_location
 
@@ -105,7 +111,7 @@ class LoopObserver:
 
         patcher.patch(tape, "__enter__", __enter__)
         patcher.patch(tape, "__exit__", __exit__)
-        if self.observer.shared is not None:
+        if self.session.wants(TrainLoss.kind):
             self._wrap(patcher, tape, "gradient", self._gradient)
 
     @staticmethod
@@ -120,8 +126,10 @@ class LoopObserver:
 
     # -- model calls (K105) ----------------------------------------------------------------
     def _layer_call(self, original: Any, layer: Any, args: tuple, kwargs: dict) -> Any:
-        flags = self.session.wants(KerasModelCall.kind)
-        if self.layer_depth or not self.watching or (not flags and self.observer.shared is None):
+        session = self.session
+        flags = session.wants(KerasModelCall.kind)
+        if self.layer_depth or not self.watching or not (
+                flags or session.wants(KerasBatch.kind) or session.wants(TrainLoss.kind)):
             return original(layer, *args, **kwargs)
         self.layer_depth += 1
         try:
@@ -165,8 +173,7 @@ class LoopObserver:
 
     def _remember_input(self, layer: Any, x: Any, caller: Any) -> None:
         try:
-            shared = self.observer.shared
-            if shared is not None and shared.wants_nonfinite_anywhere() and called_from_user(caller):
+            if self.session.wants(TrainLoss.kind) and called_from_user(caller):
                 self.last_input = (weakref.ref(layer), x)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
@@ -189,23 +196,21 @@ class LoopObserver:
 
         import tensorflow as tf
 
-        shared = self.observer.shared
         if not tf.executing_eagerly() or not isinstance(target, tf.Tensor) or target.shape.rank != 0 \
                 or not target.dtype.is_floating:
             return  # traced (tf.function), or not one scalar loss
         if "CPU" not in str(target.device).upper() and not self.session.is_sampled(self.session.step):
             return  # reading an accelerator's loss waits for the step: sampled steps only
         location = tf_user_location(caller)
-        key = ("loop", location)
         value = float(target.numpy())
         step = self.session.step
-        series = shared.loss_series(key, location, step, "the training loop")
-        if series is not None:
-            series.add(value, step)
-            series.optimizers |= self.optimizers
-        if not math.isfinite(value) and shared.wants_nonfinite(key):
-            model, x = (self.last_input[0](), self.last_input[1]) if self.last_input and not compiled else (None, None)
-            shared.nonfinite_loss(key, step, location, "the training loop", model, x, exact=True, compiled=compiled)
+        model, x = (None, None)
+        if not math.isfinite(value) and self.last_input and not compiled:
+            model, x = self.last_input[0](), self.last_input[1]  # N101 runs that batch again
+        self.session.emit(TrainLoss(
+            step=step, sampled=True, value=value, series=("loop", location), where="the training loop",
+            called_at=location, model=model, inputs=x, exact=True, compiled=compiled, in_fit=False,
+            optimizers=frozenset(self.optimizers)))
 
     def _mode_layers(self, layer: Any) -> tuple[str, ...]:
         cached = self.mode_layers.get(layer)
@@ -253,7 +258,7 @@ class LoopObserver:
             if not self.inside_fit:
                 self.optimizers.add(id(optimizer))
             grads = kwargs.get("grads", args[0] if args else None)
-            if self.observer.shared is not None and not self.inside_fit and grads is not None:
+            if self.session.wants(GradientsApplied.kind) and not self.inside_fit and grads is not None:
                 self._gradient_norms(optimizer, list(grads), list(variables))
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras optimizer step", error)
@@ -271,7 +276,9 @@ class LoopObserver:
         # arrays differed bitwise on a seeded loop), so traced steps are not measured.
         if tf.executing_eagerly() and self.session.step_sampled(optimizer):
             norms = [(name, float(tf.norm(_dense(g)).numpy())) for name, g in pairs]
-            self.observer.shared.gradient_norms(id(optimizer), norms, self.session.step + 1, location)
+            # The step these gradients make (counted once applied).
+            self.session.emit(GradientsApplied(step=self.session.step + 1, sampled=True, optimizer=id(optimizer),
+                                               norms=norms, called_at=location))
 
     def _after_step(self, optimizer: Any) -> None:
         try:
@@ -319,7 +326,7 @@ class LoopObserver:
             ref = self.step_functions.get(function)
             optimizer = ref() if ref is not None else None
             if optimizer is not None:
-                loss = _returned_loss(result) if self.observer.shared is not None else None
+                loss = _returned_loss(result) if self.session.wants(TrainLoss.kind) else None
                 if loss is not None:  # before the step is counted, as tape.gradient's target in an eager step
                     self._loss(loss, caller, compiled=True)
                 self.session.count_step(optimizer)
