@@ -47,12 +47,16 @@ class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        # A later ``importlib.reload`` uses the package's own loader, not this finished hook.
+        # A later ``importlib.reload`` uses the package's own loader, not a finished hook (with
+        # hooks stacked on one package, each one's loader is the next hook: follow the chain).
+        loader = self._loader
+        while isinstance(loader, AfterImport):
+            loader = loader._loader
         spec = getattr(module, "__spec__", None)
-        if spec is not None and spec.loader is self:
-            spec.loader = self._loader
-        if getattr(module, "__loader__", None) is self:
-            module.__loader__ = self._loader
+        if spec is not None and isinstance(spec.loader, AfterImport):
+            spec.loader = loader
+        if isinstance(getattr(module, "__loader__", None), AfterImport):
+            module.__loader__ = loader
         self.remove()
         self.then(module)
 
