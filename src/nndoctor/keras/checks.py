@@ -8,7 +8,7 @@ loops' first batches). Importing this module never imports Keras.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from nndoctor.findings import Location, Severity
 from nndoctor.keras.events import KerasBatch
@@ -34,6 +34,25 @@ class KerasCheck(Check):
             return
         seen.add(key)
         self.report(message, location=location, evidence=evidence, step=self.session.step, severity=severity)
+
+
+class KerasVariant(Check):
+    """The Keras/TensorFlow class of a code PyTorch owns (``registry.register_variant``: one catalog
+    entry, the owner's metadata), enabled by the Keras observer on the session
+    (``keras/data_variants.py``, ``keras/training_variants.py``)."""
+
+    scope: ClassVar[str] = "keras"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._seen: set[object] = set()
+
+    def _once(self, key: object) -> bool:
+        """True the first time ``key`` is seen (one finding per model, phase or line)."""
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
 
 def _where(location: Location | None) -> str:

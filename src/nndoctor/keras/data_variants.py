@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
 
 from nndoctor.image_batches import (
     flattened_image_side,
@@ -20,8 +20,9 @@ from nndoctor.image_batches import (
     raw_flattened_pixels,
     unnormalized_pixels,
 )
+from nndoctor.keras.checks import KerasVariant
 from nndoctor.keras.events import FitStarted, KerasBatch
-from nndoctor.registry import Check, register_variant
+from nndoctor.registry import register_variant
 from nndoctor.tfdata.labels import (
     DOMINANT_SHARE,
     MIN_BATCH_SIZE,
@@ -39,23 +40,6 @@ _LEARNED = {"Conv1D", "Conv2D", "Conv3D", "SeparableConv2D", "DepthwiseConv2D", 
 # D105 reads the labels of at most this many batches of fit(shuffle=False), spread evenly over the
 # epoch (a first class block may span hundreds of batches: a prefix would see one label only).
 _LABEL_BATCHES = 512
-
-
-class KerasVariant(Check):
-    """A shared code's check for Keras runs: enabled by the Keras observer on the session."""
-
-    scope: ClassVar[str] = "keras"
-
-    def __init__(self, session: Any) -> None:
-        super().__init__(session)
-        self._seen: set[object] = set()
-
-    def _once(self, key: object) -> bool:
-        """True the first time ``key`` is seen (one finding per model, phase or line)."""
-        if key in self._seen:
-            return False
-        self._seen.add(key)
-        return True
 
 
 @register_variant

@@ -20,7 +20,8 @@ from nndoctor.events import RunEnd
 from nndoctor.gradient_explosion import EXPLOSION_GROWTH, EXPLOSION_HUGE, explosion_verdict
 from nndoctor.initial_loss import KERAS_INITIAL_LOGIT_STD, initial_loss_finding
 from nndoctor.keras import nonfinite
-from nndoctor.keras.data_variants import KerasVariant, label_ids
+from nndoctor.keras.checks import KerasVariant
+from nndoctor.keras.data_variants import label_ids
 from nndoctor.keras.events import FitEnded, FitStarted, GradientsApplied, InitialLoss, TrainLoss
 from nndoctor.loss_trend import (
     MAX_TREND_VALUES,
