@@ -4,16 +4,26 @@
 - every runtime check has a buggy fixture (a real training script) where it fires at the
   line marked ``# expect: CODE``, with that check alone enabled;
 - no runtime check reports an error or warning on any correct training program;
-- no hook or patch is left behind after a run.
+- no hook or patch is left behind after a run;
+- the same for Keras (torch backend here; the TensorFlow backend in tests/keras/test_tf_backend.py).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from nndoctor.findings import Severity
 from nndoctor.registry import DOC_HEADINGS, all_checks
-from tests.conftest import BUGGY, buggy_fixtures, correct_programs, expected_lines, run_script
+from tests.conftest import (
+    BUGGY,
+    FIXTURES,
+    buggy_fixtures,
+    correct_programs,
+    expected_lines,
+    run_script,
+)
 from tests.snapshot import Masks, assert_findings_snapshot
 
 ALL = all_checks()
@@ -29,24 +39,41 @@ def test_documentation_is_complete(check):
     assert " " not in check.name
 
 
+def assert_fires_at_marked_line(path: Path, code: str, *, snapshot: str, base: Path, masks: Masks | None = None) -> None:
+    """The contract of a buggy fixture, whatever its framework: run with ``code`` alone enabled, it
+    fires at a line marked ``# expect: CODE`` of the fixture, with no internal error, and the text
+    matches the snapshot ``tests/snapshots/<snapshot>.txt`` word for word."""
+    report = run_script(path, select=[code])
+    found = report.by_code(code)
+    assert found, f"{code} did not fire on {path.name}: {report.internal_errors}"
+    lines = {f.location.line for f in found if f.location}
+    expected = expected_lines(path)[code]
+    assert lines & expected, f"{code} on {path.name}: fired at {lines}, expected {expected}"
+    assert all(f.location and f.location.path.endswith(path.name) for f in found)
+    assert not report.internal_errors, report.internal_errors
+    # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
+    assert_findings_snapshot(snapshot, report.findings, base=base, source=f"nndoctor run --select {code} {path.name}",
+                             masks=masks or Masks())
+
+
+def assert_silent(program: Path) -> None:
+    """The contract of a correct program: no error or warning from any check, a completed run."""
+    report = run_script(program)
+    bad = [f for f in report.findings if f.severity >= Severity.WARNING]
+    assert not bad, "\n".join(f"{f.code} {f.location}: {f.message}" for f in bad)
+    assert report.status == "completed", report.traceback
+    assert not report.internal_errors, report.internal_errors
+    assert report.steps > 0
+
+
 @pytest.mark.parametrize("check", RUNTIME, ids=lambda c: c.code)
 def test_buggy_fixture_fires_at_marked_line(check):
     fixtures = buggy_fixtures(check.code)
     assert fixtures, f"{check.code} has no buggy fixture in tests/fixtures/buggy marked '# expect: {check.code}'"
     for path in fixtures:
-        report = run_script(path, select=[check.code])
-        found = report.by_code(check.code)
-        assert found, f"{check.code} did not fire on {path.name}: {report.internal_errors}"
-        lines = {f.location.line for f in found if f.location}
-        expected = expected_lines(path)[check.code]
-        assert lines & expected, f"{check.code} on {path.name}: fired at {lines}, expected {expected}"
-        assert all(f.location and f.location.path.endswith(path.name) for f in found)
-        assert not report.internal_errors, report.internal_errors
-        # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
         name = path.stem if path.stem.startswith(check.code) else f"{path.stem}.{check.code}"
-        assert_findings_snapshot(f"run/{name}", report.findings, base=BUGGY,
-                                 source=f"nndoctor run --select {check.code} {path.name}",
-                                 masks=MEASURED.get(check.code, Masks()))
+        assert_fires_at_marked_line(path, check.code, snapshot=f"run/{name}", base=BUGGY,
+                                    masks=MEASURED.get(check.code, Masks()))
 
 
 # Checks whose text reports what they measured (wall-clock time, free memory): those numbers
@@ -99,12 +126,51 @@ MEASURED: dict[str, Masks] = {
 
 @pytest.mark.parametrize("program", correct_programs(), ids=lambda p: p.stem)
 def test_correct_program_has_no_error_or_warning(program):
-    report = run_script(program)
-    bad = [f for f in report.findings if f.severity >= Severity.WARNING]
-    assert not bad, "\n".join(f"{f.code} {f.location}: {f.message}" for f in bad)
-    assert report.status == "completed", report.traceback
-    assert not report.internal_errors, report.internal_errors
-    assert report.steps > 0
+    assert_silent(program)
+
+
+# -- Keras and TensorFlow: the same contract ---------------------------------------------------
+# Keras fixtures run here in-process on Keras's torch backend (this test session imports Keras on
+# it, tests/conftest.py); the TensorFlow backend runs the same fixtures, and the TensorFlow-only
+# custom loops of tests/fixtures/keras_tf/, in one subprocess (tests/keras/test_tf_backend.py),
+# and tf.data pipelines run in tests/tfdata/. A Keras check is registered like any check (its
+# documentation is tested above); a variant of a PyTorch code shares that code's catalog entry.
+KERAS_FIXTURES = FIXTURES / "keras"
+KERAS_BUGGY = sorted(KERAS_FIXTURES.glob("buggy_*.py"))
+KERAS_CORRECT = sorted(KERAS_FIXTURES.glob("correct_*.py"))
+# Fixtures of every framework but PyTorch: where a Keras/TensorFlow check or variant must fire.
+FRAMEWORK_BUGGY = [*KERAS_BUGGY, *sorted((FIXTURES / "keras_tf").glob("buggy_*.py")),
+                   *sorted((FIXTURES / "tfdata").glob("buggy_*.py"))]
+
+
+def test_every_keras_and_tfdata_check_and_variant_has_a_buggy_fixture():
+    from nndoctor.catalog_table import rule
+    from nndoctor.registry import framework_checks, get_check
+
+    classes = [c for scope in ("keras", "tfdata") for c in framework_checks(scope)]
+    marked = {code for path in FRAMEWORK_BUGGY for code in expected_lines(path)}
+    assert {c.code for c in classes} <= marked, {c.code for c in classes} - marked
+    assert {"K101", "K102", "K103", "K104", "K105", "K106", "K107", "K108", "K109"} <= {c.code for c in classes}
+    # The classes of codes PyTorch owns: one catalog entry each, with the owner's metadata.
+    variants = [c for c in classes if get_check(c.code) is not c]
+    assert {v.code for v in variants} == {"D101", "D105", "D107", "L105", "L106", "L108", "N101", "N103", "O104"}
+    for variant in variants:
+        entry = rule(variant.code)
+        assert (variant.name, variant.severity, variant.summary, variant.fix) == (
+            entry.name, entry.severity, entry.summary, entry.fix), variant
+
+
+@pytest.mark.parametrize("path", KERAS_BUGGY, ids=lambda p: p.stem)
+def test_keras_buggy_fixture_fires_at_marked_line(path):
+    pytest.importorskip("keras")
+    for code in expected_lines(path):
+        assert_fires_at_marked_line(path, code, snapshot=f"keras/{path.stem}.{code}", base=KERAS_FIXTURES)
+
+
+@pytest.mark.parametrize("program", KERAS_CORRECT, ids=lambda p: p.stem)
+def test_keras_correct_program_has_no_error_or_warning(program):
+    pytest.importorskip("keras")
+    assert_silent(program)
 
 
 def test_catalog_codes_are_unique_and_names_kebab_case():

@@ -40,6 +40,8 @@ LAYERS: dict[str, int] = {
          "tracebacks", "atomic", "suppression", "user_code", "optimizers", "sanitize",
          # The catalog as data (no check imported) and the subscriber protocol.
          "catalog_table", "catalog_entries", "subscribers", "image_batches", "loss_trend", "initial_loss", "chance_level", "protowire", "stash", "probes", "crash_context",
+         # Pure rules a PyTorch check and its Keras variant share (thresholds, verdicts).
+         "gradient_explosion", "dead_units",
          "dtensor"),
         FOUNDATION,
     ),

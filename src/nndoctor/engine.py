@@ -160,6 +160,14 @@ class Session:
         for cls in classes:
             self._add_check(cls)
 
+    def add_checks(self, classes: Iterable[type[Check]]) -> None:
+        """Enable more checks on a running session: a framework observer (Keras, tf.data) adds
+        its family's enabled checks once the script imports the framework. A class already
+        enabled is left as it is."""
+        for cls in classes:
+            if not any(type(check) is cls for check in self.checks):
+                self._add_check(cls)
+
     def _add_check(self, cls: type[Check]) -> None:
         try:
             check = cls(self)

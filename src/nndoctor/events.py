@@ -358,3 +358,14 @@ class DebugModeSet(Event):
 
 ALL_EVENTS = ALL_EVENTS + (GradClip, ScalerStep, ActivationCheckpoint, DebugModeSet)
 EVENT_KINDS.update({cls.kind: cls for cls in (GradClip, ScalerStep, ActivationCheckpoint, DebugModeSet)})
+
+
+def add_event_kinds(*classes: type[Event]) -> None:
+    """Make the event kinds of another framework's observer known (``keras/events.py``,
+    ``tfdata/events.py``): a check's ``on_<kind>`` is validated against ``EVENT_KINDS`` when
+    it is registered, and the session dispatches only the kinds listed there."""
+    for cls in classes:
+        known = EVENT_KINDS.get(cls.kind)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise ValueError(f"event kind {cls.kind!r} defined twice ({known.__name__}, {cls.__name__})")
+        EVENT_KINDS[cls.kind] = cls

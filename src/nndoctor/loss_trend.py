@@ -8,6 +8,13 @@ from collections.abc import Sequence
 
 TREND_MIN_POINTS = 30
 TREND_MIN_STEPS = 30  # optimizer steps the observed losses must span
+# Losses kept per series: beyond this, the resolution is halved (``halved``).
+MAX_TREND_VALUES = 4096
+
+
+def halved(values: list[float]) -> list[float]:
+    """A long series at half the resolution (two neighbours averaged): the whole window is kept."""
+    return [(values[i] + values[i + 1]) / 2 for i in range(0, len(values) - 1, 2)]
 NOT_DECREASING_Z = -1.645  # no decrease significant at 5% (one-sided)
 NOT_DECREASING_RATIO = 0.99  # and the last third's median is not 1% below the first third's
 DIVERGING_Z = 2.326  # increase significant at 1% (one-sided)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 # re-exported: checks import them from here
-from nndoctor.catalog_table import build_finding, merge_variant_doc
+from nndoctor.catalog_table import build_finding, merge_variant_doc, rule
 from nndoctor.catalog_table import is_enabled as is_enabled
 from nndoctor.catalog_table import unknown_selectors as unknown_selectors
 from nndoctor.events import EVENT_KINDS
@@ -45,6 +45,8 @@ CHECK_MODULES = (
     "nndoctor.preflight.checks",
     "nndoctor.tfdata.checks",
     "nndoctor.keras.loop_checks",
+    "nndoctor.keras.data_variants",
+    "nndoctor.keras.training_variants",
 )
 
 # Frameworks a family may need; without them the family is left out instead of failing.
@@ -52,7 +54,8 @@ OPTIONAL_FRAMEWORKS = ("torch", "torchvision", "tensorflow", "keras")
 # The families that define the checks of a scope other than "run": the Keras and tf.data
 # observers load these only, not the PyTorch families (which import torch, ~3 s of CPU that a
 # TensorFlow script's run, or each of its ``perf --try`` re-runs, would pay for nothing).
-SCOPE_FAMILIES = {"keras": ("nndoctor.keras.checks", "nndoctor.keras.loop_checks"),
+SCOPE_FAMILIES = {"keras": ("nndoctor.keras.checks", "nndoctor.keras.loop_checks", "nndoctor.keras.data_variants",
+                            "nndoctor.keras.training_variants"),
                   "tfdata": ("nndoctor.tfdata.checks",)}
 
 _REGISTRY: dict[str, type[Check]] = {}
@@ -162,19 +165,52 @@ def register(cls: type[Check]) -> type[Check]:
     code = cls.code
     if not _CODE_RE.match(code):
         raise ValueError(f"bad check code {code!r}")
-    # A misspelt handler (``on_fowrard``) would never be called: the check would stay silent.
-    stray = stray_handlers(cls)
-    if stray:
-        raise TypeError(f"{cls.__name__} ({code}) defines {', '.join(stray)}, which match no event kind "
-                        f"(known: {', '.join(sorted(EVENT_KINDS))})")
+    _validate(cls)
     existing = _REGISTRY.get(code)
     if existing is not None and existing.__qualname__ != cls.__qualname__:
         raise ValueError(f"check code {code} registered twice ({existing.__name__}, {cls.__name__})")
-    unknown = sorted(set(cls.needs) - set(PROBES))
-    if unknown:
-        raise ValueError(f"{code} needs unknown probe(s) {unknown}; known: {sorted(PROBES)}")
     _REGISTRY[code] = cls
     return cls
+
+
+def _validate(cls: type[Check]) -> None:
+    # A misspelt handler (``on_fowrard``) would never be called: the check would stay silent.
+    stray = stray_handlers(cls)
+    if stray:
+        raise TypeError(f"{cls.__name__} ({cls.code}) defines {', '.join(stray)}, which match no event kind "
+                        f"(known: {', '.join(sorted(EVENT_KINDS))})")
+    unknown = sorted(set(cls.needs) - set(PROBES))
+    if unknown:
+        raise ValueError(f"{cls.code} needs unknown probe(s) {unknown}; known: {sorted(PROBES)}")
+
+
+_CATALOG_FIELDS = ("name", "severity", "summary", "fix", "heuristic", "false_positives")
+
+
+def register_variant(cls: type[Check]) -> type[Check]:
+    """Class decorator: another framework's check of a code that a registered check owns (N101
+    on Keras, D105 on a tf.data pipeline). It shares that code's one catalog entry: its name,
+    severity, summary and fix come from the catalog table (no import of the owner's module, so
+    a TensorFlow-only install works), and ``--select``/``--ignore`` treat it as the owner. Its
+    ``scope`` says which framework observer enables it (``framework_checks``); its handlers and
+    ``needs`` are validated as ``register`` validates a check's."""
+    entry = rule(cls.code)
+    for name in _CATALOG_FIELDS:
+        if name not in cls.__dict__:
+            setattr(cls, name, getattr(entry, name))
+    _validate(cls)
+    note_variant(cls)
+    return cls
+
+
+def framework_checks(scope: str, select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[type[Check]]:
+    """The enabled checks a framework observer adds to its session (``Session.add_checks``): the
+    registered checks of its scope ("keras", "tfdata"), then the variants of shared codes it runs."""
+    select, ignore = list(select), list(ignore)
+    owned = enabled_checks(select, ignore, scope)
+    shared = [v for known in _VARIANTS.values() for v in known
+              if v.scope == scope and is_enabled(v, select, ignore)]
+    return owned + sorted(shared, key=lambda v: v.code)
 
 
 def load_all() -> None:

@@ -37,12 +37,12 @@ class _AcceleratorScalar:
 
 def _fit_observer():
     from nndoctor.engine import Session
-    from nndoctor.keras import shared_codes
     from nndoctor.keras.instrument import KerasObserver, _Call
+    from nndoctor.registry import framework_checks
 
     session = Session(select=["N101", "L106"])
+    session.add_checks(framework_checks("keras", session.select))  # what KerasObserver.patch does
     observer = KerasObserver(type("Installation", (), {"session": session})())
-    observer.shared = shared_codes.SharedCodes.for_session(session)
     call = _Call("fit", None, means=[])
     observer.calls.append(call)
     return session, observer, call

@@ -1,8 +1,10 @@
 """K checks on Keras 3 ``fit``/``evaluate`` (torch backend), run in-process like the PyTorch fixtures.
 
-- every buggy fixture in tests/fixtures/keras fires its check at the line marked ``# expect``;
-- the correct Keras programs there report no error or warning from any check (PyTorch or K);
-- patches are undone, ``--max-steps`` stops a ``fit``, ``evaluate`` is observed too.
+The fixture contract (every buggy fixture in tests/fixtures/keras fires at its ``# expect`` line and
+matches its snapshot ``keras/<fixture>.<CODE>.txt``; the correct programs stay silent) is checked
+by the one conformance harness, ``tests/test_conformance.py`` (``test_keras_*``). Here: patches
+are undone, ``--max-steps`` stops a ``fit``, ``evaluate`` is observed too, and the shared codes'
+Keras rules on edge cases.
 """
 
 from __future__ import annotations
@@ -11,49 +13,11 @@ import textwrap
 
 import pytest
 
-from nndoctor.findings import Severity
-from nndoctor.registry import all_checks
-from tests.conftest import FIXTURES, expected_lines, run_script
-from tests.snapshot import assert_findings_snapshot
+from tests.conftest import FIXTURES, run_script
 
 pytest.importorskip("keras")
 
 KERAS_FIXTURES = FIXTURES / "keras"
-BUGGY = sorted(KERAS_FIXTURES.glob("buggy_*.py"))
-CORRECT = sorted(KERAS_FIXTURES.glob("correct_*.py"))
-K_CHECKS = all_checks("keras")
-
-
-def test_every_keras_check_has_a_buggy_fixture():
-    # K105/K109 are custom-loop checks: their fixtures run on TensorFlow (tests/fixtures/keras_tf).
-    tf_buggy = sorted((FIXTURES / "keras_tf").glob("buggy_*.py"))
-    marked = {code for path in [*BUGGY, *tf_buggy] for code in expected_lines(path)}
-    assert {c.code for c in K_CHECKS} <= marked
-    assert {"K101", "K102", "K103", "K104", "K108"} <= {c.code for c in K_CHECKS}
-
-
-@pytest.mark.parametrize("path", BUGGY, ids=lambda p: p.stem)
-def test_buggy_fixture_fires_at_marked_line(path):
-    for code, lines in expected_lines(path).items():
-        report = run_script(path, select=[code])
-        found = report.by_code(code)
-        assert found, f"{code} did not fire on {path.name}: {report.internal_errors}"
-        assert {f.location.line for f in found if f.location} & lines, [str(f.location) for f in found]
-        assert all(f.location and f.location.path.endswith(path.name) for f in found)
-        assert not report.internal_errors, report.internal_errors
-        # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
-        assert_findings_snapshot(f"keras/{path.stem}.{code}", report.findings, base=KERAS_FIXTURES,
-                                 source=f"nndoctor run --select {code} {path.name}")
-
-
-@pytest.mark.parametrize("path", CORRECT, ids=lambda p: p.stem)
-def test_correct_keras_program_is_silent(path):
-    report = run_script(path)
-    bad = [f for f in report.findings if f.severity >= Severity.WARNING]
-    assert not bad, "\n".join(f"{f.code} {f.location}: {f.message}" for f in bad)
-    assert report.status == "completed", report.traceback
-    assert not report.internal_errors, report.internal_errors
-    assert report.steps > 0
 
 
 def test_messages_state_the_evidence():
@@ -111,7 +75,7 @@ def test_patches_are_undone():
 # -- shared codes N101, L106, D105 -----------------------------------------------------------
 
 def test_batch_losses_are_recovered_from_the_running_epoch_means():
-    from nndoctor.keras.shared_codes import batch_losses_from_means
+    from nndoctor.keras.training_variants import batch_losses_from_means
 
     losses = [2.0, 1.0, 3.0, 0.5, 4.0]
     means = [(i, sum(losses[: i + 1]) / (i + 1)) for i in range(len(losses))]
@@ -124,7 +88,7 @@ def test_batch_losses_are_recovered_from_the_running_epoch_means():
 def test_ordered_batches_read_the_training_part_of_a_validation_split():
     import numpy as np
 
-    from nndoctor.keras.shared_codes import ordered_batches
+    from nndoctor.keras.data_variants import ordered_batches
     from nndoctor.tfdata.labels import ordered_evidence
 
     y = np.repeat(np.arange(4), 64)

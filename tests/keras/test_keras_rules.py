@@ -15,6 +15,7 @@ from nndoctor.keras.checks import (
     LogitsWithoutFromLogits,
     SoftmaxWithFromLogits,
 )
+from nndoctor.keras.events import KerasBatch
 
 
 def batch(*, loss=None, activation=None, x=None, y=None, pred=None, conv=None) -> kf.BatchFacts:
@@ -25,8 +26,8 @@ def batch(*, loss=None, activation=None, x=None, y=None, pred=None, conv=None) -
 
 
 def fired(check_cls, facts: kf.BatchFacts) -> bool:
-    session = Session(checks=[])
-    check_cls(session).inspect(facts)
+    session = Session(checks=[check_cls])
+    session.emit(KerasBatch(facts=facts))
     return bool(session.report.by_code(check_cls.code))
 
 

@@ -18,6 +18,7 @@ import torch
 from nndoctor.checks._params import optimizer_params, spread_sample, value_slice
 from nndoctor.events import RunEnd, StepEnd, StepStart
 from nndoctor.findings import Location, Severity
+from nndoctor.gradient_explosion import EXPLOSION_GROWTH, EXPLOSION_HUGE, explosion_verdict
 from nndoctor.instrument.numerics_probe import (
     GradientStats,
     cached_gradient_stats,
@@ -28,27 +29,6 @@ from nndoctor.subscribers import sampled_only
 
 
 # -- O104 ----------------------------------------------------------------------------------------
-def explosion_verdict(norms: list[float], growth: float, huge: float,
-                      baseline_steps: int = 3) -> tuple[str, float, float] | None:
-    """("growth"|"huge", current norm, baseline) when the latest total norm is explosive.
-
-    ``norms`` are the finite total gradient norms of the sampled steps so far, oldest first.
-    The baseline is the median of the first ``baseline_steps``; the latest norm explodes when
-    it is ``growth`` times the baseline, or above ``huge`` outright.
-    """
-    if not norms:
-        return None
-    current = norms[-1]
-    if len(norms) > baseline_steps:
-        baseline = statistics.median(norms[:baseline_steps])
-        if baseline > 0 and current >= growth * baseline:
-            return ("growth", current, baseline)
-    if current >= huge:
-        baseline = statistics.median(norms[:baseline_steps])
-        return ("huge", current, baseline)
-    return None
-
-
 @register
 class ExplodingGradients(Check):
     """
@@ -89,8 +69,8 @@ class ExplodingGradients(Check):
     severity = Severity.WARNING
     summary = "gradient norm grows by orders of magnitude or is huge"
     fix = "lower the learning rate, clip gradients (clip_grad_norm_), normalise inputs and targets"
-    GROWTH = 1e3
-    HUGE = 1e5
+    GROWTH = EXPLOSION_GROWTH
+    HUGE = EXPLOSION_HUGE
 
     def __init__(self, session) -> None:
         super().__init__(session)

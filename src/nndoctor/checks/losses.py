@@ -23,10 +23,12 @@ from nndoctor.instrument.stats import cached_item
 from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
     DIVERGING_RATIO,
     DIVERGING_Z,
+    MAX_TREND_VALUES,
     NOT_DECREASING_RATIO,
     NOT_DECREASING_Z,
     TREND_MIN_POINTS,
     TREND_MIN_STEPS,
+    halved,
     loss_trend,
     mann_kendall_z,
     thirds_ratio,
@@ -581,7 +583,7 @@ class LossNotDecreasing(Check):
     summary = "no downward trend of the training loss over the observed window, or divergence"
     fix = "check the learning rate (LR range test), that labels match inputs, and that the optimizer updates the model"
 
-    _MAX_VALUES = 4096
+    _MAX_VALUES = MAX_TREND_VALUES
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -628,8 +630,7 @@ class LossNotDecreasing(Check):
 
     def _halve_if_long(self) -> None:
         if len(self._values) > self._MAX_VALUES:  # halve the resolution, keep the whole window
-            v = self._values
-            self._values = [(v[i] + v[i + 1]) / 2 for i in range(0, len(v) - 1, 2)]
+            self._values = halved(self._values)
 
     def on_run_end(self, event: RunEnd) -> None:
         self._flush()

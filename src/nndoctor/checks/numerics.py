@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from nndoctor import dead_units
 from nndoctor.checks._params import scaler_enabled
 from nndoctor.events import Forward, ModuleOutput, RunEnd, StepStart
 from nndoctor.findings import Location, Severity
@@ -188,11 +189,11 @@ class DeadRelu(Check):
     summary = "a ReLU layer with ≥90% of units never active"
     fix = "lower the learning rate, use Kaiming init or LeakyReLU/GELU, or add normalisation before the ReLU"
     heuristic = True
-    DEAD_FRACTION = 0.9
-    MIN_SAMPLES = 64
-    MIN_BATCHES = 4
+    DEAD_FRACTION = dead_units.DEAD_FRACTION
+    MIN_SAMPLES = dead_units.MIN_SAMPLES
+    MIN_BATCHES = dead_units.MIN_BATCHES
     WINDOW = 8
-    SAMPLES_PER_BATCH = 32
+    SAMPLES_PER_BATCH = dead_units.SAMPLES_PER_BATCH
 
     def __init__(self, session) -> None:
         super().__init__(session)

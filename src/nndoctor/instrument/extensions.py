@@ -35,8 +35,8 @@ def plain_features() -> tuple[Feature, ...]:
         # Keras 3 fit/evaluate: step counting and --max-steps for every Keras run (like
         # manual_steps), and the K checks; only an import hook until the script imports keras
         Feature("keras", keras_instrument.install),
-        # tf.data fetch times and pipelines (K106/K107); returns at once when neither is enabled
-        # (they are tfdata-scope checks the observer builds, not the session's run checks)
+        # tf.data fetch times and pipelines (K106/K107, D105's tf.data variant): adds those checks
+        # to the session and returns at once when none is enabled
         Feature("tfdata", tfdata_instrument.install),
         # nndoctor perf on TensorFlow: input wait vs compute per step (returns at once outside perf)
         Feature("perf_tf_timers", perf_tf_instrument.install),

@@ -1,6 +1,7 @@
-"""Keras 3 support: the same doctor for ``model.fit`` / ``model.evaluate`` (K checks).
+"""Keras 3 support: the same doctor for ``model.fit`` / ``model.evaluate`` and custom loops.
 
-``instrument`` patches Keras only when the user's script imports it; ``facts`` turns one
-observed batch into plain numbers; ``checks`` holds the K checks (importing it never
-imports Keras).
+``instrument`` (and ``tf_loops`` on TensorFlow) patches Keras only when the user's script
+imports it and emits the events of ``events`` on the run's session; ``facts`` turns one observed
+batch into plain numbers; ``checks`` and ``loop_checks`` hold the K checks, ``data_variants`` and
+``training_variants`` the Keras classes of codes PyTorch owns (importing them never imports Keras).
 """

@@ -1,16 +1,18 @@
 """K checks: Keras 3 ``fit`` / ``evaluate`` bugs (K101–K104, K108).
 
-Each check reads one ``BatchFacts`` (plain numbers, see ``nndoctor.keras.facts``) through
-``inspect``; the Keras instrumentation calls it for the first batch of every ``fit`` and
-``evaluate`` call. Importing this module never imports Keras.
+Each check is an ordinary ``on_<kind>`` check: it reads the ``BatchFacts`` (plain numbers, see
+``nndoctor.keras.facts``) of a ``KerasBatch`` event, which the Keras instrumentation emits on
+the run's session for the first batch of every ``fit`` and ``evaluate`` call (and custom
+loops' first batches). Importing this module never imports Keras.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from nndoctor.findings import Location, Severity
-from nndoctor.keras.facts import BatchFacts, looks_like_probabilities
+from nndoctor.keras.events import KerasBatch
+from nndoctor.keras.facts import looks_like_probabilities
 from nndoctor.registry import Check, register
 
 _PROBABILITY_ACTIVATIONS = ("softmax", "sigmoid")
@@ -21,11 +23,9 @@ _MIN_SPATIAL = 8
 
 
 class KerasCheck(Check):
-    scope: ClassVar[str] = "keras"
+    """A check that the Keras observer enables on the session (``registry.framework_checks``)."""
 
-    def inspect(self, batch: BatchFacts) -> None:  # pragma: no cover - overridden
-        # Every registered Keras check overrides this; reaching it is a programming error.
-        raise TypeError(f"{type(self).__name__} must define inspect()")
+    scope: ClassVar[str] = "keras"
 
     def _report_once(self, key: object, message: str, *, location: Location | None, evidence: dict,
                      severity: Severity | None = None) -> None:
@@ -34,6 +34,25 @@ class KerasCheck(Check):
             return
         seen.add(key)
         self.report(message, location=location, evidence=evidence, step=self.session.step, severity=severity)
+
+
+class KerasVariant(Check):
+    """The Keras/TensorFlow class of a code PyTorch owns (``registry.register_variant``: one catalog
+    entry, the owner's metadata), enabled by the Keras observer on the session
+    (``keras/data_variants.py``, ``keras/training_variants.py``)."""
+
+    scope: ClassVar[str] = "keras"
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self._seen: set[object] = set()
+
+    def _once(self, key: object) -> bool:
+        """True the first time ``key`` is seen (one finding per model, phase or line)."""
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
 
 def _where(location: Location | None) -> str:
@@ -100,7 +119,10 @@ class SoftmaxWithFromLogits(KerasCheck):
     summary = "softmax/sigmoid outputs into a loss with `from_logits=True`"
     fix = "Remove the final softmax/sigmoid (output logits), or compile the loss with from_logits=False."
 
-    def inspect(self, batch: BatchFacts) -> None:
+    def on_keras_batch(self, event: KerasBatch) -> None:
+        batch = event.facts
+        if batch is None:
+            return
         loss, pred = batch.loss, batch.y_pred
         if loss is None or loss.kind is None or not loss.from_logits or pred is None:
             return
@@ -180,7 +202,10 @@ class LogitsWithoutFromLogits(KerasCheck):
     summary = "unbounded outputs into a loss that expects probabilities"
     fix = "Compile the loss with from_logits=True, or end the model with a softmax/sigmoid activation."
 
-    def inspect(self, batch: BatchFacts) -> None:
+    def on_keras_batch(self, event: KerasBatch) -> None:
+        batch = event.facts
+        if batch is None:
+            return
         loss, pred = batch.loss, batch.y_pred
         if loss is None or loss.kind is None or loss.from_logits or pred is None or not pred.has_values:
             return
@@ -241,7 +266,10 @@ class LabelEncodingMismatch(KerasCheck):
     summary = "one-hot labels with a sparse loss, or integer labels with a categorical loss"
     fix = "Use the loss that matches the labels (Sparse* for integer ids, Categorical* for one-hot)."
 
-    def inspect(self, batch: BatchFacts) -> None:
+    def on_keras_batch(self, event: KerasBatch) -> None:
+        batch = event.facts
+        if batch is None:
+            return
         loss, y, pred = batch.loss, batch.y, batch.y_pred
         if loss is None or y is None or pred is None or len(pred.shape) < 2:
             return
@@ -303,7 +331,10 @@ class KerasBatchNormMomentumFromPytorch(KerasCheck):
 
     threshold = 0.5
 
-    def inspect(self, batch: BatchFacts) -> None:
+    def on_keras_batch(self, event: KerasBatch) -> None:
+        batch = event.facts
+        if batch is None:
+            return
         for bn in batch.batch_norms:
             if bn.momentum > self.threshold:
                 continue
@@ -355,7 +386,10 @@ class DataFormatMismatch(KerasCheck):
     summary = "channels_first data into channels_last layers or the reverse"
     fix = "Transpose the data to the layers' data_format, or set data_format on the conv layers."
 
-    def inspect(self, batch: BatchFacts) -> None:
+    def on_keras_batch(self, event: KerasBatch) -> None:
+        batch = event.facts
+        if batch is None:
+            return
         conv, x = batch.first_conv, batch.x
         if conv is None or x is None or len(x.shape) < 4:
             return

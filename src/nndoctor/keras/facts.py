@@ -84,6 +84,30 @@ class BatchFacts:
     logits_kept: bool = False
 
 
+# -- custom training loops (TensorFlow): K105, K109 --------------------------------------
+@dataclass(frozen=True)
+class ModelCall:
+    """One call of a model (or layer) from the user's code."""
+
+    model_name: str
+    training: bool | None  # as passed; None when the call does not pass training=
+    under_tape: bool  # made while a tf.GradientTape records
+    location: Location | None
+    mode_layers: tuple[str, ...]  # "Dropout 'dropout'", "BatchNormalization 'bn'"…
+
+
+@dataclass
+class TraceHistory:
+    """The calls and traces of one ``tf.function``."""
+
+    name: str
+    definition: Location | None
+    calls: int = 0
+    consecutive_traces: int = 0  # calls in a row, the latest included, that traced a new graph
+    # One entry per trace: argument name -> description ("float 0.1", "tensor (17, 8) float32").
+    traces: list[dict[str, str]] = field(default_factory=list)
+
+
 # -- pure helpers ------------------------------------------------------------------------
 
 def loss_kind(name: str) -> str | None:

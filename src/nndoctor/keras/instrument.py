@@ -1,8 +1,9 @@
 """Zero-code-change instrumentation of Keras 3 ``Model.fit`` / ``Model.evaluate``.
 
 Importing Keras costs seconds, so nothing here imports it: when the user's script has
-already imported Keras at install time it is patched at once, otherwise a
-``sys.meta_path`` finder patches it right after the script's own ``import keras``.
+already imported Keras at install time it is patched at once, otherwise the post-import hook
+(``tfdata.hooks.when_imported``, the one every TensorFlow-side feature uses) patches it right
+after the script's own ``import keras``.
 Every patch is recorded on the installation's patcher and undone at the end of the run.
 
 What is patched, and why:
@@ -25,7 +26,6 @@ What is patched, and why:
 
 from __future__ import annotations
 
-import importlib.abc
 import inspect
 import math
 import os
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 from nndoctor.findings import Location
 from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.keras import facts as kf
-from nndoctor.keras import shared_codes
-from nndoctor.keras.checks import KerasCheck
-from nndoctor.registry import all_checks, is_enabled
+from nndoctor.keras.events import FitEnded, FitStarted, InitialLoss, KerasBatch, TrainLoss
+from nndoctor.registry import framework_checks
+from nndoctor.tfdata.hooks import when_imported
 from nndoctor.user_code import user_location
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class _Call:
     logits_kept: bool = False  # the predictions carry the logits of their softmax/sigmoid (TensorFlow)
     classes: int = 0  # outputs of a sparse/categorical cross-entropy classifier (L105, L108)
     accuracies: list[tuple[int, float]] = field(default_factory=list)  # (batch, logs' accuracy): L108
-    label_counts: list[float] | None = None  # class counts of the y given to fit (L108)
+    read_accuracy: bool = False  # labels were given to fit: its accuracy metric is read too (L108)
     batch_size: int = 32
 
 
@@ -84,8 +84,6 @@ class KerasObserver:
         self.calls: list[_Call] = []
         self.compile_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
         self.layer_locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
-        self.checks: list[Any] = []
-        self.shared: shared_codes.SharedCodes | None = None
         self.enabled = True
         self._keras_depth = 0
         self._saved_active = False
@@ -105,9 +103,9 @@ class KerasObserver:
         from keras.src.layers.convolutional.base_conv import BaseConv
 
         session = self.session
-        self.checks = [cls(session) for cls in all_checks("keras")
-                       if issubclass(cls, KerasCheck) and is_enabled(cls, session.select, session.ignore)]
-        self.shared = shared_codes.SharedCodes.for_session(session)
+        # The K checks (and the custom-loop ones) become the session's: the observer emits
+        # events, the session dispatches them.
+        session.add_checks(framework_checks("keras", session.select, session.ignore))
         patcher = self.installation.patcher
         model_cls = keras.Model
         self._patch_recording_init(keras.layers.BatchNormalization)
@@ -136,7 +134,7 @@ class KerasObserver:
                     call.observed = True  # do not retry every batch
                     self.session.internal_error("keras instrumentation", error)
             loss = original_loss(model, *args, **kwargs)
-            if call is not None and call.phase == "fit" and self.shared is not None and self.enabled:
+            if call is not None and call.phase == "fit" and self.enabled and self.session.wants(TrainLoss.kind):
                 self._guard(lambda: self._check_loss(model, call, loss, args, kwargs))
             return loss
 
@@ -147,13 +145,19 @@ class KerasObserver:
         self._patch_keras_owned(model_cls, "predict")
         self._patch_loss_call(keras)
         patcher.on_undo(self._disable)
-        shared = self.shared  # set once, above
-        if shared is not None:
-            patcher.on_undo(lambda: self._guard(shared.conclude))
         if self.backend == "tensorflow":
             from nndoctor.keras import tf_loops
 
             tf_loops.install(self, keras)
+
+    def patch_imported(self, keras: Any) -> None:
+        """Patch Keras once the script has imported it (``tfdata.hooks.when_imported``)."""
+        if not hasattr(keras, "Model"):
+            return  # a Keras still being imported: what it defines is not there yet
+        try:
+            self.patch(keras)
+        except Exception as error:  # noqa: BLE001 - observer rule: the run goes on unobserved
+            self.session.internal_error("keras instrumentation", error)
 
     def _disable(self) -> None:
         self.enabled = False
@@ -163,9 +167,9 @@ class KerasObserver:
         """A custom loop calls its loss object itself (``loss_fn(y, model(x))``): K101 reads the
         predictions of its first calls, as ``fit``'s compiled loss is read in ``compute_loss``, and
         L105 the value of a classification loss computed before the first optimizer step."""
-        check = next((c for c in self.checks if c.code == "K101"), None)
-        initial = self.shared is not None and "L105" in self.shared.checks
-        if check is None and not initial:
+        wanted = self.session.wants(KerasBatch.kind)
+        initial = self.session.wants(InitialLoss.kind)
+        if not wanted and not initial:
             return
         original = self.installation.patcher.patch(keras.losses.Loss, "__call__", None)
         inspected: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -175,7 +179,7 @@ class KerasObserver:
                 and os.getpid() == self.session.pid
             frame = sys._getframe(1) if watch else None
             if watch:
-                self._guard(lambda: self._inspect_loop_loss(check, loss, args, kwargs, frame, inspected))
+                self._guard(lambda: self._inspect_loop_loss(loss, args, kwargs, frame, inspected))
             result = original(loss, *args, **kwargs)
             if watch and initial and self.session.step == 0:
                 self._guard(lambda: self._loop_initial_loss(loss, args, kwargs, result, frame))
@@ -185,10 +189,10 @@ class KerasObserver:
         self.installation.patcher.patch(keras.losses.Loss, "__call__", __call__)
 
     def inspect_loop_input(self, model: Any, x: Any, location: Location | None) -> None:
-        """D101 on the input a custom loop gives its model under a GradientTape (its first call)."""
-        if self.shared is None or "D101" not in self.shared.checks:
+        """The input a custom loop gives its model under a GradientTape (its first call): D101."""
+        if not self.session.wants(KerasBatch.kind):
             return
-        self.shared.inspect(kf.BatchFacts(
+        self._emit_batch(kf.BatchFacts(
             phase="the training loop", call_location=location, compile_location=None, loss=None,
             output_layer=None, output_activation=None, output_location=None, x=kf.summarize(x), y=None,
             y_pred=None, first_conv=None, leading_layers=_leading_layers(_layers(model)), backend=self.backend))
@@ -198,7 +202,7 @@ class KerasObserver:
 
         return tf_user_location(frame) if self.backend == "tensorflow" else user_location(frame)
 
-    def _inspect_loop_loss(self, check: Any, loss: Any, args: tuple, kwargs: dict, frame: Any,
+    def _inspect_loop_loss(self, loss: Any, args: tuple, kwargs: dict, frame: Any,
                            inspected: weakref.WeakKeyDictionary) -> None:
         from nndoctor.keras.tf_location import called_from_user
 
@@ -209,13 +213,13 @@ class KerasObserver:
         if not called_from_user(frame):
             return  # a loss called by Keras or another library
         y_pred = args[1] if len(args) > 1 else kwargs.get("y_pred")
-        pred = kf.summarize(y_pred) if config.from_logits and check is not None else None
+        pred = kf.summarize(y_pred) if config.from_logits and self.session.wants(KerasBatch.kind) else None
         if pred is None or pred.has_values:
             inspected[loss] = inspected.get(loss, 0) + 1
         if pred is None:
             return
         kept = kf.loss_reads_logits(y_pred, self.backend)
-        check.inspect(kf.BatchFacts(
+        self._emit_batch(kf.BatchFacts(
             phase="the training loop", call_location=self._loop_location(frame), compile_location=None,
             loss=config, output_layer=None, output_activation=None, output_location=None, x=None, y=None,
             y_pred=pred, first_conv=None, backend=self.backend, logits_kept=kept))
@@ -233,11 +237,12 @@ class KerasObserver:
                 or not called_from_user(frame):
             return  # traced (no value), or a per-sample loss (reduction=None)
         classes = int(shape[-1]) if shape[-1] is not None else 0
-        if classes < 2 or self.shared is None:
+        if classes < 2:
             return
         value = float(result.detach() if hasattr(result, "detach") else result)  # one scalar, once
-        self.shared.initial_loss(("loop", id(loss)), [value], classes, self._loop_location(frame),
-                                 "the training loop")
+        self.session.emit(InitialLoss(step=0, sampled=True, series=("loop", id(loss)), value=value, classes=classes,
+                                      where="the training loop", called_at=self._loop_location(frame)))
+
     def _enter_keras(self) -> None:
         if self._keras_depth == 0:
             self._saved_active = self.session.active
@@ -311,7 +316,7 @@ class KerasObserver:
         bound.arguments["callbacks"] = [*(callbacks or ()), self._callback_cls()]
         return bound.args[1:], bound.kwargs
 
-    # -- shared codes: D105 at fit, N101 and L106 from the training losses --------------------
+    # -- the fit's arrays and training losses: D105, L108, N101, L106, L105, N103 ----------------
     def _before_fit(self, record: _Call, given: dict) -> None:
         record.first_step = self.session.step
         record.means = []
@@ -325,25 +330,28 @@ class KerasObserver:
         stateful = any(getattr(layer, "stateful", False) for layer in _layers(given["self"])) \
             if "self" in given else False  # a stateful RNN needs the order: shuffle=False is required there
         record.batch_size = int(given.get("batch_size") or 32)
-        if self.shared is not None and given.get("y") is not None:
-            record.label_counts = self.shared.label_counts(given["y"], record.validation_split)
-        if self.shared is not None and given.get("y") is not None and hasattr(x, "shape") and not stateful:
-            batch_size = given.get("batch_size") or 32
-            self.shared.unshuffled_fit(given["y"], given.get("shuffle", True), int(batch_size),
-                                       float(given.get("validation_split") or 0.0), record.location)
+        session = self.session
+        record.read_accuracy = given.get("y") is not None and session.wants(FitEnded.kind)
+        if session.wants(FitStarted.kind):
+            session.emit(FitStarted(
+                step=session.step, sampled=True, model=given.get("self"), labels=given.get("y"),
+                arrays=hasattr(x, "shape"), shuffle=given.get("shuffle", True), batch_size=record.batch_size,
+                validation_split=record.validation_split, stateful=stateful, called_at=record.location))
 
     def _check_loss(self, model: Any, call: _Call, loss: Any, args: tuple, kwargs: dict) -> None:
-        """N101 before the update: an eager CPU training loss that is NaN/Inf, its batch run again."""
-        shared = self.shared
-        if shared is None or not shared.wants_nonfinite(id(model)) or kf.is_symbolic_value(loss):
+        """N101 before the update: an eager CPU training loss that is NaN/Inf, emitted with its batch
+        (to be run again through the layers); a finite one is left to the callback's running mean."""
+        if kf.is_symbolic_value(loss):
             return
         values = self._loss_signature.bind(model, *args, **kwargs).arguments
         if not values.get("training", True):
             return  # fit's validation pass
         finite = kf.scalar_finite_on_cpu(loss)
         if finite is False:
-            shared.nonfinite_loss(id(model), self.session.step, call.location, "fit", model, values.get("x"),
-                                  exact=True)
+            session = self.session
+            value = float(loss.detach() if hasattr(loss, "detach") else loss)  # one CPU scalar
+            session.emit(TrainLoss(step=session.step, sampled=True, value=value, series=id(model), where="fit",
+                                   called_at=call.location, model=model, inputs=values.get("x"), exact=True))
 
     def settle_batch(self, model: Any, batch: int, *, flush: bool) -> None:
         """The callback's view of one finished training batch (read when the next batch begins, or
@@ -356,13 +364,11 @@ class KerasObserver:
         batch while the accelerator computes (measured on an H200, Keras's torch backend, a small CNN:
         ~1.4 ms a step). Its step and batch are those of the batch it belongs to."""
         call = self.calls[-1] if self.calls else None
-        if self.shared is None or call is None or call.phase != "fit":
-            return
-        if call.means is None and not self.shared.wants_nonfinite(id(model)):
+        if call is None or call.phase != "fit" or not self._reads_losses():
             return
         value = self._batch_loss(model, call)
         if value is not None:
-            accuracy = _returned_accuracy(call.logs) if call.label_counts is not None else None
+            accuracy = _returned_accuracy(call.logs) if call.read_accuracy else None
             call.lagged.append((batch, self.session.step, value, accuracy))
         keep = LOSS_LAG if not flush and value is not None and _on_accelerator(value) else 0
         while len(call.lagged) > keep:
@@ -396,7 +402,7 @@ class KerasObserver:
         original = getattr(model, "train_function", None)
         if call is None or call.phase != "fit" or original is None or not _keras_train_step(model):
             return
-        if self.shared is None or (call.means is None and not self.shared.wants_nonfinite(id(model))):
+        if not self._reads_losses():
             return
 
         def train_function(*args: Any, **kwargs: Any) -> Any:
@@ -421,34 +427,36 @@ class KerasObserver:
     def training_loss(self, model: Any, batch: int, value: float, step: int) -> None:
         """One training batch's ``logs["loss"]`` (the epoch's running mean), after ``step`` steps."""
         call = self.calls[-1] if self.calls else None
-        if self.shared is None or call is None or call.phase != "fit":
+        if call is None or call.phase != "fit":
             return
-        if not math.isfinite(value) and self.shared.wants_nonfinite(id(model)):
+        session = self.session
+        if not math.isfinite(value) and session.wants(TrainLoss.kind):
+            # Run again on the data given to fit: the failing batch ran inside the train function.
             x = call.x_ref() if call.x_ref is not None else None
-            self.shared.nonfinite_loss(id(model), step, call.location, "fit", model, x, exact=False)
+            session.emit(TrainLoss(step=step, sampled=True, value=value, series=id(model), where="fit",
+                                   called_at=call.location, model=model, inputs=x, exact=False))
         if call.means is not None:
             call.means.append((int(batch), value))
 
     def _after_fit(self, model: Any, record: _Call) -> None:
-        if self.shared is None:
-            return
-        x = record.x_ref() if record.x_ref is not None else None
-        self.shared.dead_relu_after_fit(model, x, record.validation_split, record.location)
+        session = self.session
         first_fit = model not in self.fitted
         self.fitted.add(model)
-        if not record.means:
-            return
-        if first_fit and record.classes and record.means[0][0] == 0:  # batch 0's loss, before the first update
-            self.shared.initial_loss(("fit", id(model)), [record.means[0][1]], record.classes, record.location, "fit")
-        if record.classes and record.label_counts is not None and len(record.label_counts) <= record.classes:
-            counts = record.label_counts + [0.0] * (record.classes - len(record.label_counts))
-            self.shared.loss_at_chance(("fit", id(model)), record.means, record.accuracies, counts,
-                                       record.batch_size, record.location)
-        series = self.shared.loss_series(("fit", id(model)), record.location, record.first_step, "fit")
-        if series is not None:
-            for value in shared_codes.batch_losses_from_means(record.means):
-                series.add(value, self.session.step)
-            series.last_step = self.session.step
+        means = record.means or []
+        # Batch 0's loss of a model's first fit was computed before any update: L105.
+        if means and first_fit and record.classes and means[0][0] == 0 and session.wants(InitialLoss.kind):
+            session.emit(InitialLoss(step=0, sampled=True, series=("fit", id(model)), value=means[0][1],
+                                     classes=record.classes, where="fit", called_at=record.location))
+        if session.wants(FitEnded.kind):
+            x = record.x_ref() if record.x_ref is not None else None
+            session.emit(FitEnded(
+                step=session.step, sampled=True, model=model, inputs=x, validation_split=record.validation_split,
+                called_at=record.location, first_step=record.first_step, means=means,
+                accuracies=record.accuracies, classes=record.classes, batch_size=record.batch_size))
+
+    def _reads_losses(self) -> bool:
+        """Are fit's training losses wanted (N101 at once; L105 and the others when fit ends)?"""
+        return any(self.session.wants(kind) for kind in (TrainLoss.kind, InitialLoss.kind, FitEnded.kind))
 
     # -- observing ---------------------------------------------------------------------
     def _observe(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> bool:
@@ -524,15 +532,11 @@ class KerasObserver:
         if loss is not None and loss.kind in ("sparse", "categorical") and y_pred is not None \
                 and len(y_pred.shape) == 2 and y_pred.shape[-1] >= 2:
             call.classes = int(y_pred.shape[-1])
-        for check in list(self.checks):
-            try:
-                check.inspect(batch)
-            except Exception as error:  # noqa: BLE001 - a broken check must not break the run
-                self.session.internal_error(f"{check.code} {check.name} on keras batch", error)
-                self.checks.remove(check)
-        if self.shared is not None:
-            self.shared.inspect(batch)
+        self._emit_batch(batch)
         return y_pred is None or y_pred.has_values
+
+    def _emit_batch(self, batch: kf.BatchFacts) -> None:
+        self.session.emit(KerasBatch(step=self.session.step, sampled=True, facts=batch))
 
     def _first_conv(self, layers: list[Any]) -> kf.ConvFacts | None:
         from keras.src.layers.convolutional.base_conv import BaseConv
@@ -719,55 +723,6 @@ def _make_callback_class(keras: Any, observer: KerasObserver) -> type:
     return NndoctorCallback
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Lets ``import keras`` run as usual, then patches the imported package."""
-
-    def __init__(self, observer: KerasObserver) -> None:
-        self.observer = observer
-        self._loader: Any = None
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "keras" or self.observer.patched:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                self._loader = spec.loader
-                spec.loader = self
-                return spec
-            if spec is not None:
-                return None
-        return None
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        # Later reloads use Keras's own loader.
-        module.__spec__.loader = module.__loader__ = self._loader
-        try:
-            self.observer.patch(module)
-        except Exception as error:  # noqa: BLE001 - observer rule: keras is imported either way
-            self.observer.session.internal_error("keras instrumentation", error)
-        self.remove()
-
-    def remove(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-
 def install(installation: InstallationProtocol) -> None:
     observer = KerasObserver(installation)
-    keras = sys.modules.get("keras")
-    if keras is not None and hasattr(keras, "Model"):
-        try:
-            observer.patch(keras)
-        except Exception as error:  # noqa: BLE001 - observer rule: the run goes on unobserved
-            installation.session.internal_error("keras instrumentation", error)
-        return
-    hook = _PatchAfterImport(observer)
-    sys.meta_path.insert(0, hook)
-    installation.patcher.on_undo(hook.remove)
+    when_imported("keras", observer.patch_imported, installation.patcher)

@@ -3,42 +3,21 @@
 
 They read plain facts (``ModelCall``, ``TraceHistory``) that ``nndoctor.keras.tf_loops``
 collects from ``Layer.__call__``, ``tf.GradientTape``, ``optimizer.apply`` and
-``tf.function`` calls. Importing this module never imports TensorFlow or Keras.
+``tf.function`` calls and emits on the run's session (``KerasModelCall``,
+``FunctionTraced``). Importing this module never imports TensorFlow or Keras.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 from nndoctor.findings import Location, Severity
+from nndoctor.keras.events import FunctionTraced, KerasModelCall
+from nndoctor.keras.facts import ModelCall
 from nndoctor.registry import Check, register
 
 # PyTorch's M101/M102 (a module left in the wrong mode) have no Keras form: a Keras model
 # has no persistent train/eval mode, the mode is the ``training`` argument of each call (K105).
-
-
-@dataclass(frozen=True)
-class ModelCall:
-    """One call of a model (or layer) from the user's code."""
-
-    model_name: str
-    training: bool | None  # as passed; None when the call does not pass training=
-    under_tape: bool  # made while a tf.GradientTape records
-    location: Location | None
-    mode_layers: tuple[str, ...]  # "Dropout 'dropout'", "BatchNormalization 'bn'"…
-
-
-@dataclass
-class TraceHistory:
-    """The calls and traces of one ``tf.function``."""
-
-    name: str
-    definition: Location | None
-    calls: int = 0
-    consecutive_traces: int = 0  # calls in a row, the latest included, that traced a new graph
-    # One entry per trace: argument name -> description ("float 0.1", "tensor (17, 8) float32").
-    traces: list[dict[str, str]] = field(default_factory=list)
 
 
 def _effects(call: ModelCall, training: bool) -> str:
@@ -133,6 +112,15 @@ class TrainingFlagMisuse(_LoopCheck):
     fix = ("pass training=True to the model call inside the GradientTape of the training step, and "
            "training=False (or nothing) when evaluating or predicting")
 
+    def on_keras_model_call(self, event: KerasModelCall) -> None:
+        call = event.call
+        if call is None:
+            return
+        if call.under_tape:
+            self.training_without_flag(call, event.updated_variables)
+        else:
+            self.evaluation_with_flag(call, event.step)
+
     def training_without_flag(self, call: ModelCall, updated: int) -> None:
         if call.training is not None or not call.under_tape or not call.mode_layers:
             return
@@ -203,8 +191,9 @@ class TfFunctionRetracing(_LoopCheck):
 
     threshold = 6
 
-    def inspect_traces(self, history: TraceHistory, location: Location | None) -> None:
-        if history.consecutive_traces < self.threshold:
+    def on_function_traced(self, event: FunctionTraced) -> None:
+        history = event.history
+        if history is None or history.consecutive_traces < self.threshold:
             return
         recent = history.traces[-history.consecutive_traces:]
         varying = [name for name in recent[0] if len({trace.get(name) for trace in recent}) > 1]
@@ -225,6 +214,6 @@ class TfFunctionRetracing(_LoopCheck):
         python_values = any(not str(recent[0].get(n, "")).startswith("tensor") for n in varying)
         fix = ("pass the changing Python value as a tensor (tf.constant(value)) or a tf.Variable so one graph "
                "serves every call" if python_values else None)
-        self._report_once(("retrace", history.name, history.definition), message, location=location,
+        self._report_once(("retrace", history.name, history.definition), message, location=event.called_at,
                           evidence={"function": history.name, "traces": len(history.traces),
                                     "calls": history.calls, "varying_arguments": varying}, fix=fix)

@@ -29,31 +29,34 @@ import inspect
 import os
 import sys
 import weakref
-from typing import Any, TypeVar
+from typing import Any
 
 from nndoctor.engine import StopRun
 from nndoctor.instrument.wrapping import mark_wrapper
-from nndoctor.keras import loop_checks
-from nndoctor.keras.loop_checks import ModelCall, TraceHistory
+from nndoctor.keras.events import (
+    FunctionTraced,
+    GradientsApplied,
+    KerasBatch,
+    KerasModelCall,
+    TrainLoss,
+)
+from nndoctor.keras.facts import ModelCall, TraceHistory
 from nndoctor.keras.tf_location import called_from_user, tf_user_location
-from nndoctor.registry import Check, is_enabled
 
 # Layers whose output depends on the training flag.
 _MODE_LAYER_MARKERS = ("Dropout", "BatchNormalization", "GaussianNoise", "Random")
 _PYTHON_SCALARS = (bool, int, float, str, type(None))
-LoopCheck = TypeVar("LoopCheck", bound=Check)
 
 
 class LoopObserver:
-    """Custom-loop facts for K105/K109 and step counting of eager and tf.function steps."""
+    """Custom-loop facts for K105/K109 (emitted on the session as ``KerasModelCall`` and
+    ``FunctionTraced`` events) and step counting of eager and tf.function steps."""
 
     def __init__(self, observer: Any, keras: Any) -> None:
         self.observer = observer
         self.session = observer.session
         self.keras = keras
         session = self.session
-        self.flags = self._check(loop_checks.TrainingFlagMisuse)
-        self.retracing = self._check(loop_checks.TfFunctionRetracing)
         self.tape_depth = 0
         self.layer_depth = 0
         self.apply_depth = 0
@@ -72,10 +75,6 @@ class LoopObserver:
         self.last_input: tuple[weakref.ref, Any] | None = None
         self.optimizers: set[int] = set()  # optimizers stepped outside fit (L106 skips GANs)
         self._session_pid = session.pid
-
-    def _check(self, cls: type[LoopCheck]) -> LoopCheck | None:
-        session = self.session
-        return cls(session) if is_enabled(cls, session.select, session.ignore) else None
 
     @property
     def watching(self) -> bool:
@@ -112,7 +111,7 @@ class LoopObserver:
 
         patcher.patch(tape, "__enter__", __enter__)
         patcher.patch(tape, "__exit__", __exit__)
-        if self.observer.shared is not None:
+        if self.session.wants(TrainLoss.kind):
             self._wrap(patcher, tape, "gradient", self._gradient)
 
     @staticmethod
@@ -127,7 +126,10 @@ class LoopObserver:
 
     # -- model calls (K105) ----------------------------------------------------------------
     def _layer_call(self, original: Any, layer: Any, args: tuple, kwargs: dict) -> Any:
-        if self.layer_depth or not self.watching or (self.flags is None and self.observer.shared is None):
+        session = self.session
+        flags = session.wants(KerasModelCall.kind)
+        if self.layer_depth or not self.watching or not (
+                flags or session.wants(KerasBatch.kind) or session.wants(TrainLoss.kind)):
             return original(layer, *args, **kwargs)
         self.layer_depth += 1
         try:
@@ -135,13 +137,13 @@ class LoopObserver:
                 self._remember_input(layer, args[0], sys._getframe(2))
                 if layer not in self.inputs_seen:
                     self._inspect_input(layer, args[0], sys._getframe(2))
-            if self.flags is not None:
-                self._record_call(self.flags, layer, kwargs, sys._getframe(2))
+            if flags:
+                self._record_call(layer, kwargs, sys._getframe(2))
             return original(layer, *args, **kwargs)
         finally:
             self.layer_depth -= 1
 
-    def _record_call(self, flags: loop_checks.TrainingFlagMisuse, layer: Any, kwargs: dict, caller: Any) -> None:
+    def _record_call(self, layer: Any, kwargs: dict, caller: Any) -> None:
         try:
             if not called_from_user(caller):
                 return  # Keras's own train/test step, or a layer inside a model
@@ -155,7 +157,7 @@ class LoopObserver:
             if call.under_tape:
                 self.pending.append((weakref.ref(layer), call))
             elif layer in self.trained:
-                flags.evaluation_with_flag(call, self.session.step)
+                self._emit_call(call, 0)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
 
@@ -171,8 +173,7 @@ class LoopObserver:
 
     def _remember_input(self, layer: Any, x: Any, caller: Any) -> None:
         try:
-            shared = self.observer.shared
-            if shared is not None and shared.wants_nonfinite_anywhere() and called_from_user(caller):
+            if self.session.wants(TrainLoss.kind) and called_from_user(caller):
                 self.last_input = (weakref.ref(layer), x)
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras model call", error)
@@ -195,23 +196,21 @@ class LoopObserver:
 
         import tensorflow as tf
 
-        shared = self.observer.shared
         if not tf.executing_eagerly() or not isinstance(target, tf.Tensor) or target.shape.rank != 0 \
                 or not target.dtype.is_floating:
             return  # traced (tf.function), or not one scalar loss
         if "CPU" not in str(target.device).upper() and not self.session.is_sampled(self.session.step):
             return  # reading an accelerator's loss waits for the step: sampled steps only
         location = tf_user_location(caller)
-        key = ("loop", location)
         value = float(target.numpy())
         step = self.session.step
-        series = shared.loss_series(key, location, step, "the training loop")
-        if series is not None:
-            series.add(value, step)
-            series.optimizers |= self.optimizers
-        if not math.isfinite(value) and shared.wants_nonfinite(key):
-            model, x = (self.last_input[0](), self.last_input[1]) if self.last_input and not compiled else (None, None)
-            shared.nonfinite_loss(key, step, location, "the training loop", model, x, exact=True, compiled=compiled)
+        model, x = (None, None)
+        if not math.isfinite(value) and self.last_input and not compiled:
+            model, x = self.last_input[0](), self.last_input[1]  # N101 runs that batch again
+        self.session.emit(TrainLoss(
+            step=step, sampled=True, value=value, series=("loop", location), where="the training loop",
+            called_at=location, model=model, inputs=x, exact=True, compiled=compiled, in_fit=False,
+            optimizers=frozenset(self.optimizers)))
 
     def _mode_layers(self, layer: Any) -> tuple[str, ...]:
         cached = self.mode_layers.get(layer)
@@ -222,6 +221,9 @@ class LoopObserver:
                            if any(marker in type(sub).__name__ for marker in _MODE_LAYER_MARKERS))
             self.mode_layers[layer] = cached
         return cached
+
+    def _emit_call(self, call: ModelCall, updated: int) -> None:
+        self.session.emit(KerasModelCall(step=self.session.step, sampled=True, call=call, updated_variables=updated))
 
     # -- optimizer steps -------------------------------------------------------------------
     def _apply(self, original: Any, optimizer: Any, args: tuple, kwargs: dict) -> Any:
@@ -250,14 +252,13 @@ class LoopObserver:
                 count = sum(id(v) in updated for v in model.trainable_variables)
                 if count:
                     self.trained.add(model)
-                    if self.flags is not None:
-                        self.flags.training_without_flag(call, count)
+                    self._emit_call(call, count)
             self.pending.clear()
             self.last_input = None
             if not self.inside_fit:
                 self.optimizers.add(id(optimizer))
             grads = kwargs.get("grads", args[0] if args else None)
-            if self.observer.shared is not None and not self.inside_fit and grads is not None:
+            if self.session.wants(GradientsApplied.kind) and not self.inside_fit and grads is not None:
                 self._gradient_norms(optimizer, list(grads), list(variables))
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras optimizer step", error)
@@ -275,7 +276,9 @@ class LoopObserver:
         # arrays differed bitwise on a seeded loop), so traced steps are not measured.
         if tf.executing_eagerly() and self.session.step_sampled(optimizer):
             norms = [(name, float(tf.norm(_dense(g)).numpy())) for name, g in pairs]
-            self.observer.shared.gradient_norms(id(optimizer), norms, self.session.step + 1, location)
+            # The step these gradients make (counted once applied).
+            self.session.emit(GradientsApplied(step=self.session.step + 1, sampled=True, optimizer=id(optimizer),
+                                               norms=norms, called_at=location))
 
     def _after_step(self, optimizer: Any) -> None:
         try:
@@ -318,13 +321,12 @@ class LoopObserver:
                         result: Any) -> None:
         stop = False
         try:
-            if self.retracing is not None and before >= 0:
-                self._count_traces(self.retracing, function, self._tracing_count(function) > before,
-                                   args, kwargs, caller)
+            if before >= 0 and self.session.wants(FunctionTraced.kind):
+                self._count_traces(function, self._tracing_count(function) > before, args, kwargs, caller)
             ref = self.step_functions.get(function)
             optimizer = ref() if ref is not None else None
             if optimizer is not None:
-                loss = _returned_loss(result) if self.observer.shared is not None else None
+                loss = _returned_loss(result) if self.session.wants(TrainLoss.kind) else None
                 if loss is not None:  # before the step is counted, as tape.gradient's target in an eager step
                     self._loss(loss, caller, compiled=True)
                 self.session.count_step(optimizer)
@@ -334,8 +336,7 @@ class LoopObserver:
         if stop:
             raise StopRun()
 
-    def _count_traces(self, retracing: loop_checks.TfFunctionRetracing, function: Any, traced: bool,
-                      args: tuple, kwargs: dict, caller: Any) -> None:
+    def _count_traces(self, function: Any, traced: bool, args: tuple, kwargs: dict, caller: Any) -> None:
         history = self.histories.get(function)
         if history is None:
             python_function = getattr(function, "python_function", None)
@@ -349,7 +350,8 @@ class LoopObserver:
         history.traces.append(self._describe(function, args, kwargs))
         if history.calls > 1:  # the first call always traces
             history.consecutive_traces += 1
-            retracing.inspect_traces(history, tf_user_location(caller))
+            self.session.emit(FunctionTraced(step=self.session.step, sampled=True, history=history,
+                                             called_at=tf_user_location(caller)))
 
     def _describe(self, function: Any, args: tuple, kwargs: dict) -> dict[str, str]:
         if function not in self.signatures:

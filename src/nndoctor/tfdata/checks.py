@@ -3,8 +3,8 @@ buffer far below the dataset size on data that arrives in label order; ``tfdata.
 reports D105 for a pipeline with no shuffle at all: never both).
 
 Each check reads one ``DatasetRecord`` (fetch timings, the pipeline's stages, the first
-batches' labels) through ``inspect`` at the end of the run. Importing this module never
-imports TensorFlow.
+batches' labels) from the ``DatasetIterated`` event the tf.data observer emits on the run's
+session at the end of the run. Importing this module never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 from nndoctor.findings import Severity
 from nndoctor.registry import Check, register
+from nndoctor.tfdata import unshuffled  # noqa: F401 - registers D105's tf.data variant
+from nndoctor.tfdata.events import DatasetIterated
 from nndoctor.tfdata.labels import (
     DOMINANT_SHARE,
     MIN_BATCH_SIZE,
@@ -38,10 +40,9 @@ _IN_MEMORY_SOURCES = {"TensorSlice", "Tensor", "Range"}
 
 
 class TfDataCheck(Check):
-    scope: ClassVar[str] = "tfdata"
+    """A check that the tf.data observer enables on the session (``registry.framework_checks``)."""
 
-    def inspect(self, record: Any) -> None:  # pragma: no cover - overridden
-        raise TypeError(f"{type(self).__name__} must define inspect()")
+    scope: ClassVar[str] = "tfdata"
 
 
 def _at(location: Any) -> str:
@@ -119,7 +120,10 @@ class TfDataInputBound(TfDataCheck):
     fix = ("Add .prefetch(tf.data.AUTOTUNE) as the last stage, map(..., num_parallel_calls=tf.data.AUTOTUNE), "
            "and .cache() a small dataset that is re-read every epoch.")
 
-    def inspect(self, record: Any) -> None:
+    def on_dataset_iterated(self, event: DatasetIterated) -> None:
+        record = event.record
+        if record is None:
+            return
         clock = record.clock
         if clock.measured < MIN_MEASURED or clock.wait_share <= INPUT_BOUND_SHARE \
                 or clock.median_wait_ms < MIN_MEDIAN_WAIT_MS:
@@ -186,16 +190,19 @@ class TfDataShuffleBufferTooSmall(TfDataCheck):
     fix = ("Use a shuffle buffer as large as the dataset (or shuffle the file list/indices before reading), "
            "so batches mix the classes.")
 
-    def inspect(self, record: Any) -> None:
+    def on_dataset_iterated(self, event: DatasetIterated) -> None:
+        record = event.record
+        if record is None:
+            return
         from nndoctor.tfdata.instrument import small_shuffle
 
         small = small_shuffle(record.pipeline)
         found = ordered_evidence(record.label_batches)
-        if small is None or found is None:
+        stage = record.pipeline.first("shuffle")  # there is one: small_shuffle read its buffer
+        if small is None or found is None or stage is None:
             return
         buffer, elements = small
         single, usable, distinct = found
-        stage = record.pipeline.first("shuffle")
         message = (f"shuffle(buffer_size={buffer}) mixes only {buffer} of the {elements} elements at a time, and the "
                    f"data arrives ordered by label: {single} of the first {usable} batches are single-class (one "
                    f"label ≥ {DOMINANT_SHARE:.0%}), dominated by {distinct} labels in turn. Shuffled data gives "

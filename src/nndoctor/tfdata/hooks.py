@@ -2,7 +2,9 @@
 
 Importing TensorFlow costs seconds, so nndoctor never imports it: a ``sys.meta_path`` finder
 lets the user's own import run with the package's loader and calls ``then(module)`` once it
-is done. Several such finders may be stacked (the Keras instrumentation has its own).
+is done. This is the one post-import hook of nndoctor: the Keras, tf.data, TensorBoard and
+perf instrumentation all use it, so several may be stacked (one per package and feature),
+and each steps aside while another one searches the meta path (``_searching``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
+        # A later ``importlib.reload`` uses the package's own loader, not a finished hook (with
+        # hooks stacked on one package, each one's loader is the next hook: follow the chain).
+        loader = self._loader
+        while isinstance(loader, AfterImport):
+            loader = loader._loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and isinstance(spec.loader, AfterImport):
+            spec.loader = loader
+        if isinstance(getattr(module, "__loader__", None), AfterImport):
+            module.__loader__ = loader
         self.remove()
         self.then(module)
 

@@ -40,14 +40,13 @@ import os
 import sys
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from nndoctor.catalog_table import is_enabled as rule_enabled
-from nndoctor.catalog_table import rule
 from nndoctor.findings import Location
 from nndoctor.instrument.location import user_location
 from nndoctor.instrument.wrapping import mark_wrapper
-from nndoctor.registry import all_checks, is_enabled
+from nndoctor.registry import framework_checks
+from nndoctor.tfdata.events import DatasetIterated
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
 from nndoctor.tfdata.pipeline import Pipeline, read_pipeline
@@ -59,7 +58,6 @@ from nndoctor.tfdata.timing import (
     FetchClock,
     GraphFetchClock,
 )
-from nndoctor.tfdata.unshuffled import unshuffled_pipeline
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol
@@ -97,17 +95,6 @@ def small_shuffle(pipeline: Pipeline) -> tuple[int, int] | None:
     return None
 
 
-@runtime_checkable
-class RecordCheck(Protocol):
-    """A tf.data check (``tfdata/checks.py``'s ``TfDataCheck``): judges one dataset's record at
-    the end of the run."""
-
-    code: str
-    name: str
-
-    def inspect(self, record: Any) -> None: ...
-
-
 class TfDataObserver:
     def __init__(self, installation: InstallationProtocol) -> None:
         self.installation = installation
@@ -116,11 +103,6 @@ class TfDataObserver:
         self.locations: weakref.WeakKeyDictionary[Any, Location] = weakref.WeakKeyDictionary()
         self.records: dict[int, DatasetRecord] = {}  # id(dataset) -> record (dataset kept weakly)
         self.iterators: weakref.WeakKeyDictionary[Any, DatasetRecord] = weakref.WeakKeyDictionary()
-        enabled = [cls(self.session) for cls in all_checks("tfdata")
-                   if is_enabled(cls, self.session.select, self.session.ignore)]
-        self.checks = [check for check in enabled if isinstance(check, RecordCheck)]
-        found = rule("D105")  # a PyTorch code: reported from the catalog table
-        self.unshuffled = found if rule_enabled(found, self.session.select, self.session.ignore) else None
         self._tf: Any = None
         # Keras's compiled train functions (TensorFlow backend): fetch times written by the graph.
         self.graph_clock: GraphFetchClock | None = None
@@ -137,7 +119,7 @@ class TfDataObserver:
 
     # -- patching ----------------------------------------------------------------------
     def patch_tensorflow(self, tf: Any) -> None:
-        if not (self.checks or self.unshuffled) or not hasattr(tf, "data"):
+        if not self.session.wants(DatasetIterated.kind) or not hasattr(tf, "data"):
             return
         from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
@@ -331,15 +313,9 @@ class TfDataObserver:
         if self.graph_clock is not None:  # a model trained again after the run calls no Python of ours
             self._guard(lambda: self.graph_clock.want_labels(False))
         self.enabled = False
+        session = self.session
         for record in self.records.values():
-            for check in list(self.checks):
-                try:
-                    check.inspect(record)
-                except Exception as error:  # noqa: BLE001 - a broken check must not break the run
-                    self.session.internal_error(f"{check.code} {check.name} on tf.data", error)
-                    self.checks.remove(check)
-            if self.unshuffled is not None:
-                self._guard(lambda record=record: unshuffled_pipeline(self.session, self.unshuffled, record))
+            session.emit(DatasetIterated(step=session.step, sampled=True, record=record))
 
     def _guard(self, action: Any) -> None:
         try:
@@ -501,9 +477,13 @@ def _own_outer(function: Any, observer: TfDataObserver) -> Any:
 
 
 def install(installation: InstallationProtocol) -> None:
-    observer = TfDataObserver(installation)
-    if not observer.checks and observer.unshuffled is None:
+    session = installation.session
+    # K106, K107 and D105's tf.data variant become the session's checks; the observer emits one
+    # DatasetIterated event per dataset at the end of the run.
+    session.add_checks(framework_checks("tfdata", session.select, session.ignore))
+    if not session.wants(DatasetIterated.kind):
         return
+    observer = TfDataObserver(installation)
     installation.patcher.on_undo(observer._disable)
     when_imported("tensorflow", lambda tf: observer._guard(lambda: observer.patch_tensorflow(tf)),
                   installation.patcher)

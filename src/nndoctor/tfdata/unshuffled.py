@@ -1,13 +1,15 @@
 """D105 (the PyTorch code for unshuffled training data) on a ``tf.data`` pipeline with no
 ``shuffle`` at all whose training batches arrive in label order. K107 covers a pipeline that
-shuffles with too small a buffer, so one pipeline never gets both. The finding is built from
-the catalog table (no PyTorch import).
+shuffles with too small a buffer, so one pipeline never gets both. A variant of the PyTorch
+check: one catalog entry, read from the catalog table (no PyTorch import).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+from nndoctor.registry import Check, register_variant
+from nndoctor.tfdata.events import DatasetIterated
 from nndoctor.tfdata.labels import (
     DOMINANT_SHARE,
     MIN_BATCH_SIZE,
@@ -24,24 +26,29 @@ def training_batches(record: Any, final_step: int) -> list[tuple[int, float, int
             if after > step]
 
 
-def unshuffled_pipeline(session: Any, rule: Any, record: Any) -> None:
+@register_variant
+class UnshuffledPipeline(Check):
     """D105 on a tf.data pipeline with no ``shuffle`` whose training batches arrive in label order."""
-    if record.pipeline.has("shuffle") or not record.label_batches or session.step <= 0:
-        return
-    batches = training_batches(record, session.step)
-    found = ordered_evidence(batches)
-    if found is None:
-        return
-    single, usable, distinct = found
-    batch = record.pipeline.first("batch")
-    message = (f"the tf.data pipeline {record.pipeline.describe()} has no shuffle, and its training batches arrive "
-               f"in label order: {single} of the first {usable} are single-class (one label ≥ {DOMINANT_SHARE:.0%}), "
-               f"dominated by {distinct} different labels in turn. Shuffled data gives such a batch with probability "
-               f"≤ {chance_single_class(max(distinct, 2), MIN_BATCH_SIZE):.1%}.")
-    finding = rule.finding(message, location=(batch.location if batch else None) or record.location, evidence={
-        "pipeline": record.pipeline.describe(), "single_class_batches": single, "batches": usable,
-        "dominant_labels": distinct, "batch_summaries": [list(b) for b in batches]},
-        fix="add .shuffle(buffer_size) before .batch(), with a buffer as large as the dataset for data stored "
-            "sorted by class (or shuffle the file list/indices first)")
-    finding.first_step = 0
-    session.add_finding(finding)
+
+    code = "D105"
+    scope: ClassVar[str] = "tfdata"
+
+    def on_dataset_iterated(self, event: DatasetIterated) -> None:
+        record, session = event.record, self.session
+        if record is None or record.pipeline.has("shuffle") or not record.label_batches or session.step <= 0:
+            return
+        batches = training_batches(record, session.step)
+        found = ordered_evidence(batches)
+        if found is None:
+            return
+        single, usable, distinct = found
+        batch = record.pipeline.first("batch")
+        message = (f"the tf.data pipeline {record.pipeline.describe()} has no shuffle, and its training batches "
+                   f"arrive in label order: {single} of the first {usable} are single-class (one label ≥ "
+                   f"{DOMINANT_SHARE:.0%}), dominated by {distinct} different labels in turn. Shuffled data gives "
+                   f"such a batch with probability ≤ {chance_single_class(max(distinct, 2), MIN_BATCH_SIZE):.1%}.")
+        self.report(message, location=(batch.location if batch else None) or record.location, evidence={
+            "pipeline": record.pipeline.describe(), "single_class_batches": single, "batches": usable,
+            "dominant_labels": distinct, "batch_summaries": [list(b) for b in batches]},
+            fix="add .shuffle(buffer_size) before .batch(), with a buffer as large as the dataset for data stored "
+                "sorted by class (or shuffle the file list/indices first)", step=0)
