@@ -24,7 +24,7 @@ from nndoctor.catalog_table import is_enabled as is_enabled
 from nndoctor.catalog_table import unknown_selectors as unknown_selectors
 from nndoctor.events import EVENT_KINDS
 from nndoctor.findings import Finding, Location, Severity
-from nndoctor.probes import PROBES
+from nndoctor.probes import probes_of_scope
 from nndoctor.subscribers import handler_names, stray_handlers
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ class Check:
     # measured (rate, data and benchmark). ``nndoctor checks CODE`` prints both, SARIF tags them.
     heuristic: ClassVar[bool] = False
     false_positives: ClassVar[str | None] = None
-    # Probes (names in ``nndoctor.probes.PROBES``) whose records this check reads; events
+    # Probes (names in ``nndoctor.probes.PROBES``, or ``KERAS_PROBES`` for the scopes "keras" and
+    # "tfdata") whose records this check reads; events
     # are declared by the ``on_<kind>`` methods instead.
     needs: ClassVar[frozenset[str]] = frozenset()
 
@@ -179,9 +180,11 @@ def _validate(cls: type[Check]) -> None:
     if stray:
         raise TypeError(f"{cls.__name__} ({cls.code}) defines {', '.join(stray)}, which match no event kind "
                         f"(known: {', '.join(sorted(EVENT_KINDS))})")
-    unknown = sorted(set(cls.needs) - set(PROBES))
+    # A check names the probes of its own observer (a Keras check cannot need a torch probe).
+    known = probes_of_scope(cls.scope)
+    unknown = sorted(set(cls.needs) - set(known))
     if unknown:
-        raise ValueError(f"{cls.code} needs unknown probe(s) {unknown}; known: {sorted(PROBES)}")
+        raise ValueError(f"{cls.code} needs unknown probe(s) {unknown}; known for scope {cls.scope!r}: {sorted(known)}")
 
 
 _CATALOG_FIELDS = ("name", "severity", "summary", "fix", "heuristic", "false_positives")

@@ -42,7 +42,9 @@ def _fit_observer():
 
     session = Session(select=["N101", "L106"])
     session.add_checks(framework_checks("keras", session.select))  # what KerasObserver.patch does
-    observer = KerasObserver(type("Installation", (), {"session": session})())
+    observer = KerasObserver(type("Installation", (), {"session": session, "probes": []})())
+    assert "fit_losses" in session.needed_probes()
+    observer.reads_losses = True  # what installing the probe "fit_losses" (N101, L106 need it) turns on
     call = _Call("fit", None, means=[])
     observer.calls.append(call)
     return session, observer, call

@@ -3,7 +3,9 @@
 Every feature says when it is installed:
 
 - ``needed=True``: only when an enabled check, or a subscriber such as the perf recorder,
-  lists the feature's name in its ``needs`` (the names are the probes of ``nndoctor.probes``);
+  lists the feature's name in its ``needs`` (the names are the probes of ``nndoctor.probes``;
+  the Keras and tf.data probes, ``KERAS_PROBES``, are installed by their observers once the
+  script imports the framework and the observer has added its checks: ``keras/probes.py``);
 - ``events=(...)``: only when some check or listener subscribes to one of those event kinds
   (the patch exists to emit them);
 - neither: for every run (cheap hooks that keep the run's own bookkeeping: steps, Keras steps
@@ -14,10 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from nndoctor.instrument.installation import InstallationProtocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,16 @@ class Feature:
         return True
 
 
-def install_features(installation: InstallationProtocol, features: Iterable[Feature]) -> None:
+class FeatureHost(Protocol):
+    """What ``install_features`` is given: a run's installation (``InstallationProtocol``), or
+    the Keras observer, which installs its probes once the script imports Keras (its ``probes``
+    is the installation's list)."""
+
+    session: Any
+    probes: list[str]
+
+
+def install_features(installation: FeatureHost, features: Iterable[Feature]) -> None:
     """Install every feature the session asks for, recording its name in ``installation.probes``."""
     session = installation.session
     needed = session.needed_probes()

@@ -22,6 +22,11 @@ _CHANNEL_SIZES = (1, 2, 3, 4)
 _MIN_SPATIAL = 8
 
 
+# The probes that give the first batch of each fit/evaluate (``keras/probes.py``): read in
+# ``Model.compute_loss`` (eager values), and kept inside the traced step on TensorFlow.
+BATCH_PROBES = frozenset({"keras_batches", "tf_graph_stats"})
+
+
 class KerasCheck(Check):
     """A check that the Keras observer enables on the session (``registry.framework_checks``)."""
 
@@ -114,6 +119,7 @@ class SoftmaxWithFromLogits(KerasCheck):
     """
 
     code = "K101"
+    needs = BATCH_PROBES | {"keras_loss_calls"}  # and a custom loop's loss objects
     name = "softmax-with-from-logits"
     severity = Severity.ERROR
     summary = "softmax/sigmoid outputs into a loss with `from_logits=True`"
@@ -197,6 +203,7 @@ class LogitsWithoutFromLogits(KerasCheck):
     """
 
     code = "K102"
+    needs = BATCH_PROBES
     name = "logits-without-from-logits"
     severity = Severity.ERROR
     summary = "unbounded outputs into a loss that expects probabilities"
@@ -261,6 +268,7 @@ class LabelEncodingMismatch(KerasCheck):
     """
 
     code = "K103"
+    needs = BATCH_PROBES
     name = "label-encoding-mismatch"
     severity = Severity.ERROR
     summary = "one-hot labels with a sparse loss, or integer labels with a categorical loss"
@@ -324,6 +332,7 @@ class KerasBatchNormMomentumFromPytorch(KerasCheck):
     """
 
     code = "K104"
+    needs = BATCH_PROBES
     name = "keras-bn-momentum-from-pytorch"
     severity = Severity.WARNING
     summary = "Keras BatchNormalization momentum ≤ 0.5 (a PyTorch momentum ported as a decay)"
@@ -381,6 +390,7 @@ class DataFormatMismatch(KerasCheck):
     """
 
     code = "K108"
+    needs = BATCH_PROBES
     name = "data-format-mismatch"
     severity = Severity.ERROR
     summary = "channels_first data into channels_last layers or the reverse"

@@ -20,7 +20,7 @@ from nndoctor.image_batches import (
     raw_flattened_pixels,
     unnormalized_pixels,
 )
-from nndoctor.keras.checks import KerasVariant
+from nndoctor.keras.checks import BATCH_PROBES, KerasVariant
 from nndoctor.keras.events import FitStarted, KerasBatch
 from nndoctor.registry import register_variant
 from nndoctor.tfdata.labels import (
@@ -47,6 +47,7 @@ class KerasUnnormalizedInput(KerasVariant):
     """D101 on the images (or flattened images) Keras gives its first learned layer unscaled."""
 
     code = "D101"
+    needs = BATCH_PROBES | {"keras_model_calls"}  # and a custom loop's first input
 
     def on_keras_batch(self, event: KerasBatch) -> None:
         batch = event.facts
@@ -87,6 +88,7 @@ class KerasLabelsOutOfRange(KerasVariant):
     loss, targets outside [0, 1] for a binary one."""
 
     code = "D107"
+    needs = BATCH_PROBES
 
     def on_keras_batch(self, event: KerasBatch) -> None:
         batch = event.facts

@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Location
+from nndoctor.instrument.features import install_features
 from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.keras import facts as kf
 from nndoctor.keras.events import FitEnded, FitStarted, InitialLoss, KerasBatch, TrainLoss
+from nndoctor.keras.probes import keras_probes
 from nndoctor.registry import framework_checks
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.user_code import user_location
@@ -90,7 +92,12 @@ class KerasObserver:
         self.backend = ""
         self.fitted: weakref.WeakSet[Any] = weakref.WeakSet()  # models whose first fit was seen (L105)
         # TensorFlow backend: (model, phase) -> the variables its traced step writes batch statistics into.
-        self.probes: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        self.graph_probes: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        # The probes installed (``keras/probes.py``): the installation's own list, so that a run
+        # records them with the others.
+        self.probes: list[str] = installation.probes
+        self.reads_losses = False  # fit's training losses are read (probe "fit_losses")
+        self.loops: Any = None  # TensorFlow backend: the custom-loop observer (``tf_loops.LoopObserver``)
 
     # -- patching ----------------------------------------------------------------------
     def patch(self, keras: Any) -> None:
@@ -120,35 +127,19 @@ class KerasObserver:
         patcher.patch(model_cls, "compile", compile)
         self._patch_call(model_cls, "fit")
         self._patch_call(model_cls, "evaluate")
-
-        loss_name = "_compute_loss" if hasattr(model_cls, "_compute_loss") else "compute_loss"
-        original_loss = patcher.patch(model_cls, loss_name, None)
-
-        def compute_loss(model, *args, **kwargs):
-            call = self.calls[-1] if self.calls else None
-            if call is not None and not call.observed and self.enabled and os.getpid() == self.session.pid:
-                try:
-                    self._probe_graph(model, original_loss, call, args, kwargs)
-                    call.observed = self._observe(model, original_loss, call, args, kwargs)
-                except Exception as error:  # noqa: BLE001 - observer rule
-                    call.observed = True  # do not retry every batch
-                    self.session.internal_error("keras instrumentation", error)
-            loss = original_loss(model, *args, **kwargs)
-            if call is not None and call.phase == "fit" and self.enabled and self.session.wants(TrainLoss.kind):
-                self._guard(lambda: self._check_loss(model, call, loss, args, kwargs))
-            return loss
-
-        patcher.patch(model_cls, loss_name, compute_loss)
-        self._loss_signature = inspect.signature(original_loss)
+        self._model_cls = model_cls
+        self._loss_name = "_compute_loss" if hasattr(model_cls, "_compute_loss") else "compute_loss"
+        self._loss_signature = inspect.signature(getattr(model_cls, self._loss_name))
         self._callback_cls = _make_callback_class(keras, self)
         self._patch_keras_owned(keras.layers.Layer, "__call__")
         self._patch_keras_owned(model_cls, "predict")
-        self._patch_loss_call(keras)
         patcher.on_undo(self._disable)
         if self.backend == "tensorflow":
             from nndoctor.keras import tf_loops
 
-            tf_loops.install(self, keras)
+            self.loops = tf_loops.install(self, keras)
+        # The probes the enabled Keras checks declare in ``needs``, and only those.
+        install_features(self, keras_probes(self.backend))
 
     def patch_imported(self, keras: Any) -> None:
         """Patch Keras once the script has imported it (``tfdata.hooks.when_imported``)."""
@@ -162,11 +153,82 @@ class KerasObserver:
     def _disable(self) -> None:
         self.enabled = False
 
+    # -- Model.compute_loss: the probes "fit_losses", "keras_batches", "tf_graph_stats" ----------
+    # Each wraps the one below it: the graph probe (outermost) and the batch reader run before the
+    # loss, in that order, on the first batches of a call; the non-finite check after it.
+    def _wrap_compute_loss(self, make: Any) -> None:
+        patcher = self.installation.patcher
+        original = patcher.patch(self._model_cls, self._loss_name, None)
+        patcher.patch(self._model_cls, self._loss_name, make(original))
+
+    def _unobserved_call(self) -> _Call | None:
+        """The fit/evaluate call whose first batch with values is not seen yet, if any."""
+        call = self.calls[-1] if self.calls else None
+        if call is not None and not call.observed and self.enabled and os.getpid() == self.session.pid:
+            return call
+        return None
+
+    def install_fit_losses(self) -> None:
+        """Probe "fit_losses": fit's training losses are read (``settle_batch``), and an eager
+        step's non-finite loss is caught before its update (``_check_loss``)."""
+        self.reads_losses = True
+
+        def make(original: Any) -> Any:
+            def compute_loss(model, *args, **kwargs):
+                call = self.calls[-1] if self.calls else None
+                loss = original(model, *args, **kwargs)
+                if call is not None and call.phase == "fit" and self.enabled and self.session.wants(TrainLoss.kind):
+                    self._guard(lambda: self._check_loss(model, call, loss, args, kwargs))
+                return loss
+
+            return compute_loss
+
+        self._wrap_compute_loss(make)
+
+    def install_batch_reader(self) -> None:
+        """Probe "keras_batches": the first batch of each fit/evaluate, read before the loss runs."""
+
+        def make(original: Any) -> Any:
+            def compute_loss(model, *args, **kwargs):
+                call = self._unobserved_call()
+                if call is not None:
+                    try:
+                        call.observed = self._observe(model, call, args, kwargs)
+                    except Exception as error:  # noqa: BLE001 - observer rule
+                        call.observed = True  # do not retry every batch
+                        self.session.internal_error("keras instrumentation", error)
+                return original(model, *args, **kwargs)
+
+            return compute_loss
+
+        self._wrap_compute_loss(make)
+
+    def install_graph_probe(self) -> None:
+        """Probe "tf_graph_stats" (TensorFlow backend): the same batch kept inside the traced step."""
+
+        def make(original: Any) -> Any:
+            def compute_loss(model, *args, **kwargs):
+                call = self._unobserved_call()
+                if call is not None:
+                    try:
+                        self._probe_graph(model, call, args, kwargs)
+                    except Exception as error:  # noqa: BLE001 - observer rule
+                        call.observed = True  # do not retry every batch
+                        self.session.internal_error("keras instrumentation", error)
+                return original(model, *args, **kwargs)
+
+            return compute_loss
+
+        self._wrap_compute_loss(make)
+
     # -- K101 in custom loops: a Keras loss object called from the user's code outside fit -------
-    def _patch_loss_call(self, keras: Any) -> None:
-        """A custom loop calls its loss object itself (``loss_fn(y, model(x))``): K101 reads the
-        predictions of its first calls, as ``fit``'s compiled loss is read in ``compute_loss``, and
-        L105 the value of a classification loss computed before the first optimizer step."""
+    def install_loss_calls(self) -> None:
+        """Probe "keras_loss_calls". A custom loop calls its loss object itself (``loss_fn(y, model(x))``):
+        K101 reads the predictions of its first calls, as ``fit``'s compiled loss is read in
+        ``compute_loss``, and L105 the value of a classification loss computed before the first
+        optimizer step."""
+        import keras
+
         wanted = self.session.wants(KerasBatch.kind)
         initial = self.session.wants(InitialLoss.kind)
         if not wanted and not initial:
@@ -455,24 +517,23 @@ class KerasObserver:
                 accuracies=record.accuracies, classes=record.classes, batch_size=record.batch_size))
 
     def _reads_losses(self) -> bool:
-        """Are fit's training losses wanted (N101 at once; L105 and the others when fit ends)?"""
-        return any(self.session.wants(kind) for kind in (TrainLoss.kind, InitialLoss.kind, FitEnded.kind))
+        """Are fit's training losses read (probe "fit_losses": N101 at once; L105, L106 and L108 when
+        fit ends)?"""
+        return self.reads_losses
 
     # -- observing ---------------------------------------------------------------------
-    def _observe(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> bool:
+    def _observe(self, model: Any, call: _Call, args: tuple, kwargs: dict) -> bool:
         """Run the K checks on one batch; True once the predictions had real values."""
-        values = inspect.signature(original_loss).bind(model, *args, **kwargs).arguments
+        values = self._loss_signature.bind(model, *args, **kwargs).arguments
         call.logits_kept = call.logits_kept or kf.loss_reads_logits(values.get("y_pred"), self.backend)
         x, y, y_pred = (kf.summarize(values.get(k)) for k in ("x", "y", "y_pred"))
         return self._inspect(model, call, x, y, y_pred)
 
-    def _probe_graph(self, model: Any, original_loss: Any, call: _Call, args: tuple, kwargs: dict) -> None:
+    def _probe_graph(self, model: Any, call: _Call, args: tuple, kwargs: dict) -> None:
         """TensorFlow backend, while fit/evaluate trace their step: add the statistics probe."""
-        if self.backend != "tensorflow":
-            return
         from nndoctor.keras.tf_graph_probe import TENSORS, GraphProbe, is_symbolic
 
-        values = inspect.signature(original_loss).bind(model, *args, **kwargs).arguments
+        values = self._loss_signature.bind(model, *args, **kwargs).arguments
         training = bool(values.get("training", call.phase == "fit"))
         if training != (call.phase == "fit") or not is_symbolic(values.get("y_pred")):
             return  # fit's validation pass, or an eager step (run_eagerly=True reads values directly)
@@ -480,7 +541,7 @@ class KerasObserver:
 
         if tf.distribute.has_strategy():
             return  # our variables live outside the strategy's replicas
-        probes = self.probes.setdefault(model, {})
+        probes = self.graph_probes.setdefault(model, {})
         probe = probes.get(call.phase)
         if probe is None:
             with tf.init_scope():  # nndoctor's variables are created eagerly, outside the user's graph
@@ -493,7 +554,7 @@ class KerasObserver:
 
     def _observe_probe(self, model: Any, call: _Call) -> None:
         """After a TensorFlow-backend fit/evaluate: the K checks on the values the probe kept."""
-        probe = self.probes.get(model, {}).get(call.phase)
+        probe = self.graph_probes.get(model, {}).get(call.phase)
         if probe is None or not self.enabled:
             return
         x, y, y_pred = (probe.read(name) for name in ("x", "y", "y_pred"))

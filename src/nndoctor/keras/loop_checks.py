@@ -106,6 +106,7 @@ class TrainingFlagMisuse(_LoopCheck):
     """
 
     code = "K105"
+    needs = frozenset({"keras_model_calls"})
     name = "training-flag-misuse"
     severity = Severity.ERROR
     summary = "custom loop calls the model without training=True while training, or with it while evaluating"

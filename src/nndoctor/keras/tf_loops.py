@@ -74,6 +74,10 @@ class LoopObserver:
         # until the step's tape.gradient or optimizer step: N101 runs it again.
         self.last_input: tuple[weakref.ref, Any] | None = None
         self.optimizers: set[int] = set()  # optimizers stepped outside fit (L106 skips GANs)
+        # Probes (``keras/probes.py``): the losses of a custom loop are read ("tape_losses"), and the
+        # gradients it applies measured ("gradient_norms").
+        self.reads_losses = False
+        self.measure_gradients = False
         self._session_pid = session.pid
 
     @property
@@ -92,7 +96,6 @@ class LoopObserver:
 
         patcher = self.observer.installation.patcher
         self._wrap(patcher, BaseOptimizer, "apply", self._apply)
-        self._wrap(patcher, self.keras.layers.Layer, "__call__", self._layer_call)
         self._wrap(patcher, Function, "__call__", self._function_call)
         tape = tf.GradientTape
         original_enter = patcher.patch(tape, "__enter__", None)
@@ -111,8 +114,18 @@ class LoopObserver:
 
         patcher.patch(tape, "__enter__", __enter__)
         patcher.patch(tape, "__exit__", __exit__)
-        if self.session.wants(TrainLoss.kind):
-            self._wrap(patcher, tape, "gradient", self._gradient)
+
+    def install_tape_losses(self) -> None:
+        """Probe "tape_losses": the target of ``tape.gradient``, and the loss a compiled step returns."""
+        import tensorflow as tf
+
+        self.reads_losses = True
+        self._wrap(self.observer.installation.patcher, tf.GradientTape, "gradient", self._gradient)
+
+    def install_model_calls(self) -> None:
+        """Probe "keras_model_calls": the user's outermost model calls (K105's flag, D101's first
+        input under a tape, the batch N101 runs again)."""
+        self._wrap(self.observer.installation.patcher, self.keras.layers.Layer, "__call__", self._layer_call)
 
     @staticmethod
     def _wrap(patcher: Any, owner: Any, name: str, around: Any) -> None:
@@ -258,7 +271,8 @@ class LoopObserver:
             if not self.inside_fit:
                 self.optimizers.add(id(optimizer))
             grads = kwargs.get("grads", args[0] if args else None)
-            if self.session.wants(GradientsApplied.kind) and not self.inside_fit and grads is not None:
+            if self.measure_gradients and self.session.wants(GradientsApplied.kind) and not self.inside_fit \
+                    and grads is not None:
                 self._gradient_norms(optimizer, list(grads), list(variables))
         except Exception as error:  # noqa: BLE001 - observer rule
             self.session.internal_error("keras optimizer step", error)
@@ -326,7 +340,7 @@ class LoopObserver:
             ref = self.step_functions.get(function)
             optimizer = ref() if ref is not None else None
             if optimizer is not None:
-                loss = _returned_loss(result) if self.session.wants(TrainLoss.kind) else None
+                loss = _returned_loss(result) if self.reads_losses and self.session.wants(TrainLoss.kind) else None
                 if loss is not None:  # before the step is counted, as tape.gradient's target in an eager step
                     self._loss(loss, caller, compiled=True)
                 self.session.count_step(optimizer)
@@ -412,8 +426,12 @@ def _definition(function: Any) -> Any:
     return Location(display_path(code.co_filename), code.co_firstlineno)
 
 
-def install(observer: Any, keras: Any) -> None:
+def install(observer: Any, keras: Any) -> LoopObserver | None:
+    """The custom-loop observer, its core patches installed (its probes: ``keras/probes.py``)."""
     try:
-        LoopObserver(observer, keras).install()
+        loops = LoopObserver(observer, keras)
+        loops.install()
     except Exception as error:  # noqa: BLE001 - observer rule: fit/evaluate are still observed
         observer.session.internal_error("tensorflow loop instrumentation", error)
+        return None
+    return loops

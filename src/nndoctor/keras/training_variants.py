@@ -20,7 +20,7 @@ from nndoctor.events import RunEnd
 from nndoctor.gradient_explosion import EXPLOSION_GROWTH, EXPLOSION_HUGE, explosion_verdict
 from nndoctor.initial_loss import KERAS_INITIAL_LOGIT_STD, initial_loss_finding
 from nndoctor.keras import nonfinite
-from nndoctor.keras.checks import KerasVariant
+from nndoctor.keras.checks import BATCH_PROBES, KerasVariant
 from nndoctor.keras.data_variants import label_ids
 from nndoctor.keras.events import FitEnded, FitStarted, GradientsApplied, InitialLoss, TrainLoss
 from nndoctor.loss_trend import (
@@ -38,6 +38,7 @@ class KerasNonfiniteLoss(KerasVariant):
     """N101 once per model or loop: the step, and the first layer whose output is non-finite."""
 
     code = "N101"
+    needs = frozenset({"fit_losses", "tape_losses", "keras_model_calls"})  # the batch to run again
 
     def on_train_loss(self, event: TrainLoss) -> None:
         if math.isfinite(event.value) or not self._once(event.series):
@@ -135,6 +136,7 @@ class KerasInitialLoss(KerasVariant):
     above ln(C) (saturated logits, unscaled inputs)."""
 
     code = "L105"
+    needs = BATCH_PROBES | {"keras_loss_calls", "fit_losses"}  # the class count, and the first loss
 
     def on_initial_loss(self, event: InitialLoss) -> None:
         if not self._once(event.series):
@@ -188,6 +190,7 @@ class KerasLossNotDecreasing(KerasVariant):
     """L106 at the end of the run, on each model's ``fit`` losses and each custom loop's."""
 
     code = "L106"
+    needs = frozenset({"fit_losses", "tape_losses"})
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -239,6 +242,7 @@ class KerasLossAtChance(KerasVariant):
     the running epoch means, against the loss and accuracy of the labels' class prior."""
 
     code = "L108"
+    needs = BATCH_PROBES | {"fit_losses"}  # the class count, and the running loss and accuracy
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -288,6 +292,7 @@ class KerasExplodingGradients(KerasVariant):
     """O104 on the gradients a custom loop gives a Keras optimizer (eager, sampled steps)."""
 
     code = "O104"
+    needs = frozenset({"gradient_norms"})
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)

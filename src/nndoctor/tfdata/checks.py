@@ -43,6 +43,8 @@ class TfDataCheck(Check):
     """A check that the tf.data observer enables on the session (``registry.framework_checks``)."""
 
     scope: ClassVar[str] = "tfdata"
+    # The tf.data observer (``tfdata/instrument.py``) that emits ``dataset_iterated``.
+    needs: ClassVar[frozenset[str]] = frozenset({"tf_datasets"})
 
 
 def _at(location: Any) -> str:

@@ -43,6 +43,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from nndoctor.findings import Location
+from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.location import user_location
 from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.registry import framework_checks
@@ -478,11 +479,19 @@ def _own_outer(function: Any, observer: TfDataObserver) -> Any:
 
 def install(installation: InstallationProtocol) -> None:
     session = installation.session
-    # K106, K107 and D105's tf.data variant become the session's checks; the observer emits one
-    # DatasetIterated event per dataset at the end of the run.
+    # K106, K107 and D105's tf.data variant become the session's checks; the observer (probe
+    # "tf_datasets", which they declare in ``needs``) emits one DatasetIterated event per dataset
+    # at the end of the run.
     session.add_checks(framework_checks("tfdata", session.select, session.ignore))
-    if not session.wants(DatasetIterated.kind):
-        return
+    install_features(installation, tfdata_probes())
+
+
+def tfdata_probes() -> tuple[Feature, ...]:
+    """The tf.data observer's probe (``nndoctor.probes.KERAS_PROBES``), installed as a PyTorch probe is."""
+    return (Feature("tf_datasets", _install_observer, needed=True),)
+
+
+def _install_observer(installation: InstallationProtocol) -> None:
     observer = TfDataObserver(installation)
     installation.patcher.on_undo(observer._disable)
     when_imported("tensorflow", lambda tf: observer._guard(lambda: observer.patch_tensorflow(tf)),

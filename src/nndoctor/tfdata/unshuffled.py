@@ -32,6 +32,7 @@ class UnshuffledPipeline(Check):
 
     code = "D105"
     scope: ClassVar[str] = "tfdata"
+    needs: ClassVar[frozenset[str]] = frozenset({"tf_datasets"})
 
     def on_dataset_iterated(self, event: DatasetIterated) -> None:
         record, session = event.record, self.session
