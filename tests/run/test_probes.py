@@ -19,8 +19,8 @@ from nndoctor.perf.backend import PerfRun
 from nndoctor.perf.config import PerfConfig
 from nndoctor.perf.session import PerfSession
 from nndoctor.perf.torch.recorder import PerfRecorder
-from nndoctor.probes import PROBES
-from nndoctor.registry import Check, all_checks, register
+from nndoctor.probes import KERAS_PROBES, KERAS_SCOPES, PROBES
+from nndoctor.registry import Check, all_checks, framework_checks, register
 from nndoctor.stash import Stash, StashKey
 
 _ITEM = torch.Tensor.item
@@ -79,17 +79,121 @@ def test_all_checks_install_every_probe():
     check_probes = set(PROBES) - set(SUBSCRIBER_PROBES)
     assert check_probes <= set(probes)
     assert not set(SUBSCRIBER_PROBES) & set(probes), probes
-    assert session.needed_probes() == frozenset(check_probes)
+    # (The Keras checks, and their probes, join once the script imports Keras: see below.)
+    assert session.needed_probes() - set(KERAS_PROBES) == frozenset(check_probes)
 
 
 def test_every_probe_has_an_installer_and_a_check_or_subscriber_that_needs_it():
     on_demand = {entry.name for entry in torch_features() + plain_features() if entry.needed}
     assert on_demand == set(PROBES)
-    needed = {name for cls in all_checks() for name in cls.needs}
+    needed = {name for cls in all_checks() if cls.scope not in KERAS_SCOPES for name in cls.needs}
     for name, subscriber in SUBSCRIBER_PROBES.items():
         assert name in subscriber.needs
         needed.add(name)
     assert needed == set(PROBES), f"probes nothing needs: {set(PROBES) - needed}"
+
+
+# -- the Keras and tf.data probes ---------------------------------------------------------------------
+def _keras_installers():
+    from nndoctor.keras.probes import keras_probes
+    from nndoctor.tfdata.instrument import tfdata_probes
+
+    return keras_probes("tensorflow") + tfdata_probes()
+
+
+def test_every_keras_probe_has_an_installer_and_a_keras_check_or_variant_that_needs_it():
+    installers = _keras_installers()
+    assert all(entry.needed for entry in installers)
+    assert sorted(entry.name for entry in installers) == sorted(KERAS_PROBES)
+    # framework_checks: the registered checks of the scope, then its variants of shared codes
+    keras_classes = [cls for scope in KERAS_SCOPES for cls in framework_checks(scope)]
+    assert {cls.code for cls in keras_classes} >= {"K101", "K109", "N101", "O104", "K106"}
+    needed = {name for cls in keras_classes for name in cls.needs}
+    assert needed == set(KERAS_PROBES), f"probes nothing needs: {set(KERAS_PROBES) - needed}"
+    # Each family names only its own observer's probes.
+    assert all(set(cls.needs) <= set(KERAS_PROBES) for cls in keras_classes)
+    assert not {name for cls in all_checks() if cls.scope not in KERAS_SCOPES for name in cls.needs} \
+        & set(KERAS_PROBES)
+
+
+def test_register_rejects_a_probe_of_another_framework():
+    class KerasWithTorchProbe(Check):
+        code, name, summary, fix = "Z998", "keras-with-torch-probe", "s", "f"
+        scope = "keras"
+        needs = frozenset({"seed_calls"})
+
+    class TorchWithKerasProbe(Check):
+        code, name, summary, fix = "Z997", "torch-with-keras-probe", "s", "f"
+        needs = frozenset({"keras_batches"})
+
+    for cls in (KerasWithTorchProbe, TorchWithKerasProbe):
+        with pytest.raises(ValueError, match="unknown probe"):
+            register(cls)
+
+
+class _FakeKerasObserver:
+    """Records which installer ``install_features`` calls (the TensorFlow list, without TensorFlow)."""
+
+    def __init__(self, select):
+        self.session = Session(select=select)
+        self.session.add_checks(framework_checks("keras", select))  # what KerasObserver.patch does
+        self.probes: list[str] = []
+        self.called: list[str] = []
+        self.loops = self
+
+    def __getattr__(self, name):
+        if not name.startswith("install_"):
+            raise AttributeError(name)
+        return lambda: self.called.append(name)
+
+    def __setattr__(self, name, value):
+        if name == "measure_gradients":
+            self.called.append(name)
+        object.__setattr__(self, name, value)
+
+
+@pytest.mark.parametrize(("select", "expected"), [
+    (["K109"], set()),
+    (["K105"], {"keras_model_calls"}),
+    (["O104"], {"gradient_norms"}),
+    (["K101"], {"keras_batches", "tf_graph_stats", "keras_loss_calls"}),
+    (["N101"], {"fit_losses", "tape_losses", "keras_model_calls"}),
+])
+def test_a_keras_selection_installs_only_the_probes_its_checks_need_tensorflow_list(select, expected):
+    from nndoctor.instrument.features import install_features
+    from nndoctor.keras.probes import keras_probes
+
+    observer = _FakeKerasObserver(select)
+    install_features(observer, keras_probes("tensorflow"))
+    assert set(observer.probes) == expected
+    assert len(observer.called) == len(expected)  # one installer per probe, none for the others
+
+
+@pytest.mark.parametrize("code", ["K101", "K104", "K105", "K106", "K109", "D101", "D105", "L105", "L106",
+                                  "N101", "N103", "O104"])
+def test_a_run_selecting_one_keras_code_installs_only_its_probes(code):
+    """In-process, Keras imported (torch backend, as this test session runs it): the observer adds the
+    selected code's checks and installs exactly the probes they need that this backend has."""
+    keras = pytest.importorskip("keras")
+    from nndoctor.keras.probes import keras_probes
+    from nndoctor.tfdata.instrument import tfdata_probes
+
+    loss_name = "_compute_loss" if hasattr(keras.Model, "_compute_loss") else "compute_loss"
+    before = (getattr(keras.Model, loss_name), keras.losses.Loss.__call__)
+    session = Session(select=[code])
+    installation = install(session)
+    try:
+        installed = set(installation.probes) & set(KERAS_PROBES)
+        patched = (getattr(keras.Model, loss_name) is not before[0], keras.losses.Loss.__call__ is not before[1])
+    finally:
+        installation.uninstall()
+    assert (getattr(keras.Model, loss_name), keras.losses.Loss.__call__) == before
+    classes = [cls for scope in KERAS_SCOPES for cls in framework_checks(scope, [code])]
+    assert classes and {cls.code for cls in classes} == {code}
+    available = {entry.name for entry in keras_probes(keras.config.backend()) + tfdata_probes()}
+    assert installed == {name for cls in classes for name in cls.needs} & available
+    # What the probes patch follows: Model.compute_loss and Loss.__call__ stay Keras's own without them.
+    assert patched == (bool(installed & {"keras_batches", "fit_losses"}), "keras_loss_calls" in installed)
 
 
 def test_perf_timers_are_installed_for_a_perf_session_only():
