@@ -13,15 +13,20 @@ What is patched, and why:
 * ``Model.fit`` / ``Model.evaluate`` mark the call (and its line) and ``fit`` gets one
   extra callback that counts optimizer steps (``--max-steps`` stops the run there);
 * ``Model._compute_loss`` sees x, y and the predictions of the first batch of each call,
-  *before* the loss runs (a label mismatch may crash the loss itself). Reading them copies
+  *before* the loss runs (a label mismatch may crash the loss itself; probe "keras_batches",
+  and on TensorFlow "tf_graph_stats" inside the traced step). Reading them copies
   at most a few hundred rows to NumPy; nothing the model computes changes. When it runs
   eagerly on the CPU (the torch backend, ``run_eagerly=True``) it also reads whether the
-  training loss is finite, so N101 can run the failing batch again before its update;
-* the callback reads ``logs["loss"]`` for N101 and L106 when the next batch begins (from
+  training loss is finite, so N101 can run the failing batch again before its update
+  (probe "fit_losses");
+* the callback reads ``logs["loss"]`` for N101, L105, L106 and L108 (probe "fit_losses") when the next batch begins (from
   what fit's train function returned, kept by a wrapper set on the model for the duration of
   ``fit``), and ``fit(x, y, shuffle=False)`` has its labels read for D105; after ``fit``
   the first training samples are run through the layers (``Layer.stateless_call``, nothing
   assigned) to see which ReLU units are ever active, for N103.
+
+The probes (patches that only feed some checks) are installed only when an enabled check names
+them in ``needs``: ``keras/probes.py``.
 """
 
 from __future__ import annotations
