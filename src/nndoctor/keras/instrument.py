@@ -19,9 +19,9 @@ What is patched, and why:
   eagerly on the CPU (the torch backend, ``run_eagerly=True``) it also reads whether the
   training loss is finite, so N101 can run the failing batch again before its update
   (probe "fit_losses");
-* the callback reads ``logs["loss"]`` for N101, L105, L106 and L108 (probe "fit_losses") when the next batch begins (from
-  what fit's train function returned, kept by a wrapper set on the model for the duration of
-  ``fit``), and ``fit(x, y, shuffle=False)`` has its labels read for D105; after ``fit``
+* the callback reads ``logs["loss"]`` for N101, L105, L106 and L108 (probe "fit_losses")
+  when the next batch begins (from what fit's train function returned, kept by a wrapper set
+  on the model for the duration of ``fit``), and ``fit(x, y, shuffle=False)`` has its labels read for D105; after ``fit``
   the first training samples are run through the layers (``Layer.stateless_call``, nothing
   assigned) to see which ReLU units are ever active, for N103.
 
