@@ -17,7 +17,8 @@ import sys
 import pytest
 
 from nndoctor.findings import Severity
-from nndoctor.registry import all_checks
+from nndoctor.probes import KERAS_PROBES, KERAS_SCOPES
+from nndoctor.registry import all_checks, framework_checks
 from tests import childproc
 from tests.conftest import FIXTURES, expected_lines
 
@@ -96,6 +97,21 @@ def test_seeded_tensorflow_runs_are_identical_under_nndoctor(results, script):
 
 def test_patches_are_undone_after_tensorflow_runs(results):
     assert results["patches_undone"]
+
+
+def test_each_selection_installs_exactly_the_probes_its_keras_checks_need(results):
+    from nndoctor.keras.probes import keras_probes
+    from nndoctor.tfdata.instrument import tfdata_probes
+
+    assert {entry.name for entry in keras_probes("tensorflow") + tfdata_probes()} == set(KERAS_PROBES)
+    for key, installed in results["probes"].items():
+        select = key.split(",") if key else []
+        needed = {name for scope in KERAS_SCOPES for cls in framework_checks(scope, select) for name in cls.needs}
+        assert set(installed) == needed, key
+    assert results["probes"][""] == sorted(KERAS_PROBES)  # every check: every probe, the graph probe too
+    assert "tf_graph_stats" in results["probes"]["K101"]
+    assert results["probes"]["K109"] == []  # its events come from the observer's core
+    assert results["probes"]["O104"] == ["gradient_norms"]
 
 
 def test_messages_name_the_evidence(results):

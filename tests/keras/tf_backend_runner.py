@@ -76,6 +76,26 @@ def patched_attributes() -> dict:
     return {owner.__qualname__: sorted(f"{k}={id(v)}" for k, v in vars(owner).items()) for owner in owners}
 
 
+# Selections whose installed Keras/tf.data probes are recorded ([]: every check).
+PROBE_SELECTIONS = ([], ["K101"], ["K105"], ["K109"], ["N101"], ["O104"], ["L106"], ["K106"])
+
+
+def installed_probes() -> dict:
+    """The Keras/tf.data probes an installation puts in place for each selection (Keras imported)."""
+    from nndoctor.engine import Session
+    from nndoctor.instrument.extensions import install
+    from nndoctor.probes import KERAS_PROBES
+
+    found = {}
+    for select in PROBE_SELECTIONS:
+        installation = install(Session(select=select))
+        try:
+            found[",".join(select)] = sorted(set(installation.probes) & set(KERAS_PROBES))
+        finally:
+            installation.uninstall()
+    return found
+
+
 def main() -> None:
     out: dict = {"fixtures": {}, "observer": {}}
     import keras
@@ -94,6 +114,7 @@ def main() -> None:
                                      for code, lines in expected_lines(path).items()}
         else:
             out["fixtures"][name] = _report(run_script(path))
+    out["probes"] = installed_probes()
     out["max_steps"] = _report(run_script(TF_ONLY / "buggy_missing_training_flag.py", max_steps=3))
     with tempfile.TemporaryDirectory() as tmp:
         for name in OBSERVED:
