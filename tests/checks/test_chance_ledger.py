@@ -69,9 +69,12 @@ def test_a_step_costs_three_ops_and_keeps_no_reference():
     ledger = BatchLedger(8, torch.device("cpu"))
     logits, target = torch.randn(6, CLASSES), torch.randint(0, CLASSES, (6,))
     ledger.record(logits, target, torch.tensor(1.0), -100, summed=False)  # allocates the columns
+    logits = torch.randn(6, CLASSES, requires_grad=True) * 1  # as in training: part of the graph
     loss = torch.tensor(0.5, requires_grad=True) * 2
     with _CountOps() as counted:
         ledger.record(logits, target, loss, -100, summed=False)
+    assert torch.is_grad_enabled()  # restored
+    assert ledger._losses.grad_fn is None and not ledger._losses.requires_grad  # no graph kept
     writes = [op for op in counted.ops if "copy_" in op or "argmax" in op]
     assert len(writes) == 3 and len(counted.ops) <= 4, counted.ops  # a narrowing view at most besides
     import sys

@@ -11,13 +11,12 @@ a summed loss is the same float32 division), for a fraction of the kernels on ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 
-@dataclass(frozen=True)
-class _Row:
+class _Row(NamedTuple):
     size: int  # the batch's targets (the row's first ``size`` columns)
     ignore: int  # the loss's ignore_index
     summed: bool  # reduction="sum": the loss is divided by the targets counted
@@ -48,13 +47,19 @@ class BatchLedger:
         if size > self._width:
             self._widen(size)
         k = len(self._pending)
-        with torch.no_grad():  # nothing recorded for autograd: no detach needed
+        targets, predicted = self._target_rows[k], self._predicted_rows[k]
+        if size != self._width:
+            targets, predicted = targets[:size], predicted[:size]
+        # Integer outputs record nothing for autograd; the loss is detached by the copy made
+        # with grad mode off (what torch.no_grad() does, without its Python frames every step).
+        targets.copy_(target)
+        torch.argmax(logits, 1, out=predicted)
+        grad_mode = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             self._loss_slots[k].copy_(loss if loss.dim() == 0 else loss.reshape(()))  # float32, as .float()
-            targets, predicted = self._target_rows[k], self._predicted_rows[k]
-            if size != self._width:
-                targets, predicted = targets[:size], predicted[:size]
-            targets.copy_(target)
-            torch.argmax(logits, 1, out=predicted)
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
         self._pending.append(_Row(size, ignore, summed))
 
     def _widen(self, width: int) -> None:

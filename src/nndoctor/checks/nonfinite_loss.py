@@ -254,8 +254,10 @@ class NonfiniteLoss(Check):
             self._conclude(event.step, event.location)
         elif finite is False and self._finding is None:
             self._first_bad(event.step, event.location)
-        self._poll()
-        self._emit_if_due()
+        if self._pending:  # flags in flight (CUDA losses): the usual CPU step has none
+            self._poll()
+        if self._finding is not None:
+            self._emit_if_due()
 
     def _emit_if_due(self) -> None:
         """Report now — or, with an enabled GradScaler, once non-finite losses recur.
