@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nndoctor.checks import _chance_ledger as chance_ledger
 from nndoctor.checks._chance_ledger import BatchLedger
 
 CLASSES = 5
@@ -42,12 +44,15 @@ def _batches():
         yield logits, target.to(torch.int32 if step == 2 else torch.int64), loss, ignore, step % 2 == 1
 
 
-def test_the_ledger_gives_the_per_step_numbers():
+# 6: the batches wider than that are reduced at once; 0: all but the empty one
+@pytest.mark.parametrize("max_width", [2048, 6, 0])
+def test_the_ledger_gives_the_per_step_numbers(monkeypatch, max_width):
+    monkeypatch.setattr(chance_ledger, "MAX_WIDTH", max_width)
     ledger = BatchLedger(16, torch.device("cpu"))
     counts, expected_counts = torch.zeros(CLASSES, dtype=torch.float64), torch.zeros(CLASSES, dtype=torch.float64)
     expected = []
     for logits, target, loss, ignore, summed in _batches():
-        ledger.record(logits, target, loss, ignore, summed=summed)
+        ledger.record(logits, target, loss, ignore, summed=summed, counts=counts)
         expected.append(_reduced_at_once(logits, target.long(), loss, ignore, summed, expected_counts))
     assert len(ledger) == 10
     assert ledger.read(CLASSES, counts) == expected  # bit for bit: float32 losses, exact counts
@@ -68,11 +73,12 @@ class _CountOps(TorchDispatchMode):
 def test_a_step_costs_three_ops_and_keeps_no_reference():
     ledger = BatchLedger(8, torch.device("cpu"))
     logits, target = torch.randn(6, CLASSES), torch.randint(0, CLASSES, (6,))
-    ledger.record(logits, target, torch.tensor(1.0), -100, summed=False)  # allocates the columns
+    counts = torch.zeros(CLASSES, dtype=torch.float64)
+    ledger.record(logits, target, torch.tensor(1.0), -100, summed=False, counts=counts)  # allocates the columns
     logits = torch.randn(6, CLASSES, requires_grad=True) * 1  # as in training: part of the graph
     loss = torch.tensor(0.5, requires_grad=True) * 2
     with _CountOps() as counted:
-        ledger.record(logits, target, loss, -100, summed=False)
+        ledger.record(logits, target, loss, -100, summed=False, counts=counts)
     assert torch.is_grad_enabled()  # restored
     assert ledger._losses.grad_fn is None and not ledger._losses.requires_grad  # no graph kept
     writes = [op for op in counted.ops if "copy_" in op or "argmax" in op]

@@ -227,7 +227,10 @@ class LossAtChance(Check):
             if event.sampled:
                 self._flush()
             return  # full until the next sampled step reads it
-        ledger.record(logits, target, output, ignore, summed=event.options.get("reduction", "mean") == "sum")
+        if self._counts is None:
+            return
+        ledger.record(logits, target, output, ignore, summed=event.options.get("reduction", "mean") == "sum",
+                      counts=self._counts)
         self._last_step = event.step
         self._steps.append((event.step, self._training_pass()))
         if not self._classes:

@@ -281,7 +281,8 @@ class NonfiniteLoss(Check):
     def _device_check(self, event: Backward) -> bool:
         tensor = event.tensor.detach()
         with torch.no_grad():
-            flag = torch.isfinite(tensor).all()
+            # A loss (one element): isfinite alone is the flag, one kernel where .all() made two.
+            flag = torch.isfinite(tensor.reshape(())) if tensor.numel() == 1 else torch.isfinite(tensor).all()
         # Read at once where modules were recorded (the answer decides the trace); elsewhere
         # through the pinned ring, without a synchronisation.
         if (event.sampled and self._traces_sampled(event.step)) or self._ring is None:
