@@ -44,8 +44,8 @@ def _batches():
         yield logits, target.to(torch.int32 if step == 2 else torch.int64), loss, ignore, step % 2 == 1
 
 
-# 6: the batches wider than that are reduced at once; 0: all but the empty one
-@pytest.mark.parametrize("max_width", [2048, 6, 0])
+# 6: the batches wider than that are reduced at once; 0: all but the empty one; -1: all
+@pytest.mark.parametrize("max_width", [2048, 6, 0, -1])
 def test_the_ledger_gives_the_per_step_numbers(monkeypatch, max_width):
     monkeypatch.setattr(chance_ledger, "MAX_WIDTH", max_width)
     ledger = BatchLedger(16, torch.device("cpu"))
