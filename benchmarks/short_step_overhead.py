@@ -67,16 +67,18 @@ def patient(args: argparse.Namespace) -> None:
 
     def run() -> dict:
         train(0, args.warmup)  # past nndoctor's 16-step full-instrumentation window
-        wall, cpu = time.perf_counter(), time.process_time()
-        end = args.warmup + args.steps
-        train(args.warmup, end)
-        measured = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "steps": args.steps}
+        start, counted = args.warmup, {}
         if args.count:
-            # Unsampled steps only (a sampled step is one in 100): from 2 past a multiple of 100.
-            first = (end // 100 + 1) * 100 + 2
-            train(end, first)
-            measured.update(_counted_per_step(torch, train, first, first + _COUNTED))
-        return measured
+            # Before the timed steps (L108 watches the first 2,000), unsampled steps only (one in
+            # 100 is sampled): two windows of 96 steps, from 2 past a multiple of 100.
+            first = (start // 100 + 1) * 100 + 2
+            train(start, first)
+            counted = _counted_per_step(train, first)
+            start = first + 200
+        wall, cpu = time.perf_counter(), time.process_time()
+        train(start, start + args.steps)
+        return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "steps": args.steps,
+                **counted}
 
     if args.watch:  # the in-process API instead of the CLI
         import nndoctor
@@ -91,7 +93,7 @@ def patient(args: argparse.Namespace) -> None:
 _COUNTED = 96  # unsampled steps counted for calls and ops per step
 
 
-def _counted_per_step(torch, train, first: int, last: int) -> dict:
+def _counted_per_step(train, first: int) -> dict:
     """Python calls (cProfile: functions and builtins, user code and torch's included) and
     ATen ops (each a kernel launch on a GPU) per unsampled step: numbers the machine's load does
     not change."""
@@ -100,10 +102,12 @@ def _counted_per_step(torch, train, first: int, last: int) -> dict:
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    last = first + _COUNTED
     profile = cProfile.Profile()
     profile.enable()
     train(first, last)
     profile.disable()
+    train(last, first + 100)
     calls = sum(entry[1] for entry in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
 
     class CountOps(TorchDispatchMode):
@@ -113,10 +117,10 @@ def _counted_per_step(torch, train, first: int, last: int) -> dict:
             CountOps.ops += 1
             return func(*args, **(kwargs or {}))
 
-    steps = last - first
     with CountOps():
-        train(last, last + steps)
-    return {"calls_per_step": calls / steps, "ops_per_step": CountOps.ops / steps}
+        train(first + 100, last + 100)
+    train(last + 100, first + 200)
+    return {"calls_per_step": calls / _COUNTED, "ops_per_step": CountOps.ops / _COUNTED}
 
 
 def _small_resnet(nn):
@@ -168,7 +172,7 @@ def main() -> None:
     parser.add_argument("--patient", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--watch", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count", action="store_true",
-                        help="also count Python calls and ATen ops per unsampled step (96 steps after the timed ones)")
+                        help="also count Python calls and ATen ops per unsampled step (2 × 96 steps before the timed ones)")
     parser.add_argument("--steps", type=int, default=20000, help="timed steps per launch")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
