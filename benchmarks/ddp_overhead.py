@@ -26,6 +26,10 @@ Commands the benchmarks/README.md numbers come from (each ≤ 4 minutes on H100s
     python benchmarks/ddp_overhead.py --gpus 2 --model resnet50 --out $OUT
     python benchmarks/ddp_overhead.py --gpus 4 --model resnet50 --out $OUT
     python benchmarks/ddp_overhead.py --gpus 1 --model mlp --out $OUT
+    # less run-to-run noise for the same device time: more, shorter rounds (each an A/B pair in
+    # alternating order); the median of the pair ratios and its quartiles are printed beside the
+    # ratio of the summed times
+    python benchmarks/ddp_overhead.py --gpus 1 --model mlp --rounds 12 --steps 1500 --out $OUT
     # CPU smoke runs (gloo; seconds, numbers meaningless):
     python benchmarks/ddp_overhead.py --device cpu --gpus 2 --model smallcnn --rounds 1 --steps 30 --batch 8
     python benchmarks/ddp_overhead.py --device cpu --gpus 1 --model mlp --rounds 1 --steps 200
@@ -199,6 +203,8 @@ def summarize(args: argparse.Namespace, plain: list[dict], doctored: list[dict],
         "nndoctor_ms_per_step": [s / args.steps * 1e3 for s in d],
         "throughput_ratio": sum(d) / sum(p),  # all timed steps of all rounds, sampled ones included
         "per_round_ratios": per_round, "median_round_ratio": statistics.median(per_round),
+        # The spread of the pair ratios: what run-to-run noise leaves of the headline.
+        "round_ratio_quartiles": (statistics.quantiles(per_round, n=4, method="inclusive") if len(per_round) > 1 else per_round * 3),
         "report_ok": report_ok,
         "findings": sorted({f["code"] for f in (report or {}).get("findings", [])}),
         "internal_errors": len((report or {}).get("internal_errors", [])),
@@ -256,7 +262,9 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     print(f"\nthroughput ratio (nndoctor run / plain, {args.rounds} rounds × {args.steps} steps) on "
           f"{args.gpus}× {result['device']}, {args.model}: {result['throughput_ratio']:.4f} "
-          f"(rounds {', '.join(f'{x:.3f}' for x in result['per_round_ratios'])}); report ok: {result['report_ok']}, "
+          f"(rounds {', '.join(f'{x:.3f}' for x in result['per_round_ratios'])}; median of the pair ratios "
+          f"{result['median_round_ratio']:.4f}, quartiles {' – '.join(f'{x:.3f}' for x in result['round_ratio_quartiles'][::2])}); "
+          f"report ok: {result['report_ok']}, "
           f"internal errors: {result['internal_errors']}")
     paths = [args.json] if args.json else []
     if args.out:

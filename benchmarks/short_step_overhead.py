@@ -11,6 +11,9 @@ per step and the ratio, per round and as medians over rounds.
 
     python benchmarks/short_step_overhead.py                       # 7 rounds × 20,000 steps, ~3 min
     python benchmarks/short_step_overhead.py --sides plain,all,none --rounds 5   # none: --ignore ALL
+    # watch: every check through nndoctor.watch() in the script (what `nndoctor run` adds shows
+    # against "all"); --count: Python calls and ATen ops per unsampled step too (load-independent)
+    python benchmarks/short_step_overhead.py --sides plain,watch,all,none --count --rounds 3
     python benchmarks/short_step_overhead.py --rounds 1 --steps 500 # smoke run
     # a small ResNet-like CNN (8 residual blocks, 62 module calls a forward; 8 images of 3×16×16):
     # what nndoctor costs per module call shows here
@@ -34,7 +37,7 @@ import time
 
 _MARK = "SHORT_STEP_RESULT "
 # The doctored sides: every check, the engine and hooks alone, or a selection.
-SIDES = {"plain": None, "all": [], "none": ["--ignore", "ALL"]}
+SIDES = {"plain": None, "all": [], "none": ["--ignore", "ALL"]}  # and "watch": nndoctor.watch() in the script
 
 
 def patient(args: argparse.Namespace) -> None:
@@ -53,17 +56,71 @@ def patient(args: argparse.Namespace) -> None:
         batches = [(torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(8)]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     criterion = nn.CrossEntropyLoss()
-    wall = cpu = 0.0
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:  # past nndoctor's 16-step full-instrumentation window
-            wall, cpu = time.perf_counter(), time.process_time()
-        x, y = batches[i % len(batches)]
-        optimizer.zero_grad()
-        loss = criterion(model(x), y)
-        loss.backward()
-        optimizer.step()
-    print(_MARK + json.dumps({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
-                              "steps": args.steps}), flush=True)
+
+    def train(first: int, last: int) -> None:
+        for i in range(first, last):
+            x, y = batches[i % len(batches)]
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+    def run() -> dict:
+        train(0, args.warmup)  # past nndoctor's 16-step full-instrumentation window
+        start, counted = args.warmup, {}
+        if args.count:
+            # Before the timed steps (L108 watches the first 2,000), unsampled steps only (one in
+            # 100 is sampled): two windows of 96 steps, from 2 past a multiple of 100.
+            first = (start // 100 + 1) * 100 + 2
+            train(start, first)
+            counted = _counted_per_step(train, first)
+            start = first + 200
+        wall, cpu = time.perf_counter(), time.process_time()
+        train(start, start + args.steps)
+        return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "steps": args.steps,
+                **counted}
+
+    if args.watch:  # the in-process API instead of the CLI
+        import nndoctor
+
+        with nndoctor.watch():
+            measured = run()
+    else:
+        measured = run()
+    print(_MARK + json.dumps(measured), flush=True)
+
+
+_COUNTED = 96  # unsampled steps counted for calls and ops per step
+
+
+def _counted_per_step(train, first: int) -> dict:
+    """Python calls (cProfile: functions and builtins, user code and torch's included) and
+    ATen ops (each a kernel launch on a GPU) per unsampled step: numbers the machine's load does
+    not change."""
+    import cProfile
+    import pstats
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    last = first + _COUNTED
+    profile = cProfile.Profile()
+    profile.enable()
+    train(first, last)
+    profile.disable()
+    train(last, first + 100)
+    calls = sum(entry[1] for entry in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
+
+    class CountOps(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            CountOps.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    with CountOps():
+        train(first + 100, last + 100)
+    train(last + 100, first + 200)
+    return {"calls_per_step": calls / _COUNTED, "ops_per_step": CountOps.ops / _COUNTED}
 
 
 def _small_resnet(nn):
@@ -86,7 +143,12 @@ def _small_resnet(nn):
 
 def launch(args: argparse.Namespace, side: str, workdir: str) -> dict:
     script = ["--patient", "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model]
+    if args.count:
+        script.append("--count")
     checks, _, source = side.partition("@")
+    if checks == "watch":  # every check, through nndoctor.watch() inside the script
+        script.append("--watch")
+        checks = "plain"
     extra = SIDES[checks] if checks in SIDES else ["--select", checks]
     report = os.path.join(workdir, f"{len(os.listdir(workdir))}.json")
     nndoctor = [] if extra is None else ["-m", "nndoctor", "run", "--quiet", "--json", report, *extra]
@@ -108,13 +170,17 @@ def launch(args: argparse.Namespace, side: str, workdir: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patient", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--watch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count", action="store_true",
+                        help="also count Python calls and ATen ops per unsampled step (2 × 96 steps before the timed ones)")
     parser.add_argument("--steps", type=int, default=20000, help="timed steps per launch")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
                         help="mlp: 64×32 → 32 → 10 (the default); cnn: a small ResNet-like CNN")
     parser.add_argument("--sides", default="plain,all",
-                        help="comma-separated: plain, all (every check), none (--ignore ALL), or check codes; "
+                        help="comma-separated: plain, watch (nndoctor.watch()), all (every check), none (--ignore ALL), "
+                             "or check codes; "
                              "SIDE@SRC imports nndoctor from SRC")
     parser.add_argument("--json", help="write the numbers here too")
     args = parser.parse_args()
@@ -147,7 +213,10 @@ def main() -> None:
                 entry[f"{clock}_ratios"] = [round(x, 4) for x in ratios]
                 entry[f"{clock}_ratio_median"] = statistics.median(ratios)
                 entry[f"{clock}_extra_us_per_step_median"] = statistics.median(d - p for d, p in zip(per_step, base))
-        if side != "plain":
+        if args.count:
+            entry["calls_per_step"] = runs[side][-1]["calls_per_step"]
+            entry["ops_per_step"] = runs[side][-1]["ops_per_step"]
+        if "internal_errors" in runs[side][-1]:
             entry["internal_errors"] = max(run["internal_errors"] for run in runs[side])
             entry["findings"] = runs[side][-1]["findings"]
         result["sides"][side] = entry
@@ -157,6 +226,10 @@ def main() -> None:
         print(f"{side}: plain {result['sides']['plain']['wall_us_per_step_median']:.1f} µs/step; "
               f"extra {e['wall_extra_us_per_step_median']:+.1f} µs/step wall ({e['cpu_extra_us_per_step_median']:+.1f} CPU); "
               f"ratio (median of {args.rounds} rounds) wall {e['wall_ratio_median']:.3f}, CPU {e['cpu_ratio_median']:.3f}")
+    if args.count:
+        print("per unsampled step: " + "; ".join(
+            f"{side} {result['sides'][side]['calls_per_step']:.0f} Python calls, {result['sides'][side]['ops_per_step']:.0f} ATen ops"
+            for side in sides))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

@@ -13,6 +13,7 @@ every few); heavy statistics are only computed on sampled steps.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from types import FrameType
@@ -52,22 +53,26 @@ class Event:
         names = _RELEASED.get(cls)
         if names is None:  # once per event class: every event of the hot path pays this
             names = _RELEASED[cls] = _released_fields(cls)
+        fields = self.__dict__  # plain dataclasses: a dict write, not a setattr call per field
         for name in names:
-            if not isinstance(getattr(self, name), _PLAIN):
-                object.__setattr__(self, name, None)
+            value = fields[name]
+            # The exact-type test first: the usual values (None, a bool) cost no isinstance call.
+            if type(value) not in _PLAIN_TYPES and not isinstance(value, _PLAIN):
+                fields[name] = None
 
 
 _KEEP = {"step", "sampled", "_location", "_resolved", "cache", "frame"}
 _PLAIN = (bool, int, float, str, type(None), Location)
+_PLAIN_TYPES = frozenset(_PLAIN)
 _RELEASED: dict[type, tuple[str, ...]] = {}
 # Fields declared as these hold no user object: release() need not look at them.
 _PLAIN_ANNOTATIONS = {"bool", "int", "float", "str", "bool | None", "int | None", "float | None", "str | None"}
 
 
 def _released_fields(cls: type) -> tuple[str, ...]:
-    fields = getattr(cls, "__dataclass_fields__", {})
-    return tuple(name for name, f in fields.items()
-                 if name not in _KEEP and str(f.type) not in _PLAIN_ANNOTATIONS)
+    # dataclasses.fields: the instance fields (``__dataclass_fields__`` lists the ClassVars too)
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if f.name not in _KEEP and str(f.type) not in _PLAIN_ANNOTATIONS)
 
 
 def caller_frame(depth: int = 2) -> FrameType | None:

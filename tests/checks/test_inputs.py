@@ -144,6 +144,29 @@ def test_sample_summary_constant_samples_and_fingerprints():
     assert a != b
 
 
+def test_sample_fingerprints_are_the_per_row_hashes():
+    """The batch-wide conversion gives the bytes the row-by-row one gave (a fingerprint is
+    blake2b over the float16 values picked and the sums written with 6 significant digits)."""
+    import hashlib
+
+    import numpy as np
+
+    from nndoctor.instrument.inputs_probe import FINGERPRINT_VALUES
+
+    torch.manual_seed(1)
+    x = torch.randn(5, 3, 20, 20) * torch.tensor([1.0, 1e-8, 1e6, 3.0, 7.0]).view(5, 1, 1, 1)
+    x[3, 0, 0, 0] = float("inf")
+    flat = x.reshape(5, -1)
+    index = torch.linspace(0, flat.shape[1] - 1, FINGERPRINT_VALUES).long()
+    picked = flat.index_select(1, index).numpy()
+    sums = torch.stack([flat.double().sum(1), (flat.double() ** 2).sum(1)], 1).float().numpy()
+    with np.errstate(over="ignore"):  # 1e6 is beyond float16: inf, in both
+        expected = tuple(hashlib.blake2b(picked[i].astype("float16").tobytes()
+                                         + f"{sums[i, 0]:.6g},{sums[i, 1]:.6g}".encode(), digest_size=16).digest()
+                         for i in range(5))
+    assert summarize_samples(x).fingerprints == expected
+
+
 def test_sample_summary_rejects_non_float():
     assert summarize_samples(torch.zeros(4, 3, dtype=torch.long)) is None
 

@@ -41,6 +41,22 @@ def test_integer_and_non_tensor_losses_count_as_finite():
     assert scalar_is_finite(None) is True
 
 
+@pytest.mark.parametrize(("values", "expected"), [
+    (torch.tensor(0.5), True), (torch.tensor([float("nan")]), False), (torch.tensor([[float("inf")]]), False),
+    (torch.tensor([1.0, 2.0]), True), (torch.tensor([1.0, float("-inf")]), False),
+])
+def test_the_device_flag_of_a_loss(values, expected):
+    """N101's flag for a device loss (computed here on CPU, read at once without a ring): one
+    kernel for a one-element loss, isfinite().all() for more elements, the same answer."""
+    from nndoctor.checks.nonfinite_loss import NonfiniteLoss
+    from nndoctor.engine import Session
+    from nndoctor.events import Backward
+
+    check = Session(checks=[NonfiniteLoss]).checks[0]
+    loss = values.requires_grad_() * 1
+    assert check._device_check(Backward(step=200, sampled=False, tensor=loss)) is expected
+
+
 def test_first_nonfinite_is_the_first_completed_module_with_bad_output():
     records = [
         ModuleRecord("0", "Linear", True, True),

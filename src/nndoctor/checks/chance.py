@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from nndoctor.chance_level import (
@@ -15,6 +17,7 @@ from nndoctor.chance_level import (
     undecidable,
     with_held_out,
 )
+from nndoctor.checks._chance_ledger import BatchLedger
 from nndoctor.events import BatchFetched, EpochStart, LossComputed, RunEnd
 from nndoctor.findings import Location, Severity
 from nndoctor.instrument.stats import has_plain_values
@@ -141,8 +144,7 @@ class LossAtChance(Check):
         self._outcomes: list[BatchOutcome] = []
         self._classes = 0
         self._counts: torch.Tensor | None = None  # per-class target counts, on the loss's device
-        self._rows: torch.Tensor | None = None  # (loss, correct, seen) of the steps not read yet
-        self._row_views: tuple[torch.Tensor, ...] = ()
+        self._ledger: BatchLedger | None = None  # the training batches not read yet, on the device
         self._steps: list[tuple[int, int]] = []  # their steps, and the pass each batch came from
         # Passes over the data (ids and counts only): the last pass started per dataset key, the
         # source of the last batch fetched, and the passes that trained per dataset key.
@@ -207,44 +209,28 @@ class LossAtChance(Check):
         classes = int(logits.shape[1])
         if classes > MAX_CLASSES or (self._classes and classes != self._classes):
             return
-        if self._rows is None or self._rows.device != output.device:
+        try:  # cross_entropy / nll_loss take an int (or what converts to one: a NumPy integer)
+            ignore = operator.index(event.options.get("ignore_index", -100))
+        except TypeError:
+            return
+        ledger = self._ledger
+        if ledger is None or ledger.device != output.device:
             self._flush()
-            size = 4 * self.session.sample_every + self.session.full_window + 8
-            self._rows = torch.zeros(size, 3, dtype=torch.float32, device=output.device)
-            self._row_views = self._rows.unbind()  # made once: indexing per step is an op too
+            rows = 4 * self.session.sample_every + self.session.full_window + 8
+            ledger = self._ledger = BatchLedger(rows, output.device)
             if self._counts is None or self._counts.device != output.device:
                 counts = torch.zeros(classes, dtype=torch.float64, device=output.device)
                 if self._counts is not None:
                     counts += self._counts.to(output.device)
                 self._counts = counts
-        if len(self._steps) >= self._rows.shape[0]:
+        if len(self._steps) >= ledger.rows:
             if event.sampled:
                 self._flush()
             return  # full until the next sampled step reads it
-        ignore = event.options.get("ignore_index", -100)
-        counts_on_device = self._counts
-        if counts_on_device is None:
+        if self._counts is None:
             return
-        with torch.no_grad():  # no host sync: every value stays on the device until a sampled step
-            # As few kernels as give the same numbers: each is a launch on every training step.
-            # An ignore_index outside [0, classes) (the default -100) is excluded by the range
-            # test already, and an argmax (always in range) never equals an invalid target.
-            ignore_in_range = not isinstance(ignore, int) or 0 <= ignore < classes
-            valid = (target >= 0) & (target < classes)
-            if ignore_in_range:
-                valid &= target != ignore
-            safe = target * valid  # the invalid targets counted (with weight 0) as class 0
-            predicted = logits.argmax(1)  # under no_grad: nothing recorded, no detach needed
-            correct = ((predicted == safe) & valid).sum() if ignore_in_range else (predicted == target).sum()
-            seen = valid.sum()
-            loss = output.float()  # a no-op for float32; half precision would round the counts below
-            if loss.dim():
-                loss = loss.reshape(())
-            if event.options.get("reduction", "mean") == "sum":  # Trainer's loss over the items of a batch
-                loss = loss / seen.clamp(min=1)
-            torch.stack((loss, correct, seen), out=self._row_views[len(self._steps)])
-            index = safe if safe.dtype == torch.int64 else safe.long()
-            counts_on_device.scatter_add_(0, index, valid.to(counts_on_device.dtype))
+        ledger.record(logits, target, output, ignore, summed=event.options.get("reduction", "mean") == "sum",
+                      counts=self._counts)
         self._last_step = event.step
         self._steps.append((event.step, self._training_pass()))
         if not self._classes:
@@ -286,9 +272,9 @@ class LossAtChance(Check):
                                         tuple(a + b for a, b in zip(before.counts, evaluation.counts, strict=True)))
             self._evaluations.append(evaluation)
         self._pending_evaluations.clear()
-        if self._rows is None or not self._steps:
+        if self._ledger is None or not self._steps or self._counts is None:
             return
-        values = self._rows[: len(self._steps)].tolist()  # the only sync, on sampled steps
+        values = self._ledger.read(self._classes, self._counts)  # the only sync, on sampled steps
         self._outcomes.extend(BatchOutcome(step, loss, int(correct), int(seen), visit)
                               for (step, visit), (loss, correct, seen) in zip(self._steps, values, strict=True))
         self._steps.clear()
@@ -320,8 +306,7 @@ class LossAtChance(Check):
         self.session.unsubscribe(self, "loss")  # decided: no per-step work left
         self._decided = True
         self._found = None
-        self._rows = self._counts = None
-        self._row_views = ()
+        self._ledger = self._counts = None
         self._outcomes.clear()
         self._evaluations.clear()
         self._pending_evaluations.clear()

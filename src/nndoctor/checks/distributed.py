@@ -616,14 +616,20 @@ class DdpForwardBypass(Check):
     severity = Severity.ERROR
     summary = "forward through the inner module instead of the DDP wrapper while training"
     fix = "call the DDP wrapper (model(x)), not model.module(x), for training forwards"
+    _wrapped: Any = None  # the DDP registry's inner module -> record (a WeakKeyDictionary), once looked up
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
             return
-        from nndoctor.instrument.ddp_hooks import registry
+        wrapped = self._wrapped
+        if wrapped is None:  # the session's registry, looked up once (every training forward asks)
+            from nndoctor.instrument.ddp_hooks import registry
 
-        record = registry(self.session).by_inner.get(event.module)
+            wrapped = self._wrapped = registry(self.session).by_inner
+        if not wrapped:  # no DDP wrapper built: the usual single-process run
+            return
+        record = wrapped.get(event.module)
         if record is None or record.ddp() is None:
             return
         self.report(

@@ -189,9 +189,15 @@ class FunctionalDropoutInEval(Check):
     summary = "`F.dropout` without `training=self.training` stays on after `model.eval()`"
     fix = "pass training=self.training to F.dropout (or use an nn.Dropout module)"
     needs = frozenset({"dropout_calls"})
+    _records: Any = None  # the session's DropoutRecords, once looked up
 
     def on_forward(self, event: Forward) -> None:
-        for call in dropout_records(self.session).take():
+        records = self._records
+        if records is None:  # the session's records, looked up once (every forward asks)
+            records = self._records = dropout_records(self.session)
+        if not records.pending:  # the usual forward: no eval-mode dropout call since the last one
+            return
+        for call in records.take():
             self.report(
                 f"F.{call.function}(p={call.p:g}) ran inside {call.module_type}.forward while the module is in "
                 "eval mode: without training=self.training it keeps dropping activations after model.eval().",

@@ -1014,9 +1014,15 @@ class LabelOutOfRange(Check):
     summary = "class targets outside [0, C) for a C-way output (e.g. labels 1..C), or negative other than ignore_index"
     fix = "map labels to 0..C-1 (e.g. labels - 1), or pass the marker of unlabelled samples as ignore_index"
     needs = frozenset({"target_ranges"})
+    _probe: Any = None  # the session's TargetProbe, once looked up
 
     def _report_pending(self) -> None:
-        record = target_range_records(self.session).take()
+        probe = self._probe
+        if probe is None:  # the session's probe, looked up once (every loss asks)
+            probe = self._probe = target_range_records(self.session)
+        if probe.pending is None:  # the usual loss: nothing out of range
+            return
+        record = probe.take()
         if record is None:
             return
         self.report(

@@ -254,8 +254,10 @@ class NonfiniteLoss(Check):
             self._conclude(event.step, event.location)
         elif finite is False and self._finding is None:
             self._first_bad(event.step, event.location)
-        self._poll()
-        self._emit_if_due()
+        if self._pending:  # flags in flight (CUDA losses): the usual CPU step has none
+            self._poll()
+        if self._finding is not None:
+            self._emit_if_due()
 
     def _emit_if_due(self) -> None:
         """Report now — or, with an enabled GradScaler, once non-finite losses recur.
@@ -279,7 +281,8 @@ class NonfiniteLoss(Check):
     def _device_check(self, event: Backward) -> bool:
         tensor = event.tensor.detach()
         with torch.no_grad():
-            flag = torch.isfinite(tensor).all()
+            # A loss (one element): isfinite alone is the flag, one kernel where .all() made two.
+            flag = torch.isfinite(tensor.reshape(())) if tensor.numel() == 1 else torch.isfinite(tensor).all()
         # Read at once where modules were recorded (the answer decides the trace); elsewhere
         # through the pinned ring, without a synchronisation.
         if (event.sampled and self._traces_sampled(event.step)) or self._ring is None:

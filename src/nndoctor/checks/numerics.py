@@ -467,6 +467,7 @@ class Fp16WithoutGradScaler(Check):
         if self._done or self._seen is None:
             return
         self._done = True
+        self.session.unsubscribe(self, "step_start", "forward")  # decided once: no per-step call left
         ref = self.session.state.scaler
         scaler = ref() if ref is not None else None
         if scaler is not None and scaler_enabled(scaler):

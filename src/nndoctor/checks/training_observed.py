@@ -62,7 +62,10 @@ class NoTrainingObserved(Check):
 
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
-        if event.is_loss or not event.grad_enabled or self.session.state.total_steps:
+        if self.session.state.total_steps:
+            self._trained()
+            return
+        if event.is_loss or not event.grad_enabled:
             return
         self._forwards += 1
         if self._where is None and self._backwards == 0:
@@ -70,10 +73,16 @@ class NoTrainingObserved(Check):
 
     def on_backward(self, event: Backward) -> None:
         if self.session.state.total_steps:
+            self._trained()
             return
         self._backwards += 1
         if self._backwards == 1:
             self._where = event.location or self._where
+
+    def _trained(self) -> None:
+        """An update ran (the count only grows): forwards and backwards have nothing left to
+        tell, and stop costing a call on every step."""
+        self.session.unsubscribe(self, "forward", "backward")
 
     def on_run_end(self, event: RunEnd) -> None:
         if event.status not in ("completed", "stopped") or self.session.state.total_steps:

@@ -169,13 +169,17 @@ def summarize_samples(tensor: torch.Tensor) -> SampleSummary | None:
     import numpy as np
 
     values = host.numpy()
-    constant = tuple(bool(v == 0) for v in values[:, count])
+    constant = tuple((values[:, count] == 0).tolist())
+    # Converted and listed for the whole batch at once: formatting NumPy scalars row by row cost
+    # ~7 µs a sample (the same bytes: a float32 lists as the exact Python float it formats as).
+    with np.errstate(over="ignore"):  # values beyond float16 hash as ±inf; no warning on the user's stderr
+        halves = values[:, :count].astype(np.float16)
+    sums = values[:, count + 1:count + 3].tolist()
     # Sums rounded to 6 significant digits: identical samples must match even when the
     # reduction order differs between two batches.
     prints = tuple(
-        hashlib.blake2b(row[:count].astype(np.float16).tobytes()
-                        + f"{row[count + 1]:.6g},{row[count + 2]:.6g}".encode(), digest_size=16).digest()
-        for row in values
+        hashlib.blake2b(half.tobytes() + f"{total:.6g},{squares:.6g}".encode(), digest_size=16).digest()
+        for half, (total, squares) in zip(halves, sums, strict=True)
     )
     return SampleSummary(constant=constant, fingerprints=prints, values_per_sample=width)
 

@@ -101,6 +101,8 @@ def _channel_stats(x: torch.Tensor) -> list[torch.Tensor]:
 def has_plain_values(tensor: Any) -> bool:
     """A dense (strided) tensor whose values can be read: not sparse (COO, CSR, ...), nested,
     quantized, meta or fake (FakeTensorMode, torch.compile tracing). Statistics skip the rest."""
+    if type(tensor) is torch.Tensor:  # the usual case, asked on every step: no subclass (FakeTensor is one)
+        return tensor.layout == torch.strided and not (tensor.is_nested or tensor.is_quantized or tensor.is_meta)
     if not isinstance(tensor, torch.Tensor):
         return False
     try:

@@ -81,6 +81,7 @@ class Installation:
         self._in_backward = 0
         self._in_train = 0
         self._in_scheduler = 0
+        self._last_root: weakref.ref[Any] = _dead_ref  # the model last added to state.roots
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
@@ -203,8 +204,10 @@ class Installation:
                       is_loss: bool) -> None:
         session = self.session
         grad_enabled = torch.is_grad_enabled()
-        if not is_loss and grad_enabled:
+        if not is_loss and grad_enabled and self._last_root() is not module:
+            # WeakSet.add costs three calls and a new weak reference: once per model, not per step.
             session.state.roots.add(module)
+            self._last_root = weakref.ref(module)
         sampled = session.sampled
         route = LOSS_FORWARD if is_loss else "forward"
         if session.wants_now(route, sampled):
@@ -609,6 +612,13 @@ class Installation:
             return original(scaler, outputs)
 
         self.patcher.patch(GradScaler, "scale", scale)
+
+
+class _Nothing:
+    pass
+
+
+_dead_ref: weakref.ref[Any] = weakref.ref(_Nothing())  # a weak reference whose object is gone
 
 
 def _not_a_compiled_frame(function: Any, *, callees: bool = True) -> None:

@@ -1,0 +1,87 @@
+"""L108's batch ledger: three ops a step, and the same numbers as reducing each step at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nndoctor.checks import _chance_ledger as chance_ledger
+from nndoctor.checks._chance_ledger import BatchLedger
+
+CLASSES = 5
+
+
+def _reduced_at_once(logits, target, loss, ignore, summed, counts):
+    """The per-step reduction L108 computed before the ledger (the reference)."""
+    ignore_in_range = 0 <= ignore < CLASSES
+    valid = (target >= 0) & (target < CLASSES)
+    if ignore_in_range:
+        valid &= target != ignore
+    safe = target * valid
+    predicted = logits.argmax(1)
+    correct = ((predicted == safe) & valid).sum() if ignore_in_range else (predicted == target).sum()
+    seen = valid.sum()
+    value = loss.float().reshape(())
+    if summed:
+        value = value / seen.clamp(min=1)
+    row = torch.stack((value, correct, seen)).tolist()  # float32, as the old row was
+    counts.scatter_add_(0, safe.long(), valid.to(counts.dtype))
+    return row[0], int(row[1]), int(row[2])
+
+
+def _batches():
+    g = torch.Generator().manual_seed(3)
+    # Sizes that grow (the columns widen with rows pending) and shrink (a last partial batch).
+    for step, size in enumerate([4, 4, 7, 3, 7, 12, 1, 0, 12, 5]):
+        logits = torch.randn(size, CLASSES, generator=g)
+        target = torch.randint(-1, CLASSES + 1, (size,), generator=g)  # some out of range
+        ignore = (-100, 2, 7)[step % 3]  # out of range, a class, above the classes
+        if size:
+            target[0] = ignore
+        dtype = torch.bfloat16 if step % 4 == 1 else torch.float32
+        loss = (torch.rand((), generator=g) * 3).to(dtype)
+        yield logits, target.to(torch.int32 if step == 2 else torch.int64), loss, ignore, step % 2 == 1
+
+
+# 6: the batches wider than that are reduced at once; 0: all but the empty one; -1: all
+@pytest.mark.parametrize("max_width", [2048, 6, 0, -1])
+def test_the_ledger_gives_the_per_step_numbers(monkeypatch, max_width):
+    monkeypatch.setattr(chance_ledger, "MAX_WIDTH", max_width)
+    ledger = BatchLedger(16, torch.device("cpu"))
+    counts, expected_counts = torch.zeros(CLASSES, dtype=torch.float64), torch.zeros(CLASSES, dtype=torch.float64)
+    expected = []
+    for logits, target, loss, ignore, summed in _batches():
+        ledger.record(logits, target, loss, ignore, summed=summed, counts=counts)
+        expected.append(_reduced_at_once(logits, target.long(), loss, ignore, summed, expected_counts))
+    assert len(ledger) == 10
+    assert ledger.read(CLASSES, counts) == expected  # bit for bit: float32 losses, exact counts
+    assert torch.equal(counts, expected_counts)
+    assert len(ledger) == 0 and ledger.read(CLASSES, counts) == []
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_costs_three_ops_and_keeps_no_reference():
+    ledger = BatchLedger(8, torch.device("cpu"))
+    logits, target = torch.randn(6, CLASSES), torch.randint(0, CLASSES, (6,))
+    counts = torch.zeros(CLASSES, dtype=torch.float64)
+    ledger.record(logits, target, torch.tensor(1.0), -100, summed=False, counts=counts)  # allocates the columns
+    logits = torch.randn(6, CLASSES, requires_grad=True) * 1  # as in training: part of the graph
+    loss = torch.tensor(0.5, requires_grad=True) * 2
+    with _CountOps() as counted:
+        ledger.record(logits, target, loss, -100, summed=False, counts=counts)
+    assert torch.is_grad_enabled()  # restored
+    assert ledger._losses.grad_fn is None and not ledger._losses.requires_grad  # no graph kept
+    writes = [op for op in counted.ops if "copy_" in op or "argmax" in op]
+    assert len(writes) == 3 and len(counted.ops) <= 4, counted.ops  # a narrowing view at most besides
+    import sys
+    assert sys.getrefcount(target) == 2 and sys.getrefcount(logits) == 2  # ours only: no copy kept
