@@ -62,10 +62,10 @@ class NoTrainingObserved(Check):
 
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
+        if event.is_loss or not event.grad_enabled:
+            return
         if self.session.state.total_steps:
             self._trained()
-            return
-        if event.is_loss or not event.grad_enabled:
             return
         self._forwards += 1
         if self._where is None and self._backwards == 0:
