@@ -20,6 +20,7 @@ from nndoctor.perf import schedule
 from nndoctor.perf.diagnosis import best_point_advice
 from nndoctor.perf.predict import PlanFacts, amdahl, plan, predict, prediction_text
 from nndoctor.perf.render import trial_lines
+from tests import childproc
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -255,10 +256,10 @@ def test_cli_keeps_the_budget_with_slow_re_runs(tmp_path):
     sleep_s = 4.0
     budget = 24.0
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "nndoctor", "perf", "--warmup", "1", "--steps", "3",
-                           "--try", "fused-optimizer,amp,compile", "--budget", str(budget), "--json", str(out),
-                           str(SCRIPTS / "slow_start.py"), str(sleep_s), str(tmp_path / "starts")],
-                          capture_output=True, text=True, env=_env(), timeout=300)
+    done = childproc.run([sys.executable, "-m", "nndoctor", "perf", "--warmup", "1", "--steps", "3",
+                          "--try", "fused-optimizer,amp,compile", "--budget", str(budget), "--json", str(out),
+                          str(SCRIPTS / "slow_start.py"), str(sleep_s), str(tmp_path / "starts")],
+                         env=_env(), timeout=300)
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-2000:]
     trials = json.loads(out.read_text())["extra"]["perf"]["trials"]
@@ -282,8 +283,8 @@ def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
     out = tmp_path / "perf.json"
     process = subprocess.Popen([sys.executable, "-m", "nndoctor", "perf", "--warmup", "1", "--steps", "3",
                                 "--try", "fused-optimizer,amp,compile", "--budget", "600", "--json", str(out),
-                                str(SCRIPTS / "slow_start.py"), "1"],
-                               stderr=subprocess.PIPE, text=True, env=_env())
+                                str(SCRIPTS / "slow_start.py"), "0.2"],  # a short sleep: this test is about the signal
+                               stderr=subprocess.PIPE, text=True, env=childproc.child_env(_env()))
     assert process.stderr is not None
     seen = []
     for line in process.stderr:
@@ -291,8 +292,9 @@ def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
         if "stopped:" in line:  # the first change's verdict: one trial has finished
             process.send_signal(signal.SIGTERM)
             break
-    rest = process.stderr.read()
-    code = process.wait(timeout=120)
+    # Bounded, and a child that outlives the bound fails the test with its threads' stacks.
+    _, rest = childproc.communicate(process, 120)
+    code = process.returncode
     assert code == 143, "".join(seen) + rest
     perf = json.loads(out.read_text())["extra"]["perf"]
     trials = perf["trials"]
