@@ -32,9 +32,11 @@ EXIT_STALLED = 124  # like timeout(1): stopped by --stall-action stop
 # How long the interrupted main thread gets to end the run before the process is ended: the
 # run's end (report, a garbage collection once TensorFlow is loaded) takes seconds on a loaded
 # machine, and ending the process then also ends whatever hosts the run (a notebook, pytest).
+# NNDOCTOR_STOP_GRACE sets it (tests of a run stuck in native code, which waits all of it).
 STOP_GRACE_S = 10.0
 _ENV_SECONDS = "NNDOCTOR_STALL_SECONDS"
 _ENV_ACTION = "NNDOCTOR_STALL_ACTION"
+_ENV_GRACE = "NNDOCTOR_STOP_GRACE"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,13 @@ def stall_seconds() -> float:
         return max(0.0, float(os.environ.get(_ENV_SECONDS, DEFAULT_STALL_SECONDS)))
     except ValueError:
         return DEFAULT_STALL_SECONDS
+
+
+def stop_grace_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get(_ENV_GRACE, STOP_GRACE_S)))
+    except ValueError:
+        return STOP_GRACE_S
 
 
 def stall_action() -> str:
@@ -333,7 +342,7 @@ def _stop(session: Any, snapshot: Any) -> None:
         import _thread
 
         _thread.interrupt_main()
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + stop_grace_seconds()
     while session.active and time.monotonic() < deadline:
         time.sleep(0.1)
     if session.active:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from conftest import FIXTURES, codes, sha256
+
+from tests import childproc
 
 pytestmark = [pytest.mark.xdist_group("tf_checkpoint_builder"), pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -33,8 +34,8 @@ def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("tf_ckpt")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
-    done = subprocess.run([sys.executable, "-m", "tests.ckpt.tf_checkpoint_builder", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = childproc.run([sys.executable, "-m", "tests.ckpt.tf_checkpoint_builder", str(out)], cwd=ROOT,
+                         env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["root"] = out
@@ -100,8 +101,8 @@ def test_savedmodel_is_inspected_without_running_or_importing_tensorflow(built, 
               f"code = main(['ckpt', 'inspect', {str(folder)!r}, '--json', '-'])\n"
               "assert 'tensorflow' not in sys.modules, 'inspect imported TensorFlow'\n"
               "sys.exit(code)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    done = childproc.run([sys.executable, "-c", script], timeout=120,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     checkpoint = report["extra"]["checkpoint"]

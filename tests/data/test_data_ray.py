@@ -9,6 +9,8 @@ import pytest
 from conftest import photo
 from test_data_formats import encoded, truncated_jpeg, write_shard
 
+from tests import childproc
+
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 h5py = pytest.importorskip("h5py")
@@ -61,7 +63,6 @@ def test_address_of_a_running_cluster(run_data, tmp_path):
     driver on a cluster's node does) and gives the local scan's report. The cluster stays up."""
     import json
     import os
-    import subprocess
     import sys
 
     with h5py.File(tmp_path / "train.h5", "w") as handle:
@@ -74,9 +75,9 @@ def test_address_of_a_running_cluster(run_data, tmp_path):
     report = tmp_path / "ray.json"
     # ray.init set RAY_AUTH_MODE in this process when it enabled token authentication: inherited
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-m", "nndoctor", "data", str(tmp_path / "train.h5"), "--no-cache",
-                           "--engine", "ray", "--address", address, "--workers", "1", "--json", str(report)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = childproc.run([sys.executable, "-m", "nndoctor", "data", str(tmp_path / "train.h5"), "--no-cache",
+                          "--engine", "ray", "--address", address, "--workers", "1", "--json", str(report)],
+                         timeout=300, env=env)
     assert done.returncode == local.rc, done.stderr[-3000:]
     distributed = json.loads(report.read_text())
     assert local.one("F109")["evidence"]["files"] == [f"{tmp_path}/train.h5:images[2]", f"{tmp_path}/train.h5:images[7]"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 
 from nndoctor.checks.distributed import RankDied
 from nndoctor.checks.stall import CollectiveMismatch
 from nndoctor.distributed.dead_ranks import dead_parts, native_error, pid_alive
 from nndoctor.distributed.flight import FlightRecorder, alive_path, fatal_path, read_flight
+from tests import childproc
 
 
 def test_the_record_survives_the_process_that_wrote_it(tmp_path):
@@ -23,7 +23,7 @@ def test_the_record_survives_the_process_that_wrote_it(tmp_path):
         "r.enter('all_gather', 12, 'bfloat16', 'train.py:40')\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60)
+    result = childproc.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, capture_output=False)
     assert result.returncode == -9
     record = read_flight(str(tmp_path), 1)
     assert record == {"step": 7, "collectives": 1, "in_collective": True, "ddp": False, "phase": "after step",

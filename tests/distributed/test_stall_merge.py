@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests import childproc
 from tests.distributed.test_torchrun import torchrun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -13,8 +14,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_both_ranks_stopped_in_native_code_still_give_one_merged_report(tmp_path):
     # The script ignores SIGINT: the watchdog must end each rank with os._exit(124).
+    # Stuck in native code, a rank waits the watchdog's whole grace for its main thread (10 s by
+    # default) before it ends itself: 4 s, scaled to the machine's load, leave both ranks the
+    # time to post their snapshots (the merge needs them) and save ~6 s of the suite.
+    grace = {"NNDOCTOR_STOP_GRACE": f"{childproc.scaled(4.0):.1f}"}
     result, report = torchrun(tmp_path, "rank_conditional_all_reduce_hang.py", "--stall-seconds", "2",
-                              "--stall-action", "stop", script_args=["ignore-sigint"])
+                              "--stall-action", "stop", script_args=["ignore-sigint"], env_extra=grace)
     assert report is not None, result.stderr[-3000:]
     assert "exitcode  : 124" in result.stderr and result.returncode != 0
     assert report["status"] == "stalled"

@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "distributed"
 
 
-def torchrun(tmp_path, script, *options, nproc=2, script_args=(), no_python=False):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def torchrun(tmp_path, script, *options, nproc=2, script_args=(), no_python=False, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     env.pop("NNDOCTOR_STALL_SECONDS", None)
     nndoctor = ["--no-python", shutil.which("nndoctor")] if no_python else ["-m", "nndoctor"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",

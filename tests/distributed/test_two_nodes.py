@@ -83,9 +83,13 @@ def test_the_rendezvous_store_carries_parts_and_one_claim():
 
     import torch.distributed as dist
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
-    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False,
-                           timeout=timedelta(seconds=10))
+    # The bound only limits a failure: connecting to and reading from a store on this host take
+    # milliseconds, but a fixed 10 s ran out once at load 13 on a 2-core machine (the store's
+    # server thread was not scheduled in time). Nothing here waits for a key that is absent
+    # (get() checks first), so a long bound costs nothing when the test passes.
+    timeout = timedelta(seconds=childproc.scaled(60))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timeout)
     sender, merger = StoreTransport(client, "nndoctor/run/0"), StoreTransport(server, "nndoctor/run/0")
     assert merger.get("dead", 3) is None
     sender.put("dead", 3, {"rank": 3, "died": {"signal": "SIGKILL"}})

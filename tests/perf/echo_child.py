@@ -15,7 +15,10 @@ def main(argv: list[str]) -> int:
     with open(out, "w") as handle:
         json.dump({"argv": argv, "sys_argv": sys.argv[1:], "cwd": os.getcwd(),
                    "marker": os.environ.get("WARM_TEST_MARKER"), "stdin": sys.stdin.read(),
-                   "torch_loaded": "torch" in sys.modules}, handle)
+                   "torch_loaded": "torch" in sys.modules, "dynamo_loaded": "torch._dynamo" in sys.modules,
+                   "cuda_initialized": "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized(),
+                   "threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None},
+                  handle)
     print("to stdout", flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     if mode == "exit":

@@ -52,6 +52,10 @@ def test_a_forked_rerun_gets_the_callers_context(launcher, tmp_path, monkeypatch
     assert seen["marker"] == "set after the helper started"
     assert seen["stdin"] == ""  # /dev/null, never the helper's request pipe
     assert seen["torch_loaded"] is True  # the point: imported once, in the helper
+    # torch._dynamo too (every script that builds an optimizer imports it: 1.4-2 s a re-run),
+    # and neither import left a CUDA context or a second thread for the fork to inherit.
+    assert seen["dynamo_loaded"] is True and seen["cuda_initialized"] is False
+    assert seen["threads"] in (None, 1)
     assert "to stdout" in log and "to stderr" in log
 
 

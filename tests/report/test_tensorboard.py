@@ -30,3 +30,26 @@ def test_scalars_and_findings_read_back(observed_report, tmp_path):
     first = next(f for f in observed_report.findings if f.code == "O101")
     assert o101.step == first.first_step
     assert "missing-zero-grad" in text and "fix:" in text
+
+
+def test_a_local_folder_is_written_without_tensorflow(observed_report, tmp_path, monkeypatch):
+    """TensorBoard's EventFileWriter opens its file through ``tf.io.gfile``, which imports
+    TensorFlow where it is installed (seconds, and its log lines in a PyTorch user's output):
+    a local folder is written without it, and reads back the same."""
+    import tensorboard.compat
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+
+    class NoTensorFlow:
+        def __getattr__(self, name):
+            raise AssertionError(f"tf.{name} used: that imports TensorFlow")
+
+    monkeypatch.setattr(tensorboard.compat, "tf", NoTensorFlow())
+    monkeypatch.setattr(event_file_writer, "tf", NoTensorFlow())
+    write_tensorboard(observed_report, tmp_path / "tb")
+    monkeypatch.undo()
+    [written] = (tmp_path / "tb").glob("events.out.tfevents.*.nndoctor")
+    events = EventAccumulator(str(written), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("nndoctor/loss")] == observed_report.history.loss.steps
+    assert "nndoctor/report" in events.Tags()["tensors"]

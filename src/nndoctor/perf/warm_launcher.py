@@ -8,7 +8,8 @@ would (same arguments, working directory, environment, stdin from /dev/null, std
 into the log) and exits with its status.
 
 Fork safety: the helper never starts a thread, never initialises CUDA and never runs user code,
-so each fork starts from the state of a fresh interpreter that has imported torch. The helper is
+so each fork starts from the state of a fresh interpreter that has imported torch (and
+torch._dynamo, which torch.optim imports at a script's first optimizer anyway). The helper is
 started once per (child module, Python path) and reused by later re-runs in the same process;
 whatever prevents it (no ``os.fork``, a failed start, ``NNDOCTOR_TRY_WARM=0``) falls back to a
 fresh ``python -m`` per re-run, which gives the same results, only slower.
@@ -189,6 +190,16 @@ def serve(child: str) -> None:
     # The forks' stdout is their log; nothing else of ours writes to the reply channel.
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     import torch  # noqa: F401 - the import every fork would otherwise pay
+
+    # So is torch._dynamo: torch.optim imports it when a script builds its first optimizer (the
+    # optimizer's methods are wrapped by torch._disable_dynamo), 1.4-2 s of CPU per re-run of
+    # a 2-core machine. Its import starts no thread and queries no CUDA device
+    # (torch.cuda.is_initialized() stays False), so the forks inherit it as they inherit torch.
+    # It also puts triton before any TensorFlow a script imports: the order that works.
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # noqa: BLE001 - a torch without a working dynamo: the re-run imports what it can
+        pass
 
     module = importlib.import_module(child)
     _reply(channel, ready=True)

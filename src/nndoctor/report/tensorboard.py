@@ -1,7 +1,11 @@
 """The TensorBoard reporter: the doctor's scalars and findings in an event file.
 
-Written with TensorBoard's own ``EventFileWriter`` (no torch, no TensorFlow), so
-``tensorboard --logdir DIR`` shows them next to the user's curves:
+Written with TensorBoard's own record format and protos (no torch, no TensorFlow), so
+``tensorboard --logdir DIR`` shows them next to the user's curves. A local folder is written
+with ``RecordWriter`` on a plain file: TensorBoard's ``EventFileWriter`` opens files through
+``tf.io.gfile``, whose lazy ``tensorboard.compat.tf`` imports TensorFlow when it is installed
+(seconds of CPU, and TensorFlow's start-up log lines in a PyTorch user's output). A URL
+(``gs://``, ``s3://``) still goes through ``EventFileWriter``, whose gfile can write there.
 
 * scalars under ``nndoctor/``: ``loss``, ``grad_norm/total`` and ``grad_norm/<layer>``,
   ``update_ratio/<layer>``, ``input/<min|max|mean|std>``, ``activations/relu_zero/<layer>``,
@@ -12,22 +16,59 @@ Written with TensorBoard's own ``EventFileWriter`` (no torch, no TensorFlow), so
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import socket
 import time
 from typing import Any
 
 from nndoctor.findings import Finding, Report
 
 
-def _writer_parts() -> tuple[Any, Any, Any, Any]:
+def _writer_parts() -> tuple[Any, Any, Any]:
     try:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.plugins.text.summary_v2 import text_pb
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ModuleNotFoundError:
         raise RuntimeError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
-    return EventFileWriter, event_pb2, summary_pb2, text_pb
+    return event_pb2, summary_pb2, text_pb
+
+
+_file_numbers = itertools.count()
+
+
+class LocalEventWriter:
+    """``EventFileWriter``'s file (the same name pattern, first event and records) in a local
+    folder, written synchronously through a plain file."""
+
+    def __init__(self, logdir: str, event_pb2: Any, filename_suffix: str = "") -> None:
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self._logdir = logdir
+        os.makedirs(logdir, exist_ok=True)
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                f"{next(_file_numbers)}{filename_suffix}")
+        self._records = RecordWriter(open(os.path.join(logdir, name), "wb"))  # noqa: SIM115 - closed in close()
+        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2",
+                                       source_metadata=event_pb2.SourceMetadata(writer="nndoctor")))
+
+    def add_event(self, event: Any) -> None:
+        self._records.write(event.SerializeToString())
+
+    def get_logdir(self) -> str:
+        return self._logdir
+
+    def close(self) -> None:
+        self._records.close()
+
+
+def _event_writer(logdir: str, event_pb2: Any) -> Any:
+    if "://" in logdir:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        return EventFileWriter(logdir, filename_suffix=".nndoctor")
+    return LocalEventWriter(logdir, event_pb2, filename_suffix=".nndoctor")
 
 
 def scalar_series(report: Report) -> dict[str, tuple[list[int], list[float]]]:
@@ -79,9 +120,8 @@ def report_markdown(report: Report) -> str:
 
 def write_tensorboard(report: Report, logdir: str | os.PathLike[str]) -> str:
     """Write one event file into ``logdir``; returns its path."""
-    EventFileWriter, event_pb2, summary_pb2, text_pb = _writer_parts()
-    os.makedirs(logdir, exist_ok=True)
-    writer = EventFileWriter(str(logdir), filename_suffix=".nndoctor")
+    event_pb2, summary_pb2, text_pb = _writer_parts()
+    writer = _event_writer(os.fspath(logdir), event_pb2)
     now = time.time()
     try:
         for tag, (steps, values) in scalar_series(report).items():
