@@ -124,6 +124,9 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             measure_alone = lambda name: f"torchrun --nproc_per_node {world} -m {single(name)}"  # noqa: E731
         step_budget = budget
         loader_first = _loader_reserve(config, predictions, order, cuda, facts)
+        if loader_first and (results.get("captured_step") or {}).get("winners"):
+            # and the winners' end-to-end timing at the loader's best setting, which follows it
+            loader_first += captured_trials.confirm_cost(config.try_seconds)
         if loader_first:
             # The loader is timed after the step changes (it is confirmed against the faster step),
             # but when it promises more than any of them its time is kept out of their budget.
