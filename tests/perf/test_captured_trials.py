@@ -157,3 +157,23 @@ def test_input_bound_convnet_advice_has_the_loader_and_the_change_faster_on_comp
         assert captured["advice"] == "step only" and "once the input pipeline keeps up" in items["channels_last"]["gains"]
     assert any("on the captured batch" in line for line in lines)
     assert trials["budget"]["used_s"] <= 120.0
+
+
+def test_an_interruption_during_the_captured_batch_timing_keeps_a_report(monkeypatch):
+    """Ctrl-C / SIGTERM while the changes are timed in process: the report still comes, the
+    changes say `not measured (interrupted)`, and nothing after them starts."""
+    from nndoctor.perf.config import PerfConfig
+    from nndoctor.perf.session import run_perf
+    from nndoctor.runner import Target
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(captured_trials, "time_captured_changes", interrupted)
+    _, result = run_perf(Target(str(SCRIPTS / "input_bound_convnet.py"), []),
+                         PerfConfig(warmup=1, steps=4, tries=("loader", "amp", "channels_last"), budget=60.0))
+    trials = result.trials
+    assert trials["interrupted"].startswith("interrupted")
+    assert trials["amp"]["not_measured"] == trials["channels_last"]["not_measured"] == "interrupted"
+    assert "loader" not in trials and "captured_step" not in trials
+    assert result.breakdown.steps == 4
