@@ -177,3 +177,28 @@ def test_an_interruption_during_the_captured_batch_timing_keeps_a_report(monkeyp
     assert trials["amp"]["not_measured"] == trials["channels_last"]["not_measured"] == "interrupted"
     assert "loader" not in trials and "captured_step" not in trials
     assert result.breakdown.steps == 4
+
+
+def test_the_end_to_end_step_feeds_loaded_batches_in_the_variants_memory_format():
+    """The advised loop converts each batch it loads; a channels_last step fed NCHW batches in the
+    end-to-end timing would pay the layout cost the change removes, and hide its gain."""
+    from nndoctor.perf.torch.step_trials import StepRunner
+
+    seen: list[bool] = []
+
+    class Recorder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 2, 3)
+
+        def forward(self, x):
+            seen.append(x.is_contiguous(memory_format=torch.channels_last))
+            return self.conv(x).mean((2, 3))
+
+    model = Recorder()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch, target = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+    for variant, expected in (("channels_last", True), ("amp+channels_last", True), ("baseline", False)):
+        StepRunner(variant, model, optimizer, nn.CrossEntropyLoss(), (batch,), target, "cpu").run((batch,), target)
+        assert seen.pop() is expected, variant
+    assert batch.is_contiguous()  # the loaded batch itself is not changed

@@ -94,7 +94,10 @@ class StepRunner:
         self.optimizer.zero_grad(set_to_none=True)
 
     def run(self, inputs: tuple, target: Any) -> None:
-        """One step on another batch (the end-to-end loader trial's)."""
+        """One step on another batch (the end-to-end loader trial's), in the variant's memory
+        format as its captured batch is (the advised loop converts each batch it loads)."""
+        if "channels_last" in self.parts:
+            inputs = _to_channels_last(inputs)
         with self.context():
             loss = self.loss_fn(self.forward(*inputs), target)
         loss.backward()
