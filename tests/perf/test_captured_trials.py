@@ -202,3 +202,24 @@ def test_the_end_to_end_step_feeds_loaded_batches_in_the_variants_memory_format(
         StepRunner(variant, model, optimizer, nn.CrossEntropyLoss(), (batch,), target, "cpu").run((batch,), target)
         assert seen.pop() is expected, variant
     assert batch.is_contiguous()  # the loaded batch itself is not changed
+
+
+def test_a_larger_batch_on_an_input_bound_loop_is_judged_with_its_data_wait():
+    """On an input-bound loop the re-runs time the step without the data wait; a batch twice as
+    large also waits twice as long for data, so samples/s counts the wait (else 2× the batch of a
+    loop that only loads would look 2× faster)."""
+    from nndoctor.perf.combine import seconds_per_unit
+    from nndoctor.perf.rerun import summarize_batch_sizes
+
+    base = {"seconds_per_step": 0.010, "wall_seconds_per_step": 0.050, "samples_per_step": 8}
+    double = {"seconds_per_step": 0.010, "wall_seconds_per_step": 0.110, "samples_per_step": 16,
+              "applied": ["batch_size 8 → 16"]}
+    assert seconds_per_unit([base], per_sample=True) == [pytest.approx(0.050 / 8)]
+    assert seconds_per_unit([base], per_sample=False) == [0.010]  # step changes: without the wait
+    summary = summarize_batch_sizes({"baseline": [base, base], "batch-size=2": [double, double]}, (2,))
+    two = summary["sizes"][1]
+    # 16 samples in 110 ms against 8 in 50 ms: slower, though its step without the wait is 2× per sample.
+    assert two["samples_per_s"] == pytest.approx(16 / 0.110) and summary["sizes"][0]["samples_per_s"] == pytest.approx(160)
+    assert summary["best"]["factor"] == 1 and not summary["pays_off"]
+    # Outside an input-bound loop a re-run has no separate wall time: unchanged.
+    assert seconds_per_unit([{"seconds_per_step": 0.02, "samples_per_step": 4}]) == [pytest.approx(0.005)]
