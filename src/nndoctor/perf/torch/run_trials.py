@@ -70,10 +70,12 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 announce(f"--try {name}: {predict.prediction_text(prediction)}")
     else:
         order = []
-    data_share = (facts_for_plan.fractions or {}).get("data", 0.0) if order else 0.0
+    data_share = ((facts_for_plan.fractions or {}).get("data", 0.0)
+                  if step_tries or "loader" in config.tries else 0.0)
     captured_names = [name for name in order if name in captured_trials.CAPTURED_CHANGES
                       and not (name in rerun.CUDA_ONLY and device != "cuda")]
-    if data_share >= INPUT_BOUND_SHARE and step is not None and job is None and captured_names:
+    on_captured = data_share >= INPUT_BOUND_SHARE and step is not None and job is None and bool(captured_names)
+    if on_captured:
         # The re-runs would time these at ~1.0× behind the data wait: judged on compute instead.
         order = [name for name in order if name not in captured_names]
         if not _captured_step_trials(results, step, captured_names, predictions, recorder, data_share, budget,
@@ -83,7 +85,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             results.update({name: {"skipped": predictions[name]["skip"], "predicted": predictions[name]}
                             for name in step_tries if "skip" in predictions.get(name, {})})
             _merge_captured(results)
-    if step_tries and order:
+    if step_tries and (order or not on_captured):
         # The user's own loop, re-run with each change injected: any step shape works.
         if announce:
             announce(f"re-running the script with {', '.join(order) or 'nothing'} injected, most promising "
