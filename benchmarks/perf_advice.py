@@ -294,9 +294,16 @@ def phase_budget(work: Path, out: Path, args: argparse.Namespace) -> dict:
     perf = report["extra"]["perf"]
     trials = perf.get("trials") or {}
     results["budget"] = trials.get("budget")
-    results["trials"] = {name: {k: t.get(k) for k in ("speedup", "not_measured", "skipped", "reason", "predicted")}
+    results["trials"] = {name: {k: t.get(k) for k in ("speedup", "measure", "not_measured", "skipped", "reason",
+                                                      "predicted")}
                          for name, t in trials.items() if isinstance(t, dict) and name != "budget"}
     results["advice"] = perf["advice"]
+    results["captured_step"] = trials.get("captured_step")
+    for line in _captured_step_lines(trials.get("captured_step")):
+        print(line, flush=True)
+    print("advice (perf's JSON, applied mechanically below):", flush=True)
+    for item in perf["advice"]:
+        print("  " + json.dumps(item, default=str), flush=True)
     flags = advice_to_flags(perf["advice"])
     results["advised_flags"] = " ".join(flags)
     print("advised flags", flags, flush=True)
@@ -304,6 +311,33 @@ def phase_budget(work: Path, out: Path, args: argparse.Namespace) -> dict:
     if args.stage == "perf":
         return results
     return _budget_confirm(work, out, args, results, flags, measure)
+
+
+def _captured_step_lines(captured: dict | None) -> list[str]:
+    """Issue 29, input-bound loop: the step changes perf timed on the captured batch (compute
+    only), their combination, and the winners' end-to-end timing at the loader's best setting."""
+    if not captured:
+        return ["captured batch: no step change was timed there (the loop was not input-bound, or no step "
+                "could be rebuilt)"]
+    lines = [f"captured batch ({captured.get('repeats')} interleaved rounds of {captured.get('steps')} steps):"]
+    for name, verdict in (captured.get("changes") or {}).items():
+        if "speedup" in verdict:
+            lines.append(f"  {name}: {verdict['speedup']:.2f}× (noise {verdict['noise']:.1%}, loss change "
+                         f"{verdict['loss_change']:.2%}, {'faster' if verdict['pays_off'] else 'no gain'})")
+        else:
+            lines.append(f"  {name}: {verdict.get('error') or verdict.get('not_measured')}")
+    together = captured.get("together") or {}
+    if together.get("speedup"):
+        lines.append(f"  together {' + '.join(together['changes'])}: {together['speedup']:.2f}×")
+    e2e = captured.get("end_to_end") or {}
+    if e2e.get("speedup"):
+        lines.append(f"  winners {captured.get('winners')} end to end at {e2e['setting']}: "
+                     f"{e2e['baseline_samples_per_s']:.0f} → {e2e['variant_samples_per_s']:.0f} samples/s, "
+                     f"{e2e['speedup']:.2f}× (noise {e2e['noise']:.1%})")
+    elif e2e:
+        lines.append(f"  winners {captured.get('winners')} end to end: {e2e.get('not_measured') or e2e.get('error')}")
+    lines.append(f"  advised: {captured.get('advice')}")
+    return lines
 
 
 def _budget_confirm(work: Path, out: Path, args: argparse.Namespace, results: dict, flags: list[str],

@@ -79,3 +79,28 @@ def test_try_sdpa_cuda_graphs_and_batch_size_on_cuda():
     assert all(row["peak_memory_bytes"] > 0 and row["samples_per_s"] > 0 for row in sizes.values())
     # A launch-bound toy: 8× the batch costs little more per step, so samples/s grows.
     assert batch["best"]["factor"] > 1 and batch["pays_off"], batch
+
+
+def test_an_input_bound_loop_times_the_step_changes_on_the_captured_batch_on_cuda():
+    """Issue 29: the GPU waits for a sleepy loader; amp, channels_last, cudnn-benchmark and tf32
+    are timed in process on the captured batch (not re-run), the global flags are restored, and
+    the advice follows the captured verdicts and their end-to-end confirmation."""
+    from nndoctor.perf.torch.diagnosis import advice
+
+    flags = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32)
+    config = PerfConfig(warmup=2, steps=6, tries=("loader", "amp", "channels_last", "cudnn-benchmark", "tf32"),
+                        try_seconds=0.5)
+    _, result = run_perf(Target(str(SCRIPTS / "cuda_loader.py"), []), config)
+    trials = result.trials
+    captured = trials["captured_step"]
+    assert "error" not in captured, captured
+    for name in ("amp", "channels_last", "cudnn-benchmark", "tf32"):
+        assert trials[name]["measure"] == "captured batch" and trials[name]["speedup"] > 0, trials[name]
+    assert "baseline" not in trials  # nothing was re-run
+    assert (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32) == flags
+    advised = {item["change"] for item in advice(result)}
+    assert "loader" in advised
+    if captured["winners"] and captured["advice"] in ("end to end", "step only"):
+        assert set(captured["winners"]) <= advised
+    else:
+        assert not advised & {"amp", "channels_last", "cudnn-benchmark", "tf32"}

@@ -176,13 +176,11 @@ def test_step_runner_combines_variants_for_the_loader_confirmation():
 
 
 def test_a_step_change_hidden_by_the_data_wait_is_timed_end_to_end_at_the_best_loader_setting(monkeypatch):
-    """The input-bound image patient: AMP measured 1.08× against a 23% noise on the re-runs
-    (waiting for JPEG decoding); at the loader's best setting its gain shows end to end, and the
-    advice takes it, measured that way."""
+    """The input-bound image patient: AMP is faster on the captured batch (compute only); at the
+    loader's best setting its gain shows end to end, and the advice takes it, measured that way."""
     from types import SimpleNamespace
 
-    from nndoctor.perf.torch import loader_trials
-    from nndoctor.perf.torch.run_trials import _confirm_hidden_step_gains
+    from nndoctor.perf.torch import captured_trials, loader_trials
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -197,29 +195,19 @@ def test_a_step_change_hidden_by_the_data_wait_is_timed_end_to_end_at_the_best_l
     assert outcome["speedup"] == pytest.approx(outcome["variant_samples_per_s"] / outcome["baseline_samples_per_s"])
     assert torch.equal(rng, torch.get_rng_state())
 
-    def results():
-        return {"step_timing": {"excludes_data_wait": True, "data_share": 0.84},
-                "amp": {"speedup": 1.08, "loss_ok": True, "pays_off": False},
-                "channels_last": {"speedup": 0.97, "loss_ok": True, "pays_off": False},
-                "tf32": {"speedup": 1.06, "loss_ok": True, "pays_off": False},
-                "loader": {"best": {"num_workers": 12, "pin_memory": True, "prefetch_factor": 2}}}
-
     asked = []
 
     def fake(loader, setting, step, variant, **kw):
         asked.append(variant)
-        return {"variant": variant, "speedup": 1.4, "noise": 0.05, "pays_off": True}
+        return {"variant": variant, "setting": setting, "speedup": 1.4, "noise": 0.05, "pays_off": True}
 
     monkeypatch.setattr(loader_trials, "confirm_step_variant", fake)
-    config = SimpleNamespace(try_seconds=0.1)
-    budget = SimpleNamespace(fits=lambda seconds: True)
-    found = results()
-    _confirm_hidden_step_gains(found, loader, step, config, budget, None)
-    # Only changes the captured step can apply, that measured faster: not channels_last (0.97×), not tf32.
-    assert asked == ["amp"] and found["best"]["changes"] == ["amp"] and found["best"]["speedup"] == 1.4
-    assert "end to end" in found["best"]["measured_as"]
-    # A loop that was not input-bound keeps its re-run verdicts.
-    calm = results()
-    del calm["step_timing"]
-    _confirm_hidden_step_gains(calm, loader, step, config, budget, None)
-    assert "best" not in calm and len(asked) == 1
+    budget = SimpleNamespace(fits=lambda seconds: True, left=lambda: 100.0)
+    best = {"num_workers": 12, "pin_memory": True, "prefetch_factor": 2}
+    captured = {"winners": ["amp"], "changes": {"amp": {"speedup": 1.3, "pays_off": True}}}
+    captured_trials.confirm_winners(captured, loader, {"best": best}, step, seconds=0.1, budget=budget)
+    assert asked == ["amp"] and captured["end_to_end"]["speedup"] == 1.4 and captured["advice"] == "end to end"
+    # Nothing faster on compute: nothing timed end to end.
+    calm = {"winners": [], "changes": {"amp": {"speedup": 0.9, "pays_off": False}}}
+    captured_trials.confirm_winners(calm, loader, {"best": best}, step, seconds=0.1, budget=budget)
+    assert "end_to_end" not in calm and len(asked) == 1

@@ -31,13 +31,20 @@ def paying_set(results: dict[str, Any]) -> list[str]:
     return chosen
 
 
+def loop_seconds_per_step(run: dict[str, Any]) -> float | None:
+    """A re-run's seconds per step with its data wait: on an input-bound loop ``seconds_per_step``
+    leaves the wait out (step changes cannot shorten it), but K times the batch loads K times the
+    samples, so samples/s must count the wait."""
+    return run.get("wall_seconds_per_step") or run.get("seconds_per_step")
+
+
 def seconds_per_unit(runs: list[dict[str, Any]], per_sample: bool = True) -> list[float]:
-    """Seconds per sample (a larger batch is among the changes) or per step (it is not: then
-    batches made in the loop, which no DataLoader counts, are fine)."""
+    """Seconds per sample (a larger batch is among the changes; the data wait counted) or per
+    step (it is not: then batches made in the loop, which no DataLoader counts, are fine)."""
     if not per_sample:
         return [r["seconds_per_step"] for r in runs if r.get("seconds_per_step")]
-    return [r["seconds_per_step"] / r["samples_per_step"] for r in runs
-            if r.get("seconds_per_step") and r.get("samples_per_step")]
+    return [loop_seconds_per_step(r) / r["samples_per_step"] for r in runs
+            if loop_seconds_per_step(r) and r.get("samples_per_step")]
 
 
 def additions(results: dict[str, Any], tried: tuple[str, ...], together: list[str], device: str) -> list[str]:

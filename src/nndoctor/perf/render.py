@@ -103,21 +103,13 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
             for key in ("confirm_error", "confirm_skipped"):
                 if loader.get(key):
                     lines.append(f"  {loader[key]}")
-            hidden = loader.get("step_variant_end_to_end") or {}
-            if hidden.get("speedup"):
-                verdict = "pays off" if hidden.get("pays_off") else "no gain"
-                lines.append(f"  {hidden['variant'].replace('+', ' + ')} end to end at num_workers="
-                             f"{hidden['setting']['num_workers']}: {hidden['baseline_samples_per_s']:.1f} → "
-                             f"{hidden['variant_samples_per_s']:.1f} samples/s, {hidden['speedup']:.2f}× "
-                             f"(noise {hidden['noise']:.1%}, {hidden['rounds']} interleaved rounds): {verdict}")
-            elif hidden.get("error"):
-                lines.append(f"  {hidden['variant']} end to end: {hidden['error']}")
         elif loader.get("not_measured"):
             lines.append(f"--try loader: {loader.get('text') or 'not measured (' + loader['not_measured'] + ')'}")
             if loader.get("command"):
                 lines.append(f"  measure it alone: {loader['command']}")
         else:
             lines.append(f"--try loader: {loader.get('skipped') or loader.get('error')}")
+    lines += captured_lines(trials.get("captured_step"))
     baseline = trials.get("baseline") or {}
     if baseline.get("measure") == "re-run":
         done = f" ({baseline['re_runs']} re-runs in all)" if baseline.get("re_runs") is not None else ""
@@ -139,6 +131,8 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         if result.get("not_measured"):
             lines += not_measured_lines(name, result)
             continue
+        if result.get("measure") == "captured batch":
+            continue  # in captured_lines
         if "speedup" not in result:
             lines.append(f"--try {name}: {result.get('skipped') or result.get('error')}")
             continue
@@ -164,6 +158,52 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
     if trials.get("interrupted"):
         lines.append(f"--try {trials['interrupted']}: the trials above finished; the rest were not measured")
     return lines
+
+
+def captured_lines(captured: dict[str, Any] | None) -> list[str]:
+    """The step changes timed on the captured batch (an input-bound loop), and how their
+    winners were confirmed end to end."""
+    if not isinstance(captured, dict):
+        return []
+    lines = [f"--try step changes on the captured batch (the loop is input-bound: each change timed in this "
+             f"process on one batch of yours, compute only, {captured.get('repeats', 0)} interleaved rounds of "
+             f"{captured.get('steps', 0)} steps against your step):"]
+    if captured.get("error"):
+        lines.append(f"  could not time them: {captured['error']}")
+    for name, result in (captured.get("changes") or {}).items():
+        if "speedup" not in result:
+            lines.append(f"  {name:<15} {result.get('error') or 'not timed'}")
+            continue
+        verdict = "faster" if result["pays_off"] else ("changes the loss" if not result["loss_ok"] else "no gain")
+        lines.append(f"  {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → "
+                     f"{1000 * result['variant_s']:.1f} ms/step, noise {result['noise']:.1%}, loss change on the "
+                     f"same batch {result['loss_change']:.2%}): {verdict}{_predicted_suffix(result)}")
+    together = captured.get("together") or {}
+    if together.get("speedup"):
+        lines.append(f"  together ({' + '.join(together['changes'])}): {together['speedup']:.2f}× "
+                     f"(noise {together['noise']:.1%})")
+    winners = captured.get("winners") or []
+    if not winners:
+        return lines + ["  none faster on compute: none advised"]
+    e2e = captured.get("end_to_end") or {}
+    label = " + ".join(winners)
+    if e2e.get("speedup"):
+        lines.append(f"  {label} end to end at {_loader_words(e2e['setting'])}: {e2e['baseline_samples_per_s']:.1f} → "
+                     f"{e2e['variant_samples_per_s']:.1f} samples/s, {e2e['speedup']:.2f}× (noise {e2e['noise']:.1%}, "
+                     f"{e2e['rounds']} interleaved rounds)")
+    elif e2e:
+        lines.append(f"  {label} end to end: {e2e.get('not_measured') or e2e.get('error')}")
+    advice = {"end to end": "advised with the loader (faster end to end)",
+              "step only": "advised as gains once the input pipeline keeps up (measured on the step, not end to "
+                           "end: the loader still bounds the loop)",
+              "slower end to end": "not advised: slower end to end"}.get(captured.get("advice") or "")
+    if advice:
+        lines.append(f"  → {label}: {advice}")
+    return lines
+
+
+def _loader_words(setting: dict[str, Any]) -> str:
+    return f"num_workers={setting.get('num_workers')}, pin_memory={setting.get('pin_memory')}"
 
 
 def _predicted_suffix(result: dict[str, Any]) -> str:

@@ -217,8 +217,11 @@ def _batch_size(applied: list[str]) -> tuple[int, int] | None:
 
 
 def _row(runs: list[dict[str, Any]], factor: int, batch_size: int | None) -> dict[str, Any]:
-    rates = [r["samples_per_step"] / r["seconds_per_step"] for r in runs
-             if r.get("samples_per_step") and r.get("seconds_per_step")]
+    from nndoctor.perf.combine import loop_seconds_per_step
+
+    # With the data wait: a larger batch also loads more (see combine.loop_seconds_per_step).
+    rates = [r["samples_per_step"] / loop_seconds_per_step(r) for r in runs
+             if r.get("samples_per_step") and loop_seconds_per_step(r)]
     memory = [r["peak_memory_bytes"] for r in runs if r.get("peak_memory_bytes")]
     total = next((r["memory_total_bytes"] for r in runs if r.get("memory_total_bytes")), None)
     return {"factor": factor, "batch_size": batch_size,

@@ -59,8 +59,10 @@ def _measured_advice(cls: type[Check], trials: dict[str, Any], name: str, claim:
                            location=location, evidence={**evidence, "measured": False}, severity=Severity.INFO)
     if not outcome.get("pays_off"):
         return None
+    where = (" on the captured batch (compute only: the loop waits for data, which hides it end to end)"
+             if outcome.get("measure") == "captured batch" else "")
     return cls.finding(
-        f"{claim}; measured: {outcome['speedup']:.2f}× faster steps ({1000 * outcome['base_s']:.1f} → "
+        f"{claim}; measured{where}: {outcome['speedup']:.2f}× faster steps ({1000 * outcome['base_s']:.1f} → "
         f"{1000 * outcome['variant_s']:.1f} ms, timing noise {outcome['noise']:.1%}), "
         f"{_loss_words(outcome)} changed {outcome['loss_change']:.2%}",
         location=location, evidence={**evidence, "measured": True, "speedup": round(outcome["speedup"], 3),
@@ -204,17 +206,71 @@ def advice(result: Any) -> list[dict[str, Any]]:
                       "locations": [str(k) for k in result.facts.sync_locations]})
     best = trials.get("best")
     if isinstance(best, dict):
-        return items + best_point_advice(trials, best)
+        items += best_point_advice(trials, best)
+        return items + captured_step_advice(trials, items)
     for name in ("amp", "channels_last", "cudnn-benchmark", "compile", "tf32", "fused-optimizer", "sdpa",
                  "cuda-graphs", "ddp-bucket-view", "ddp-static-graph", "ddp-bucket-cap", "ddp-no-sync"):
         outcome = trial_outcome(trials, name)
-        if outcome and outcome.get("pays_off"):
+        if outcome and outcome.get("pays_off") and outcome.get("measure") != "captured batch":
             items.append(_with_setting(name, outcome, {"change": name, "measured_speedup": outcome["speedup"],
                                                        "noise": outcome["noise"]}))
     batch = trial_outcome(trials, "batch-size")
     if batch and batch.get("pays_off"):
         items.append(batch_size_advice(batch))
-    return items + combined_advice(trials, {item["change"] for item in items})
+    items += combined_advice(trials, {item["change"] for item in items})
+    return items + captured_step_advice(trials, items)
+
+
+def captured_step_advice(trials: dict[str, Any], advised: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An input-bound loop's step changes that won on compute (perf/torch/captured_trials.py):
+    each with its speed-up on the captured batch and how it was confirmed — end to end at the
+    loader's best setting (then, with the loader, a ``combination`` item with the measured
+    samples/s), or not separable there ("gains once the input pipeline keeps up", measured on
+    the step). Winners that measured slower end to end are not advised."""
+    captured = trials.get("captured_step") or {}
+    verdict, winners = captured.get("advice"), captured.get("winners") or []
+    if not winners or verdict not in ("end to end", "step only"):
+        return []
+    names = {item["change"] for item in advised}
+    end_to_end = captured.get("end_to_end") or {}
+    together = captured.get("together") or {}
+    step_speedup = together["speedup"] if len(winners) > 1 and together.get("speedup") else \
+        captured["changes"][winners[0]]["speedup"]
+    items: list[dict[str, Any]] = []
+    for name in winners:
+        if name in names:
+            continue
+        outcome = captured["changes"][name]
+        item: dict[str, Any] = {"change": name, "measured_speedup": outcome["speedup"], "noise": outcome["noise"],
+                                "measured_as": "on the captured batch (compute only, in this process)",
+                                "loss_change": outcome["loss_change"]}
+        if len(winners) > 1:
+            item["measured_together_with"] = [n for n in winners if n != name]
+        if verdict == "end to end":
+            item["end_to_end_speedup"] = end_to_end["speedup"]
+            item["end_to_end_at"] = dict(end_to_end["setting"])
+        else:
+            item["gains"] = ("once the input pipeline keeps up: measured on the step, not end to end ("
+                             + _not_separated(end_to_end) + ")")
+        items.append(item)
+    loader = trials.get("loader") if isinstance(trials.get("loader"), dict) else {}
+    current = (loader or {}).get("current") or {}
+    if verdict == "end to end" and "combination" not in names and "loader" in names and current.get("samples_per_s"):
+        items.append({"change": "combination", "changes": ["loader", *winners],
+                      "measured_speedup": end_to_end["variant_samples_per_s"] / current["samples_per_s"],
+                      "step_speedup": step_speedup,
+                      "measured_as": (f"end to end: {' + '.join(winners)} at {_setting(end_to_end['setting'])} "
+                                      f"{end_to_end['variant_samples_per_s']:.0f} samples/s against your loader "
+                                      f"setting {current['samples_per_s']:.0f} samples/s (timed with the same step "
+                                      "changes)")})
+    return items
+
+
+def _not_separated(end_to_end: dict[str, Any]) -> str:
+    if end_to_end.get("speedup"):
+        return (f"at {_setting(end_to_end['setting'])} the loader still bounds the loop: "
+                f"{end_to_end['speedup']:.2f}× end to end, noise {end_to_end.get('noise', 0.0):.1%}")
+    return str(end_to_end.get("not_measured") or end_to_end.get("error") or "not timed end to end")
 
 
 def best_point_advice(trials: dict[str, Any], best: dict[str, Any]) -> list[dict[str, Any]]:

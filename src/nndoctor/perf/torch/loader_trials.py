@@ -417,10 +417,6 @@ def confirm_end_to_end(loader: Any, candidates: list[dict[str, Any]], step: Capt
     return confirmed
 
 
-# Step changes the captured step can apply itself (StepRunner), hence time end to end with a loader.
-END_TO_END_CHANGES = ("amp", "channels_last", "cudnn-benchmark")
-
-
 def confirm_step_variant(loader: Any, setting: dict[str, Any], step: CapturedStep, variant: str, *,
                          steps: int = 30, seconds: float = 2.0, rounds: int = 3) -> dict[str, Any]:
     """The user's step and ``variant`` (e.g. ``"amp+channels_last"``) timed end to end at one

@@ -30,7 +30,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     import torch
 
     from nndoctor.perf import predict, rerun, schedule, trials
-    from nndoctor.perf.torch import loader_trials, step_trials
+    from nndoctor.perf.torch import captured_trials, loader_trials, step_trials
 
     results = {} if results is None else results
     results.update({
@@ -70,7 +70,22 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 announce(f"--try {name}: {predict.prediction_text(prediction)}")
     else:
         order = []
-    if step_tries:
+    data_share = ((facts_for_plan.fractions or {}).get("data", 0.0)
+                  if step_tries or "loader" in config.tries else 0.0)
+    captured_names = [name for name in order if name in captured_trials.CAPTURED_CHANGES
+                      and not (name in rerun.CUDA_ONLY and device != "cuda")]
+    on_captured = data_share >= INPUT_BOUND_SHARE and step is not None and job is None and bool(captured_names)
+    if on_captured:
+        # The re-runs would time these at ~1.0× behind the data wait: judged on compute instead.
+        order = [name for name in order if name not in captured_names]
+        if not _captured_step_trials(results, step, captured_names, predictions, recorder, data_share, budget,
+                                     schedule.measure_alone_command(target), announce):
+            return results  # interrupted
+        if not order:
+            results.update({name: {"skipped": predictions[name]["skip"], "predicted": predictions[name]}
+                            for name in step_tries if "skip" in predictions.get(name, {})})
+            _merge_captured(results)
+    if step_tries and (order or not on_captured):
         # The user's own loop, re-run with each change injected: any step shape works.
         if announce:
             announce(f"re-running the script with {', '.join(order) or 'nothing'} injected, most promising "
@@ -82,7 +97,6 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             n in rerun.COMPILED for n in order) else config.warmup
         cache = schedule.CompileCache()
         child_env = dict(cache.env)
-        data_share = (facts_for_plan.fractions or {}).get("data", 0.0)
         if data_share >= INPUT_BOUND_SHARE:
             child_env[DATA_WAIT_ENV] = "1"
             results["step_timing"] = {"excludes_data_wait": True, "data_share": round(data_share, 3)}
@@ -112,6 +126,9 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             measure_alone = lambda name: f"torchrun --nproc_per_node {world} -m {single(name)}"  # noqa: E731
         step_budget = budget
         loader_first = _loader_reserve(config, predictions, order, cuda, facts)
+        if loader_first and (results.get("captured_step") or {}).get("winners"):
+            # and the winners' end-to-end timing at the loader's best setting, which follows it
+            loader_first += captured_trials.confirm_cost(config.try_seconds)
         if loader_first:
             # The loader is timed after the step changes (it is confirmed against the faster step),
             # but when it promises more than any of them its time is kept out of their budget.
@@ -138,6 +155,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
         best = schedule.best_point(results)
         if best:
             results["best"] = best
+        _merge_captured(results)  # after best_point: compute-only verdicts are not re-run points
         results["budget"] = {"seconds": config.budget, "used_s": round(budget.elapsed(), 1),
                              "longest_re_run_s": max((r.get("wall_s", 0.0) for r in scheduler.all_runs), default=0.0)}
         if scheduler.interrupted:
@@ -153,12 +171,15 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                                  "text": f"not measured (budget): about {loader_cost:.0f} s needed, "
                                          f"{max(0.0, budget.left()):.0f} s left; "
                                          + predict.prediction_text(predictions.get("loader") or {})}
-            return results
     if "loader" in config.tries and "loader" not in results:
         # The loader is confirmed against the step as it will be once the step changes that
         # paid off are applied (a faster step needs more loading): hence after the step trials.
-        paid = [name for name in ("amp", "channels_last") if (results.get(name) or {}).get("pays_off")]
-        variant = "+".join(paid) or "baseline"
+        captured = results.get("captured_step") or {}
+        if captured.get("changes"):
+            variant = "+".join(captured.get("winners") or []) or "baseline"
+        else:
+            paid = [name for name in ("amp", "channels_last") if (results.get(name) or {}).get("pays_off")]
+            variant = "+".join(paid) or "baseline"
         loader = recorder.loader_ref() if recorder.loader_ref else None
         if loader is None:
             results["loader"] = {"skipped": "no DataLoader was iterated in the measured window"}
@@ -179,45 +200,73 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 results["interrupted"] = "interrupted (Ctrl-C or SIGTERM)"
             except Exception as error:  # noqa: BLE001
                 results["loader"] = {"error": f"{type(error).__name__}: {error}"}
-            else:
-                _confirm_hidden_step_gains(results, loader, step, config, budget, announce)
+    captured = results.get("captured_step") or {}
+    if captured.get("winners") and step is not None and not results.get("interrupted"):
+        # Faster on compute: do they show end to end once the loader keeps up?
+        loader = recorder.loader_ref() if recorder.loader_ref else None
+        loader_result = results.get("loader") if isinstance(results.get("loader"), dict) else None
+        try:
+            captured_trials.confirm_winners(captured, loader, loader_result, step, seconds=config.try_seconds,
+                                            budget=budget, announce=announce)
+        except KeyboardInterrupt:
+            captured["end_to_end"] = {"not_measured": "interrupted"}
+            captured["advice"] = captured_trials.decide(captured, None)
+            results["interrupted"] = "interrupted (Ctrl-C or SIGTERM)"
+    if captured.get("changes") is not None:
+        results.setdefault("budget", {"seconds": config.budget, "longest_re_run_s": 0.0})
+        results["budget"]["used_s"] = round(budget.elapsed(), 1)
     return results
 
 
-def _confirm_hidden_step_gains(results: dict[str, Any], loader: Any, step: Any, config: Any, budget: Any,
-                               announce: Callable[[str], None] | None) -> None:
-    """An input-bound loop hides a faster step: its re-runs wait for data whatever the step
-    costs, so AMP or channels_last measure "no gain" against the noise of the wait. Once the
-    loader's best setting is known, the step changes that measured faster there (undecided,
-    loss unchanged) are timed end to end at that setting against the user's step; when they pay
-    there, they join the advice as measured that way."""
-    from nndoctor.perf.torch import loader_trials
+def _captured_step_trials(results: dict[str, Any], step: Any, names: list[str], predictions: dict[str, Any],
+                          recorder: PerfRecorder, data_share: float, budget: Any,
+                          measure_alone: Callable[[str], str], announce: Callable[[str], None] | None) -> bool:
+    """``names`` timed on the captured batch (perf/torch/captured_trials.py) into
+    ``results["captured_step"]``; merged into ``results[name]`` later (``_merge_captured``).
+    False when interrupted (Ctrl-C / SIGTERM): the report keeps what finished."""
+    from nndoctor.perf.torch import captured_trials
 
-    if not (results.get("step_timing") or {}).get("excludes_data_wait") or step is None:
-        return
-    best = (results.get("loader") or {}).get("best")
-    if not best or not best.get("num_workers"):
-        return
-    parts = [name for name in loader_trials.END_TO_END_CHANGES
-             if (results.get(name) or {}).get("speedup", 0.0) > 1.0 and (results.get(name) or {}).get("loss_ok", True)]
-    if not parts or not budget.fits(8 * config.try_seconds):
-        return
-    variant = "+".join(parts)
+    compute_s = _median_compute_seconds(recorder)
+    cost = captured_trials.estimated_cost(names, compute_s)
+    results["step_timing"] = {"excludes_data_wait": True, "data_share": round(data_share, 3)}
+    if not budget.fits(cost):
+        results.update({name: {"not_measured": "budget", "predicted": predictions.get(name),
+                               "command": measure_alone(name),
+                               "text": f"not measured (budget): about {cost:.0f} s needed on the captured batch"}
+                        for name in names})
+        return True
     if announce:
-        announce(f"timing {variant} end to end at num_workers={best['num_workers']}: the data wait hid its gain")
+        announce(f"the loop waited for data {data_share:.0%} of the step: timing {', '.join(names)} on the "
+                 f"captured batch (compute only, in this process, interleaved with your step; ~{cost:.0f} s)")
     try:
-        import torch
+        captured = captured_trials.time_captured_changes(step, names, compute_s=compute_s)
+    except KeyboardInterrupt:
+        results.update({name: {"not_measured": "interrupted", "predicted": predictions.get(name),
+                               "command": measure_alone(name)} for name in names})
+        results["interrupted"] = "interrupted (Ctrl-C or SIGTERM)"
+        return False
+    except Exception as error:  # noqa: BLE001 - report why, the other trials still run
+        captured = {"measure": captured_trials.MEASURE, "error": f"{type(error).__name__}: {error}", "changes": {}}
+    for name in names:
+        verdict = captured["changes"].get(name) or {"error": captured.get("error") or "not timed"}
+        verdict["predicted"] = predictions.get(name)
+        captured["changes"][name] = verdict
+        if announce and "speedup" in verdict:
+            announce(f"  {name} on the captured batch: {verdict['speedup']:.2f}× ({1000 * verdict['base_s']:.1f} → "
+                     f"{1000 * verdict['variant_s']:.1f} ms/step, noise {verdict['noise']:.1%}, loss change "
+                     f"{verdict['loss_change']:.2%}): {'faster' if verdict['pays_off'] else 'no gain'}")
+    together = captured.get("together") or {}
+    if announce and together.get("speedup"):
+        announce(f"  {' + '.join(together['changes'])} together on the captured batch: {together['speedup']:.2f}×")
+    results["captured_step"] = captured
+    return True
 
-        with torch.enable_grad():
-            outcome = loader_trials.confirm_step_variant(loader, best, step, variant, seconds=config.try_seconds)
-    except Exception as error:  # noqa: BLE001 - the loader advice stands; say why there is no more
-        outcome = {"variant": variant, "error": f"{type(error).__name__}: {error}"}
-    results["loader"]["step_variant_end_to_end"] = outcome
-    if outcome.get("pays_off") and not results.get("best"):
-        results["best"] = {"changes": parts, "speedup": outcome["speedup"],
-                           "measured_as": f"end to end at the loader's best setting (num_workers="
-                                          f"{best['num_workers']}, pin_memory={best['pin_memory']}), against "
-                                          "your step there"}
+
+def _merge_captured(results: dict[str, Any]) -> None:
+    """The compute verdicts as the changes' results (P105/P106 and the report read them there);
+    kept out of the re-runs' together-set and best point, which compare re-runs only."""
+    for name, verdict in ((results.get("captured_step") or {}).get("changes") or {}).items():
+        results[name] = verdict
 
 
 def _loader_cost(config: Any, cuda: bool, loader_config: Any) -> float:
@@ -255,6 +304,12 @@ def _capability(cuda: bool) -> tuple[int, int] | None:
 
     major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
     return major, minor
+
+
+def _median_compute_seconds(recorder: PerfRecorder) -> float | None:
+    """The step without its data wait, over the window (what the captured-batch timing repeats)."""
+    rest = [record.wall - (record.phases or {}).get("data", 0.0) for record in recorder.records if record.wall]
+    return statistics.median(rest) if rest else None
 
 
 def _median_step_seconds(recorder: PerfRecorder) -> float | None:

@@ -68,7 +68,10 @@ class StepRunner:
         import torch
 
         saved = torch.backends.cudnn.benchmark
+        saved_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
         torch.backends.cudnn.benchmark = True if "cudnn-benchmark" in self.parts else saved
+        if "tf32" in self.parts:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         try:
             if "amp" in self.parts:
                 with torch.autocast(device_type=self.device, dtype=torch.bfloat16):
@@ -77,6 +80,7 @@ class StepRunner:
                 yield
         finally:
             torch.backends.cudnn.benchmark = saved
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved_tf32
 
     def loss(self) -> Any:
         with self.context():
@@ -90,7 +94,10 @@ class StepRunner:
         self.optimizer.zero_grad(set_to_none=True)
 
     def run(self, inputs: tuple, target: Any) -> None:
-        """One step on another batch (the end-to-end loader trial's)."""
+        """One step on another batch (the end-to-end loader trial's), in the variant's memory
+        format as its captured batch is (the advised loop converts each batch it loads)."""
+        if "channels_last" in self.parts:
+            inputs = _to_channels_last(inputs)
         with self.context():
             loss = self.loss_fn(self.forward(*inputs), target)
         loss.backward()
