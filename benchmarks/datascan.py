@@ -171,8 +171,8 @@ print(lab.issue_summary.to_string())
 
 
 def nndoctor_command(*args: str) -> list[str]:
-    # nndoctor.data runs the same subcommand without importing the others.
-    return [sys.executable, "-m", "nndoctor.data", *args]
+    # nndoctor.commands.data runs the same subcommand without importing the others.
+    return [sys.executable, "-m", "nndoctor.commands.data", *args]
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nndoctor.explain.cli import explain_all
+from nndoctor.commands.explain.cli import explain_all
 
 PASTED = Path(__file__).resolve().parent.parent / "tests" / "explain" / "pasted"
 FILLER = (
@@ -60,7 +60,7 @@ def main() -> None:
                         help="also time `python -m nndoctor explain FILE` end to end, N runs (default 0: not)")
     args = parser.parse_args()
     text = build_log(int(args.mb * 1_000_000))
-    from nndoctor.explain.base import explanations
+    from nndoctor.commands.explain.base import explanations
 
     explanations()  # imports the check families (the CLI does it before reading the log)
     times = []

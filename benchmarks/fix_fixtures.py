@@ -1,7 +1,7 @@
 """``nndoctor fix --write --verify`` on a copy of every buggy fixture whose code has a codemod.
 
 For each fixture (tests/fixtures/buggy and the Keras ones) marked ``# expect: CODE`` with CODE in
-nndoctor.fix.codemods.CODEMODS: copy it to a temporary folder, run ``nndoctor fix --write
+nndoctor.commands.fix.codemods.CODEMODS: copy it to a temporary folder, run ``nndoctor fix --write
 --verify`` on the copy (in this process, through the CLI entry point; every check enabled;
 ``--unsafe-fixes`` for the unsafe codes), then run the doctor once more on the result. A fixture
 counts as fixed when CODE is gone from that last run, no new error or warning appeared and the
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
 from nndoctor.cli import main as nndoctor_main  # noqa: E402
-from nndoctor.findings import Severity  # noqa: E402
-from nndoctor.fix.codemods import CODEMODS, codemod_for  # noqa: E402
+from nndoctor.commands.fix.codemods import CODEMODS, codemod_for  # noqa: E402
+from nndoctor.core.findings import Severity  # noqa: E402
 
 FIXTURE_DIRS = [ROOT / "tests" / "fixtures" / "buggy", ROOT / "tests" / "fixtures" / "keras"]
 _EXPECT = re.compile(r"#\s*expect:\s*([A-Z][0-9]{3}(?:\s*,\s*[A-Z][0-9]{3})*)")

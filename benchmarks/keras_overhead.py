@@ -107,7 +107,7 @@ def bootstrap_ratio(plain: list[float], watched: list[float], resamples: int = 4
 
 
 def observed(keras, ds, epochs: int) -> dict[str, float]:
-    from nndoctor.engine import Session
+    from nndoctor.core.engine import Session
     from nndoctor.instrument.extensions import install
 
     session = Session(command=["keras_overhead"])

@@ -163,7 +163,7 @@ def timed_steps(step, start: int, count: int, device) -> float:
 
 def run_round(args, device, doctored: bool, select: list[str] | None = None) -> float:
     import nndoctor
-    from nndoctor.engine import DEFAULT_FULL_WINDOW
+    from nndoctor.core.engine import DEFAULT_FULL_WINDOW
 
     step = make_side(args, device)
     window = DEFAULT_FULL_WINDOW if doctored else 0
@@ -182,7 +182,7 @@ def run_round(args, device, doctored: bool, select: list[str] | None = None) -> 
 
 def installed_probes(select: list[str]) -> list[str] | None:
     """What the instrumentation installs for this selection (None on a version without probes)."""
-    from nndoctor.engine import Session
+    from nndoctor.core.engine import Session
     from nndoctor.instrument.extensions import install
 
     installation = install(Session(select=select))

@@ -28,7 +28,7 @@ DEFAULT_SELECTIONS = "none,all,N101,N103,N104,D101,D104,D,L,O,M,B,P,R,C"
 
 def measure(args, device, selection: str) -> float:
     import nndoctor
-    from nndoctor.engine import DEFAULT_FULL_WINDOW
+    from nndoctor.core.engine import DEFAULT_FULL_WINDOW
 
     step = overhead.make_side(args, device)
     warmup = max(args.warmup, DEFAULT_FULL_WINDOW)  # past the window: steps sampled, not "full"

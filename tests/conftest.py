@@ -49,8 +49,8 @@ _EXPECT = re.compile(r"#\s*expect:\s*([A-Z][0-9]{3}(?:\s*,\s*[A-Z][0-9]{3})*)")
 
 def run_script(path, args=(), *, select=(), ignore=(), max_steps=None, **session_kwargs):
     """Run a training script in this process under a fresh Session; return its Report."""
-    from nndoctor.engine import Session
-    from nndoctor.runner import Target, run_target
+    from nndoctor.core.engine import Session
+    from nndoctor.run.runner import Target, run_target
 
     # Each script runs as in a fresh process: no torch.compile caches or recompile counts
     # left by an earlier test in this worker (dynamo's limits are process-wide).

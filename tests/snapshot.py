@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from nndoctor.findings import Finding, Location
+from nndoctor.core.findings import Finding, Location
 from nndoctor.report.terminal import render_findings_text
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"

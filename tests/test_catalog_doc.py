@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from nndoctor.catalog_cli import markdown_catalog
+from nndoctor.catalog.cli import markdown_catalog
 
 
 def test_docs_catalog_matches_the_registered_checks():

@@ -6,9 +6,9 @@ import inspect
 
 import pytest
 
-from nndoctor import catalog_table
-from nndoctor.catalog_update import entry_of, registered_entries, render
-from nndoctor.registry import (
+from nndoctor.catalog import table as catalog_table
+from nndoctor.catalog.update import entry_of, registered_entries, render
+from nndoctor.core.registry import (
     SCOPE_FAMILIES,
     Check,
     all_checks,
@@ -46,7 +46,7 @@ def test_a_scopes_families_hold_every_check_of_that_scope(scope):
 
 
 def test_generated_file_is_exactly_what_update_writes():
-    from nndoctor.catalog_update import ENTRIES_PATH
+    from nndoctor.catalog.update import ENTRIES_PATH
 
     assert ENTRIES_PATH.read_text(encoding="utf-8") == render(registered_entries()), STALE
 
@@ -104,11 +104,11 @@ def test_register_rejects_a_misspelt_handler():
 
 
 def test_internal_subscribers_are_not_checks_and_have_no_code():
-    from nndoctor.history import HistoryRecorder
-    from nndoctor.perf.torch.inject import ChangeInjector
-    from nndoctor.perf.torch.recorder import PerfRecorder
-    from nndoctor.perf.torch.rerun_child import StepClock
-    from nndoctor.preflight.probe import PreflightProbe
+    from nndoctor.commands.perf.torch.inject import ChangeInjector
+    from nndoctor.commands.perf.torch.recorder import PerfRecorder
+    from nndoctor.commands.perf.torch.rerun_child import StepClock
+    from nndoctor.commands.preflight.probe import PreflightProbe
+    from nndoctor.run.history import HistoryRecorder
 
     for cls in (HistoryRecorder, ChangeInjector, PerfRecorder, StepClock, PreflightProbe):
         assert not issubclass(cls, Check)
@@ -117,8 +117,8 @@ def test_internal_subscribers_are_not_checks_and_have_no_code():
 
 
 def test_a_failing_subscriber_is_named_and_disabled():
-    from nndoctor.engine import Session
-    from nndoctor.events import RunEnd
+    from nndoctor.core.engine import Session
+    from nndoctor.core.events import RunEnd
 
     class Broken:
         subscriber_name = "broken helper"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.findings import Severity
-from nndoctor.registry import DOC_HEADINGS, all_checks
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import DOC_HEADINGS, all_checks
 from tests.conftest import (
     BUGGY,
     FIXTURES,
@@ -144,8 +144,8 @@ FRAMEWORK_BUGGY = [*KERAS_BUGGY, *sorted((FIXTURES / "keras_tf").glob("buggy_*.p
 
 
 def test_every_keras_and_tfdata_check_and_variant_has_a_buggy_fixture():
-    from nndoctor.catalog_table import rule
-    from nndoctor.registry import framework_checks, get_check
+    from nndoctor.catalog.table import rule
+    from nndoctor.core.registry import framework_checks, get_check
 
     classes = [c for scope in ("keras", "tfdata") for c in framework_checks(scope)]
     marked = {code for path in FRAMEWORK_BUGGY for code in expected_lines(path)}

@@ -36,27 +36,27 @@ FOUNDATION, ENGINE, FEATURES, ENTRY = 0, 1, 2, 3
 LAYER_NAMES = ("foundation", "engine", "features", "entry points")
 LAYERS: dict[str, int] = {
     **dict.fromkeys(
-        ("_startup", "_version", "errors", "findings", "events", "limits", "streams",
-         "tracebacks", "atomic", "suppression", "user_code", "optimizers", "sanitize",
+        ("run._startup", "core._version", "util.errors", "core.findings", "core.events", "util.limits", "run.streams",
+         "core.tracebacks", "util.atomic", "core.suppression", "core.user_code", "core.optimizers", "util.sanitize",
          # The catalog as data (no check imported) and the subscriber protocol.
-         "catalog_table", "catalog_entries", "subscribers", "image_batches", "loss_trend", "initial_loss", "chance_level", "protowire", "stash", "probes", "crash_context",
+         "catalog.table", "catalog.entries", "core.subscribers", "core.rules.image_batches", "core.rules.loss_trend", "core.rules.initial_loss", "core.rules.chance_level", "util.protowire", "core.stash", "core.probes", "run.crash_context",
          # Pure rules a PyTorch check and its Keras variant share (thresholds, verdicts).
-         "gradient_explosion", "dead_units",
-         "dtensor"),
+         "core.rules.gradient_explosion", "core.rules.dead_units",
+         "util.dtensor"),
         FOUNDATION,
     ),
-    **dict.fromkeys(("registry", "engine", "selection", "config"), ENGINE),
+    **dict.fromkeys(("core.registry", "core.engine", "core.selection", "core.config"), ENGINE),
     **dict.fromkeys(
-        ("instrument", "checks", "explain", "report", "perf", "data", "ckpt", "env", "keras", "tfdata",
-         "preflight", "distributed", "history", "watchdog", "signals", "run_guards", "run_end", "runner", "fix"),
+        ("instrument", "checks", "commands.explain", "report", "commands.perf", "commands.data", "commands.ckpt", "commands.env", "keras", "tfdata",
+         "commands.preflight", "run.distributed", "run.history", "run.watchdog", "run.signals", "run.guards", "run.end", "run.runner", "commands.fix"),
         FEATURES,
     ),
     **dict.fromkeys(
-        ("", "__main__", "cli", "catalog_cli", "catalog_update", "runner_cli", "api", "integration", "lightning",
-         "transformers", "pytest_plugin", "notebook", "demo",
+        ("", "__main__", "cli", "catalog.cli", "catalog.update", "run.cli", "integrations.api", "integrations.base", "integrations.lightning",
+         "integrations.transformers", "integrations.pytest_plugin", "integrations.notebook", "commands.demo",
          # Each command's front end: argument parsing, output, exit status.
-         "perf.cli", "data.cli", "data.__main__", "ckpt.cli", "ckpt.convert_cmd", "ckpt.diff_cmd",
-         "ckpt.fix_cmd", "ckpt.inspect_cmd", "explain.cli", "env.cli", "preflight.cli", "fix.cli"),
+         "commands.perf.cli", "commands.data.cli", "commands.data.__main__", "commands.ckpt.cli", "commands.ckpt.convert_cmd", "commands.ckpt.diff_cmd",
+         "commands.ckpt.fix_cmd", "commands.ckpt.inspect_cmd", "commands.explain.cli", "commands.env.cli", "commands.preflight.cli", "commands.fix.cli"),
         ENTRY,
     ),
 }
@@ -250,10 +250,10 @@ def test_the_graph_sees_the_package(graph):
     modules, imports = graph
     # A broken reader would find nothing and pass every test below.
     assert len(modules) > 100
-    assert Import("engine", "registry", _line_of("engine.py", "from nndoctor.registry"), "module") in imports
-    assert any(i.source == "registry" and i.target == "engine" and i.kind == "typing" for i in imports)
+    assert Import("core.engine", "core.registry", _line_of("core/engine.py", "from nndoctor.core.registry"), "module") in imports
+    assert any(i.source == "core.registry" and i.target == "core.engine" and i.kind == "typing" for i in imports)
     # Importing a submodule runs its package's __init__.
-    assert any(i.source == "runner" and i.target == "instrument" for i in imports)
+    assert any(i.source == "run.runner" and i.target == "instrument" for i in imports)
 
 
 def _line_of(relative: str, text: str) -> int:
@@ -295,7 +295,7 @@ def test_allowed_upward_import_is_still_needed(graph):
     assert not stale, f"no longer imported, remove from ALLOWED_UPWARD: {stale}"
 
 
-PERF_BACKENDS = ("perf.torch", "perf.tf")
+PERF_BACKENDS = ("commands.perf.torch", "commands.perf.tf")
 
 
 def _in_package(module: str, package: str) -> bool:
@@ -310,12 +310,12 @@ def test_perf_backends_import_each_other_never_and_neutral_perf_only_lazily(grap
     crossed = [_where(i) for i in imports for ours, theirs in (PERF_BACKENDS, PERF_BACKENDS[::-1])
                if _in_package(i.source, ours) and _in_package(i.target, theirs)]
     assert not crossed, crossed
-    neutral = [_where(i) for i in imports if i.kind == "module" and _in_package(i.source, "perf")
+    neutral = [_where(i) for i in imports if i.kind == "module" and _in_package(i.source, "commands.perf")
                and not any(_in_package(i.source, b) for b in PERF_BACKENDS)
                and any(_in_package(i.target, b) for b in PERF_BACKENDS)]
     assert not neutral, neutral
     # The rule has something to check: the neutral session reaches both backends (lazily).
-    assert {b for i in imports if i.source == "perf.session" for b in PERF_BACKENDS if _in_package(i.target, b)} \
+    assert {b for i in imports if i.source == "commands.perf.session" for b in PERF_BACKENDS if _in_package(i.target, b)} \
         == set(PERF_BACKENDS)
 
 
@@ -329,19 +329,19 @@ def test_instrumentation_imports_no_check(graph):
 # Modules that import nndoctor modules named in strings (invisible to the graph above), and why.
 STRING_IMPORTERS = {
     "cli": "each subcommand's module is imported only when that subcommand runs (no torch for `data`)",
-    "ckpt.cli": "the ckpt actions, imported when `nndoctor ckpt` builds its parser",
-    "registry": "CHECK_MODULES, the check families loaded for the catalog",
-    "fix.codemods": "CODEMODS, one module per code, imported when a finding of that code is fixed",
-    "catalog_entries": "the generated table names the module of each check (read with ast, not imported)",
-    "catalog_update": "imports every family to regenerate the table",
+    "commands.ckpt.cli": "the ckpt actions, imported when `nndoctor ckpt` builds its parser",
+    "core.registry": "CHECK_MODULES, the check families loaded for the catalog",
+    "commands.fix.codemods": "CODEMODS, one module per code, imported when a finding of that code is fixed",
+    "catalog.entries": "the generated table names the module of each check (read with ast, not imported)",
+    "catalog.update": "imports every family to regenerate the table",
     # Named, not imported in this process:
-    "perf.rerun": "runs `python -m nndoctor.perf.torch.rerun_child` in a subprocess",
-    "perf.torch.rerun_child": "its argparse prog name",
-    "perf.tf.trials": "runs `python -m nndoctor.perf.tf.rerun_child` in a subprocess",
-    "perf.tf.rerun_child": "its argparse prog name",
+    "commands.perf.rerun": "runs `python -m nndoctor.commands.perf.torch.rerun_child` in a subprocess",
+    "commands.perf.torch.rerun_child": "its argparse prog name",
+    "commands.perf.tf.trials": "runs `python -m nndoctor.commands.perf.tf.rerun_child` in a subprocess",
+    "commands.perf.tf.rerun_child": "its argparse prog name",
     "report.html": "reads the report's assets with importlib.resources",
-    "explain.base": "EXPLANATION_FAMILIES, the families `nndoctor explain` loads (not the runtime checks: no torch)",
-    "perf.warm_launcher": "WARM_CHILDREN, the re-run child its helper process imports and forks",
+    "commands.explain.base": "EXPLANATION_FAMILIES, the families `nndoctor explain` loads (not the runtime checks: no torch)",
+    "commands.perf.warm_launcher": "WARM_CHILDREN, the re-run child its helper process imports and forks",
 }
 
 
@@ -368,7 +368,7 @@ def string_imports(src: Path = SRC) -> list[tuple[str, str, int]]:
 def test_modules_are_imported_by_name_only_where_listed():
     found = string_imports()
     # The reader works: the registry names the check families.
-    assert ("registry", "checks", _line_of("registry.py", '    "nndoctor.checks",')) in found
+    assert ("core.registry", "checks", _line_of("core/registry.py", '    "nndoctor.checks",')) in found
     unexpected = sorted({f"nndoctor.{src}:{line} names nndoctor.{target}" for src, target, line in found
                          if src not in STRING_IMPORTERS})
     assert not unexpected, "import these explicitly: " + "; ".join(unexpected)
@@ -388,6 +388,73 @@ def summary(src: Path = SRC) -> str:
     named = string_imports(src)
     lines.append(f"modules named in strings: {len(named)} in {sorted({m for m, _, _ in named})}")
     return "\n".join(lines)
+
+
+# --- Package-level rules (issue 34; written by tools/relayout.py) ---
+# Each top-level entry of src/nndoctor is one package in one layer; a package's modules default to
+# its layer (LAYERS above names the exceptions, e.g. the data types in core are foundation).
+PACKAGE_LAYERS: dict[str, int] = {
+    "util": FOUNDATION,
+    "core": ENGINE, "catalog": ENGINE,
+    "instrument": FEATURES, "keras": FEATURES, "tfdata": FEATURES, "checks": FEATURES,
+    "report": FEATURES, "run": FEATURES, "commands": FEATURES,
+    "integrations": ENTRY, "cli": ENTRY, "__main__": ENTRY, "": ENTRY,
+}
+# The packages made for the layout: their __init__ is a docstring (importing one module of a
+# package imports none of the others), so it sits in the foundation layer; so does, by default, a
+# module of theirs that LAYERS does not name (the strictest layer: an upward import fails loudly).
+DOCSTRING_PACKAGES = ("util", "core", "core.rules", "catalog", "run", "integrations", "commands")
+for _package in DOCSTRING_PACKAGES:
+    LAYERS.setdefault(_package, FOUNDATION)
+STRING_IMPORTERS.setdefault(
+    "", "the alias table: the old public paths of lightning, transformers, pytest_plugin (imported lazily)")
+
+MAX_TOP_LEVEL = 15
+
+
+def test_layout_packages_import_nothing(graph):
+    _, imports = graph
+    bad = [_where(i) for i in imports if i.source in DOCSTRING_PACKAGES]
+    assert not bad, bad
+
+
+def _package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_top_level_has_few_entries():
+    entries = sorted(e.name for e in (SRC / "nndoctor").iterdir() if e.name != "__pycache__")
+    assert len(entries) <= MAX_TOP_LEVEL, f"{len(entries)} entries in src/nndoctor: {entries}"
+    packages = {e.removesuffix(".py") for e in entries if e != "py.typed"} - {"__init__"}
+    assert packages <= set(PACKAGE_LAYERS), f"give these a layer in PACKAGE_LAYERS: {packages - set(PACKAGE_LAYERS)}"
+
+
+def test_no_package_imports_a_higher_one(graph):
+    # A package's command-line front end (an entry-point module in LAYERS: perf.cli, catalog.cli,
+    # run.cli, ...) may import any package; every other module only packages of its package's
+    # layer or below.
+    _, imports = graph
+    bad = []
+    for imp in imports:
+        source, target = _package_of(imp.source), _package_of(imp.target)
+        if source == target or layer_of(imp.source) == ENTRY:
+            continue
+        if PACKAGE_LAYERS[target] > PACKAGE_LAYERS[source]:
+            bad.append(f"{_where(imp)}: package {source or '__init__'} ({LAYER_NAMES[PACKAGE_LAYERS[source]]}) "
+                       f"imports package {target} ({LAYER_NAMES[PACKAGE_LAYERS[target]]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_foundation_modules_import_no_package(graph):
+    # util is the bottom: its modules import each other and the standard library, nothing else.
+    _, imports = graph
+    assert any(i.source == "util.atomic" and i.target == "util.errors" for i in imports)  # the reader sees util
+    bad = [_where(i) for i in imports if _package_of(i.source) == "util" and _package_of(i.target) != "util"]
+    assert not bad, bad
+    # The foundation modules of the other packages (core's data types, the catalog's table) import
+    # foundation modules only, never a package of a higher layer (nor its __init__).
+    bad = [_where(i) for i in imports if layer_of(i.source) == FOUNDATION and layer_of(i.target) != FOUNDATION]
+    assert not bad, bad
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from nndoctor.findings import Finding, Location, Report, Severity
+from nndoctor.core.findings import Finding, Location, Report, Severity
 from nndoctor.report.terminal import render_text
 from tests import conftest
 from tests.conftest import BUGGY, FIXTURES, expected_lines

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module exposing ``configure(parser)`` and
 ``run(args) -> int``; this file only wires them together, so ``nndoctor data`` is found in
-``nndoctor/data/cli.py`` and so on.
+``nndoctor/commands/data/cli.py`` and so on.
 """
 
 from __future__ import annotations
@@ -12,21 +12,21 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from nndoctor._version import __version__
-from nndoctor.errors import UsageError
+from nndoctor.core._version import __version__
+from nndoctor.util.errors import UsageError
 
 # name -> (module, one-line help). Order is the order of ``nndoctor --help``.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("nndoctor.runner_cli", "run a training script under the doctor"),
-    "fix": ("nndoctor.fix.cli", "run a training script under the doctor, then edit its source to fix the findings"),
-    "demo": ("nndoctor.demo.cli", "run the bundled, deliberately buggy training demo"),
-    "checks": ("nndoctor.catalog_cli", "list the catalog, or show one check's documentation"),
-    "explain": ("nndoctor.explain.cli", "explain a saved traceback or log"),
-    "data": ("nndoctor.data.cli", "check an image dataset (folders, TFRecord, HDF5, LMDB, WebDataset, Parquet, NumPy) before training"),
-    "ckpt": ("nndoctor.ckpt.cli", "inspect, diff, repair and convert checkpoints"),
-    "perf": ("nndoctor.perf.cli", "where the step time goes and what to change"),
-    "preflight": ("nndoctor.preflight.cli", "run active tests on copies of the model at the first step, then stop"),
-    "env": ("nndoctor.env.cli", "check the installation: frameworks, CUDA builds, driver, GPUs, packages"),
+    "run": ("nndoctor.run.cli", "run a training script under the doctor"),
+    "fix": ("nndoctor.commands.fix.cli", "run a training script under the doctor, then edit its source to fix the findings"),
+    "demo": ("nndoctor.commands.demo.cli", "run the bundled, deliberately buggy training demo"),
+    "checks": ("nndoctor.catalog.cli", "list the catalog, or show one check's documentation"),
+    "explain": ("nndoctor.commands.explain.cli", "explain a saved traceback or log"),
+    "data": ("nndoctor.commands.data.cli", "check an image dataset (folders, TFRecord, HDF5, LMDB, WebDataset, Parquet, NumPy) before training"),
+    "ckpt": ("nndoctor.commands.ckpt.cli", "inspect, diff, repair and convert checkpoints"),
+    "perf": ("nndoctor.commands.perf.cli", "where the step time goes and what to change"),
+    "preflight": ("nndoctor.commands.preflight.cli", "run active tests on copies of the model at the first step, then stop"),
+    "env": ("nndoctor.commands.env.cli", "check the installation: frameworks, CUDA builds, driver, GPUs, packages"),
 }
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
@@ -46,7 +46,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
     """Configuration, output formats and report files (README: Configuration, CI)."""
-    from nndoctor.config import OUTPUT_FORMATS
+    from nndoctor.core.config import OUTPUT_FORMATS
 
     parser.add_argument("--quiet", action="store_true", help="print no report on the terminal")
     parser.add_argument("--output-format", choices=OUTPUT_FORMATS, default="text",
@@ -150,12 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Subcommands with the shared options read the project's config; the bundled demo is
         # not part of any project (its fail-on stays "never").
         if hasattr(args, "isolated") and args.command != "demo":
-            from nndoctor.config import apply
+            from nndoctor.core.config import apply
 
             apply(args, argv)
         return int(handler(args) or 0)
     except UsageError as error:
-        from nndoctor.sanitize import printable  # messages quote file names: no raw escapes
+        from nndoctor.util.sanitize import printable  # messages quote file names: no raw escapes
 
         print(f"nndoctor: error: {printable(str(error), keep_newlines=False)}", file=sys.stderr)
         return error.exit_code

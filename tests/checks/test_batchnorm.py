@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from nndoctor.checks.batchnorm import momentum_verdict, stats_fingerprint, tiny_batch_verdict
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 from tests.conftest import run_script
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nndoctor.chance_level import BatchOutcome, at_chance
+from nndoctor.core.rules.chance_level import BatchOutcome, at_chance
 from tests.conftest import BUGGY, run_script
 from tests.frameworks.test_frameworks import _reset_accelerate
 

@@ -1,11 +1,11 @@
-"""L108's sequential test (nndoctor.chance_level) on synthetic batch outcomes."""
+"""L108's sequential test (nndoctor.core.rules.chance_level) on synthetic batch outcomes."""
 
 from __future__ import annotations
 
 import math
 import random
 
-from nndoctor import chance_level as C
+from nndoctor.core.rules import chance_level as C
 
 
 def _batches(steps, accuracy, loss, rng, size=32, slope=0.0):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nndoctor.checks._rgb_evidence import code_only, source_evidence
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 from tests.conftest import BUGGY, FIXTURES, run_script
 
 SCRIPT = FIXTURES / "scripts" / "blue_images.py"

@@ -13,7 +13,7 @@ from nndoctor.checks.environment import (
     local_module_names,
     weights_only_effective,
 )
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 from nndoctor.instrument.numerics_probe import looks_explicitly_seeded
 from tests.conftest import run_script
 

@@ -38,10 +38,10 @@ def test_memory_growth_on_cuda_reads_the_allocator(tmp_path):
 
 
 def test_tf32_off_is_reported_by_perf_on_a_tensor_core_gpu():
-    from nndoctor.perf.config import PerfConfig
-    from nndoctor.perf.session import run_perf
-    from nndoctor.perf.torch.diagnosis import diagnose
-    from nndoctor.runner import Target
+    from nndoctor.commands.perf.config import PerfConfig
+    from nndoctor.commands.perf.session import run_perf
+    from nndoctor.commands.perf.torch.diagnosis import diagnose
+    from nndoctor.run.runner import Target
 
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("TF32 needs compute capability 8.0")

@@ -122,7 +122,7 @@ def test_loss_trend_verdicts():
 
 
 def test_a_loss_that_already_fell_tenfold_has_converged_and_a_jump_is_divergence():
-    from nndoctor import loss_trend as LT
+    from nndoctor.core.rules import loss_trend as LT
 
     rng = random.Random(2)
     floor = [0.09 + 0.01 * rng.gauss(0, 1) for _ in range(570)]

@@ -49,8 +49,8 @@ def test_the_device_flag_of_a_loss(values, expected):
     """N101's flag for a device loss (computed here on CPU, read at once without a ring): one
     kernel for a one-element loss, isfinite().all() for more elements, the same answer."""
     from nndoctor.checks.nonfinite_loss import NonfiniteLoss
-    from nndoctor.engine import Session
-    from nndoctor.events import Backward
+    from nndoctor.core.engine import Session
+    from nndoctor.core.events import Backward
 
     check = Session(checks=[NonfiniteLoss]).checks[0]
     loss = values.requires_grad_() * 1

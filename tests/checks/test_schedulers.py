@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nndoctor.findings import Severity
-from nndoctor.optimizers import unwrap_optimizer
+from nndoctor.core.findings import Severity
+from nndoctor.core.optimizers import unwrap_optimizer
 from tests.conftest import FIXTURES, run_script
 
 SCRIPT = FIXTURES / "scripts" / "accelerate_scheduler.py"
@@ -42,7 +42,7 @@ def test_unwrap_follows_optimizer_chains():
 
 
 def test_o107_is_one_severity():
-    from nndoctor.registry import all_checks
+    from nndoctor.core.registry import all_checks
 
     check = next(c for c in all_checks() if c.code == "O107")
     report = run_script(FIXTURES / "buggy" / "O107_scheduler_before_optimizer.py", select=["O107"])

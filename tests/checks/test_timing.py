@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nndoctor.checks._timing import share_in_halves, timing_severity
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 from tests.conftest import run_script
 
 
@@ -56,8 +56,8 @@ def _replay_loader(monkeypatch, waits: list[float], step_s: float, device: str =
     (on ``device``: the optimizer's parameters live there)."""
     from types import SimpleNamespace
 
-    from nndoctor.engine import Session
-    from nndoctor.perf import run_checks
+    from nndoctor.commands.perf import run_checks
+    from nndoctor.core.engine import Session
 
     clock = [0.0]
     monkeypatch.setattr(run_checks.time, "perf_counter", lambda: clock[0])

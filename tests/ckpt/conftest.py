@@ -66,7 +66,7 @@ def run_json(run_cli, tmp_path, request):
 
 
 def _snapshot(test_name: str, index: int, argv, findings: list[dict], tmp_path: Path) -> None:
-    from nndoctor.distributed.merge import finding_from_json
+    from nndoctor.run.distributed.merge import finding_from_json
     from tests.snapshot import Normalizer, assert_findings_snapshot
 
     name = re.sub(r"[^\w.-]+", "-", test_name.removeprefix("test_")).strip("-") + (f".{index}" if index else "")

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from nndoctor.ckpt.bookkeeping import bookkeeping_lines
+from nndoctor.commands.ckpt.bookkeeping import bookkeeping_lines
 
 
 def test_groups_loops_callbacks_and_schedulers():
@@ -33,8 +33,8 @@ def test_real_lightning_checkpoint_is_short(tmp_path):
     import torch
     import torch.nn.functional as F
 
-    from nndoctor.ckpt.reader import read_checkpoint
-    from nndoctor.ckpt.render import print_inspect
+    from nndoctor.commands.ckpt.reader import read_checkpoint
+    from nndoctor.commands.ckpt.render import print_inspect
 
     class Tiny(L.LightningModule):
         def __init__(self):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from conftest import codes, nets_spec, sha256
 
-from nndoctor.ckpt.checkpoint import TensorInfo
-from nndoctor.ckpt.mapping import propose_mapping
+from nndoctor.commands.ckpt.checkpoint import TensorInfo
+from nndoctor.commands.ckpt.mapping import propose_mapping
 
 
 def _infos(sd):

@@ -129,7 +129,7 @@ def test_keras_weights_inspected_with_h5py_only(tmp_path):
 
 
 def test_ckpt_checks_are_documented():
-    from nndoctor.registry import DOC_HEADINGS, all_checks
+    from nndoctor.core.registry import DOC_HEADINGS, all_checks
 
     ckpt_checks = all_checks("ckpt")
     assert [c.code for c in ckpt_checks] == [f"C2{i:02d}" for i in range(1, 11)]
@@ -168,7 +168,7 @@ def test_huge_integers_are_shown_shortened_without_a_traceback(tmp_path, net, ru
 
 
 def test_int_text_is_exact_where_it_shows_digits():
-    from nndoctor.ckpt.containers import int_text
+    from nndoctor.commands.ckpt.containers import int_text
 
     assert int_text(10 ** 79) == "1" + "0" * 79                 # 80 digits: shown whole
     assert int_text(10 ** 80) == "10000000…000000 (an int of 81 digits)"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import codes, sha256
 
-from nndoctor.ckpt.prefixes import leading_wrapper_prefix
+from nndoctor.commands.ckpt.prefixes import leading_wrapper_prefix
 
 
 def _wrapped_state_dict(net, wrapper, tmp_path):

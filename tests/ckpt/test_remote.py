@@ -48,7 +48,7 @@ def bucket(tmp_path_factory):
 @pytest.fixture
 def reads(monkeypatch):
     """Every ranged read nndoctor makes: (object, offset, length)."""
-    from nndoctor.ckpt.remote import RemoteFiles
+    from nndoctor.commands.ckpt.remote import RemoteFiles
 
     calls = []
     original = RemoteFiles.read

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import codes, nets_spec, sha256
 
-from nndoctor.ckpt.pickle_scan import PickleCorrupt, scan_pickle
+from nndoctor.commands.ckpt.pickle_scan import PickleCorrupt, scan_pickle
 
 
 class _Evil:

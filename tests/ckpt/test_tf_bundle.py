@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from nndoctor.ckpt.tf_bundle import OBJECT_GRAPH_KEY, TensorBundle, masked_crc32c
+from nndoctor.commands.ckpt.tf_bundle import OBJECT_GRAPH_KEY, TensorBundle, masked_crc32c
 
 TF_SMALL = FIXTURES / "tf_small"
 KERNEL = "net/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"
@@ -48,7 +48,7 @@ def test_corrupted_shard_and_index_are_reported(run_cli, tmp_path):
 def test_variables_are_named_by_object_path_and_given_roles():
     """A Keras 2 SavedModel's graph (as in public repos): layers, metric totals, an optimizer
     reaching the same kernel through its slots; names avoid the optimizer's paths."""
-    from nndoctor.ckpt.tf_objects import GraphNode, name_variables
+    from nndoctor.commands.ckpt.tf_objects import GraphNode, name_variables
 
     suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
     nodes = [
@@ -84,7 +84,7 @@ SERVING = FIXTURES / "tf_serving_half_plus_two"
 
 
 def test_snappy_blocks():
-    from nndoctor.ckpt.snappy_block import SnappyError, decompress
+    from nndoctor.commands.ckpt.snappy_block import SnappyError, decompress
 
     # varint 8; literal "ab"; a copy of 6 bytes at offset 2 that overlaps its own output
     assert decompress(b"\x08\x04ab\x09\x02", 100) == b"abababab"
@@ -130,7 +130,7 @@ def test_tensorflow_1_savedmodel_with_a_snappy_index(run_cli, tmp_path):
 
 def _first_block_length(index: bytes) -> int:
     """The length of the data block at offset 0, from the handle in the table's index block."""
-    from nndoctor.protowire import read_varint
+    from nndoctor.util.protowire import read_varint
 
     footer = index[-48:]
     _, pos = read_varint(footer, 0)

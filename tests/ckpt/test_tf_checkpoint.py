@@ -48,7 +48,7 @@ def _hashes(folder):
 
 
 def test_bundle_reader_agrees_with_tensorflow(built):
-    from nndoctor.ckpt.tf_bundle import OBJECT_GRAPH_KEY, TensorBundle
+    from nndoctor.commands.ckpt.tf_bundle import OBJECT_GRAPH_KEY, TensorBundle
 
     root = built["root"]
     prefixes = {"first": built["cnn_first"], "second": built["cnn_second"], "wide": built["wide"],

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from nndoctor.data.cli import main as data_main
+from nndoctor.commands.data.cli import main as data_main
 
 
 def photo(seed: int, width: int = 72, height: int = 64, mode: str = "RGB") -> Image.Image:
@@ -83,7 +83,7 @@ class Result:
     def snapshot(self, code: str, suffix: str = "") -> None:
         """Compare the terminal text of this code's findings with tests/snapshots/data/ (the
         findings come back from the JSON report, whose values render as the originals do)."""
-        from nndoctor.distributed.merge import finding_from_json
+        from nndoctor.run.distributed.merge import finding_from_json
         from tests.snapshot import Normalizer, assert_findings_snapshot
 
         name = re.sub(r"[^\w.-]+", "-", self.test_name.removeprefix("test_")).strip("-") + f".{code}{suffix}"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import photo
 
-from nndoctor.data.sources import expand_braces, split_name
+from nndoctor.commands.data.sources import expand_braces, split_name
 
 h5py = pytest.importorskip("h5py")
 

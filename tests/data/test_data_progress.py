@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from nndoctor.data.layout import plan
-from nndoctor.data.progress import ScanProgress
-from nndoctor.data.scan import count_files_in_background
+from nndoctor.commands.data.layout import plan
+from nndoctor.commands.data.progress import ScanProgress
+from nndoctor.commands.data.scan import count_files_in_background
 
 
 class _Recorder:

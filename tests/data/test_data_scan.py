@@ -9,10 +9,10 @@ import numpy as np
 from conftest import photo
 from PIL import Image
 
-from nndoctor.data.filechecks import degenerate_reason, relatively_tiny_reason
-from nndoctor.data.formats import sniff, structure_problem
-from nndoctor.data.imagestats import hamming, phash
-from nndoctor.data.probe import FileRecord, probe_file
+from nndoctor.commands.data.filechecks import degenerate_reason, relatively_tiny_reason
+from nndoctor.commands.data.formats import sniff, structure_problem
+from nndoctor.commands.data.imagestats import hamming, phash
+from nndoctor.commands.data.probe import FileRecord, probe_file
 
 
 def snapshot(root) -> dict:
@@ -77,7 +77,7 @@ def test_select_and_fail_on(build, run_data):
 
 
 def test_json_to_stdout(build, capsys):
-    from nndoctor.data.cli import main
+    from nndoctor.commands.data.cli import main
 
     root = build.imagefolder(splits=("train",))
     assert main([str(root), "--json", "-", "--workers", "1"]) == 0

@@ -7,8 +7,8 @@ import struct
 
 from conftest import crc32c_bitwise, example, frame, jpeg_bytes, write_tfrecord
 
-from nndoctor.data.crc32c import crc32c, crc32c_python, masked_crc32c
-from nndoctor.data.tfrecord import parse_example
+from nndoctor.commands.data.crc32c import crc32c, crc32c_python, masked_crc32c
+from nndoctor.commands.data.tfrecord import parse_example
 
 
 def good_records(n: int, start: int = 0) -> list[bytes]:

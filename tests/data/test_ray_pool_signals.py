@@ -7,7 +7,7 @@ import signal
 import sys
 import types
 
-from nndoctor.data import ray_engine
+from nndoctor.commands.data import ray_engine
 
 
 def _fake_ray() -> types.SimpleNamespace:

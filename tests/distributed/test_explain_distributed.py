@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.explain.cli import explain_text
+from nndoctor.commands.explain.cli import explain_text
 from tests.conftest import FIXTURES
 from tests.snapshot import assert_findings_snapshot
 
@@ -36,8 +36,8 @@ def test_recorded_distributed_crash_is_explained(name):
 
 
 def test_gloo_size_abort_is_a_shape_mismatch():
-    from nndoctor.explain.crash import Crash
-    from nndoctor.explain.distributed import CollectiveShapeMismatch
+    from nndoctor.commands.explain.crash import Crash
+    from nndoctor.commands.explain.distributed import CollectiveShapeMismatch
 
     # gloo's own enforce message (gloo/transport/tcp/pair.cc) when buffer sizes differ.
     crash = Crash(exc_type="RuntimeError", message="[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 20 vs 16")

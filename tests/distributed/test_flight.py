@@ -8,8 +8,8 @@ import sys
 
 from nndoctor.checks.distributed import RankDied
 from nndoctor.checks.stall import CollectiveMismatch
-from nndoctor.distributed.dead_ranks import dead_parts, native_error, pid_alive
-from nndoctor.distributed.flight import FlightRecorder, alive_path, fatal_path, read_flight
+from nndoctor.run.distributed.dead_ranks import dead_parts, native_error, pid_alive
+from nndoctor.run.distributed.flight import FlightRecorder, alive_path, fatal_path, read_flight
 from tests import childproc
 
 
@@ -17,7 +17,7 @@ def test_the_record_survives_the_process_that_wrote_it(tmp_path):
     # A child writes its record and is killed with SIGKILL: what it noted is still there.
     code = (
         "import os, signal, sys\n"
-        "from nndoctor.distributed.flight import FlightRecorder\n"
+        "from nndoctor.run.distributed.flight import FlightRecorder\n"
         "r = FlightRecorder(sys.argv[1], 1, 2)\n"
         "r.note_phase('after step', 7, '')\n"
         "r.enter('all_gather', 12, 'bfloat16', 'train.py:40')\n"

@@ -13,12 +13,12 @@ from nndoctor.checks.distributed import (
     param_changes,
 )
 from nndoctor.checks.stall import CollectiveMismatch
-from nndoctor.distributed.context import parts_dir_for, refuse_launcher, torchrun_rank
-from nndoctor.distributed.merge import merge_parts
-from nndoctor.distributed.parts import read_parts, wait_for_parts, write_part
-from nndoctor.distributed.rank_run import fail_on_given, script_status
-from nndoctor.errors import UsageError
-from nndoctor.findings import Finding, Location, Report, Severity
+from nndoctor.core.findings import Finding, Location, Report, Severity
+from nndoctor.run.distributed.context import parts_dir_for, refuse_launcher, torchrun_rank
+from nndoctor.run.distributed.merge import merge_parts
+from nndoctor.run.distributed.parts import read_parts, wait_for_parts, write_part
+from nndoctor.run.distributed.rank_run import fail_on_given, script_status
+from nndoctor.util.errors import UsageError
 
 
 def _finding(code="O101", line=10, step=3, severity=Severity.ERROR):

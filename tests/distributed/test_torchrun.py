@@ -61,7 +61,7 @@ def test_findings_name_their_ranks_and_do_not_fail_the_ranks(tmp_path):
     assert by_code["X106"]["evidence"]["summed_loss"] > by_code["X106"]["evidence"]["local_loss"]
     assert result.stderr.count("nndoctor · ") == 1
     # What the user reads, word for word (tests/snapshot.py; update with --snapshot-update).
-    from nndoctor.distributed.merge import finding_from_json
+    from nndoctor.run.distributed.merge import finding_from_json
     from tests.snapshot import assert_findings_snapshot
 
     assert_findings_snapshot("distributed/ddp_buggy", [finding_from_json(f) for f in report["findings"]],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.distributed.transport import FolderTransport, StoreTransport, spans_nodes
+from nndoctor.run.distributed.transport import FolderTransport, StoreTransport, spans_nodes
 from tests import childproc
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "distributed"

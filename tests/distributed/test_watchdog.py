@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from nndoctor.watchdog import format_stack
+from nndoctor.run.watchdog import format_stack
 from tests import childproc
 
 PAUSING = textwrap.dedent('''

@@ -11,14 +11,14 @@ import textwrap
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.env.checks import (
+from nndoctor.commands.env.checks import (
     EnvFacts,
     arch_supported,
     diagnose,
     torch_install_command,
 )
-from nndoctor.env.frameworks import FrameworkFacts, library_error_lines, parse_probe_output
-from nndoctor.env.nvidia import (
+from nndoctor.commands.env.frameworks import FrameworkFacts, library_error_lines, parse_probe_output
+from nndoctor.commands.env.nvidia import (
     DriverInfo,
     Gpu,
     GpuProcess,
@@ -26,10 +26,10 @@ from nndoctor.env.nvidia import (
     parse_cuda_version,
     parse_gpu_rows,
 )
-from nndoctor.env.packages import unmet_requirements
-from nndoctor.env.render import cudnn_text
-from nndoctor.env.tf_triton import TfTritonFacts
-from nndoctor.findings import Severity
+from nndoctor.commands.env.packages import unmet_requirements
+from nndoctor.commands.env.render import cudnn_text
+from nndoctor.commands.env.tf_triton import TfTritonFacts
+from nndoctor.core.findings import Severity
 
 H100 = Gpu(index=0, name="NVIDIA H100 80GB HBM3", uuid="GPU-1", memory_total_mib=81559,
            memory_used_mib=10, utilization_percent=0, compute_capability="9.0")
@@ -211,7 +211,7 @@ def test_env_command_gpu_machine_with_cpu_only_torch(tmp_path, monkeypatch, caps
     monkeypatch.setenv("PYTHONPATH", str(fake))
     monkeypatch.setenv("KERAS_BACKEND", "torch")
     # This test is about V102: skip the TensorFlow/triton crash probe (V109, tested in test_tf_triton.py).
-    monkeypatch.setattr("nndoctor.env.collect.read_versions", TfTritonFacts)
+    monkeypatch.setattr("nndoctor.commands.env.collect.read_versions", TfTritonFacts)
     out_json = tmp_path / "env.json"
     status = main(["env", "--dir", str(tmp_path), "--select", "V1", "--json", str(out_json)])
     out = capsys.readouterr().out

@@ -15,11 +15,11 @@ import jsonschema
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.env import collect as collect_module
-from nndoctor.env.checks import EnvFacts
-from nndoctor.env.frameworks import FrameworkFacts
-from nndoctor.env.nvidia import DriverInfo, Gpu
-from nndoctor.env.tf_triton import TfTritonFacts
+from nndoctor.commands.env import collect as collect_module
+from nndoctor.commands.env.checks import EnvFacts
+from nndoctor.commands.env.frameworks import FrameworkFacts
+from nndoctor.commands.env.nvidia import DriverInfo, Gpu
+from nndoctor.commands.env.tf_triton import TfTritonFacts
 
 SCHEMA = Path(__file__).parents[1] / "report" / "schemas" / "sarif-schema-2.1.0.json"
 H100 = Gpu(index=0, name="NVIDIA H100 80GB HBM3", uuid="GPU-1", memory_total_mib=81559,
@@ -37,7 +37,7 @@ def _cpu_torch_on_a_gpu_machine(probe_tf_triton: bool = True) -> EnvFacts:
 def project(tmp_path, monkeypatch):
     """A project folder with a file that shadows the standard library (R102, a warning) and
     constructed facts with a CPU-only PyTorch on a GPU machine (V102, an error)."""
-    monkeypatch.setattr("nndoctor.env.cli.collect", _cpu_torch_on_a_gpu_machine)
+    monkeypatch.setattr("nndoctor.commands.env.cli.collect", _cpu_torch_on_a_gpu_machine)
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "random.py").write_text("x = 1\n")

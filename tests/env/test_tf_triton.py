@@ -10,17 +10,17 @@ from importlib import metadata
 
 import pytest
 
-from nndoctor.env import tf_triton
-from nndoctor.env.checks import EnvFacts, diagnose
-from nndoctor.env.frameworks import FrameworkFacts
-from nndoctor.env.tf_triton import (
+from nndoctor.commands.env import tf_triton
+from nndoctor.commands.env.checks import EnvFacts, diagnose
+from nndoctor.commands.env.frameworks import FrameworkFacts
+from nndoctor.commands.env.tf_triton import (
     GLOBAL_FLAGS_FILE,
     TF_IMPORTED,
     TfTritonFacts,
     finish_probe,
     read_versions,
 )
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 
 
 class _FakeDistribution:

@@ -11,7 +11,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from nndoctor.explain import instrument
+from nndoctor.commands.explain import instrument
 from nndoctor.instrument.patches import Patcher
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.explain.cli import explain_all
+from nndoctor.commands.explain.cli import explain_all
 from tests.explain.record_correct_outputs import (
     OUTPUTS,
     ROOT,

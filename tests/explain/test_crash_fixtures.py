@@ -108,7 +108,7 @@ MEASURED: dict[str, Masks] = {
 
 
 def test_every_cpu_code_has_a_crash_fixture():
-    from nndoctor.registry import all_checks
+    from nndoctor.core.registry import all_checks
 
     gpu_only = {"E108", "E109", "E116", "E120", "E121", "E127"}  # recorded messages / notebook test
     gpu_only |= {"E130", "E132"}  # need several ranks: recorded messages, tests/distributed

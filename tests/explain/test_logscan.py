@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from nndoctor.explain.base import explanations
-from nndoctor.explain.cli import explain_all, explain_text
-from nndoctor.explain.logscan import MIN_ANCHOR_CHARS, anchor, scan
-from nndoctor.explain.pasted import clean
+from nndoctor.commands.explain.base import explanations
+from nndoctor.commands.explain.cli import explain_all, explain_text
+from nndoctor.commands.explain.logscan import MIN_ANCHOR_CHARS, anchor, scan
+from nndoctor.commands.explain.pasted import clean
 from tests.explain.test_pasted_logs import PASTED, read_case
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import io
 
-from nndoctor.explain.cli import explain_text, show
-from nndoctor.findings import Report
+from nndoctor.commands.explain.cli import explain_text, show
+from nndoctor.core.findings import Report
 from nndoctor.report import render_text
 from nndoctor.report.capping import cap_items, cap_lists
 from tests.conftest import run_script

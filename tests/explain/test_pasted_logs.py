@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.explain.cli import explain_text
+from nndoctor.commands.explain.cli import explain_text
 from tests.snapshot import assert_findings_snapshot
 
 PASTED = Path(__file__).parent / "pasted"

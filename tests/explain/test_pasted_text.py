@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from nndoctor.explain.cli import explain_text
-from nndoctor.explain.pasted import clean_line
-from nndoctor.explain.tracetext import parse_crashes
-from nndoctor.explain.wordings import current_wording
+from nndoctor.commands.explain.cli import explain_text
+from nndoctor.commands.explain.pasted import clean_line
+from nndoctor.commands.explain.tracetext import parse_crashes
+from nndoctor.commands.explain.wordings import current_wording
 
 TRACEBACK = [
     "Traceback (most recent call last):",
@@ -157,7 +157,7 @@ def test_reading_a_long_pasted_log_stays_linear(make_log):
 
 
 def test_trimmed_stdlib_paths_are_not_user_code():
-    from nndoctor.user_code import is_user_path
+    from nndoctor.core.user_code import is_user_path
 
     assert not is_user_path("python3.8/threading.py")
     assert not is_user_path("/usr/lib/python3.10/runpy.py")

@@ -6,18 +6,18 @@ import ast
 
 import pytest
 
-from nndoctor.explain.autograd import truth_value_use
-from nndoctor.explain.devices import devices_in_message
-from nndoctor.explain.dtypes import dtype_advice
-from nndoctor.explain.instrument import batch_note
-from nndoctor.explain.memory import (
+from nndoctor.commands.explain.autograd import truth_value_use
+from nndoctor.commands.explain.devices import devices_in_message
+from nndoctor.commands.explain.dtypes import dtype_advice
+from nndoctor.commands.explain.instrument import batch_note
+from nndoctor.commands.explain.memory import (
     memory_accounting,
     memory_breakdown,
     memory_diagnosis,
     memory_facts,
 )
-from nndoctor.explain.samples import indices_from_text
-from nndoctor.explain.shapes import (
+from nndoctor.commands.explain.samples import indices_from_text
+from nndoctor.commands.explain.shapes import (
     batch_size_cause,
     channel_layout,
     last_batch_size,
@@ -25,7 +25,7 @@ from nndoctor.explain.shapes import (
     size_difference_kind,
     target_range_cause,
 )
-from nndoctor.explain.state import parse_state_dict_error, prefix_diagnosis
+from nndoctor.commands.explain.state import parse_state_dict_error, prefix_diagnosis
 
 
 @pytest.mark.parametrize("shape, expected, got, layout", [
@@ -190,7 +190,7 @@ def test_batch_indices_round_trip_through_the_note_text():
     ("ValueError: Unknown optimizer 'sgdd'", None),
 ])
 def test_message_to_code(line, code):
-    from nndoctor.explain.cli import explain_text
+    from nndoctor.commands.explain.cli import explain_text
 
     findings, unexplained = explain_text(line)
     assert [f.code for f in findings] == ([code] if code else [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.explain.cli import explain_text
+from nndoctor.commands.explain.cli import explain_text
 from tests.conftest import FIXTURES
 from tests.snapshot import assert_findings_snapshot
 

@@ -18,7 +18,7 @@ def test_a_crash_inside_the_explanation_machinery_still_shows_the_users_tracebac
     def broken(error, session):
         raise RuntimeError("explainer bug")
 
-    monkeypatch.setattr("nndoctor.explain.runtime.explain_crash", broken)
+    monkeypatch.setattr("nndoctor.commands.explain.runtime.explain_crash", broken)
     report = run_script(CRASH / "E117_one_based_labels.py", select=["E"])
     assert report.status == "crashed"
     assert "IndexError: Target 3 is out of bounds." in report.traceback
@@ -32,7 +32,7 @@ def test_failing_evidence_falls_back_to_the_message_alone(monkeypatch):
     def broken(tensor):
         raise RuntimeError("cannot read the target")
 
-    monkeypatch.setattr("nndoctor.explain.shapes.integer_range", broken)
+    monkeypatch.setattr("nndoctor.commands.explain.shapes.integer_range", broken)
     report = run_script(CRASH / "E117_one_based_labels.py", select=["E"])
     (finding,) = report.by_code("E117")
     assert finding.evidence == {"target": 3} and finding.location.line == 10
@@ -82,7 +82,7 @@ def test_successful_runs_are_unchanged_and_the_fetch_patch_is_undone():
 def test_refetching_samples_leaves_the_random_streams_untouched():
     import random
 
-    from nndoctor.explain.samples import probe_items
+    from nndoctor.commands.explain.samples import probe_items
 
     torch.manual_seed(1)
     random.seed(1)

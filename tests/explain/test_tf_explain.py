@@ -9,15 +9,15 @@ import textwrap
 
 import pytest
 
-from nndoctor.explain.base import explanations, variants_of
-from nndoctor.explain.cli import explain_text
-from nndoctor.explain.keras_input import axis_mismatch, rank_mismatch, shape_mismatch
-from nndoctor.explain.tape_source import analyse
-from nndoctor.explain.tf_errors import tf_label_cause
-from nndoctor.explain.tf_gradients import variable_names_from_message
-from nndoctor.explain.tf_text import layer_from_node, parse_shape
-from nndoctor.explain.tfrecord_parse import verdict
-from nndoctor.registry import get_check
+from nndoctor.commands.explain.base import explanations, variants_of
+from nndoctor.commands.explain.cli import explain_text
+from nndoctor.commands.explain.keras_input import axis_mismatch, rank_mismatch, shape_mismatch
+from nndoctor.commands.explain.tape_source import analyse
+from nndoctor.commands.explain.tf_errors import tf_label_cause
+from nndoctor.commands.explain.tf_gradients import variable_names_from_message
+from nndoctor.commands.explain.tf_text import layer_from_node, parse_shape
+from nndoctor.commands.explain.tfrecord_parse import verdict
+from nndoctor.core.registry import get_check
 
 
 @pytest.mark.parametrize("expected, found, words", [

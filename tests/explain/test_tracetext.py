@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nndoctor.explain.frames import worker_traceback_frames
-from nndoctor.explain.tracetext import bare_error, parse_crashes
+from nndoctor.commands.explain.frames import worker_traceback_frames
+from nndoctor.commands.explain.tracetext import bare_error, parse_crashes
 
 LOG = '''epoch 1 step 10 loss 2.31
 Traceback (most recent call last):

@@ -20,7 +20,7 @@ def main(paths: list[str]) -> None:
 
     # Every fixture imports Keras and TensorFlow: loaded now, to be frozen with the rest (after
     # tests.conftest, which imports torch._dynamo and so triton first: the other order segfaults).
-    for name in ("keras", "tensorflow", "nndoctor.engine", "nndoctor.runner"):
+    for name in ("keras", "tensorflow", "nndoctor.core.engine", "nndoctor.run.runner"):
         importlib.import_module(name)
     freeze_what_is_loaded()  # each run's gc.collect() then walks only what the fixtures made
     results = {}

@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from nndoctor.findings import Finding, Location, Severity
-from nndoctor.fix.codemods import CODEMODS, codemod_for
-from nndoctor.fix.syntax import FixContext, Uncertain
+from nndoctor.commands.fix.codemods import CODEMODS, codemod_for
+from nndoctor.commands.fix.syntax import FixContext, Uncertain
+from nndoctor.core.findings import Finding, Location, Severity
 from tests.conftest import expected_lines
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.fix.codemods import CODEMODS, codemod_for
+from nndoctor.commands.fix.codemods import CODEMODS, codemod_for
 from tests.conftest import BUGGY, FIXTURES, expected_lines
 
 CASES = [(path, code) for folder in (BUGGY, FIXTURES / "keras") for path in sorted(folder.glob("*.py"))

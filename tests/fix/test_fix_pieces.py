@@ -8,9 +8,8 @@ from pathlib import Path
 
 import jsonschema
 
-from nndoctor.findings import Finding, Location, Report, Severity
-from nndoctor.fix.cli import fix_files
-from nndoctor.fix.edit import (
+from nndoctor.commands.fix.cli import fix_files
+from nndoctor.commands.fix.edit import (
     ROLLED_BACK,
     SUGGESTION,
     VERIFIED,
@@ -18,7 +17,8 @@ from nndoctor.fix.edit import (
     hunks_between,
     map_line,
 )
-from nndoctor.fix.plan import plan_edits, refusal
+from nndoctor.commands.fix.plan import plan_edits, refusal
+from nndoctor.core.findings import Finding, Location, Report, Severity
 from nndoctor.report.sarif import sarif_log
 
 SCHEMA = Path(__file__).parents[1] / "report" / "schemas" / "sarif-schema-2.1.0.json"

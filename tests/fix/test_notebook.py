@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.fix.notebook import NotebookScript
+from nndoctor.commands.fix.notebook import NotebookScript
 from tests.conftest import BUGGY
 
 

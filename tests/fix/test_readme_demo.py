@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.demo.cli import SCRIPT
+from nndoctor.commands.demo.cli import SCRIPT
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 from tests.conftest import expected_lines, run_script
 
 PROGRAMS = Path(__file__).parent / "programs"

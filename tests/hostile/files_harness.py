@@ -141,8 +141,8 @@ TIME_LIMIT_S = 30
 _LIMITED_MAIN = r"""
 import contextlib, io, json, resource, sys, time, traceback
 from nndoctor.cli import main
-for module in ("torch", "numpy", "h5py", "safetensors.torch", "PIL.Image", "nndoctor.ckpt.reader",
-               "nndoctor.data.scan", "nndoctor.explain.cli"):
+for module in ("torch", "numpy", "h5py", "safetensors.torch", "PIL.Image", "nndoctor.commands.ckpt.reader",
+               "nndoctor.commands.data.scan", "nndoctor.commands.explain.cli"):
     try:
         __import__(module)
     except ImportError:

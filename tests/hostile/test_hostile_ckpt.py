@@ -115,8 +115,8 @@ def test_every_ckpt_command_exits_1_on_a_code_running_pickle(tmp_path, capsys, c
 
 
 def test_shared_codes_take_the_runtime_checks_metadata():
-    from nndoctor.ckpt.shared_codes import shared_finding
-    from nndoctor.registry import get_check
+    from nndoctor.commands.ckpt.shared_codes import shared_finding
+    from nndoctor.core.registry import get_check
 
     for code in ("C101", "C103", "C104"):
         check = get_check(code)

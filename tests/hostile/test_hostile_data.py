@@ -16,8 +16,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parent))
 import files_harness as h  # noqa: E402
 
-from nndoctor.data.cli import main as data_main  # noqa: E402
-from nndoctor.data.crc32c import masked_crc32c  # noqa: E402
+from nndoctor.commands.data.cli import main as data_main  # noqa: E402
+from nndoctor.commands.data.crc32c import masked_crc32c  # noqa: E402
 
 
 def frame(data: bytes) -> bytes:
@@ -174,7 +174,7 @@ def test_zero_byte_tfrecord_is_reported(tmp_path, capsys):
 
 # -- 10. worker count ------------------------------------------------------------------------
 def test_absurd_worker_count_is_capped_and_said(tmp_path, capsys):
-    from nndoctor.data.scan import available_cpus
+    from nndoctor.commands.data.scan import available_cpus
 
     folder = images(tmp_path / "imgs", count=2)
     code, _out, err, report = run(capsys, tmp_path, folder, "--workers", "100000")
@@ -239,8 +239,8 @@ def test_escape_sequences_in_file_names(tmp_path, capsys):
 def test_readers_refuse_a_fifo_without_blocking(tmp_path, reader):
     import threading
 
-    from nndoctor.data.probe import probe_file
-    from nndoctor.data.tfrecord import scan_tfrecord
+    from nndoctor.commands.data.probe import probe_file
+    from nndoctor.commands.data.tfrecord import scan_tfrecord
 
     fifo = tmp_path / "swapped.tfrecord"
     os.mkfifo(fifo)

@@ -12,9 +12,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import files_harness as h  # noqa: E402
 
-from nndoctor.explain.cli import MAX_CHAINS_ANALYSED, explain_all  # noqa: E402
-from nndoctor.explain.tracetext import parse_crashes  # noqa: E402
-from nndoctor.sanitize import printable  # noqa: E402
+from nndoctor.commands.explain.cli import MAX_CHAINS_ANALYSED, explain_all  # noqa: E402
+from nndoctor.commands.explain.tracetext import parse_crashes  # noqa: E402
+from nndoctor.util.sanitize import printable  # noqa: E402
 
 CHAIN = "\nDuring handling of the above exception, another exception occurred:\n\n"
 ERRORS = [

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from nndoctor import atomic
-from nndoctor.atomic import atomic_write_text, prepare_output_path
 from nndoctor.cli import main
-from nndoctor.errors import UsageError
-from nndoctor.findings import Finding, InternalError, Location, Report, Severity
+from nndoctor.core.findings import Finding, InternalError, Location, Report, Severity
 from nndoctor.report import render_json, render_text, write_json
 from nndoctor.report.terminal import render_to
+from nndoctor.util import atomic
+from nndoctor.util.atomic import atomic_write_text, prepare_output_path
+from nndoctor.util.errors import UsageError
 from tests import childproc
 from tests.conftest import FIXTURES
 
@@ -164,7 +164,7 @@ def test_dev_stdout_redirected_to_a_file_gets_the_report_appended(capfd):
 
 
 def test_dev_stdout_as_a_pipe_receives_the_json():
-    code = ("from nndoctor.findings import Report; from nndoctor.report import write_json; "
+    code = ("from nndoctor.core.findings import Report; from nndoctor.report import write_json; "
             "write_json(Report(command=['piped']), '/dev/stdout')")
     result = childproc.run([sys.executable, "-c", code], timeout=60)
     assert result.returncode == 0, result.stderr
@@ -173,7 +173,7 @@ def test_dev_stdout_as_a_pipe_receives_the_json():
 
 def test_closed_stdout_path_is_an_error_not_a_new_file_in_dev():
     code = ("import os, sys\n"
-            "from nndoctor.findings import Report\nfrom nndoctor.report import write_json\n"
+            "from nndoctor.core.findings import Report\nfrom nndoctor.report import write_json\n"
             "os.close(1)\n"
             "try:\n    write_json(Report(), '/dev/stdout')\n"
             "except OSError as error:\n    print('refused:', error, file=sys.stderr)\n")

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.engine import Session
-from nndoctor.findings import Report
+from nndoctor.core.engine import Session
+from nndoctor.core.findings import Report
+from nndoctor.core.tracebacks import strip_own_frames
 from nndoctor.report import render_json, render_text
-from nndoctor.runner import Target, run_target
-from nndoctor.runner_cli import exit_status
-from nndoctor.tracebacks import strip_own_frames
+from nndoctor.run.cli import exit_status
+from nndoctor.run.runner import Target, run_target
 from tests import childproc
 from tests.conftest import run_script
 
@@ -464,7 +464,7 @@ def test_strip_own_frames_keeps_user_frames_and_messages():
 def test_internal_deadline_bounds_a_stuck_delivery(monkeypatch):
     """A report delivery that hangs (a lock held by the interrupted code) delays the ending by
     at most the deadline, never forever."""
-    from nndoctor import signals
+    from nndoctor.run import signals
 
     monkeypatch.setattr(signals, "DELIVERY_DEADLINE_S", 0.5)
     release = threading.Event()
@@ -481,7 +481,7 @@ def test_terminated_exit_status_is_what_a_shell_shows_for_the_signal():
 
 
 def test_os_exit_delivers_for_the_script_but_not_for_nndoctors_own_code():
-    from nndoctor import signals
+    from nndoctor.run import signals
 
     ended: list[tuple[str, int | None]] = []
     exits: list[int] = []

@@ -1,4 +1,4 @@
-"""nndoctor.lightning.DoctorCallback inside Trainer.fit: catches a planted bug, silent when clean."""
+"""nndoctor.integrations.lightning.DoctorCallback inside Trainer.fit: catches a planted bug, silent when clean."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from nndoctor.findings import Severity  # noqa: E402
-from nndoctor.lightning import DoctorCallback, FindingsReachedFailOn  # noqa: E402
+from nndoctor.core.findings import Severity  # noqa: E402
+from nndoctor.integrations.lightning import DoctorCallback, FindingsReachedFailOn  # noqa: E402
 
 
 class TinyClassifier(L.LightningModule):

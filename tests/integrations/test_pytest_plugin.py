@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nndoctor.pytest_plugin
+import nndoctor.integrations.pytest_plugin
 
 pytest_plugins = ["pytester"]
 
@@ -35,7 +35,7 @@ def train(steps, zero_grad=True):
 def _plugin_args(request) -> list[str]:
     # Installed, the entry point loads the plugin already; from a source tree, name it.
     manager = request.config.pluginmanager
-    return [] if manager.is_registered(nndoctor.pytest_plugin) else ["-p", "nndoctor.pytest_plugin"]
+    return [] if manager.is_registered(nndoctor.integrations.pytest_plugin) else ["-p", "nndoctor.integrations.pytest_plugin"]
 
 
 def test_fixture_and_marker_pass_clean_training_and_fail_planted_bugs(pytester, request):
@@ -84,4 +84,4 @@ def test_unmarked_is_not_watched():
 
 def test_entry_point_is_declared():
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
-    assert '[project.entry-points.pytest11]\nnndoctor = "nndoctor.pytest_plugin"\n' in pyproject
+    assert '[project.entry-points.pytest11]\nnndoctor = "nndoctor.integrations.pytest_plugin"\n' in pyproject

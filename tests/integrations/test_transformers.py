@@ -1,4 +1,4 @@
-"""nndoctor.transformers.DoctorCallback inside 🤗 Trainer.train on a tiny BERT built from its
+"""nndoctor.integrations.transformers.DoctorCallback inside 🤗 Trainer.train on a tiny BERT built from its
 config (nothing downloaded): catches a planted bug, silent on a clean run."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from nndoctor.findings import Severity  # noqa: E402
-from nndoctor.transformers import DoctorCallback  # noqa: E402
+from nndoctor.core.findings import Severity  # noqa: E402
+from nndoctor.integrations.transformers import DoctorCallback  # noqa: E402
 
 
 class SoftmaxLossTrainer(transformers.Trainer):

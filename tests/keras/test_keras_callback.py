@@ -36,9 +36,9 @@ class _AcceleratorScalar:
 
 
 def _fit_observer():
-    from nndoctor.engine import Session
+    from nndoctor.core.engine import Session
+    from nndoctor.core.registry import framework_checks
     from nndoctor.keras.instrument import KerasObserver, _Call
-    from nndoctor.registry import framework_checks
 
     session = Session(select=["N101", "L106"])
     session.add_checks(framework_checks("keras", session.select))  # what KerasObserver.patch does

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from nndoctor.engine import Session
+from nndoctor.core.engine import Session
 from nndoctor.keras import facts as kf
 from nndoctor.keras.checks import (
     DataFormatMismatch,

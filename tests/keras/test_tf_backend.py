@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from nndoctor.findings import Severity
-from nndoctor.probes import KERAS_PROBES, KERAS_SCOPES
-from nndoctor.registry import all_checks, framework_checks
+from nndoctor.core.findings import Severity
+from nndoctor.core.probes import KERAS_PROBES, KERAS_SCOPES
+from nndoctor.core.registry import all_checks, framework_checks
 from tests import childproc
 from tests.conftest import FIXTURES, expected_lines
 

@@ -82,9 +82,9 @@ PROBE_SELECTIONS = ([], ["K101"], ["K105"], ["K109"], ["N101"], ["O104"], ["L106
 
 def installed_probes() -> dict:
     """The Keras/tf.data probes an installation puts in place for each selection (Keras imported)."""
-    from nndoctor.engine import Session
+    from nndoctor.core.engine import Session
+    from nndoctor.core.probes import KERAS_PROBES
     from nndoctor.instrument.extensions import install
-    from nndoctor.probes import KERAS_PROBES
 
     found = {}
     for select in PROBE_SELECTIONS:
@@ -103,7 +103,8 @@ def main() -> None:
     out["backend"] = keras.config.backend()
     import tensorflow  # noqa: F401 - loaded by the Keras backend already; frozen with the rest below
 
-    from nndoctor import engine, runner  # noqa: F401
+    from nndoctor.core import engine  # noqa: F401
+    from nndoctor.run import runner  # noqa: F401
 
     freeze_what_is_loaded()  # each run's gc.collect() then walks only what the fixtures made
     before = patched_attributes()

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.perf import schedule
-from nndoctor.perf.predict import PlanFacts, amdahl, plan, predict, prediction_text
-from nndoctor.perf.render import trial_lines
-from nndoctor.perf.torch.diagnosis import best_point_advice
+from nndoctor.commands.perf import schedule
+from nndoctor.commands.perf.predict import PlanFacts, amdahl, plan, predict, prediction_text
+from nndoctor.commands.perf.render import trial_lines
+from nndoctor.commands.perf.torch.diagnosis import best_point_advice
 from tests import childproc
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -79,7 +79,7 @@ def test_a_batch_sampler_inside_the_loader_makes_batch_size_applicable():
     torch = pytest.importorskip("torch")
     from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-    from nndoctor.perf.torch.recorder import loader_config
+    from nndoctor.commands.perf.torch.recorder import loader_config
 
     dataset = TensorDataset(torch.zeros(64, 3))
     loader = DataLoader(dataset, sampler=BatchSampler(SequentialSampler(dataset), batch_size=32, drop_last=True),
@@ -119,7 +119,7 @@ def test_an_input_bound_gpu_is_idle_but_neither_cuda_graphs_nor_a_larger_batch_c
 def test_the_loader_budget_is_kept_when_it_promises_more_than_every_step_change():
     from types import SimpleNamespace
 
-    from nndoctor.perf.torch.run_trials import _loader_reserve
+    from nndoctor.commands.perf.torch.run_trials import _loader_reserve
 
     config = SimpleNamespace(tries=("amp", "loader"), try_seconds=3.0)
     facts = SimpleNamespace(loader_config={"batch_size": 128, "num_workers": 0, "pin_memory": False})
@@ -310,7 +310,7 @@ def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
 def test_a_re_run_stops_warming_up_once_two_steps_take_the_same_time(monkeypatch):
     from types import SimpleNamespace
 
-    from nndoctor.perf.torch import rerun_child
+    from nndoctor.commands.perf.torch import rerun_child
 
     clock = iter([0.0, 5.0, 5.1, 5.2, 5.3, 5.4, 5.5, 5.6, 5.7, 5.8])  # step 1 compiles, then 100 ms a step
     monkeypatch.setattr(rerun_child.time, "perf_counter", lambda: next(clock))
@@ -327,9 +327,9 @@ def test_a_re_run_stops_warming_up_once_two_steps_take_the_same_time(monkeypatch
 def test_budget_and_try_repeats_can_be_set_in_the_project_configuration(tmp_path):
     import argparse
 
-    from nndoctor.config import apply
-    from nndoctor.errors import UsageError
-    from nndoctor.perf.cli import configure
+    from nndoctor.commands.perf.cli import configure
+    from nndoctor.core.config import apply
+    from nndoctor.util.errors import UsageError
 
     (tmp_path / "pyproject.toml").write_text("[tool.nndoctor]\nbudget = 120\ntry-repeats = 4\n")
     script = tmp_path / "train.py"
@@ -350,9 +350,9 @@ def test_budget_and_try_repeats_can_be_set_in_the_project_configuration(tmp_path
 def test_predictions_stay_labelled_in_findings_and_html(monkeypatch):
     """A change the budget left out: the finding and the HTML report carry its prediction,
     labelled as one, and the command that measures it."""
-    from nndoctor.findings import Report
-    from nndoctor.perf.measured_checks import NoMixedPrecision
-    from nndoctor.perf.torch.diagnosis import _measured_advice
+    from nndoctor.commands.perf.measured_checks import NoMixedPrecision
+    from nndoctor.commands.perf.torch.diagnosis import _measured_advice
+    from nndoctor.core.findings import Report
     from nndoctor.report.html import render_html
 
     prediction = predict("amp", gpu_facts())
@@ -424,7 +424,7 @@ def test_a_re_run_measures_the_data_wait_of_its_window(monkeypatch):
     an input-bound session compares step changes without it (DATA_WAIT_ENV)."""
     from types import SimpleNamespace
 
-    from nndoctor.perf.torch import rerun_child
+    from nndoctor.commands.perf.torch import rerun_child
 
     monkeypatch.setattr(rerun_child, "_sync", lambda: None)
     monkeypatch.setattr(rerun_child, "_peak_memory", lambda: None)

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from nndoctor.perf.render import captured_lines
-from nndoctor.perf.torch import captured_trials
-from nndoctor.perf.torch.diagnosis import captured_step_advice
-from nndoctor.perf.torch.step_trials import CapturedStep
+from nndoctor.commands.perf.render import captured_lines
+from nndoctor.commands.perf.torch import captured_trials
+from nndoctor.commands.perf.torch.diagnosis import captured_step_advice
+from nndoctor.commands.perf.torch.step_trials import CapturedStep
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -128,10 +128,10 @@ def test_winners_the_loader_still_hides_are_advised_as_gains_once_it_keeps_up():
 def test_input_bound_convnet_advice_has_the_loader_and_the_change_faster_on_compute(monkeypatch):
     """Whole perf run (in process): the loop waits for data; channels_last removes 20 ms of a
     22 ms step, autocast adds 10 ms. The advice: the loader and channels_last, never amp."""
-    from nndoctor.perf.config import PerfConfig
-    from nndoctor.perf.session import run_perf
-    from nndoctor.perf.torch.diagnosis import advice
-    from nndoctor.runner import Target
+    from nndoctor.commands.perf.config import PerfConfig
+    from nndoctor.commands.perf.session import run_perf
+    from nndoctor.commands.perf.torch.diagnosis import advice
+    from nndoctor.run.runner import Target
 
     monkeypatch.setattr(captured_trials, "TIMING_S", 0.05)
     lines: list[str] = []
@@ -162,9 +162,9 @@ def test_input_bound_convnet_advice_has_the_loader_and_the_change_faster_on_comp
 def test_an_interruption_during_the_captured_batch_timing_keeps_a_report(monkeypatch):
     """Ctrl-C / SIGTERM while the changes are timed in process: the report still comes, the
     changes say `not measured (interrupted)`, and nothing after them starts."""
-    from nndoctor.perf.config import PerfConfig
-    from nndoctor.perf.session import run_perf
-    from nndoctor.runner import Target
+    from nndoctor.commands.perf.config import PerfConfig
+    from nndoctor.commands.perf.session import run_perf
+    from nndoctor.run.runner import Target
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -182,7 +182,7 @@ def test_an_interruption_during_the_captured_batch_timing_keeps_a_report(monkeyp
 def test_the_end_to_end_step_feeds_loaded_batches_in_the_variants_memory_format():
     """The advised loop converts each batch it loads; a channels_last step fed NCHW batches in the
     end-to-end timing would pay the layout cost the change removes, and hide its gain."""
-    from nndoctor.perf.torch.step_trials import StepRunner
+    from nndoctor.commands.perf.torch.step_trials import StepRunner
 
     seen: list[bool] = []
 
@@ -208,8 +208,8 @@ def test_a_larger_batch_on_an_input_bound_loop_is_judged_with_its_data_wait():
     """On an input-bound loop the re-runs time the step without the data wait; a batch twice as
     large also waits twice as long for data, so samples/s counts the wait (else 2× the batch of a
     loop that only loads would look 2× faster)."""
-    from nndoctor.perf.combine import seconds_per_unit
-    from nndoctor.perf.rerun import summarize_batch_sizes
+    from nndoctor.commands.perf.combine import seconds_per_unit
+    from nndoctor.commands.perf.rerun import summarize_batch_sizes
 
     base = {"seconds_per_step": 0.010, "wall_seconds_per_step": 0.050, "samples_per_step": 8}
     double = {"seconds_per_step": 0.010, "wall_seconds_per_step": 0.110, "samples_per_step": 16,

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.findings import Location, Severity
-from nndoctor.perf import detection
-from nndoctor.perf.config import PerfConfig
-from nndoctor.perf.timeline import StepRecord, summarize
-from nndoctor.perf.torch import diagnosis
-from nndoctor.perf.torch.recorder import LoopFacts
-from nndoctor.perf.torch.result import DeviceInfo, other_gpu_processes
-from nndoctor.perf.torch.result import TorchPerfResult as PerfResult
+from nndoctor.commands.perf import detection
+from nndoctor.commands.perf.config import PerfConfig
+from nndoctor.commands.perf.timeline import StepRecord, summarize
+from nndoctor.commands.perf.torch import diagnosis
+from nndoctor.commands.perf.torch.recorder import LoopFacts
+from nndoctor.commands.perf.torch.result import DeviceInfo, other_gpu_processes
+from nndoctor.commands.perf.torch.result import TorchPerfResult as PerfResult
+from nndoctor.core.findings import Location, Severity
 
 
 def test_data_bound_threshold_and_amdahl_bound():

@@ -3,8 +3,8 @@ are run and how the verdicts and the advice follow from the re-runs' timings."""
 
 from __future__ import annotations
 
-from nndoctor.perf.combine import paying_set, try_combined
-from nndoctor.perf.torch.diagnosis import combined_advice
+from nndoctor.commands.perf.combine import paying_set, try_combined
+from nndoctor.commands.perf.torch.diagnosis import combined_advice
 
 TRIED = ("cuda-graphs", "fused-optimizer", "batch-size")
 
@@ -93,7 +93,7 @@ def test_batches_made_in_the_loop_are_timed_per_step_and_render():
     """A language model drawing its tokens on the device: no DataLoader counts samples, and no
     larger batch is among the changes, so the combined re-runs compare seconds per step (an H100
     run crashed the report on the missing samples before)."""
-    from nndoctor.perf.render import combined_lines
+    from nndoctor.commands.perf.render import combined_lines
 
     def run(changes):
         return {"seconds_per_step": 0.010 if "fused-optimizer" in changes else 0.0125, "samples_per_step": None}

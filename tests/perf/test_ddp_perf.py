@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.perf.predict import NOT_DDP, PlanFacts, predict_ddp
-from nndoctor.perf.torch import ddp_comm, ddp_trials
-from nndoctor.perf.trials import DDP_TRIALS, parse_tries
+from nndoctor.commands.perf.predict import NOT_DDP, PlanFacts, predict_ddp
+from nndoctor.commands.perf.torch import ddp_comm, ddp_trials
+from nndoctor.commands.perf.trials import DDP_TRIALS, parse_tries
 from tests import childproc
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -59,7 +59,7 @@ def test_gloo_all_reduce_found_in_a_real_profile(one_rank_group):
     from torch.nn.parallel import DistributedDataParallel
     from torch.profiler import ProfilerActivity, profile
 
-    from nndoctor.perf.torch.kernel_timeline import STEP_MARK
+    from nndoctor.commands.perf.torch.kernel_timeline import STEP_MARK
 
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 4)))
     x = torch.randn(8, 32)
@@ -81,7 +81,7 @@ def test_gloo_all_reduce_found_in_a_real_profile(one_rank_group):
 
 
 def test_profiled_ddp_steps_end_two_steps_before_the_window():
-    from nndoctor.perf.torch.recorder import profile_start
+    from nndoctor.commands.perf.torch.recorder import profile_start
 
     assert profile_start(8, ddp=True) == 3  # steps 4-6 profiled, 7 and 8 settle, the window from 9
     assert profile_start(5, ddp=True) == 2  # too short to settle: profiled up to the window, as on one GPU
@@ -185,7 +185,7 @@ class _FakeStore:
 
 
 def test_followers_rerun_what_rank_0_publishes_until_done():
-    from nndoctor.distributed.context import RankInfo
+    from nndoctor.run.distributed.context import RankInfo
 
     store = _FakeStore()
     leader = ddp_trials.RankChannel(RankInfo(0, 2, 0, "r"), store)
@@ -208,7 +208,7 @@ def test_followers_rerun_what_rank_0_publishes_until_done():
 
 
 def test_rank_0_publishes_a_deadline_within_the_budget_and_counts_a_silent_rank_as_failed(monkeypatch):
-    from nndoctor.distributed.context import RankInfo
+    from nndoctor.run.distributed.context import RankInfo
 
     store = _FakeStore()
     leader = ddp_trials.RankChannel(RankInfo(0, 2, 0, "r"), store)
@@ -299,7 +299,7 @@ def test_cuda_kernels_that_run_after_the_hosts_last_step_still_count():
 def test_a_paying_bucket_cap_is_advised_with_the_cap_it_measured():
     from types import SimpleNamespace
 
-    from nndoctor.perf.torch.diagnosis import advice
+    from nndoctor.commands.perf.torch.diagnosis import advice
 
     trials = {"ddp-bucket-cap": {"speedup": 1.2, "pays_off": True, "noise": 0.01,
                                  "predicted": {"kind": "prediction", "bound": 1.5, "bucket_cap_mb": 50.0}},
@@ -313,7 +313,7 @@ def test_the_profiled_steps_are_read_only_when_analysed(one_rank_group):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from nndoctor.perf.torch.kernel_timeline import KernelProfiler
+    from nndoctor.commands.perf.torch.kernel_timeline import KernelProfiler
 
     model = DistributedDataParallel(torch.nn.Linear(16, 4))
     x = torch.randn(4, 16)
@@ -330,7 +330,7 @@ def test_the_profiled_steps_are_read_only_when_analysed(one_rank_group):
 
 
 def test_without_torchruns_store_the_channel_says_why(monkeypatch):
-    from nndoctor.distributed.context import RankInfo
+    from nndoctor.run.distributed.context import RankInfo
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(ddp_trials.free_port()))  # nothing listens there

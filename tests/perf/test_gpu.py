@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nndoctor.findings import Severity
-from nndoctor.perf.config import PerfConfig
-from nndoctor.perf.session import run_perf
-from nndoctor.perf.torch.diagnosis import diagnose
-from nndoctor.runner import Target
+from nndoctor.commands.perf.config import PerfConfig
+from nndoctor.commands.perf.session import run_perf
+from nndoctor.commands.perf.torch.diagnosis import diagnose
+from nndoctor.core.findings import Severity
+from nndoctor.run.runner import Target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -85,7 +85,7 @@ def test_an_input_bound_loop_times_the_step_changes_on_the_captured_batch_on_cud
     """Issue 29: the GPU waits for a sleepy loader; amp, channels_last, cudnn-benchmark and tf32
     are timed in process on the captured batch (not re-run), the global flags are restored, and
     the advice follows the captured verdicts and their end-to-end confirmation."""
-    from nndoctor.perf.torch.diagnosis import advice
+    from nndoctor.commands.perf.torch.diagnosis import advice
 
     flags = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32)
     config = PerfConfig(warmup=2, steps=6, tries=("loader", "amp", "channels_last", "cudnn-benchmark", "tf32"),

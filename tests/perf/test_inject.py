@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nndoctor.engine import Session  # noqa: E402
-from nndoctor.perf.torch.inject import ChangeInjector  # noqa: E402
+from nndoctor.commands.perf.torch.inject import ChangeInjector  # noqa: E402
+from nndoctor.core.engine import Session  # noqa: E402
 
 
 def _first_training_forward(injector: ChangeInjector, module: torch.nn.Module) -> None:
@@ -72,7 +72,7 @@ def test_sdpa_with_compile_is_one_compilation_that_rewrites_the_attention(monkey
     """A module compiled inside an outer torch.compile is inlined and its own backend never
     runs: with compile (or CUDA graphs) the root is compiled once by the SDPA-rewriting backend,
     which hands the rewritten graph to Inductor."""
-    from nndoctor.perf.torch.sdpa import SdpaRewriter
+    from nndoctor.commands.perf.torch.sdpa import SdpaRewriter
 
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda function, mode=None, backend=None: compiled.append(backend) or function)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from nndoctor.perf.classify import classify_step
-from nndoctor.perf.torch.kernel_timeline import KernelProfiler, idle_breakdown, merge
+from nndoctor.commands.perf.classify import classify_step
+from nndoctor.commands.perf.torch.kernel_timeline import KernelProfiler, idle_breakdown, merge
 
 
 def test_overlapping_kernels_count_once():

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nndoctor.engine import Session
-from nndoctor.perf.config import PerfConfig
-from nndoctor.perf.session import run_perf
-from nndoctor.perf.torch.diagnosis import diagnose
-from nndoctor.runner import Target
+from nndoctor.commands.perf.config import PerfConfig
+from nndoctor.commands.perf.session import run_perf
+from nndoctor.commands.perf.torch.diagnosis import diagnose
+from nndoctor.core.engine import Session
+from nndoctor.run.runner import Target
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.perf.classify import classify_step, order_advice
-from nndoctor.perf.config import PerfConfig
-from nndoctor.perf.rerun import try_changes, window_steps
-from nndoctor.perf.session import run_perf
-from nndoctor.runner import Target
+from nndoctor.commands.perf.classify import classify_step, order_advice
+from nndoctor.commands.perf.config import PerfConfig
+from nndoctor.commands.perf.rerun import try_changes, window_steps
+from nndoctor.commands.perf.session import run_perf
+from nndoctor.run.runner import Target
 from tests.conftest import CORRECT
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -89,8 +89,8 @@ def test_a_script_ending_inside_a_lengthened_window_is_timed_over_the_steps_it_r
 
 
 def test_finding_says_why_a_requested_trial_could_not_measure(monkeypatch):
-    from nndoctor.perf import measured_checks
-    from nndoctor.perf.torch import diagnosis
+    from nndoctor.commands.perf import measured_checks
+    from nndoctor.commands.perf.torch import diagnosis
 
     trials = {"amp": {"error": "RuntimeError: boom (the script with --try amp injected)"}}
     finding = diagnosis._measured_advice(measured_checks.NoMixedPrecision, trials, "amp", "float32 training", None, {})

@@ -11,12 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nndoctor.perf.render import trial_lines
-from nndoctor.perf.rerun import summarize_batch_sizes, try_changes
-from nndoctor.perf.torch.diagnosis import batch_size_advice
-from nndoctor.perf.torch.sdpa import AttentionTracer, _microbenchmark, outputs_agree, rewrite
-from nndoctor.perf.trials import parse_tries
-from nndoctor.runner import Target
+from nndoctor.commands.perf.render import trial_lines
+from nndoctor.commands.perf.rerun import summarize_batch_sizes, try_changes
+from nndoctor.commands.perf.torch.diagnosis import batch_size_advice
+from nndoctor.commands.perf.torch.sdpa import (
+    AttentionTracer,
+    _microbenchmark,
+    outputs_agree,
+    rewrite,
+)
+from nndoctor.commands.perf.trials import parse_tries
+from nndoctor.run.runner import Target
 
 SCRIPTS = Path(__file__).parent / "scripts"
 T, D = 8, 16

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.perf.render import breakdown_lines, trial_lines
-from nndoctor.perf.tf.diagnosis import classify_tf, tf_breakdown
-from nndoctor.perf.tf.trials import split_tries
-from nndoctor.perf.timeline import StepRecord
-from nndoctor.perf.trials import parse_tries
+from nndoctor.commands.perf.render import breakdown_lines, trial_lines
+from nndoctor.commands.perf.tf.diagnosis import classify_tf, tf_breakdown
+from nndoctor.commands.perf.tf.trials import split_tries
+from nndoctor.commands.perf.timeline import StepRecord
+from nndoctor.commands.perf.trials import parse_tries
 from tests import childproc
 from tests.conftest import FIXTURES
 

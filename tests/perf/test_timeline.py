@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.perf.timeline import (
+from nndoctor.commands.perf.timeline import (
     StepRecord,
     amdahl_speedup,
     relative_noise,

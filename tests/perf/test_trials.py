@@ -8,15 +8,15 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
-from nndoctor.perf.torch.loader_trials import (
+from nndoctor.commands.perf.torch.loader_trials import (
     confirm_candidates,
     loader_grid,
     step_batch,
     summarize_loader,
     try_loader,
 )
-from nndoctor.perf.torch.step_trials import CapturedStep
-from nndoctor.perf.trials import parse_tries
+from nndoctor.commands.perf.torch.step_trials import CapturedStep
+from nndoctor.commands.perf.trials import parse_tries
 
 
 def test_parse_tries():
@@ -45,7 +45,7 @@ def test_summarize_loader_picks_best_and_measures_against_current():
 def test_time_loader_skips_prefetched_batches_and_copies_to_the_device():
     from torch.utils.data import DataLoader, TensorDataset
 
-    from nndoctor.perf.torch.loader_trials import time_loader
+    from nndoctor.commands.perf.torch.loader_trials import time_loader
 
     loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.arange(64)), batch_size=8)
     result = time_loader(loader, {"num_workers": 0, "pin_memory": False, "prefetch_factor": None},
@@ -60,7 +60,7 @@ def test_time_loader_skips_prefetched_batches_and_copies_to_the_device():
 
 
 def test_timing_window_takes_one_epoch_only_when_affordable():
-    from nndoctor.perf.torch.loader_trials import TimingWindow
+    from nndoctor.commands.perf.torch.loader_trials import TimingWindow
 
     short = TimingWindow(per_epoch=40, seconds=1.0, fallback=30, min_count=5)
     assert not short.done(30, 0.8) and not short.done(39, 1.5)  # past the fallback, epoch affordable
@@ -161,7 +161,7 @@ def test_end_to_end_confirmation_advises_workers_and_leaves_the_user_alone():
 
 
 def test_step_runner_combines_variants_for_the_loader_confirmation():
-    from nndoctor.perf.torch.step_trials import StepRunner
+    from nndoctor.commands.perf.torch.step_trials import StepRunner
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -180,7 +180,7 @@ def test_a_step_change_hidden_by_the_data_wait_is_timed_end_to_end_at_the_best_l
     loader's best setting its gain shows end to end, and the advice takes it, measured that way."""
     from types import SimpleNamespace
 
-    from nndoctor.perf.torch import captured_trials, loader_trials
+    from nndoctor.commands.perf.torch import captured_trials, loader_trials
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nndoctor.perf import warm_launcher
-from nndoctor.perf.rerun import _launch
+from nndoctor.commands.perf import warm_launcher
+from nndoctor.commands.perf.rerun import _launch
 
 pytestmark = [pytest.mark.skipif(not hasattr(os, "fork"), reason="forks"),
               pytest.mark.slow]  # the helper imports torch: seconds
@@ -77,7 +77,7 @@ def test_disabled_or_unknown_children_run_in_a_fresh_process(tmp_path, monkeypat
     assert not warm_launcher.enabled(CHILD)  # only the torch re-run child is forked
     monkeypatch.setenv("NNDOCTOR_TRY_WARM", "0")
     monkeypatch.setenv("PYTHONPATH", _env_with_tests()["PYTHONPATH"])
-    assert not warm_launcher.enabled("nndoctor.perf.torch.rerun_child")
+    assert not warm_launcher.enabled("nndoctor.commands.perf.torch.rerun_child")
     out, log = tmp_path / "out.json", tmp_path / "log.txt"
     code = _launch([sys.executable, "-m", CHILD, "return", str(out)], CHILD, str(tmp_path), str(log))
     assert code == 5 and json.loads(out.read_text())["torch_loaded"] is False

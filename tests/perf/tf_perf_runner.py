@@ -5,7 +5,7 @@ findings, and whether torch got imported.
 
 The ``--try`` re-runs of the scenarios in ``IN_PROCESS`` run ``perf.tf.rerun_child``'s ``main`` in this
 process (the same arguments, in the working directory the child would get) instead of a fresh
-``python -m nndoctor.perf.tf.rerun_child`` each: a fresh one imports TensorFlow again, ~6 CPU-s
+``python -m nndoctor.commands.perf.tf.rerun_child`` each: a fresh one imports TensorFlow again, ~6 CPU-s
 per re-run. Only compute_bound's: what its test checks (mixed precision injected, the loss
 within its tolerance, a speed-up computed) is the re-run's, not its process's. input_bound's
 re-runs stay real processes: its test checks a measured speed-up, and in one process the
@@ -59,7 +59,7 @@ def main() -> None:
     wanted = sys.argv[2:] or list(SCENARIOS)
     sys.meta_path.insert(0, BlockTorch())
     from nndoctor.cli import main as cli
-    from nndoctor.perf import rerun
+    from nndoctor.commands.perf import rerun
 
     folder = tempfile.mkdtemp(prefix="nndoctor-tfperf-")
     results = {}

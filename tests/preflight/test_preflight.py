@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from nndoctor.cli import main
-from nndoctor.engine import Session
-from nndoctor.findings import Severity
-from nndoctor.preflight.probe import attach
-from nndoctor.runner import Target, run_target
+from nndoctor.commands.preflight.probe import attach
+from nndoctor.core.engine import Session
+from nndoctor.core.findings import Severity
+from nndoctor.run.runner import Target, run_target
 from tests.conftest import CORRECT, FIXTURES, correct_programs, expected_lines
 from tests.snapshot import assert_findings_snapshot
 

@@ -28,9 +28,9 @@ TRAIN = textwrap.dedent('''\
 @pytest.fixture(scope="module")
 def observed_report(tmp_path_factory):
     """Report of a run with a planted bug (missing zero_grad) and its recorded history."""
-    from nndoctor.engine import Session
-    from nndoctor.history import attach
-    from nndoctor.runner import Target, run_target
+    from nndoctor.core.engine import Session
+    from nndoctor.run.history import attach
+    from nndoctor.run.runner import Target, run_target
 
     folder = tmp_path_factory.mktemp("observed")
     script = folder / "train.py"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from nndoctor.cli import main
-from nndoctor.findings import Finding, Location, Report, Severity
+from nndoctor.core.findings import Finding, Location, Report, Severity
 
 
 def test_checks_json_and_full_names_when_piped(capsys):
@@ -55,13 +55,13 @@ def test_every_command_takes_quiet_and_the_output_options(command, capsys):
 
 
 def test_demo_names_its_script_as_users_know_it():
-    from nndoctor.demo.cli import SCRIPT, SHOWN_PATH, show_bundled_paths
+    from nndoctor.commands.demo.cli import SCRIPT, SHOWN_PATH, show_bundled_paths
 
     report = Report()
     report.add(Finding(code="D101", name="unnormalized-input", severity=Severity.ERROR, message="m",
                        fix="f", location=Location(SCRIPT, 73)))
     show_bundled_paths(report)
-    assert str(report.findings[0].location) == f"{SHOWN_PATH}:73" == "nndoctor/demo/buggy_train.py:73"
+    assert str(report.findings[0].location) == f"{SHOWN_PATH}:73" == "nndoctor/commands/demo/buggy_train.py:73"
 
 
 def test_wrapped_lines_keep_a_hanging_indent_and_whole_words():

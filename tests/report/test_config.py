@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from nndoctor.cli import add_common_options
-from nndoctor.config import apply, find_config, load_config
-from nndoctor.errors import UsageError
+from nndoctor.core.config import apply, find_config, load_config
+from nndoctor.util.errors import UsageError
 
 
 def _args(argv: list[str]) -> argparse.Namespace:

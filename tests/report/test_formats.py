@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from nndoctor.findings import Finding, Location, Report, Severity, Suppressed
+from nndoctor.core.findings import Finding, Location, Report, Severity, Suppressed
 from nndoctor.report.concise import render_concise
 from nndoctor.report.github import github_line, render_github
 from nndoctor.report.sarif import sarif_log

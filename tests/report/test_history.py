@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nndoctor.history import MAX_LAYERS, LayerSeries, Series
+from nndoctor.run.history import MAX_LAYERS, LayerSeries, Series
 from tests.conftest import FIXTURES
 
 
@@ -34,9 +34,9 @@ SCRIPT = FIXTURES / "scripts" / "observer_training.py"
 
 def test_recording_history_leaves_training_bit_identical(tmp_path):
     torch = pytest.importorskip("torch")
-    from nndoctor.engine import Session
-    from nndoctor.history import attach
-    from nndoctor.runner import Target, run_target
+    from nndoctor.core.engine import Session
+    from nndoctor.run.history import attach
+    from nndoctor.run.runner import Target, run_target
 
     plain, doctored = tmp_path / "plain.pt", tmp_path / "doctored.pt"
     saved = sys.argv[:]

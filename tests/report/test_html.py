@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from nndoctor.findings import Finding, Location, Report, Severity
+from nndoctor.core.findings import Finding, Location, Report, Severity
 from nndoctor.report.html import render_html, write_html
 
 

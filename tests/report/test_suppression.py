@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from nndoctor.findings import Finding, Location, Report, Severity
+from nndoctor.core.findings import Finding, Location, Report, Severity
+from nndoctor.core.suppression import apply_suppressions, directives_in_source
 from nndoctor.report import render_text
-from nndoctor.suppression import apply_suppressions, directives_in_source
 
 
 def _finding(code: str, name: str, path: str, line: int) -> Finding:

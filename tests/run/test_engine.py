@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 
 import nndoctor
-from nndoctor.engine import Session
-from nndoctor.events import StepStart
-from nndoctor.findings import Severity
-from nndoctor.registry import Check
+from nndoctor.core.engine import Session
+from nndoctor.core.events import StepStart
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check
 from tests.conftest import FIXTURES, run_script
 
 
@@ -89,7 +89,7 @@ class _Exploding(Check):
 
 
 def test_a_failing_check_is_an_internal_error_not_a_crash():
-    from nndoctor.runner import Target, run_target
+    from nndoctor.run.runner import Target, run_target
 
     report = run_target(Target(str(FIXTURES / "scripts" / "long_training.py"), []),
                         Session(checks=[_Exploding], max_steps=20))

@@ -9,19 +9,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nndoctor.crash_context import CRASH_CONTEXT, crash_context
-from nndoctor.engine import Session
+from nndoctor.commands.perf.backend import PerfRun
+from nndoctor.commands.perf.config import PerfConfig
+from nndoctor.commands.perf.session import PerfSession
+from nndoctor.commands.perf.torch.recorder import PerfRecorder
+from nndoctor.core.engine import Session
+from nndoctor.core.probes import KERAS_PROBES, KERAS_SCOPES, PROBES
+from nndoctor.core.registry import Check, all_checks, framework_checks, register
+from nndoctor.core.stash import Stash, StashKey
 from nndoctor.instrument.dropout_probe import DROPOUT_RECORDS
 from nndoctor.instrument.extensions import install, plain_features, torch_features
 from nndoctor.instrument.inputs_probe import TARGET_RANGES, target_range_records
 from nndoctor.instrument.numerics_probe import PROBE_STATE, probe_state
-from nndoctor.perf.backend import PerfRun
-from nndoctor.perf.config import PerfConfig
-from nndoctor.perf.session import PerfSession
-from nndoctor.perf.torch.recorder import PerfRecorder
-from nndoctor.probes import KERAS_PROBES, KERAS_SCOPES, PROBES
-from nndoctor.registry import Check, all_checks, framework_checks, register
-from nndoctor.stash import Stash, StashKey
+from nndoctor.run.crash_context import CRASH_CONTEXT, crash_context
 
 _ITEM = torch.Tensor.item
 EVENT_PATCHES = {entry.name for entry in torch_features() + plain_features() if entry.events}
@@ -300,8 +300,8 @@ def test_a_later_session_starts_with_empty_records():
 def test_a_tensorflow_rerun_session_installs_no_torch_hook():
     """A TensorFlow ``perf --try`` re-run times Keras/TF steps only: it installs what a run
     without torch installs, and leaves torch's functions untouched."""
+    from nndoctor.commands.perf.tf.inject import TfRerunSession
     from nndoctor.instrument.plain import PlainInstallation
-    from nndoctor.perf.tf.inject import TfRerunSession
 
     before = (F.cross_entropy, torch.optim.Optimizer.step, torch.Tensor.item)
     installation = install(TfRerunSession(checks=[]))

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from nndoctor.engine import Session
-from nndoctor.errors import UsageError
-from nndoctor.runner import Target, run_target
-from nndoctor.runner_cli import exit_status
+from nndoctor.core.engine import Session
+from nndoctor.run.cli import exit_status
+from nndoctor.run.runner import Target, run_target
+from nndoctor.util.errors import UsageError
 from tests.conftest import FIXTURES, run_script
 
 SCRIPTS = FIXTURES / "scripts"
@@ -93,7 +93,7 @@ def test_missing_module_is_a_usage_error():
 
 
 def test_fail_on_threshold_decides_the_exit_status():
-    from nndoctor.findings import Severity
+    from nndoctor.core.findings import Severity
 
     report = run_script(FIXTURES / "buggy" / "O103_step_without_backward.py", select=["O103"])
     assert report.worst() == Severity.WARNING

@@ -22,7 +22,7 @@ def test_every_phase_of_layerwise_training_is_counted():
 
 
 def test_a_new_optimizer_is_sampled_from_its_first_step():
-    from nndoctor.engine import Session
+    from nndoctor.core.engine import Session
 
     class Opt:  # stand-ins: only identity matters to the counters
         pass

@@ -11,14 +11,11 @@ from collections import Counter
 import torch
 import torch.nn as nn
 
-from nndoctor import events as ev
-from nndoctor.engine import Session
-from nndoctor.events import Forward, StepEnd
-from nndoctor.history import HistoryRecorder
-from nndoctor.instrument.extensions import install
-from nndoctor.registry import all_checks
-from nndoctor.run_end import finish
-from nndoctor.subscribers import (
+from nndoctor.core import events as ev
+from nndoctor.core.engine import Session
+from nndoctor.core.events import Forward, StepEnd
+from nndoctor.core.registry import all_checks
+from nndoctor.core.subscribers import (
     LOSS_FORWARD,
     handler_names,
     is_model_forwards_only,
@@ -26,6 +23,9 @@ from nndoctor.subscribers import (
     model_forwards_only,
     sampled_only,
 )
+from nndoctor.instrument.extensions import install
+from nndoctor.run.end import finish
+from nndoctor.run.history import HistoryRecorder
 
 
 def _returns_when_unsampled(test: ast.expr) -> bool:
@@ -281,7 +281,7 @@ def test_every_check_on_leaves_torch_s_fast_path_to_every_module_call():
 def test_an_exception_caught_inside_a_forward_on_an_unsampled_step_keeps_the_stack_exact():
     """The wrapper's exception path pops what the failing call pushed, and records the crash
     context of the innermost module once."""
-    from nndoctor.crash_context import crash_context
+    from nndoctor.run.crash_context import crash_context
 
     class Fallback(nn.Module):
         def __init__(self) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import sys
 
-from nndoctor.user_code import INTERNAL, USER, is_tool_file, is_user_path, rank_filename
+from nndoctor.core.user_code import INTERNAL, USER, is_tool_file, is_user_path, rank_filename
 
 
 def test_the_launcher_frame_is_skipped_for_the_users_frame_above(tmp_path):
     launcher = tmp_path / "somewhere" / "bin" / "nndoctor"   # pipx, --user, a wrapper folder
-    code = compile("from nndoctor.user_code import user_location\nfound = user_location()\n", str(launcher), "exec")
+    code = compile("from nndoctor.core.user_code import user_location\nfound = user_location()\n", str(launcher), "exec")
     namespace: dict = {}
     exec(code, namespace)
     found = namespace["found"]

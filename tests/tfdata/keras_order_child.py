@@ -68,7 +68,7 @@ def train(case: dict) -> tuple[list[int], list[np.ndarray], keras.Model]:
 
 
 def main() -> None:
-    from nndoctor.engine import Session
+    from nndoctor.core.engine import Session
     from nndoctor.instrument.extensions import install
     from nndoctor.tfdata import instrument as tfdata_instrument
 

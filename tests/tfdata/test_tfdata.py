@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 from nndoctor.tfdata.labels import batch_summary, ordered_evidence
 from nndoctor.tfdata.timing import FetchClock
 from tests.conftest import FIXTURES, expected_lines, run_script
@@ -106,7 +106,7 @@ def test_pipeline_stages_are_read_without_iterating():
 
 
 def test_every_tfdata_check_has_a_buggy_fixture():
-    from nndoctor.registry import all_checks
+    from nndoctor.core.registry import all_checks
 
     marked = {code for path in BUGGY for code in expected_lines(path)}
     assert {c.code for c in all_checks("tfdata")} == {"K106", "K107"} <= marked

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from nndoctor.dtensor import local_tensor
+from nndoctor.util.dtensor import local_tensor
 
 
 def optimizer_params(optimizer: Any) -> list[torch.Tensor]:

@@ -6,8 +6,8 @@ import linecache
 import re
 from typing import Any
 
-from nndoctor.findings import Location
-from nndoctor.user_code import display_path
+from nndoctor.core.findings import Location
+from nndoctor.core.user_code import display_path
 
 
 def attribute_definition(root: Any, qualified_name: str) -> Location | None:

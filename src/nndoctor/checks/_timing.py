@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nndoctor.findings import Severity
+from nndoctor.core.findings import Severity
 
 MARGIN = 1.5
 

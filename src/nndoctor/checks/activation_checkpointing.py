@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from nndoctor.events import ActivationCheckpoint
-from nndoctor.findings import Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.events import ActivationCheckpoint
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
 
 
 @register

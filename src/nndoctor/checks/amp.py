@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from nndoctor.checks._params import named_params_of, optimizer_params
-from nndoctor.events import GradClip, ScalerStep
-from nndoctor.findings import Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.events import GradClip, ScalerStep
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
 
 
 def _scale_value(scaler: Any) -> float | None:

@@ -10,12 +10,12 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
-from nndoctor.events import ModuleOutput, StepEnd
-from nndoctor.findings import Severity
+from nndoctor.core.events import ModuleOutput, StepEnd
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 from nndoctor.instrument.numerics_probe import construction_site
 from nndoctor.instrument.stats import first_tensor
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
 
 
 @register

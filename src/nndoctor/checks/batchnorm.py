@@ -10,12 +10,12 @@ from typing import Any
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from nndoctor.events import ModuleOutput, StepStart
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import ModuleOutput, StepStart
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 from nndoctor.instrument.numerics_probe import construction_site
 from nndoctor.instrument.stats import first_plain_tensor
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
 
 
 def momentum_verdict(momentum: float | None) -> Severity | None:

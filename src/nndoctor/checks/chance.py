@@ -1,5 +1,5 @@
 """Classification that never leaves chance level: L108 loss-at-chance (the rule is
-``nndoctor.chance_level``, shared with Keras)."""
+``nndoctor.core.rules.chance_level``, shared with Keras)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import operator
 
 import torch
 
-from nndoctor.chance_level import (
+from nndoctor.checks._chance_ledger import BatchLedger
+from nndoctor.core.events import BatchFetched, EpochStart, LossComputed, RunEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.rules.chance_level import (
     BatchOutcome,
     Evaluation,
     at_chance,
@@ -17,11 +21,7 @@ from nndoctor.chance_level import (
     undecidable,
     with_held_out,
 )
-from nndoctor.checks._chance_ledger import BatchLedger
-from nndoctor.events import BatchFetched, EpochStart, LossComputed, RunEnd
-from nndoctor.findings import Location, Severity
 from nndoctor.instrument.stats import has_plain_values
-from nndoctor.registry import Check, register
 
 # Vocabulary-sized targets (language models) are left out: the per-step argmax over a
 # vocabulary is not free, and next-token targets are no "labels" that can be shuffled.

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from nndoctor.events import CheckpointSave, StateDictLoad
-from nndoctor.findings import Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.events import CheckpointSave, StateDictLoad
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 

@@ -15,11 +15,11 @@ from nndoctor.checks.compile_records import (
     guard_failure_counts,
     recompilations_since,
 )
-from nndoctor.events import RunEnd, StepEnd
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import RunEnd, StepEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.user_code import display_path
 from nndoctor.instrument.training_probe import compile_log
-from nndoctor.registry import Check, register
-from nndoctor.user_code import display_path
 
 
 @dataclass

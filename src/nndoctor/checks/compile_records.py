@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from nndoctor.findings import Location
-from nndoctor.user_code import display_path, is_user_path
+from nndoctor.core.findings import Location
+from nndoctor.core.user_code import display_path, is_user_path
 
 # "2/3: lr == 0.025     # return model(x)*lr  # train.py:16 in scaled\nUser stack trace: ..."
 _ENTRY = re.compile(r"^\s*\d+/(\d+): (.*)$")

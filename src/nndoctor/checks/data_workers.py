@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from nndoctor.events import BatchFetched, EpochStart
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import BatchFetched, EpochStart
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.user_code import display_path
 from nndoctor.instrument.stats import first_tensor
-from nndoctor.registry import Check, register
-from nndoctor.user_code import display_path
 
 
 def batch_fingerprint(batch: Any) -> bytes | None:

@@ -8,9 +8,9 @@ import time
 
 import torch
 
-from nndoctor.events import DebugModeSet, RunEnd, StepEnd
-from nndoctor.findings import Location, Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.events import DebugModeSet, RunEnd, StepEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
 
 
 def step_time_comparison(on: list[tuple[bool, float]], off: list[tuple[bool, float]]) -> tuple[float, float] | None:

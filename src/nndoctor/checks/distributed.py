@@ -18,10 +18,10 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from nndoctor.distributed.parts import rank_data
-from nndoctor.findings import Finding, Location, Severity
-from nndoctor.registry import Check, all_checks, is_enabled, register
-from nndoctor.subscribers import model_forwards_only, sampled_only
+from nndoctor.core.findings import Finding, Location, Severity
+from nndoctor.core.registry import Check, all_checks, is_enabled, register
+from nndoctor.core.subscribers import model_forwards_only, sampled_only
+from nndoctor.run.distributed.parts import rank_data
 
 _MAX_RECORDED_BATCHES = 64
 _MAX_RECORDED_STEPS = 32
@@ -1028,7 +1028,7 @@ class RankDied(CrossRankCheck):
 
     @classmethod
     def compare(cls, parts: list[dict[str, Any]]) -> list[Finding]:
-        from nndoctor.distributed.positions import describe_position, location_of
+        from nndoctor.run.distributed.positions import describe_position, location_of
 
         found = []
         several_hosts = len({p.get("host") for p in parts}) > 1

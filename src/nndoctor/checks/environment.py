@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from nndoctor.checks._timing import share_in_halves, timing_severity
-from nndoctor.events import CheckpointLoad, CheckpointSave, Forward, RunEnd, StepStart
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import CheckpointLoad, CheckpointSave, Forward, RunEnd, StepStart
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.user_code import display_path
 from nndoctor.instrument.numerics_probe import probe_state
-from nndoctor.registry import Check, register
-from nndoctor.user_code import display_path
 
 
 # -- R101 ----------------------------------------------------------------------------------------

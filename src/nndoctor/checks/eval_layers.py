@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from nndoctor.events import Forward
-from nndoctor.findings import Severity
+from nndoctor.core.events import Forward
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import model_forwards_only
 from nndoctor.instrument.dropout_probe import dropout_records
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only
 
 # The stored power-iteration estimate is stale when it is below this share of the true
 # largest singular value: the normalised weight is then ≥ 1.25× too large.

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from nndoctor.events import Backward, EpochStart, Forward, LossComputed, ModeChange, RunEnd
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import Backward, EpochStart, Forward, LossComputed, ModeChange, RunEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import model_forwards_only
 from nndoctor.instrument.stats import first_tensor
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only
 
 
 @register

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from nndoctor.events import ModeChange, ModuleOutput
-from nndoctor.findings import Location, Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.events import ModeChange, ModuleOutput
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
 
 
 def batchnorm_is_frozen(bn: _BatchNorm, trained_ids: dict[int, Any]) -> bool:

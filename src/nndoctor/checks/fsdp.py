@@ -11,9 +11,9 @@ import weakref
 from typing import Any
 
 from nndoctor.checks._params import optimizer_params
-from nndoctor.dtensor import is_dtensor
-from nndoctor.findings import Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.util.dtensor import is_dtensor
 
 
 def is_fsdp_parameter(p: Any) -> bool:

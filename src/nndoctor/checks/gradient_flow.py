@@ -15,9 +15,9 @@ from nndoctor.checks._params import (
     spread_sample,
     value_slice,
 )
-from nndoctor.events import Backward, LossComputed, ManualStep, StepEnd, StepStart, ZeroGrad
-from nndoctor.findings import Location, Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.events import Backward, LossComputed, ManualStep, StepEnd, StepStart, ZeroGrad
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
 
 
 @register

@@ -16,16 +16,20 @@ from typing import Any
 import torch
 
 from nndoctor.checks._params import optimizer_params, spread_sample, value_slice
-from nndoctor.events import RunEnd, StepEnd, StepStart
-from nndoctor.findings import Location, Severity
-from nndoctor.gradient_explosion import EXPLOSION_GROWTH, EXPLOSION_HUGE, explosion_verdict
+from nndoctor.core.events import RunEnd, StepEnd, StepStart
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.rules.gradient_explosion import (
+    EXPLOSION_GROWTH,
+    EXPLOSION_HUGE,
+    explosion_verdict,
+)
+from nndoctor.core.subscribers import sampled_only
 from nndoctor.instrument.numerics_probe import (
     GradientStats,
     cached_gradient_stats,
     construction_site,
 )
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
 
 
 # -- O104 ----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch.nn as nn
 from torch.nn.modules.conv import _ConvNd
 
 from nndoctor.checks._rgb_evidence import source_evidence, takes_rgb_images
-from nndoctor.events import (
+from nndoctor.core.events import (
     Backward,
     BatchFetched,
     Crash,
@@ -28,8 +28,11 @@ from nndoctor.events import (
     RunEnd,
     StateDictLoad,
 )
-from nndoctor.findings import Location, Severity
-from nndoctor.image_batches import image_layout, unnormalized_pixels  # noqa: F401 - D101's rule, shared with Keras
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.rules.image_batches import image_layout, unnormalized_pixels  # noqa: F401 - D101's rule, shared with Keras
+from nndoctor.core.subscribers import model_forwards_only, sampled_only
+from nndoctor.core.user_code import user_frame
 from nndoctor.instrument.inputs_probe import sample_summary, target_range_records
 from nndoctor.instrument.stats import (
     TensorStats,
@@ -37,9 +40,6 @@ from nndoctor.instrument.stats import (
     first_plain_tensor,
     model_input_tensor,
 )
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only, sampled_only
-from nndoctor.user_code import user_frame
 
 # ImageNet statistics (torchvision's pretrained weights), in RGB order on the 0–1 scale.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

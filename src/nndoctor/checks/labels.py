@@ -12,11 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nndoctor.events import LossComputed, RunEnd
-from nndoctor.findings import Location, Severity
-from nndoctor.loss_trend import NOT_DECREASING_RATIO, NOT_DECREASING_Z, mann_kendall_z, thirds_ratio
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.core.events import LossComputed, RunEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.rules.loss_trend import (
+    NOT_DECREASING_RATIO,
+    NOT_DECREASING_Z,
+    mann_kendall_z,
+    thirds_ratio,
+)
+from nndoctor.core.subscribers import sampled_only
 
 _CLASS_INDEX_LOSSES = ("cross_entropy", "nll_loss")
 _BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nndoctor.findings import Location, Severity
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
 from nndoctor.instrument.loss_sum import GATHERED_KEY, facts, pending_for
-from nndoctor.registry import Check, register
 
 # Nodes that only multiply or divide the value on the path by a constant (or copy it).
 _SCALE_NODES = {"MulBackward0", "DivBackward0"}

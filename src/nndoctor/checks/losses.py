@@ -10,17 +10,16 @@ from typing import Any
 
 import torch
 
-from nndoctor.events import Backward, LossComputed, RunEnd, StepEnd
-from nndoctor.findings import Location, Severity
-from nndoctor.initial_loss import (  # noqa: F401 - re-exported for the tests and preflight
+from nndoctor.core.events import Backward, LossComputed, RunEnd, StepEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.rules.initial_loss import (  # noqa: F401 - re-exported for the tests and preflight
     INITIAL_LOGIT_STD,
     expected_excess,
     initial_loss_excess,
     initial_loss_finding,
 )
-from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
-from nndoctor.instrument.stats import cached_item
-from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
+from nndoctor.core.rules.loss_trend import (  # noqa: F401 - re-exported for the tests
     DIVERGING_RATIO,
     DIVERGING_Z,
     MAX_TREND_VALUES,
@@ -34,8 +33,9 @@ from nndoctor.loss_trend import (  # noqa: F401 - re-exported for the tests
     thirds_ratio,
     trend_sentence,
 )
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.core.subscribers import sampled_only
+from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
+from nndoctor.instrument.stats import cached_item
 
 # -- pure functions ---------------------------------------------------------------------
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from nndoctor.events import LossComputed, StepEnd
-from nndoctor.findings import Location, Severity
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.core.events import LossComputed, StepEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 
 
 class _GraphToken:
@@ -185,7 +185,7 @@ class RetainedLossGraph(Check):
         self._report_chained_graphs(event, graphs)
 
     def _report_chained_graphs(self, event: StepEnd, graphs: list) -> None:
-        from nndoctor.user_code import user_frame
+        from nndoctor.core.user_code import user_frame
 
         frame = user_frame(event.frame)  # the user's code that called optimizer.step()
         node_ids = {entry[3] for entry in graphs}

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from nndoctor.events import StepEnd
-from nndoctor.findings import Location, Severity
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.core.events import StepEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 
 _MB = 2**20
 
@@ -344,7 +344,7 @@ class MemoryGrowth(Check):
         )
 
     def _cause(self, event: StepEnd, samples: list[MemorySample]) -> tuple[Location | None, str, str | None]:
-        from nndoctor.user_code import display_path, user_frame
+        from nndoctor.core.user_code import display_path, user_frame
 
         grown = growing_containers(samples) if samples[-1].containers or samples[0].containers else []
         if grown:

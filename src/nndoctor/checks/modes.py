@@ -5,11 +5,11 @@ from __future__ import annotations
 import weakref
 
 from nndoctor.checks._layers import ModeCache, mode_summary
-from nndoctor.events import Forward
-from nndoctor.findings import Severity
+from nndoctor.core.events import Forward
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import model_forwards_only
 from nndoctor.instrument.location import called_from_framework
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only
 
 
 @register

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from nndoctor.checks._params import scaler_enabled
-from nndoctor.events import Backward, ModuleOutput, RunEnd
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import Backward, ModuleOutput, RunEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
 from nndoctor.instrument.location import user_location
 from nndoctor.instrument.numerics_probe import (
     FlagRing,
@@ -27,7 +28,6 @@ from nndoctor.instrument.numerics_probe import (
     probe_state,
 )
 from nndoctor.instrument.stats import cached_item
-from nndoctor.registry import Check, register
 
 
 def scalar_is_finite(tensor: Any, event: Any = None) -> bool | None:

@@ -10,14 +10,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from nndoctor import dead_units
 from nndoctor.checks._params import scaler_enabled
-from nndoctor.events import Forward, ModuleOutput, RunEnd, StepStart
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import Forward, ModuleOutput, RunEnd, StepStart
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.rules import dead_units
+from nndoctor.core.subscribers import model_forwards_only, sampled_only
 from nndoctor.instrument.numerics_probe import cached_gradient_stats
 from nndoctor.instrument.stats import first_plain_tensor
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only, sampled_only
 
 
 # -- N102 ----------------------------------------------------------------------------------------

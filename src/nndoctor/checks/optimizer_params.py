@@ -15,10 +15,10 @@ from nndoctor.checks._params import (
     value_slice,
 )
 from nndoctor.checks._source import attribute_definition
-from nndoctor.events import ManualStep, RunEnd, StepEnd, StepStart
-from nndoctor.findings import Location, Severity
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import sampled_only
+from nndoctor.core.events import ManualStep, RunEnd, StepEnd, StepStart
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 
 
 @register

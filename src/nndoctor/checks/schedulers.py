@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nndoctor.events import SchedulerStep
-from nndoctor.findings import Severity
-from nndoctor.optimizers import unwrap_optimizer
-from nndoctor.registry import Check, register
+from nndoctor.core.events import SchedulerStep
+from nndoctor.core.findings import Severity
+from nndoctor.core.optimizers import unwrap_optimizer
+from nndoctor.core.registry import Check, register
 
 
 def schedule_period(scheduler: Any) -> tuple[str, int | None]:

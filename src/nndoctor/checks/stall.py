@@ -1,6 +1,6 @@
 """R104 training-stalled and X110 collective-mismatch: what the stall watchdog reports.
 
-The watchdog thread (``nndoctor.watchdog``) decides when a run stalled and gathers the
+The watchdog thread (``nndoctor.run.watchdog``) decides when a run stalled and gathers the
 stacks; these classes are the catalog entries, the progress bookkeeping the watchdog reads,
 and the cross-rank comparison of where each rank is blocked.
 """
@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from nndoctor.checks.distributed import CrossRankCheck
-from nndoctor.findings import Finding, Location, Severity
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only
+from nndoctor.core.findings import Finding, Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import model_forwards_only
 
 
 @register
@@ -150,9 +150,9 @@ class CollectiveMismatch(CrossRankCheck):
     @classmethod
     def _from_flight_records(cls, parts: list[dict[str, Any]]) -> list[Finding]:
         """A run that ended with a failed rank, or whose every rank stalled: the collective each
-        rank was last in, from the flight records (nndoctor.distributed.flight), differs between
+        rank was last in, from the flight records (nndoctor.run.distributed.flight), differs between
         ranks."""
-        from nndoctor.distributed.positions import (
+        from nndoctor.run.distributed.positions import (
             collective_key,
             describe_position,
             last_collectives,

@@ -6,11 +6,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from nndoctor.events import BatchFetched, CheckpointSave, Forward, RunEnd, StepEnd
-from nndoctor.findings import Location, Severity
+from nndoctor.core.events import BatchFetched, CheckpointSave, Forward, RunEnd, StepEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import model_forwards_only
 from nndoctor.instrument.training_probe import gc_clock
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only
 
 
 @dataclass

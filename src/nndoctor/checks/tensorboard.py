@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from types import FrameType
 
 from nndoctor.checks.tensorboard_files import steps_by_tag
-from nndoctor.events import RunEnd
-from nndoctor.findings import Severity
+from nndoctor.core.events import RunEnd
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
 from nndoctor.instrument.tensorboard_probe import WriterRecord, writer_log
-from nndoctor.registry import Check, register
 
 
 def never_written(records: list[WriterRecord]) -> list[WriterRecord]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 
-from nndoctor.protowire import fields, signed64
+from nndoctor.util.protowire import fields, signed64
 
 MAX_BYTES = 64 << 20
 

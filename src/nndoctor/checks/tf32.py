@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from nndoctor.findings import Finding, Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.findings import Finding, Severity
+from nndoctor.core.registry import Check, register
 
 TF32_CAPABILITY = (8, 0)  # Ampere and newer have TF32 tensor cores
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from nndoctor.events import Backward, Forward, RunEnd
-from nndoctor.findings import Location, Severity
-from nndoctor.registry import Check, register
-from nndoctor.subscribers import model_forwards_only
+from nndoctor.core.events import Backward, Forward, RunEnd
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import model_forwards_only
 
 
 @register

@@ -18,8 +18,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nndoctor.distributed.parts import rank_data
-from nndoctor.stash import StashKey
+from nndoctor.core.stash import StashKey
+from nndoctor.run.distributed.parts import rank_data
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol
@@ -69,7 +69,7 @@ COLLECTIVE_STATE = StashKey[CollectiveState]("current collective")
 # every parameter was broadcast is replicated by hand (X104 compares its replicas).
 BROADCAST_ADDRESSES = StashKey[set[int]]("tensors broadcast")
 _MAX_BROADCAST_ADDRESSES = 1_000_000
-# Under torchrun: this rank's flight record (nndoctor.distributed.flight.FlightRecorder).
+# Under torchrun: this rank's flight record (nndoctor.run.distributed.flight.FlightRecorder).
 FLIGHT_RECORDER = StashKey[Any]("flight recorder")
 
 
@@ -107,7 +107,7 @@ def install(installation: InstallationProtocol) -> None:
         original_init(self, module, *args, **kwargs)
         if session.active:
             try:
-                from nndoctor.user_code import user_location
+                from nndoctor.core.user_code import user_location
 
                 where = user_location(sys._getframe(1))
                 record = WrapRecord(ddp=weakref.ref(self), params=param_signature(self.module),
@@ -144,7 +144,7 @@ class _FlightNotes:
 
 
 def _user_line(frame: Any) -> str:
-    from nndoctor.user_code import user_location
+    from nndoctor.core.user_code import user_location
 
     where = user_location(frame) if frame is not None else None
     return str(where) if where else ""
@@ -153,20 +153,20 @@ def _user_line(frame: Any) -> str:
 def _start_flight_recorder(session: Any, patcher: Any) -> Any:
     """Under torchrun (or in a process the script started): this rank's flight record, for the
     report when it dies without Python."""
-    from nndoctor.distributed.context import torchrun_rank
-    from nndoctor.distributed.parts import child_part
+    from nndoctor.run.distributed.context import torchrun_rank
+    from nndoctor.run.distributed.parts import child_part
 
     info = torchrun_rank()
     child = child_part(session)
     if info is not None:
-        from nndoctor.distributed.context import parts_dir
+        from nndoctor.run.distributed.context import parts_dir
 
         folder, rank, world = parts_dir(info), info.rank, info.world_size
     elif child is not None:  # a process the script started (mp.spawn): its index
         folder, rank, world = child[0], child[1], 0
     else:
         return None
-    from nndoctor.distributed.flight import FlightRecorder
+    from nndoctor.run.distributed.flight import FlightRecorder
 
     try:
         recorder = FlightRecorder(folder, rank, world)

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from nndoctor.findings import Location
-from nndoctor.stash import StashKey
-from nndoctor.user_code import user_location
+from nndoctor.core.findings import Location
+from nndoctor.core.stash import StashKey
+from nndoctor.core.user_code import user_location
 
 if TYPE_CHECKING:
     from nndoctor.instrument.torch_hooks import Installation

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from nndoctor.engine import Session
+from nndoctor.core.engine import Session
 from nndoctor.instrument.features import Feature
 from nndoctor.instrument.installation import InstallationProtocol
 
@@ -27,8 +27,8 @@ def torch_available() -> bool:
 
 def plain_features() -> tuple[Feature, ...]:
     """Features that need no PyTorch: each patches Keras / tf.data only once the script imports it."""
+    from nndoctor.commands.perf.tf import instrument as perf_tf_instrument
     from nndoctor.keras import instrument as keras_instrument
-    from nndoctor.perf.tf import instrument as perf_tf_instrument
     from nndoctor.tfdata import instrument as tfdata_instrument
 
     return (
@@ -45,9 +45,8 @@ def plain_features() -> tuple[Feature, ...]:
 
 def torch_features() -> tuple[Feature, ...]:
     """The PyTorch features, in install order (imported here: they import torch)."""
-    from nndoctor import watchdog
-    from nndoctor.distributed import children
-    from nndoctor.explain import instrument as crash_context
+    from nndoctor.commands.explain import instrument as crash_context
+    from nndoctor.commands.perf.torch import instrument as perf_instrument
     from nndoctor.instrument import (
         ddp_hooks,
         dropout_probe,
@@ -59,7 +58,8 @@ def torch_features() -> tuple[Feature, ...]:
         training_probe,
         warning_relay,
     )
-    from nndoctor.perf.torch import instrument as perf_instrument
+    from nndoctor.run import watchdog
+    from nndoctor.run.distributed import children
 
     return (
         # D107: the class-target range, read before cross_entropy / nll_loss runs

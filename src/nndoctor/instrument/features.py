@@ -3,7 +3,7 @@
 Every feature says when it is installed:
 
 - ``needed=True``: only when an enabled check, or a subscriber such as the perf recorder,
-  lists the feature's name in its ``needs`` (the names are the probes of ``nndoctor.probes``;
+  lists the feature's name in its ``needs`` (the names are the probes of ``nndoctor.core.probes``;
   the Keras and tf.data probes, ``KERAS_PROBES``, are installed by their observers once the
   script imports the framework and the observer has added its checks: ``keras/probes.py``);
 - ``events=(...)``: only when some check or listener subscribes to one of those event kinds

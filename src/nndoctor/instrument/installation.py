@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from nndoctor.engine import Session
+    from nndoctor.core.engine import Session
     from nndoctor.instrument.features import Feature
     from nndoctor.instrument.patches import Patcher
 

@@ -1,6 +1,6 @@
 """Who called a module: the frame past nndoctor's hooks and torch's module-call machinery.
 
-Whether a frame is the user's code is answered by ``nndoctor.user_code`` (for every part of
+Whether a frame is the user's code is answered by ``nndoctor.core.user_code`` (for every part of
 nndoctor); this module adds what only the torch hook layer needs to know.
 """
 
@@ -10,7 +10,7 @@ import os
 from types import FrameType
 
 # checks/numerics.py (split on another branch) still imports user_location from here.
-from nndoctor.user_code import (
+from nndoctor.core.user_code import (
     INTERNAL,
     code_rank,
     is_own_file,

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nndoctor.stash import StashKey
+from nndoctor.core.stash import StashKey
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.parameter import UninitializedParameter
 
-from nndoctor.engine import StopRun
-from nndoctor.events import ManualStep
+from nndoctor.core.engine import StopRun
+from nndoctor.core.events import ManualStep
 from nndoctor.instrument.stats import has_plain_values
 
 if TYPE_CHECKING:

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nndoctor.findings import Location
+from nndoctor.core.findings import Location
+from nndoctor.core.stash import StashKey
+from nndoctor.core.user_code import display_path, is_user_code, user_location
 from nndoctor.instrument.stats import first_plain_tensor, tensor_version
-from nndoctor.stash import StashKey
-from nndoctor.user_code import display_path, is_user_code, user_location
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol
@@ -73,7 +73,7 @@ class GradientStats:
 
 def gradient_stats(params: list[torch.Tensor], names: dict[int, str]) -> GradientStats | None:
     """Norms of every dense gradient among ``params``: one fused computation, one sync."""
-    from nndoctor.dtensor import local_tensor
+    from nndoctor.util.dtensor import local_tensor
 
     # A sharded (DTensor) gradient is read through this rank's shard: its norm is the shard's,
     # its RMS an estimate of the whole gradient's; a rank holding no elements of it skips it.

@@ -20,10 +20,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nndoctor.findings import Location
-from nndoctor.stash import StashKey
+from nndoctor.core.findings import Location
+from nndoctor.core.stash import StashKey
+from nndoctor.core.user_code import user_location
 from nndoctor.tfdata.hooks import when_imported
-from nndoctor.user_code import user_location
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol

@@ -35,12 +35,12 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from nndoctor import events as ev
-from nndoctor.crash_context import crash_context
-from nndoctor.engine import Session, StopRun
+from nndoctor.core import events as ev
+from nndoctor.core.engine import Session, StopRun
+from nndoctor.core.subscribers import LOSS_FORWARD
 from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
-from nndoctor.subscribers import LOSS_FORWARD
+from nndoctor.run.crash_context import crash_context
 
 # True while dynamo traces (torch.compile): our hooks and wrappers are inlined into the traced
 # function then, and Python side effects there (lists, sys._getframe, events) either break the

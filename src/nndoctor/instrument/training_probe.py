@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nndoctor import events as ev
-from nndoctor.stash import StashKey
+from nndoctor.core import events as ev
+from nndoctor.core.stash import StashKey
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol
@@ -279,8 +279,8 @@ def install_layer_sites(installation: InstallationProtocol) -> None:
     the numerics probe's table of construction sites."""
     from torch.nn.modules.conv import _ConvNd
 
+    from nndoctor.core.user_code import user_location
     from nndoctor.instrument.numerics_probe import probe_state
-    from nndoctor.user_code import user_location
 
     session = installation.session
     sites = probe_state(session).sites

@@ -21,7 +21,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from nndoctor.user_code import is_own_file
+from nndoctor.core.user_code import is_own_file
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol

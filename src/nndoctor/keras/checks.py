@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from nndoctor.findings import Location, Severity
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
 from nndoctor.keras.events import KerasBatch
 from nndoctor.keras.facts import looks_like_probabilities
-from nndoctor.registry import Check, register
 
 _PROBABILITY_ACTIVATIONS = ("softmax", "sigmoid")
 # A channel axis is this small; spatial axes are larger.

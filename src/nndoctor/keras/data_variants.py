@@ -3,7 +3,7 @@ of range) from the batches of ``fit``/``evaluate`` and custom loops, D105 (unshu
 the arrays given to ``fit(shuffle=False)``.
 
 Each class shares its code's one catalog entry (``registry.register_variant``: name, severity,
-docs and fix are the PyTorch check's) and applies the same pure rules (``nndoctor.image_batches``,
+docs and fix are the PyTorch check's) and applies the same pure rules (``nndoctor.core.rules.image_batches``,
 ``nndoctor.tfdata.labels``) to the facts the Keras observer emits; importing this module imports
 neither PyTorch nor Keras.
 """
@@ -14,7 +14,8 @@ import math
 from collections import Counter
 from typing import Any
 
-from nndoctor.image_batches import (
+from nndoctor.core.registry import register_variant
+from nndoctor.core.rules.image_batches import (
     flattened_image_side,
     image_layout,
     raw_flattened_pixels,
@@ -22,7 +23,6 @@ from nndoctor.image_batches import (
 )
 from nndoctor.keras.checks import BATCH_PROBES, KerasVariant
 from nndoctor.keras.events import FitStarted, KerasBatch
-from nndoctor.registry import register_variant
 from nndoctor.tfdata.labels import (
     DOMINANT_SHARE,
     MIN_BATCH_SIZE,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from nndoctor.events import Event, add_event_kinds
-from nndoctor.findings import Location
+from nndoctor.core.events import Event, add_event_kinds
+from nndoctor.core.findings import Location
 from nndoctor.keras.facts import BatchFacts, ModelCall, TraceHistory
 
 

@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nndoctor.findings import Location
+from nndoctor.core.findings import Location
 
 if TYPE_CHECKING:  # NumPy is imported when a batch is read: the catalog must load without it
     import numpy as np

@@ -39,15 +39,15 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nndoctor.findings import Location
+from nndoctor.core.findings import Location
+from nndoctor.core.registry import framework_checks
+from nndoctor.core.user_code import user_location
 from nndoctor.instrument.features import install_features
 from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.keras import facts as kf
 from nndoctor.keras.events import FitEnded, FitStarted, InitialLoss, KerasBatch, TrainLoss
 from nndoctor.keras.probes import keras_probes
-from nndoctor.registry import framework_checks
 from nndoctor.tfdata.hooks import when_imported
-from nndoctor.user_code import user_location
 
 if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol
@@ -734,7 +734,7 @@ def _output_layer(model: Any) -> Any:
 
 
 def _make_callback_class(keras: Any, observer: KerasObserver) -> type:
-    from nndoctor.engine import StopRun  # noqa: F401 - raised below
+    from nndoctor.core.engine import StopRun  # noqa: F401 - raised below
 
     class NndoctorCallback(keras.callbacks.Callback):
         """Counts optimizer steps; stops the run at ``--max-steps``.
@@ -782,7 +782,7 @@ def _make_callback_class(keras: Any, observer: KerasObserver) -> type:
                 session.internal_error("keras callback", error)
                 return
             if session.should_stop():
-                from nndoctor.engine import StopRun
+                from nndoctor.core.engine import StopRun
 
                 raise StopRun()
 

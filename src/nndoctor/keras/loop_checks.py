@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from nndoctor.findings import Location, Severity
+from nndoctor.core.findings import Location, Severity
+from nndoctor.core.registry import Check, register
 from nndoctor.keras.events import FunctionTraced, KerasModelCall
 from nndoctor.keras.facts import ModelCall
-from nndoctor.registry import Check, register
 
 # PyTorch's M101/M102 (a module left in the wrong mode) have no Keras form: a Keras model
 # has no persistent train/eval mode, the mode is the ``training`` argument of each call (K105).

@@ -1,4 +1,4 @@
-"""The Keras observer's probes: each name of ``nndoctor.probes.KERAS_PROBES`` (but "tf_datasets",
+"""The Keras observer's probes: each name of ``nndoctor.core.probes.KERAS_PROBES`` (but "tf_datasets",
 the tf.data observer's: ``tfdata/instrument.py``) and its installer.
 
 A probe is installed when the script imports Keras, right after the observer has added the

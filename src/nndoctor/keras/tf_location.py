@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from types import FrameType
 
-from nndoctor.findings import Location
-from nndoctor.user_code import display_path, rank_filename, user_location
+from nndoctor.core.findings import Location
+from nndoctor.core.user_code import display_path, rank_filename, user_location
 
 _AUTOGRAPH_FILE = "__autograph_generated_file"
 

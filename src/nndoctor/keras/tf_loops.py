@@ -31,7 +31,7 @@ import sys
 import weakref
 from typing import Any
 
-from nndoctor.engine import StopRun
+from nndoctor.core.engine import StopRun
 from nndoctor.instrument.wrapping import mark_wrapper
 from nndoctor.keras.events import (
     FunctionTraced,
@@ -417,8 +417,8 @@ def _describe_value(value: Any) -> str:
 
 
 def _definition(function: Any) -> Any:
-    from nndoctor.findings import Location
-    from nndoctor.user_code import display_path
+    from nndoctor.core.findings import Location
+    from nndoctor.core.user_code import display_path
 
     code = getattr(function, "__code__", None)
     if code is None:

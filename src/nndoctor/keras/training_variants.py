@@ -4,7 +4,7 @@ stuck at chance) and O104 (exploding gradients).
 
 They read the events the Keras observer emits (``TrainLoss``, ``FitEnded``, ``InitialLoss``,
 ``GradientsApplied`` …). Each shares its code's one catalog entry with the PyTorch check
-(``registry.register_variant``) and its thresholds and pure rules (``nndoctor.loss_trend``,
+(``registry.register_variant``) and its thresholds and pure rules (``nndoctor.core.rules.loss_trend``,
 ``initial_loss``, ``chance_level``, ``dead_units``, ``gradient_explosion``), so a TensorFlow-only
 install decides as PyTorch does. Importing this module imports neither PyTorch nor Keras.
 """
@@ -14,23 +14,27 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from nndoctor import dead_units
-from nndoctor.chance_level import BatchOutcome, at_chance, chance_sentence, confirmed
-from nndoctor.events import RunEnd
-from nndoctor.gradient_explosion import EXPLOSION_GROWTH, EXPLOSION_HUGE, explosion_verdict
-from nndoctor.initial_loss import KERAS_INITIAL_LOGIT_STD, initial_loss_finding
-from nndoctor.keras import nonfinite
-from nndoctor.keras.checks import BATCH_PROBES, KerasVariant
-from nndoctor.keras.data_variants import label_ids
-from nndoctor.keras.events import FitEnded, FitStarted, GradientsApplied, InitialLoss, TrainLoss
-from nndoctor.loss_trend import (
+from nndoctor.core.events import RunEnd
+from nndoctor.core.registry import register_variant
+from nndoctor.core.rules import dead_units
+from nndoctor.core.rules.chance_level import BatchOutcome, at_chance, chance_sentence, confirmed
+from nndoctor.core.rules.gradient_explosion import (
+    EXPLOSION_GROWTH,
+    EXPLOSION_HUGE,
+    explosion_verdict,
+)
+from nndoctor.core.rules.initial_loss import KERAS_INITIAL_LOGIT_STD, initial_loss_finding
+from nndoctor.core.rules.loss_trend import (
     MAX_TREND_VALUES,
     TREND_MIN_STEPS,
     halved,
     loss_trend,
     trend_sentence,
 )
-from nndoctor.registry import register_variant
+from nndoctor.keras import nonfinite
+from nndoctor.keras.checks import BATCH_PROBES, KerasVariant
+from nndoctor.keras.data_variants import label_ids
+from nndoctor.keras.events import FitEnded, FitStarted, GradientsApplied, InitialLoss, TrainLoss
 
 
 @register_variant

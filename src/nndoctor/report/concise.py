@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nndoctor.findings import Finding, Report
+from nndoctor.core.findings import Finding, Report
 
 
 def _one_line(text: str) -> str:

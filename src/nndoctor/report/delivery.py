@@ -3,7 +3,7 @@
 Shared by ``nndoctor run``, ``demo`` and ``perf``: the JSON path is checked and made absolute
 up front (a bad path is a usage error before a long run, not a lost report after it, and a
 script's ``os.chdir`` cannot move it); the report is written to nndoctor's own streams, which
-the script cannot close or redirect (``nndoctor.streams``). ``deliver`` is also what an abrupt
+the script cannot close or redirect (``nndoctor.run.streams``). ``deliver`` is also what an abrupt
 ending (SIGTERM, ``os._exit``) calls.
 """
 
@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import IO
 
-from nndoctor.atomic import describe_write_error, prepare_output_path
-from nndoctor.findings import Report
-from nndoctor.streams import OriginalStreams
+from nndoctor.core.findings import Report
+from nndoctor.run.streams import OriginalStreams
+from nndoctor.util.atomic import describe_write_error, prepare_output_path
 
 
 class ReportDelivery:

@@ -8,7 +8,7 @@ expects (``%``, CR and LF in the message; also ``:`` and ``,`` in properties).
 
 from __future__ import annotations
 
-from nndoctor.findings import Finding, Report, Severity
+from nndoctor.core.findings import Finding, Report, Severity
 from nndoctor.report.paths import relative_path
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}

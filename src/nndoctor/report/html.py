@@ -16,9 +16,9 @@ import os
 from importlib import resources
 from typing import Any
 
-from nndoctor._version import __version__
-from nndoctor.atomic import atomic_write_text
-from nndoctor.findings import Finding, Report, Severity, _jsonable
+from nndoctor.core._version import __version__
+from nndoctor.core.findings import Finding, Report, Severity, _jsonable
+from nndoctor.util.atomic import atomic_write_text
 
 _PLOTS = (
     ("plot-loss", "Loss", "The value passed to backward() at each step; dashed lines mark the step "
@@ -97,7 +97,7 @@ def _perf_breakdown_html(report: Report) -> str:
     if not steps:
         return ""
     try:
-        from nndoctor.perf.timeline import PHASE_LABELS
+        from nndoctor.commands.perf.timeline import PHASE_LABELS
     except Exception:  # noqa: BLE001 - labels are a nicety
         PHASE_LABELS = {}
     rows = []
@@ -121,7 +121,7 @@ def _perf_trials_html(perf: Any) -> str:
     if not trials:
         return ""
     try:
-        from nndoctor.perf.render import trial_lines
+        from nndoctor.commands.perf.render import trial_lines
 
         lines = trial_lines(trials)
     except Exception:  # noqa: BLE001 - the breakdown above still stands

@@ -6,9 +6,9 @@ import json
 import os
 from typing import IO
 
-from nndoctor._version import __version__
-from nndoctor.atomic import atomic_write_text
-from nndoctor.findings import Report
+from nndoctor.core._version import __version__
+from nndoctor.core.findings import Report
+from nndoctor.util.atomic import atomic_write_text
 
 
 def render_json(report: Report) -> str:
@@ -17,7 +17,7 @@ def render_json(report: Report) -> str:
 
 def write_json(report: Report, path: str | os.PathLike[str], *, stdout: IO[str] | None = None) -> None:
     """Write the report atomically; ``-`` means standard output (``stdout``, default
-    ``sys.stdout``); a device or FIFO is written through (``nndoctor.atomic``)."""
+    ``sys.stdout``); a device or FIFO is written through (``nndoctor.util.atomic``)."""
     text = render_json(report)
     if str(path) == "-":
         import sys

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from nndoctor.findings import Report
-from nndoctor.suppression import Directive, apply_suppressions
+from nndoctor.core.findings import Report
+from nndoctor.core.suppression import Directive, apply_suppressions
 
 
 def suppress(report: Report, args: argparse.Namespace, also_scan: Iterable[str] = ()) -> list[Directive]:
@@ -88,7 +88,7 @@ def deliver(
     printed above the text report. ``json_writer(report) -> written`` replaces the plain
     ``--json`` write (``ReportDelivery``: a path fixed before the script ran, special files).
     """
-    from nndoctor.sanitize import printable
+    from nndoctor.util.sanitize import printable
 
     stream = stream or sys.stdout
     stdout = stdout or sys.stdout

@@ -13,17 +13,17 @@ import json
 import os
 from typing import Any
 
-from nndoctor._version import __version__
-from nndoctor.atomic import atomic_write_text
-from nndoctor.findings import Finding, Report, Severity, _jsonable
+from nndoctor.core._version import __version__
+from nndoctor.core.findings import Finding, Report, Severity, _jsonable
 from nndoctor.report.paths import relative_path, report_root
+from nndoctor.util.atomic import atomic_write_text
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
 
 def _rule(finding: Finding) -> dict[str, Any]:
-    from nndoctor.catalog_table import find_rule
+    from nndoctor.catalog.table import find_rule
 
     cls = find_rule(finding.code)
     rule: dict[str, Any] = {"id": finding.code, "name": finding.name}

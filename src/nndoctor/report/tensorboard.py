@@ -23,7 +23,7 @@ import socket
 import time
 from typing import Any
 
-from nndoctor.findings import Finding, Report
+from nndoctor.core.findings import Finding, Report
 
 
 def _writer_parts() -> tuple[Any, Any, Any]:

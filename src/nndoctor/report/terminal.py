@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from nndoctor.findings import Finding, Report, Severity
+from nndoctor.core.findings import Finding, Report, Severity
 from nndoctor.report.capping import cap_items, cap_lists
 from nndoctor.report.unexplained import render_no_known_cause
 

@@ -16,8 +16,8 @@ import dataclasses
 import os
 from typing import Any
 
-from nndoctor.findings import Finding, Report
-from nndoctor.sanitize import printable
+from nndoctor.core.findings import Finding, Report
+from nndoctor.util.sanitize import printable
 
 
 def terminal_view(report: Report) -> Report:

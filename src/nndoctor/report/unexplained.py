@@ -12,7 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from nndoctor.report.capping import cap_lists
-from nndoctor.sanitize import printable
+from nndoctor.util.sanitize import printable
 
 
 def render_no_known_cause(console: Any, crash: Mapping[str, Any]) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from nndoctor.findings import Severity
-from nndoctor.registry import Check, register
+from nndoctor.core.findings import Severity
+from nndoctor.core.registry import Check, register
 from nndoctor.tfdata import unshuffled  # noqa: F401 - registers D105's tf.data variant
 from nndoctor.tfdata.events import DatasetIterated
 from nndoctor.tfdata.labels import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from nndoctor.events import Event, add_event_kinds
+from nndoctor.core.events import Event, add_event_kinds
 
 if TYPE_CHECKING:
     from nndoctor.tfdata.instrument import DatasetRecord

@@ -42,11 +42,11 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from nndoctor.findings import Location
+from nndoctor.core.findings import Location
+from nndoctor.core.registry import framework_checks
 from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.location import user_location
 from nndoctor.instrument.wrapping import mark_wrapper
-from nndoctor.registry import framework_checks
 from nndoctor.tfdata.events import DatasetIterated
 from nndoctor.tfdata.hooks import when_imported
 from nndoctor.tfdata.labels import batch_summary
@@ -487,7 +487,7 @@ def install(installation: InstallationProtocol) -> None:
 
 
 def tfdata_probes() -> tuple[Feature, ...]:
-    """The tf.data observer's probe (``nndoctor.probes.KERAS_PROBES``), installed as a PyTorch probe is."""
+    """The tf.data observer's probe (``nndoctor.core.probes.KERAS_PROBES``), installed as a PyTorch probe is."""
     return (Feature("tf_datasets", _install_observer, needed=True),)
 
 

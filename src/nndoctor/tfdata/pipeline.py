@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nndoctor.findings import Location
+from nndoctor.core.findings import Location
 
 # tf.data.AUTOTUNE
 AUTOTUNE = -1

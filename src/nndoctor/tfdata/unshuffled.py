@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from nndoctor.registry import Check, register_variant
+from nndoctor.core.registry import Check, register_variant
 from nndoctor.tfdata.events import DatasetIterated
 from nndoctor.tfdata.labels import (
     DOMINANT_SHARE,

@@ -1,0 +1,302 @@
+"""The engine: a Session owns the enabled checks, dispatches events to them, and keeps run state.
+
+Run state lives here, on the session object, never in module globals (so two sessions in
+one process, e.g. nested ``watch()`` in tests, cannot see each other's data): facts every
+check shares in ``state``, a feature's own records under its typed key in ``stash``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from nndoctor.core.events import Event
+from nndoctor.core.findings import Finding, InternalError, Report
+from nndoctor.core.optimizers import unwrap_optimizer
+from nndoctor.core.registry import Check, enabled_checks
+from nndoctor.core.stash import Stash
+from nndoctor.core.subscribers import (
+    LOSS_FORWARD,
+    Subscriber,
+    describe,
+    handler_names,
+    is_model_forwards_only,
+    is_sampled_only,
+)
+
+DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
+DEFAULT_SAMPLE_EVERY = int(os.environ.get("NNDOCTOR_SAMPLE_EVERY", "100"))
+_MAX_INTERNAL_ERRORS = 20
+
+
+class _ProcessId:
+    """``os.getpid()`` read once per process, not once per event: refreshed in a forked child
+    (DataLoader workers), where a session of the parent must stop dispatching."""
+
+    value = os.getpid()
+
+    @classmethod
+    def refresh(cls) -> None:
+        cls.value = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ProcessId.refresh)
+
+
+class StopRun(BaseException):
+    """Raised out of ``optimizer.step()`` when ``--max-steps`` is reached.
+
+    A BaseException so that a user's ``except Exception`` does not swallow it.
+    """
+
+
+def _without(table: dict[str, list[tuple[Subscriber, Any]]], subscriber: Subscriber,
+             kinds: Iterable[str] = ()) -> dict[str, list[tuple[Subscriber, Any]]]:
+    """The dispatch table less one subscriber (for ``kinds`` only, if given): new lists, so a
+    dispatch in progress is unaffected."""
+    only = frozenset(kinds)
+    kept = {kind: [(c, h) for c, h in handlers if c is not subscriber or (only and kind not in only)]
+            for kind, handlers in table.items()}
+    return {kind: handlers for kind, handlers in kept.items() if handlers}
+
+
+class RunState:
+    """Facts about the run that several checks need, maintained by the instrumentation.
+
+    Everything the user owns is held through weak references.
+    """
+
+    def __init__(self) -> None:
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.step_counts: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.mode_generation = 0
+        self.backwards_since_step = 0
+        self.zero_grads_since_backward = 0
+        self.total_steps = 0  # every optimizer.step() and manual update
+        self.manual_steps = 0  # updates without torch.optim, recognised by version counters
+        self.batches_fetched = 0
+        self.batches_at_last_backward = 0
+        self.scaler: weakref.ref[Any] | None = None
+        self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+        self._param_owner_cache: (
+            tuple[tuple[weakref.ref[Any], ...], tuple[int, ...], dict[int, Any]] | None) = None
+
+    # -- optimizers and the parameters they own -----------------------------------------
+    def optimizer_param_ids(self) -> dict[int, Any]:
+        """id(param) -> a weak reference to the optimizer that updates it."""
+        live = sorted(self.optimizers, key=id)
+        counts = tuple(sum(len(g["params"]) for g in opt.param_groups) for opt in live)
+        cached = self._param_owner_cache
+        # Valid only for the very same optimizer objects (weak references, so an id reused by a
+        # new optimizer of the same size after the old one died is not mistaken for it).
+        if (cached is None or cached[1] != counts or len(cached[0]) != len(live)
+                or any(ref() is not opt for ref, opt in zip(cached[0], live, strict=True))):
+            owners: dict[int, Any] = {}
+            refs = []
+            for opt in live:
+                ref = weakref.ref(opt)
+                refs.append(ref)
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        owners[id(p)] = ref
+            cached = self._param_owner_cache = (tuple(refs), counts, owners)
+        return cached[2]
+
+    def is_trained(self, module: Any) -> bool:
+        """True when some optimizer updates at least one of the module's parameters."""
+        owners = self.optimizer_param_ids()
+        if not owners:
+            return False
+        return any(id(p) in owners for p in module.parameters())
+
+    def trained_roots(self) -> list[Any]:
+        return [m for m in list(self.roots) if self.is_trained(m)]
+
+
+class Session:
+    """One observed run: checks, dispatch, findings and the state they share."""
+
+    # False: the run installs only the instrumentation that needs no PyTorch (Keras, tf.data),
+    # as without torch installed, and never imports torch (a TensorFlow re-run: tf_inject.py).
+    instruments_torch = True
+
+    def __init__(
+        self,
+        *,
+        select: Iterable[str] = (),
+        ignore: Iterable[str] = (),
+        command: list[str] | None = None,
+        max_steps: int | None = None,
+        full_window: int = DEFAULT_FULL_WINDOW,
+        sample_every: int = DEFAULT_SAMPLE_EVERY,
+        checks: Iterable[type[Check]] | None = None,
+    ) -> None:
+        self.report = Report(command=list(command or []))
+        # Kept for features outside the dispatch table (crash explanations honour them too).
+        self.select, self.ignore = list(select), list(ignore)
+        self.max_steps = max_steps
+        self.full_window = full_window
+        self.sample_every = max(1, sample_every)
+        self.pid = os.getpid()
+        self.state = RunState()
+        # Per-run records of instrumentation and features, each under its module's StashKey.
+        self.stash = Stash()
+        self.step = 0
+        self._round: set[int] = set()
+        self._phase_sampled = False
+        self.active = False
+        self.started = time.perf_counter()
+        classes = list(checks) if checks is not None else enabled_checks(select, ignore)
+        self.checks: list[Check] = []
+        self._handlers: dict[str, list[tuple[Subscriber, Any]]] = {}
+        # The same, less the handlers marked ``sampled_only``: what an unsampled step's event reaches.
+        self._every_step: dict[str, list[tuple[Subscriber, Any]]] = {}
+        for cls in classes:
+            self._add_check(cls)
+
+    def add_checks(self, classes: Iterable[type[Check]]) -> None:
+        """Enable more checks on a running session: a framework observer (Keras, tf.data) adds
+        its family's enabled checks once the script imports the framework. A class already
+        enabled is left as it is."""
+        for cls in classes:
+            if not any(type(check) is cls for check in self.checks):
+                self._add_check(cls)
+
+    def _add_check(self, cls: type[Check]) -> None:
+        try:
+            check = cls(self)
+        except Exception as error:  # noqa: BLE001 - a broken check must not break the run
+            self.internal_error(f"{cls.code} setup", error)
+            return
+        self.checks.append(check)
+        self.subscribe(check)
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Dispatch events to any object with ``on_<kind>`` methods (checks, and internal
+        helpers with no catalog code: the perf recorder, the preflight probe, the history)."""
+        for kind, method in handler_names(type(subscriber)).items():
+            handler = getattr(subscriber, method)
+            routes = [kind]
+            if kind == "forward" and not is_model_forwards_only(handler):
+                routes.append(LOSS_FORWARD)
+            for route in routes:
+                # New lists (copy on write): a dispatch in progress iterates the old ones.
+                self._handlers[route] = [*self._handlers.get(route, ()), (subscriber, handler)]
+                if not is_sampled_only(handler):
+                    self._every_step[route] = [*self._every_step.get(route, ()), (subscriber, handler)]
+
+    # -- dispatch ------------------------------------------------------------------------
+    def wants(self, kind: str) -> bool:
+        return kind in self._handlers
+
+    def wants_now(self, kind: str, sampled: bool) -> bool:
+        """Would an event of this kind reach a handler on a step that is (not) sampled?
+        The instrumentation asks before building an event on the hot path."""
+        return kind in (self._handlers if sampled else self._every_step)
+
+    def needed_probes(self) -> frozenset[str]:
+        """The probes (``nndoctor.core.probes``) that the enabled checks and listeners declare."""
+        owners = [*self.checks, *(owner for handlers in self._handlers.values() for owner, _ in handlers)]
+        return frozenset(name for owner in owners for name in getattr(type(owner), "needs", ()))
+
+    @property
+    def sampled(self) -> bool:
+        """Is the current step fully instrumented?"""
+        step = self.step  # is_sampled inlined: asked several times on every step
+        return step < self.full_window or step % self.sample_every == 0 or self._phase_sampled
+
+    def is_sampled(self, step: int) -> bool:
+        return step < self.full_window or step % self.sample_every == 0
+
+    def emit(self, event: Event, route: str | None = None) -> None:
+        """Give the event to every check that subscribed to its kind (or to ``route``, a
+        subset of them: ``LOSS_FORWARD``); never raise."""
+        handlers = (self._handlers if event.sampled else self._every_step).get(route or event.kind)
+        if not handlers or _ProcessId.value != self.pid:
+            return
+        try:
+            # No copy: ``_disable`` replaces the lists instead of changing them.
+            for subscriber, handler in handlers:
+                try:
+                    handler(event)
+                except StopRun:
+                    raise
+                except Exception as error:  # noqa: BLE001 - observer rule
+                    self.internal_error(f"{describe(subscriber)} on {event.kind}", error)
+                    self._disable(subscriber)
+        finally:
+            event.release()
+
+    def unsubscribe(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Stop dispatching these kinds to ``subscriber``: a check whose handler has nothing
+        left to do (decided, reported once) stops costing a call on every step. Safe during
+        dispatch: the tables are replaced, not changed."""
+        routes = (*kinds, LOSS_FORWARD) if "forward" in kinds else kinds
+        self._handlers = _without(self._handlers, subscriber, routes)
+        self._every_step = _without(self._every_step, subscriber, routes)
+
+    def _disable(self, subscriber: Subscriber) -> None:
+        self._handlers = _without(self._handlers, subscriber)
+        self._every_step = _without(self._every_step, subscriber)
+
+    # -- findings and errors -------------------------------------------------------------
+    def add_finding(self, finding: Finding) -> Finding:
+        if finding.first_step is None:
+            finding.first_step = self.step
+        return self.report.add(finding)
+
+    def internal_error(self, where: str, error: BaseException) -> None:
+        if len(self.report.internal_errors) >= _MAX_INTERNAL_ERRORS:
+            return
+        self.report.internal_errors.append(
+            InternalError(
+                where=where,
+                error=f"{type(error).__name__}: {error}",
+                traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            )
+        )
+
+    # -- steps -----------------------------------------------------------------------------
+    # ``step`` counts training iterations: one per round in which each optimizer steps at most
+    # once (a GAN's D and G steps are one iteration; layer-wise training's phases follow one
+    # another, so a second optimizer's steps keep counting, are sampled and meet --max-steps).
+    # Each optimizer's own count is in ``state.step_counts``; ``state.total_steps`` counts
+    # every update, manual ones included.
+    def count_step(self, optimizer: Any) -> None:
+        optimizer = unwrap_optimizer(optimizer)
+        counts = self.state.step_counts
+        counts[optimizer] = own = counts.get(optimizer, 0) + 1
+        self._count_round(id(optimizer))
+        # The first steps of a new optimizer (the next phase) are fully observed, like the run's.
+        self._phase_sampled = own < self.full_window
+
+    def count_manual_step(self) -> None:
+        """An update of the parameters without torch.optim (``p -= lr * p.grad``)."""
+        self.state.manual_steps += 1
+        self._count_round(0)
+        self._phase_sampled = False
+
+    def _count_round(self, key: int) -> None:
+        self.state.total_steps += 1
+        if not self._round or key in self._round:
+            self.step += 1
+            self._round = {key}
+        else:
+            self._round.add(key)
+
+    def step_sampled(self, optimizer: Any) -> bool:
+        """Is the coming (or just finished) step of this optimizer fully instrumented?"""
+        own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
+        return self.is_sampled(self.step) or own < self.full_window
+
+    def should_stop(self) -> bool:
+        return self.max_steps is not None and self.step >= self.max_steps
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started

@@ -1,0 +1,81 @@
+"""Event subscribers: any object that receives the engine's events through ``on_<kind>`` methods.
+
+Catalog checks are subscribers, and so are the engine's internal helpers (the perf recorder,
+the preflight probe, the ``--try`` injector and step clock, the report's history): those have
+no catalog code, so they are not checks — they only say what to call them when they fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from nndoctor.core.events import EVENT_KINDS
+
+
+class Subscriber(Protocol):
+    """Defines ``on_<event kind>(event)`` for the kinds it wants (``on_forward``, ``on_run_end`` …)."""
+
+    # Shown in internal-error messages when one of its handlers raises (read-only: a class
+    # attribute or a property).
+    @property
+    def subscriber_name(self) -> str: ...
+
+
+_SAMPLED_ONLY = "__nndoctor_sampled_only__"
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+
+def sampled_only(handler: _Handler) -> _Handler:
+    """Mark an ``on_<kind>`` handler that does nothing for an event of an unsampled step.
+
+    The engine then never calls it outside sampled steps (``Session.emit``), and the
+    instrumentation skips building an event that no handler wants then: that is what makes an
+    unsampled step cost microseconds. Mark only handlers whose first statement returns when
+    ``not event.sampled``, so the mark changes no diagnosis.
+    """
+    setattr(handler, _SAMPLED_ONLY, True)
+    return handler
+
+
+def is_sampled_only(handler: Any) -> bool:
+    return bool(getattr(getattr(handler, "__func__", handler), _SAMPLED_ONLY, False))
+
+
+_MODEL_FORWARDS_ONLY = "__nndoctor_model_forwards_only__"
+# The route of a loss module's own forward (``criterion(output, y)`` called from user code): a
+# Forward event with ``is_loss`` set, sent only to the ``on_forward`` handlers not marked
+# ``model_forwards_only``.
+LOSS_FORWARD = "forward/loss"
+
+
+def model_forwards_only(handler: _Handler) -> _Handler:
+    """Mark an ``on_forward`` handler whose first statement returns when ``event.is_loss``:
+    the engine then does not call it for a loss module's forward (two forwards a step, one of
+    them the loss's, reach every ``on_forward`` handler otherwise)."""
+    setattr(handler, _MODEL_FORWARDS_ONLY, True)
+    return handler
+
+
+def is_model_forwards_only(handler: Any) -> bool:
+    return bool(getattr(getattr(handler, "__func__", handler), _MODEL_FORWARDS_ONLY, False))
+
+
+def handler_names(cls: type) -> dict[str, str]:
+    """Event kind -> method name, for every ``on_<kind>`` the class defines."""
+    found = {}
+    for kind in EVENT_KINDS:
+        method = f"on_{kind}"
+        if callable(getattr(cls, method, None)):
+            found[kind] = method
+    return found
+
+
+def stray_handlers(cls: type) -> list[str]:
+    """``on_*`` methods that match no event kind: a misspelt handler is never called."""
+    return sorted(n for n in dir(cls) if n.startswith("on_") and n[3:] not in EVENT_KINDS
+                  and callable(getattr(cls, n, None)))
+
+
+def describe(subscriber: Any) -> str:
+    return str(getattr(subscriber, "subscriber_name", None) or type(subscriber).__name__)
