@@ -77,6 +77,9 @@ class RunState:
         self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self.mode_generation = 0
         self.backwards_since_step = 0
+        # The step ledger: facts of every step that the instrumentation writes and checks read
+        # when they decide, instead of each subscribing to every step's events.
+        self.backwards_with_values = 0  # backward() calls on tensors with values (Backward events)
         self.zero_grads_since_backward = 0
         self.total_steps = 0  # every optimizer.step() and manual update
         self.manual_steps = 0  # updates without torch.optim, recognised by version counters

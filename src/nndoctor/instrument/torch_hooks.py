@@ -397,7 +397,10 @@ class Installation:
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
             sampled = session.sampled
-            if session.wants_now("backward", sampled) and not _without_values(tensor):
+            if _without_values(tensor):
+                return
+            state.backwards_with_values += 1  # the step ledger (O103's closure steps read it)
+            if session.wants_now("backward", sampled):
                 session.emit(ev.Backward(step=session.step, sampled=sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
                                          batches_since_last_backward=batches,
