@@ -87,6 +87,8 @@ class MissingZeroGrad(Check):
         self._owners: dict[int, weakref.ref] = {}
 
     def on_step_start(self, event: StepStart) -> None:
+        if not self._snapshots and not event.sampled:
+            return  # the usual step: no fingerprint to compare (nor a stale backward, kept only with one)
         optimizer = event.optimizer
         stepper = f"{type(optimizer).__name__}.step()"
         self._step_boundary(optimizer, stepper, event, lambda: optimizer_params(optimizer),
@@ -302,10 +304,11 @@ class ZeroGradBeforeStep(Check):
             step=event.step,
         )
 
+    @sampled_only  # every test below only returns: asking whether the step is sampled first changes nothing
     def on_step_start(self, event: StepStart) -> None:
-        if event.has_closure or event.backwards_since_step == 0 or event.zero_grads_since_backward == 0:
-            return
         if not event.sampled:
+            return
+        if event.has_closure or event.backwards_since_step == 0 or event.zero_grads_since_backward == 0:
             return
         params = optimizer_params(event.optimizer)
         grads = [p.grad for p in params if p.grad is not None]
