@@ -611,7 +611,8 @@ class LossNotDecreasing(Check):
         buffer = self._buffer
         if buffer is None or buffer.device != loss.device:
             self._flush()
-            size = 4 * self.session.sample_every + self.session.full_window + 8
+            # Bounded (a very long NNDOCTOR_SAMPLE_EVERY): once full, losses wait for the next read.
+            size = 4 * min(self.session.sample_every, 10_000) + min(self.session.full_window, 64) + 8
             buffer = self._buffer = torch.empty(size, dtype=torch.float32, device=loss.device)
             self._slots = buffer.unbind()
         if self._filled < buffer.numel():  # when full, skip until the next sampled flush
