@@ -279,6 +279,18 @@ class Session:
         # The first steps of a new optimizer (the next phase) are fully observed, like the run's.
         self._phase_sampled = own < self.full_window
 
+    def end_step(self, optimizer: Any) -> bool:
+        """``step_sampled`` then ``count_step`` for the step of ``optimizer`` that just ran, with
+        one unwrap and one look-up (the hook after every ``optimizer.step()``): was it sampled?"""
+        optimizer = unwrap_optimizer(optimizer)
+        counts = self.state.step_counts
+        before = counts.get(optimizer, 0)
+        sampled = self.is_sampled(self.step) or before < self.full_window
+        counts[optimizer] = own = before + 1
+        self._count_round(id(optimizer))
+        self._phase_sampled = own < self.full_window
+        return sampled
+
     def count_manual_step(self) -> None:
         """An update of the parameters without torch.optim (``p -= lr * p.grad``)."""
         self.state.manual_steps += 1

@@ -302,8 +302,7 @@ class Installation:
         if not session.active:
             return None
         state = session.state
-        sampled = session.step_sampled(optimizer)
-        session.count_step(optimizer)
+        sampled = session.end_step(optimizer)  # step_sampled, then count_step
         state.backwards_since_step = 0
         if session.wants_now("step_end", sampled) and not _optimizer_without_values(optimizer):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
