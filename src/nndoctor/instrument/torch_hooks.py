@@ -82,6 +82,7 @@ class Installation:
         self._in_train = 0
         self._in_scheduler = 0
         self._last_root: weakref.ref[Any] = _dead_ref  # the model last added to state.roots
+        self._last_stepped: weakref.ref[Any] = _dead_ref  # the optimizer last added to state.optimizers
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
@@ -286,7 +287,9 @@ class Installation:
         session = self.session
         if not session.active:
             return None
-        session.state.optimizers.add(optimizer)
+        if self._last_stepped() is not optimizer:  # the usual step: the same optimizer as last time, known
+            session.state.optimizers.add(optimizer)  # (a WeakSet: nothing removes a live one)
+            self._last_stepped = weakref.ref(optimizer)
         sampled = session.step_sampled(optimizer)
         if session.wants_now("step_start", sampled) and not _optimizer_without_values(optimizer):
             session.emit(ev.StepStart(
