@@ -98,3 +98,23 @@ def test_a_bug_that_starts_at_step_50_is_seen_when_it_starts(bug, code):
 def test_no_late_finding_without_the_bug():
     report = run_script(SCRIPTS / "late_bug.py", ["none"], select=["O103", "M106"])
     assert not report.findings and report.steps == 80
+
+
+def test_end_step_is_step_sampled_then_count_step():
+    """The optimizer hook's one-unwrap ``end_step`` answers and counts as the two calls did,
+    through a single optimizer, a GAN's alternating pair and a new phase's optimizer."""
+    import torch as _torch
+
+    from nndoctor.core.engine import Session as _Session
+
+    params = [_torch.nn.Parameter(_torch.zeros(1)) for _ in range(3)]
+    a, b, c = (_torch.optim.SGD([p], lr=0.1) for p in params)
+    order = [a] * 30 + [a, b] * 20 + [c] * 40 + [a, c] * 5
+    old, new = _Session(checks=[], full_window=4, sample_every=7), _Session(checks=[], full_window=4, sample_every=7)
+    for optimizer in order:
+        before = old.step_sampled(optimizer)
+        old.count_step(optimizer)
+        assert new.end_step(optimizer) == before
+        assert (new.step, new._phase_sampled, new.state.total_steps) == (old.step, old._phase_sampled,
+                                                                         old.state.total_steps)
+    assert dict(new.state.step_counts) == dict(old.state.step_counts)

@@ -343,3 +343,68 @@ def test_a_handler_that_unsubscribes_itself_is_not_called_again():
     # Unsubscribing during its own dispatch: the others of that dispatch still run.
     assert (Once.calls, Counter_.calls) == (1, 3)
     assert session.wants("run_end")  # other kinds keep their handler
+
+
+def test_the_step_ledger_counts_backward_calls_on_tensors_with_values():
+    """``state.backwards_with_values`` (read by O103 for a closure's steps, instead of a handler
+    on every backward) counts ``Tensor.backward`` and ``torch.autograd.backward`` calls, with
+    no check subscribed to backward events; meta tensors carry no values and are not counted."""
+    session = Session(checks=[], full_window=1, sample_every=1000)
+    installation = install(session)
+    try:
+        w = torch.ones(3, requires_grad=True)
+        (w * 2).sum().backward()
+        torch.autograd.backward((w * 3).sum())
+        meta = torch.ones(3, device="meta", requires_grad=True)
+        (meta * 2).sum().backward()
+    finally:
+        finish(session, installation, "completed", None)
+    assert not session.wants("backward")
+    assert session.state.backwards_with_values == 2
+    assert not session.report.internal_errors
+
+
+# Every-step handlers turned into sampled-step ones (session 28, issue 30): each acted only on
+# sampled steps, so an unsampled step must not call it.
+_SAMPLED_NOW = {("O102", "on_step_start"), ("O106", "on_step_end"), ("P113", "on_step_end"),
+                ("X109", "on_backward"), ("X109", "on_backward_done"), ("O108", "on_loss"),
+                ("O108", "on_backward")}
+
+
+def test_converted_handlers_are_not_called_on_unsampled_steps():
+    session = Session(full_window=2, sample_every=50)
+    calls: Counter[tuple[str, str, bool]] = Counter()
+    for table in (session._handlers, session._every_step):
+        for handlers in table.values():
+            for i, (subscriber, handler) in enumerate(handlers):
+                code = getattr(subscriber, "code", "")
+                if (code, handler.__name__) not in _SAMPLED_NOW:
+                    continue
+
+                def counted(event, handler=handler, code=code):
+                    calls[(code, handler.__name__, event.sampled)] += 1
+                    return handler(event)
+                counted.__name__ = handler.__name__
+                handlers[i] = (subscriber, counted)
+    installation = install(session)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        criterion = nn.CrossEntropyLoss()
+        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+        for _ in range(60):
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+    finally:
+        finish(session, installation, "completed", None)
+    assert not session.report.internal_errors
+    assert not [key for key in calls if not key[2]]  # none on an unsampled step
+    called = {(code, name) for code, name, _ in calls}
+    # X109's backward handlers are reached only under DDP (no sampled DDP forward here).
+    assert called >= {("O102", "on_step_start"), ("O106", "on_step_end"), ("P113", "on_step_end"),
+                      ("O108", "on_loss"), ("O108", "on_backward")}
+    assert "backward" not in {kind for kind, handlers in session._every_step.items()
+                              for subscriber, _ in handlers if getattr(subscriber, "code", "") == "O103"}

@@ -216,7 +216,9 @@ class LossAtChance(Check):
         ledger = self._ledger
         if ledger is None or ledger.device != output.device:
             self._flush()
-            rows = 4 * self.session.sample_every + self.session.full_window + 8
+            # Sized for the default interval (100) at most: a very long NNDOCTOR_SAMPLE_EVERY would
+            # otherwise ask the device for rows × batch × 16 bytes (the rows fill, then wait for the read).
+            rows = 4 * min(self.session.sample_every, 100) + min(self.session.full_window, 64) + 8
             ledger = self._ledger = BatchLedger(rows, output.device)
             if self._counts is None or self._counts.device != output.device:
                 counts = torch.zeros(classes, dtype=torch.float64, device=output.device)

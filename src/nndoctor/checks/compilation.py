@@ -18,6 +18,7 @@ from nndoctor.checks.compile_records import (
 from nndoctor.core.events import RunEnd, StepEnd
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 from nndoctor.core.user_code import display_path
 from nndoctor.instrument.training_probe import compile_log
 
@@ -202,11 +203,13 @@ class CompileRecompilation(Check):
         self._breaks_start = graph_break_count()
         self._reported = False
 
+    @sampled_only
     def on_step_end(self, event: StepEnd) -> None:
-        if event.sampled:
-            # During the run only the limit is decided; recompilation and graph breaks are
-            # judged over the whole run at its end (the limit, when it comes, names more).
-            self._examine(event.step, event.location, final=False)
+        if not event.sampled:
+            return
+        # During the run only the limit is decided; recompilation and graph breaks are
+        # judged over the whole run at its end (the limit, when it comes, names more).
+        self._examine(event.step, event.location, final=False)
 
     def on_run_end(self, event: RunEnd) -> None:
         self._examine(event.step, event.location, final=True)

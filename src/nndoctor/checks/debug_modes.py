@@ -124,8 +124,11 @@ class DebugModeLeftOn(Check):
             self._first_step = event.step - 1  # step_end counts the step that just ran
         self._last_end = now
 
+    # Looked up once (asked on every step); None where this torch has no such probe.
+    _profiler_enabled = staticmethod(getattr(torch._C._autograd, "_profiler_enabled", None) or (lambda: False))
+
     def _count_profiled(self, step: int) -> None:
-        probe = getattr(torch._C._autograd, "_profiler_enabled", None)
+        probe = self._profiler_enabled
         if probe is not None and probe():
             self._profiled_run += 1
             if self._profiled_run > self._profiled_longest[0]:

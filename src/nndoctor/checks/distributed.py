@@ -776,13 +776,21 @@ class AccumulationWithoutNoSync(Check):
         if not self._grad_bytes:
             self._grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
 
+    # ``_forwards`` fills on sampled forwards only and empties at every step_start: a backward
+    # that finds it non-empty belongs to the same, sampled, step (and so does its backward_done).
+    @sampled_only
     def on_backward(self, event: Any) -> None:
+        if not event.sampled:
+            return
         if self._forwards:
             self._backward_started = time.perf_counter()
             if self._location is None:
                 self._location = event.location
 
+    @sampled_only
     def on_backward_done(self, event: Any) -> None:
+        if not event.sampled:
+            return
         if self._backward_started is not None:
             self._backward_s.append(time.perf_counter() - self._backward_started)
             self._backward_started = None

@@ -106,19 +106,30 @@ class SpectralNormNeverUpdated(Check):
         self._layers: weakref.WeakKeyDictionary[Any, list[weakref.ref]] = weakref.WeakKeyDictionary()
         self._iterated: weakref.WeakSet = weakref.WeakSet()
         self._done: weakref.WeakSet = weakref.WeakSet()
+        self._last: tuple[weakref.ref, list[weakref.ref]] | None = None
 
-    def _spectral_layers(self, root: Any) -> list[Any]:
+    def _pending_refs(self, root: Any) -> list[weakref.ref]:
+        """The root's spectral-normalized layers not decided yet (a layer is decided once: at
+        its first forward), remembered for the last root seen (one look-up a forward, not a
+        weak-dictionary walk)."""
+        last = self._last
+        if last is not None and last[0]() is root:
+            return last[1]
         refs = self._layers.get(root)
         if refs is None:
             refs = [weakref.ref(m) for m in root.modules() if spectral_norm_parts(m)]
             self._layers[root] = refs
-        return [m for m in (r() for r in refs) if m is not None]
+        self._last = (weakref.ref(root), refs)
+        return refs
 
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss:
             return
-        for layer in self._spectral_layers(event.module):
+        refs = self._pending_refs(event.module)
+        if not refs:  # the usual forward: no spectral norm, or every layer decided
+            return
+        for layer in [m for m in (r() for r in refs) if m is not None]:
             if layer in self._done:
                 continue
             if layer.training:
@@ -127,6 +138,8 @@ class SpectralNormNeverUpdated(Check):
                 continue
             self._done.add(layer)
             self._inspect(event, layer)
+        # Decided layers are never looked at again: keep only the live, undecided ones.
+        refs[:] = [r for r in refs if (m := r()) is not None and m not in self._done]
 
     def _inspect(self, event: Forward, layer: Any) -> None:
         for name, matrix, u, v in spectral_norm_parts(layer):

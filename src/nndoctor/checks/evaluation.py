@@ -164,8 +164,14 @@ class _DeviceSum:
             return
         if self.total is None or self.total.device != loss.device:
             self.total = torch.zeros((), dtype=torch.float64, device=loss.device)
-        with torch.no_grad():  # one kernel: the in-place add promotes to float64 itself
+        # One kernel (the in-place add promotes to float64 itself), with grad mode off: what
+        # torch.no_grad() does, without its Python frames on every step.
+        grad_mode = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             self.total.add_(loss.reshape(()) if loss.dim() else loss)
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
         self.count += 1
 
     def mean_and_reset(self) -> float | None:

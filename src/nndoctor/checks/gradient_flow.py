@@ -18,6 +18,7 @@ from nndoctor.checks._params import (
 from nndoctor.core.events import Backward, LossComputed, ManualStep, StepEnd, StepStart, ZeroGrad
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 
 
 @register
@@ -86,6 +87,8 @@ class MissingZeroGrad(Check):
         self._owners: dict[int, weakref.ref] = {}
 
     def on_step_start(self, event: StepStart) -> None:
+        if not self._snapshots and not event.sampled:
+            return  # the usual step: no fingerprint to compare (nor a stale backward, kept only with one)
         optimizer = event.optimizer
         stepper = f"{type(optimizer).__name__}.step()"
         self._step_boundary(optimizer, stepper, event, lambda: optimizer_params(optimizer),
@@ -301,10 +304,11 @@ class ZeroGradBeforeStep(Check):
             step=event.step,
         )
 
+    @sampled_only  # every test below only returns: asking whether the step is sampled first changes nothing
     def on_step_start(self, event: StepStart) -> None:
-        if event.has_closure or event.backwards_since_step == 0 or event.zero_grads_since_backward == 0:
-            return
         if not event.sampled:
+            return
+        if event.has_closure or event.backwards_since_step == 0 or event.zero_grads_since_backward == 0:
             return
         params = optimizer_params(event.optimizer)
         grads = [p.grad for p in params if p.grad is not None]
@@ -362,15 +366,13 @@ class StepWithoutGradients(Check):
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._backwards = 0  # backward() calls so far; a closure's run inside step()
+        # backward() calls so far, from the session's step ledger (not a handler on every
+        # backward): a closure's run inside step() is the difference across the step.
         self._at_step_start: dict[int, int] = {}
-
-    def on_backward(self, event: Backward) -> None:
-        self._backwards += 1
 
     def on_step_start(self, event: StepStart) -> None:
         if event.has_closure:
-            self._at_step_start[id(event.optimizer)] = self._backwards
+            self._at_step_start[id(event.optimizer)] = self.session.state.backwards_with_values
             return
         if event.backwards_since_step and event.zero_grads_since_backward:
             return  # O102's case
@@ -384,7 +386,7 @@ class StepWithoutGradients(Check):
         started = self._at_step_start.pop(id(event.optimizer), None)
         if not event.has_closure or started is None or has_any_grad(event.optimizer):
             return
-        ran = self._backwards - started
+        ran = self.session.state.backwards_with_values - started
         why = ("its closure ran no backward()" if ran == 0
                else "the closure's backward() did not reach them")
         self._report(event, why, ran)
@@ -451,13 +453,21 @@ class UnscaledGradientAccumulation(Check):
         self._backwards: list[tuple[bool | None, int]] = []
         self._where: Location | None = None
 
+    # The loss and backward records are read only by a sampled step's step_start (the only
+    # place that reports): collected on sampled steps only, they cost an unsampled step nothing.
+    @sampled_only
     def on_loss(self, event: LossComputed) -> None:
+        if not event.sampled:
+            return
         out = event.output
         if isinstance(out, torch.Tensor) and out.grad_fn is not None:
             self._last_loss = weakref.ref(out)
             self._last_reduction = event.options.get("reduction")
 
+    @sampled_only
     def on_backward(self, event: Backward) -> None:
+        if not event.sampled:
+            return
         if event.index_since_step == 0:
             self._backwards = []
             self._where = event.location if event.sampled else None
@@ -476,6 +486,8 @@ class UnscaledGradientAccumulation(Check):
         return False
 
     def on_step_start(self, event: StepStart) -> None:
+        if not self._backwards:  # the usual step: nothing recorded (unsampled)
+            return
         records, self._backwards = self._backwards, []
         k = len(records)
         if k < 2 or not event.sampled:

@@ -319,7 +319,10 @@ class UpdateScale(Check):
         if id(event.optimizer) not in self._where:
             self._where[id(event.optimizer)] = (event.location, type(event.optimizer).__name__)
 
+    @sampled_only  # ``_before`` is taken at a sampled step_start: its step_end is sampled too
     def on_step_end(self, event: StepEnd) -> None:
+        if not event.sampled:
+            return
         before = self._before.pop(id(event.optimizer), None)
         if not before:
             return

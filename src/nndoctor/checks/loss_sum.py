@@ -136,12 +136,15 @@ class LossSumAcrossDevices(Check):
     def __init__(self, session: Any) -> None:
         super().__init__(session)
         self._reported_dp = False
+        self._facts: Any = None  # the session's loss-sum facts, looked up once (every backward asks)
 
     def on_backward(self, event: Any) -> None:
         tensor = event.tensor
         if tensor is None or getattr(tensor, "grad_fn", None) is None:
             return
-        state = facts(self.session)
+        state = self._facts
+        if state is None:
+            state = self._facts = facts(self.session)
         if state.summed:
             record = pending_for(state, tensor)
             if record is not None:

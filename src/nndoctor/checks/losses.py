@@ -611,12 +611,19 @@ class LossNotDecreasing(Check):
         buffer = self._buffer
         if buffer is None or buffer.device != loss.device:
             self._flush()
-            size = 4 * self.session.sample_every + self.session.full_window + 8
+            # Bounded (a very long NNDOCTOR_SAMPLE_EVERY): once full, losses wait for the next read.
+            size = 4 * min(self.session.sample_every, 10_000) + min(self.session.full_window, 64) + 8
             buffer = self._buffer = torch.empty(size, dtype=torch.float32, device=loss.device)
             self._slots = buffer.unbind()
         if self._filled < buffer.numel():  # when full, skip until the next sampled flush
-            with torch.no_grad():  # one kernel: the slot views are made once, with the buffer
+            # One kernel (the slot views are made once, with the buffer), with grad mode off: what
+            # torch.no_grad() does, without its Python frames on every step.
+            grad_mode = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
                 self._slots[self._filled].copy_(loss if loss.dim() == 0 else loss.reshape(()))
+            finally:
+                torch._C._set_grad_enabled(grad_mode)
             self._filled += 1
         if event.sampled:
             self._flush()

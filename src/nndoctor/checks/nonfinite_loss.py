@@ -279,10 +279,9 @@ class NonfiniteLoss(Check):
         self._done = True
 
     def _device_check(self, event: Backward) -> bool:
-        tensor = event.tensor.detach()
-        with torch.no_grad():
-            # A loss (one element): isfinite alone is the flag, one kernel where .all() made two.
-            flag = torch.isfinite(tensor.reshape(())) if tensor.numel() == 1 else torch.isfinite(tensor).all()
+        tensor = event.tensor.detach()  # detached: the flag records nothing for autograd (no no_grad frames)
+        # A loss (one element): isfinite alone is the flag, one kernel where .all() made two.
+        flag = torch.isfinite(tensor.reshape(())) if tensor.numel() == 1 else torch.isfinite(tensor).all()
         # Read at once where modules were recorded (the answer decides the trace); elsewhere
         # through the pinned ring, without a synchronisation.
         if (event.sampled and self._traces_sampled(event.step)) or self._ring is None:

@@ -404,11 +404,7 @@ class ModelNotUpdating(Check):
         if watched is None or watched[0] != count:
             params = [p for p in optimizer_params(optimizer) if p.numel()]
             watched = self._watched[key] = (count, [weakref.ref(p) for p in spread_sample(params, 16)])
-        found = []
-        for ref in watched[1]:
-            p = ref()
-            if p is not None and p.grad is not None:
-                found.append((ref, p._version))
+        found = [(ref, p._version) for ref in watched[1] if (p := ref()) is not None and p.grad is not None]
         if not found and not has_any_grad(optimizer):
             return None  # no parameter has a gradient: the step will write nothing
         return found
@@ -424,9 +420,12 @@ class ModelNotUpdating(Check):
         else:
             untouched = False  # only unwatched parameters had gradients: not known here
         certain = untouched or all_learning_rates_zero(event.optimizer)
-        self._untouched[key] = self._untouched.get(key, 0) + 1 if certain else 0
-        if self._untouched[key] >= self.CONSECUTIVE_EVERY_STEP:
-            self._report(event, self._untouched[key], "steps")
+        if not certain:  # the usual step: it wrote the parameters
+            self._untouched[key] = 0
+            return
+        count = self._untouched[key] = self._untouched.get(key, 0) + 1
+        if count >= self.CONSECUTIVE_EVERY_STEP:
+            self._report(event, count, "steps")
 
     def _report(self, event: StepEnd, count: int, unit: str) -> None:
         key = id(event.optimizer)
@@ -467,5 +466,8 @@ def all_learning_rates_zero(optimizer) -> bool:
     """Every param group's lr is the Python number 0 (tensor lrs are not read: that would
     synchronise the device on every step)."""
     groups = optimizer.param_groups
+    first = groups[0].get("lr") if groups else None
+    if type(first) is float and first:
+        return False  # the usual optimizer: a non-zero float lr in its first group
     return bool(groups) and all(
         isinstance(g.get("lr"), (int, float)) and g["lr"] == 0 for g in groups)

@@ -64,25 +64,30 @@ class TrainingStalled(Check):
         # Installed for X110 alone: the watchdog runs and notes progress, R104 reports nothing.
         self.silent = False
 
-    def _progress(self, kind: str) -> None:
-        self.last_progress = time.monotonic()
-        self.last_kind = kind
-        self.armed = True
-
+    # The every-step handlers below write the three fields themselves (the time, then the kind,
+    # then armed): one Python call fewer each, three times a step.
     def on_batch(self, event: Any) -> None:
-        self._progress("batch")
+        self.last_progress = time.monotonic()
+        self.last_kind = "batch"
+        self.armed = True
 
     @model_forwards_only  # the loss module's forward follows the model's within microseconds
     def on_forward(self, event: Any) -> None:
         if event.is_loss:
             return
-        self._progress("forward")
+        self.last_progress = time.monotonic()
+        self.last_kind = "forward"
+        self.armed = True
 
     def on_backward_done(self, event: Any) -> None:
-        self._progress("backward")
+        self.last_progress = time.monotonic()
+        self.last_kind = "backward"
+        self.armed = True
 
     def on_step_end(self, event: Any) -> None:
-        self._progress("optimizer step")
+        self.last_progress = time.monotonic()
+        self.last_kind = "optimizer step"
+        self.armed = True
 
 
 def _where(record: dict[str, Any]) -> str:

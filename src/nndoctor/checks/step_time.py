@@ -10,7 +10,7 @@ from nndoctor.core.events import BatchFetched, CheckpointSave, Forward, RunEnd, 
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
 from nndoctor.core.subscribers import model_forwards_only
-from nndoctor.instrument.training_probe import gc_clock
+from nndoctor.instrument.training_probe import GcClock, gc_clock
 
 
 @dataclass
@@ -139,6 +139,7 @@ class StepTimeOutliers(Check):
         self._current = StepRecord(step=0, seconds=0.0)
         self._gc_at_last_end = 0.0
         self._step_at: Location | None = None
+        self._gc_clock: GcClock | None = None  # the session's, looked up until found (not every step)
 
     def on_checkpoint_save(self, event: CheckpointSave) -> None:
         self._current.checkpoint_s += event.seconds
@@ -158,7 +159,9 @@ class StepTimeOutliers(Check):
 
     def on_step_end(self, event: StepEnd) -> None:
         now = time.perf_counter()
-        clock = gc_clock(self.session)
+        clock = self._gc_clock
+        if clock is None:
+            clock = self._gc_clock = gc_clock(self.session)
         gc_total = clock.seconds if clock is not None else 0.0
         record = self._current
         # A sampled step (or the one right after it) carries nndoctor's own instrumentation.

@@ -77,6 +77,9 @@ class RunState:
         self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self.mode_generation = 0
         self.backwards_since_step = 0
+        # The step ledger: facts of every step that the instrumentation writes and checks read
+        # when they decide, instead of each subscribing to every step's events.
+        self.backwards_with_values = 0  # backward() calls on tensors with values (Backward events)
         self.zero_grads_since_backward = 0
         self.total_steps = 0  # every optimizer.step() and manual update
         self.manual_steps = 0  # updates without torch.optim, recognised by version counters
@@ -275,6 +278,18 @@ class Session:
         self._count_round(id(optimizer))
         # The first steps of a new optimizer (the next phase) are fully observed, like the run's.
         self._phase_sampled = own < self.full_window
+
+    def end_step(self, optimizer: Any) -> bool:
+        """``step_sampled`` then ``count_step`` for the step of ``optimizer`` that just ran, with
+        one unwrap and one look-up (the hook after every ``optimizer.step()``): was it sampled?"""
+        optimizer = unwrap_optimizer(optimizer)
+        counts = self.state.step_counts
+        before = counts.get(optimizer, 0)
+        sampled = self.is_sampled(self.step) or before < self.full_window
+        counts[optimizer] = own = before + 1
+        self._count_round(id(optimizer))
+        self._phase_sampled = own < self.full_window
+        return sampled
 
     def count_manual_step(self) -> None:
         """An update of the parameters without torch.optim (``p -= lr * p.grad``)."""

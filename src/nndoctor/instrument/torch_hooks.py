@@ -82,6 +82,7 @@ class Installation:
         self._in_train = 0
         self._in_scheduler = 0
         self._last_root: weakref.ref[Any] = _dead_ref  # the model last added to state.roots
+        self._last_stepped: weakref.ref[Any] = _dead_ref  # the optimizer last added to state.optimizers
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
@@ -286,7 +287,9 @@ class Installation:
         session = self.session
         if not session.active:
             return None
-        session.state.optimizers.add(optimizer)
+        if self._last_stepped() is not optimizer:  # the usual step: the same optimizer as last time, known
+            session.state.optimizers.add(optimizer)  # (a WeakSet: nothing removes a live one)
+            self._last_stepped = weakref.ref(optimizer)
         sampled = session.step_sampled(optimizer)
         if session.wants_now("step_start", sampled) and not _optimizer_without_values(optimizer):
             session.emit(ev.StepStart(
@@ -302,8 +305,7 @@ class Installation:
         if not session.active:
             return None
         state = session.state
-        sampled = session.step_sampled(optimizer)
-        session.count_step(optimizer)
+        sampled = session.end_step(optimizer)  # step_sampled, then count_step
         state.backwards_since_step = 0
         if session.wants_now("step_end", sampled) and not _optimizer_without_values(optimizer):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
@@ -397,7 +399,10 @@ class Installation:
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
             sampled = session.sampled
-            if session.wants_now("backward", sampled) and not _without_values(tensor):
+            if _without_values(tensor):
+                return
+            state.backwards_with_values += 1  # the step ledger (O103's closure steps read it)
+            if session.wants_now("backward", sampled):
                 session.emit(ev.Backward(step=session.step, sampled=sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
                                          batches_since_last_backward=batches,
