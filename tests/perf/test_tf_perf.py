@@ -99,7 +99,9 @@ def test_input_bound_fit_measures_prefetch_and_parallel_map(tf_perf):
     # Same elements in the same order: the loss after the window does not move.
     assert trials["prefetch"]["loss_change"] == 0.0 and trials["parallel-map"]["loss_change"] == 0.0
     best = max(trials["prefetch"]["speedup"], trials["parallel-map"]["speedup"])
-    assert best > 1.2, trials  # a 1 ms sequential decode per element: parallel decoding must pay
+    # A 3 ms sequential decode per element: parallel decoding must pay. (With 1 ms, the fixed cost
+    # per element ate the gain on a loaded 2-core machine: 1.08x in a CI run beside the other worker.)
+    assert best > 1.2, trials
     advice = {item["change"]: item for item in perf["advice"]}
     assert advice, perf["advice"]
     assert any("input_bound_fit.py:3" in text for item in advice.values() for text in item["applied"])
