@@ -213,16 +213,7 @@ def test_unsampled_steps_build_no_event_that_no_handler_wants(monkeypatch):
     session.subscribe(SampledOnly())
     installation = install(session)
     try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        criterion = nn.CrossEntropyLoss()
-        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-        for _ in range(40):
-            optimizer.zero_grad()
-            loss = criterion(model(x), y)
-            loss.backward()
-            optimizer.step()
+        _train_small_mlp(40, lambda params: torch.optim.SGD(params, lr=0.1))
     finally:
         finish(session, installation, "completed", None)
     sampled_steps = sum(1 for step in range(40) if session.is_sampled(step))
@@ -388,16 +379,7 @@ def test_converted_handlers_are_not_called_on_unsampled_steps():
                 handlers[i] = (subscriber, counted)
     installation = install(session)
     try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-        criterion = nn.CrossEntropyLoss()
-        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-        for _ in range(60):
-            optimizer.zero_grad()
-            loss = criterion(model(x), y)
-            loss.backward()
-            optimizer.step()
+        _train_small_mlp(60, lambda params: torch.optim.Adam(params, lr=0.01))
     finally:
         finish(session, installation, "completed", None)
     assert not session.report.internal_errors
@@ -408,3 +390,17 @@ def test_converted_handlers_are_not_called_on_unsampled_steps():
                       ("O108", "on_loss"), ("O108", "on_backward")}
     assert "backward" not in {kind for kind, handlers in session._every_step.items()
                               for subscriber, _ in handlers if getattr(subscriber, "code", "") == "O103"}
+
+
+def _train_small_mlp(steps, make_optimizer):
+    """A plain classification loop on one fixed batch (the session is installed by the caller)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = make_optimizer(model.parameters())
+    criterion = nn.CrossEntropyLoss()
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
