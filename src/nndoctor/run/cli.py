@@ -19,7 +19,7 @@ from nndoctor.core.selection import fail_threshold, selectors
 from nndoctor.report.delivery import ReportDelivery
 from nndoctor.report.outputs import stdout_to_stderr
 from nndoctor.run import watchdog
-from nndoctor.run.runner import Target, run_target
+from nndoctor.run.runner import Target, check_target, run_target
 from nndoctor.util.errors import UsageError
 
 EXIT_FINDINGS = 1
@@ -77,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
     target = target_from_args(args)
     distributed.refuse_launcher(target.name, target.is_module)
+    # A missing or unparsable script is refused before the checks load (and import torch): a typo
+    # fails at once instead of seconds later. run_target checks it again (for its other callers,
+    # and for -m, whose module is found only once the working directory is on sys.path).
+    if not target.is_module:
+        check_target(target)
     rank = distributed.torchrun_rank()
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
