@@ -225,8 +225,8 @@ class TrialScheduler:
 
     def _run_all(self, order: list[str], predictions: dict[str, dict[str, Any]],
                  results: dict[str, Any]) -> None:
-        if not order:
-            return
+        if not order and len(together_set(results)) < 2:
+            return  # (with no change to re-run, the set of those decided in process may still be)
         if not self.fits(order[:1], extra=self.estimate([])):
             self.announce(f"the budget has {max(0.0, self.budget.left()):.0f} s left: not enough for a baseline "
                           f"re-run and one change (~{self.estimate([]) + self.estimate(order[:1]):.0f} s)")
@@ -370,7 +370,9 @@ def best_point(trials: dict[str, Any]) -> dict[str, Any] | None:
     ``{"changes", "speedup", "measured_as"}``; None when nothing paid."""
     singles = [(name, t) for name, t in trials.items()
                if name in combine.COMBINABLE and isinstance(t, dict) and t.get("pays_off") and "speedup" in t]
-    candidates = [{"changes": [name], "speedup": t["speedup"], "measured_as": "alone, against the baseline"}
+    candidates = [{"changes": [name], "speedup": t["speedup"],
+                   "measured_as": ("alone, on the captured batch in this process (interleaved with your step)"
+                                   if t.get("measure") == "captured batch" else "alone, against the baseline")}
                   for name, t in singles]
     batch = trials.get("batch-size") or {}
     if batch.get("pays_off") and batch.get("best", {}).get("factor", 1) > 1:

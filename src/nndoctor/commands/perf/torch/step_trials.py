@@ -41,6 +41,12 @@ def _new_optimizer(optimizer: Any, params: list[Any]) -> Any:
         return torch.optim.SGD(params, lr=optimizer.param_groups[0].get("lr", 1e-3))
 
 
+def fused_optimizer(optimizer: Any, params: list[Any]) -> Any:
+    """A copy of the user's optimizer class and settings with ``fused=True``: raises when the
+    class or the device has no fused kernels (never a stand-in: that would time another update)."""
+    return type(optimizer)(params, **{**optimizer.defaults, "fused": True, "foreach": False})
+
+
 class StepRunner:
     """One variant of the user's step on its own copy of the model and optimizer."""
 
@@ -56,7 +62,10 @@ class StepRunner:
         if "channels_last" in self.parts:
             self.model = self.model.to(memory_format=torch.channels_last)
             self.inputs = _to_channels_last(inputs)
-        self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()))
+        if "fused-optimizer" in self.parts:
+            self.optimizer = fused_optimizer(optimizer, list(self.model.parameters()))
+        else:
+            self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()))
         self.forward = self.model
         if "compile" in self.parts:
             # In place on our copy: an OptimizedModule wrapper would add a second module call
