@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -32,11 +33,25 @@ def _to_channels_last(value: Any) -> Any:
     return value
 
 
+def _settings(optimizer: Any, **overrides: Any) -> dict[str, Any]:
+    """The optimizer's defaults its class takes back as keyword arguments: a subclass may keep
+    defaults its own constructor does not accept (torch's AdamW keeps Adam's
+    ``decoupled_weight_decay``, which ``AdamW(...)`` refuses)."""
+    settings = {**optimizer.defaults, **overrides}
+    try:
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+    except (TypeError, ValueError):
+        return settings
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return settings
+    return {key: value for key, value in settings.items() if key in accepted or key in overrides}
+
+
 def _new_optimizer(optimizer: Any, params: list[Any]) -> Any:
     import torch
 
     try:
-        return type(optimizer)(params, **optimizer.defaults)
+        return type(optimizer)(params, **_settings(optimizer))
     except Exception:  # noqa: BLE001 - an exotic optimizer: time plain SGD's update instead
         return torch.optim.SGD(params, lr=optimizer.param_groups[0].get("lr", 1e-3))
 
@@ -44,7 +59,7 @@ def _new_optimizer(optimizer: Any, params: list[Any]) -> Any:
 def fused_optimizer(optimizer: Any, params: list[Any]) -> Any:
     """A copy of the user's optimizer class and settings with ``fused=True``: raises when the
     class or the device has no fused kernels (never a stand-in: that would time another update)."""
-    return type(optimizer)(params, **{**optimizer.defaults, "fused": True, "foreach": False})
+    return type(optimizer)(params, **_settings(optimizer, fused=True, foreach=False))
 
 
 class StepRunner:
