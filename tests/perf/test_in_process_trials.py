@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -44,6 +45,7 @@ def _perf(script: str, tries: tuple[str, ...]):
     return result, lines
 
 
+@pytest.mark.slow
 def test_the_fused_optimizer_is_timed_in_process_and_joins_the_together_re_run(monkeypatch):
     """Adam's per-parameter loop over 242 small tensors is about half of this CPU step: the fused
     copy is ~2× faster on the captured batch. Only amp and the set are re-run."""
@@ -52,8 +54,10 @@ def test_the_fused_optimizer_is_timed_in_process_and_joins_the_together_re_run(m
     fake = FakeReRuns(monkeypatch, {"": 0.020, "amp": 0.015, "amp,fused-optimizer": 0.010})
     result, lines = _perf("many_params_adam.py", ("fused-optimizer", "amp"))
     trials = result.trials
-    # No re-run of the script for fused-optimizer alone: the baseline, amp, then the set.
-    assert fake.calls == [[], ["amp"], ["amp", "fused-optimizer"]]
+    # No re-run of the script for fused-optimizer alone: the baseline, amp, then the set (the
+    # first two repeated, interleaved, when the machine's noise leaves amp's verdict open).
+    assert fake.calls[0] == [] and fake.calls[-1] == ["amp", "fused-optimizer"]
+    assert {tuple(changes) for changes in fake.calls} == {(), ("amp",), ("amp", "fused-optimizer")}
     fused = trials["fused-optimizer"]
     assert fused["measure"] == "captured batch" and fused["runs"] == captured_trials.REPEATS
     assert fused["speedup"] > 1.3, fused
@@ -64,6 +68,7 @@ def test_the_fused_optimizer_is_timed_in_process_and_joins_the_together_re_run(m
     assert trials["combined"]["changes"] == ["amp", "fused-optimizer"] and trials["combined"]["measure"] == "re-run"
     assert trials["best"]["changes"] == ["amp", "fused-optimizer"]
     items = {item["change"]: item for item in advice(result)}
+    assert items["fused-optimizer"]["measured_as"].startswith("on the captured batch")
     assert items["combination"]["changes"] == ["amp", "fused-optimizer"]
     assert items["combination"]["measured_as"] == "together, interleaved with the baseline"
     text = "\n".join(trial_lines(trials))
@@ -74,6 +79,7 @@ def test_the_fused_optimizer_is_timed_in_process_and_joins_the_together_re_run(m
     json.dumps(result.to_json())  # the JSON report carries it
 
 
+@pytest.mark.slow
 def test_a_change_decided_in_process_alone_needs_no_re_run_at_all(monkeypatch):
     fake = FakeReRuns(monkeypatch, {})
     result, _ = _perf("many_params_adam.py", ("fused-optimizer",))
@@ -178,3 +184,18 @@ def test_an_adamw_copy_is_adamw_with_the_users_settings():
         copy = StepRunner(variant, model, optimizer, nn.CrossEntropyLoss(), (batch,), target, "cpu").optimizer
         assert type(copy) is torch.optim.AdamW and copy.defaults["fused"] is fused
         assert copy.defaults["lr"] == 3e-4 and copy.defaults["weight_decay"] == 0.05
+
+
+def test_a_change_timed_in_process_is_advised_through_the_set_it_joined_when_one_was_re_run():
+    """Its ratio on copies (compute only) is not comparable with a re-run's: when the set it
+    joined was re-run, the best point is chosen among re-run points."""
+    fused = {"speedup": 2.2, "noise": 0.1, "pays_off": True, "loss_ok": True, "measure": "captured batch"}
+    amp = {"speedup": 1.3, "noise": 0.02, "pays_off": True, "loss_ok": True, "measure": "re-run"}
+    combined = {"changes": ["amp", "fused-optimizer"], "speedup": 2.0, "pays_off": True}
+    best = schedule.best_point({"fused-optimizer": fused, "amp": amp, "combined": combined})
+    assert best == {"changes": ["amp", "fused-optimizer"], "speedup": 2.0,
+                    "measured_as": "together, interleaved with the baseline"}
+    # No set re-run: the in-process verdict is the measurement there is, and says how it was made.
+    best = schedule.best_point({"fused-optimizer": fused})
+    assert best is not None and best["changes"] == ["fused-optimizer"]
+    assert best["measured_as"].startswith("alone, on the captured batch in this process")

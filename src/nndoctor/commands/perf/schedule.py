@@ -367,9 +367,14 @@ def together_set(results: dict[str, Any]) -> list[str]:
 def best_point(trials: dict[str, Any]) -> dict[str, Any] | None:
     """The best measured configuration against the baseline: the paying set together (plus the
     best change that paid on top of it), or the best single change when the set did not beat it.
-    ``{"changes", "speedup", "measured_as"}``; None when nothing paid."""
+    ``{"changes", "speedup", "measured_as"}``; None when nothing paid. A change timed in this
+    process (``measure: "captured batch"``, compute on copies) is a candidate alone only when no
+    set was re-run: its ratio is not comparable with a re-run's, and the set it joined measured
+    it end to end."""
+    combined = trials.get("combined") or {}
     singles = [(name, t) for name, t in trials.items()
-               if name in combine.COMBINABLE and isinstance(t, dict) and t.get("pays_off") and "speedup" in t]
+               if name in combine.COMBINABLE and isinstance(t, dict) and t.get("pays_off") and "speedup" in t
+               and not (t.get("measure") == "captured batch" and combined.get("speedup"))]
     candidates = [{"changes": [name], "speedup": t["speedup"],
                    "measured_as": ("alone, on the captured batch in this process (interleaved with your step)"
                                    if t.get("measure") == "captured batch" else "alone, against the baseline")}
@@ -378,7 +383,6 @@ def best_point(trials: dict[str, Any]) -> dict[str, Any] | None:
     if batch.get("pays_off") and batch.get("best", {}).get("factor", 1) > 1:
         candidates.append({"changes": [f"batch-size={batch['best']['factor']}"], "speedup": batch["speedup"],
                            "measured_as": "alone, against the baseline (samples/s)"})
-    combined = trials.get("combined") or {}
     if combined.get("speedup") and combined.get("pays_off"):
         candidates.append({"changes": combined["changes"], "speedup": combined["speedup"],
                            "measured_as": "together, interleaved with the baseline"})
