@@ -199,3 +199,22 @@ def test_a_change_timed_in_process_is_advised_through_the_set_it_joined_when_one
     best = schedule.best_point({"fused-optimizer": fused})
     assert best is not None and best["changes"] == ["fused-optimizer"]
     assert best["measured_as"].startswith("alone, on the captured batch in this process")
+
+
+def test_changes_all_decided_in_process_are_still_re_run_together():
+    """`--try tf32,fused-optimizer` on a compute-bound GPU loop: both timed in process, nothing
+    left to re-run alone, but the set the advice would name is re-run against the baseline."""
+    calls: list[list[str]] = []
+
+    def run(changes: list[str]) -> dict:
+        calls.append(list(changes))
+        return {"seconds_per_step": {"": 0.020, "fused-optimizer,tf32": 0.011}[",".join(sorted(changes))],
+                "final_loss": 1.0, "applied": list(changes) or ["baseline"]}
+
+    verdict = {"noise": 0.02, "pays_off": True, "loss_ok": True, "loss_change": 0.001, "measure": "captured batch"}
+    results = {"tf32": {**verdict, "speedup": 1.4}, "fused-optimizer": {**verdict, "speedup": 1.3}}
+    schedule.TrialScheduler(run, budget=schedule.Budget(1000.0), repeats=3, device="cuda").run_all([], {}, results)
+    assert calls[0] == [] and calls[-1] == ["tf32", "fused-optimizer"] and ["tf32"] not in calls
+    assert results["combined"]["changes"] == ["tf32", "fused-optimizer"]
+    assert results["combined"]["speedup"] == pytest.approx(20 / 11)
+    assert schedule.best_point(results)["changes"] == ["tf32", "fused-optimizer"]

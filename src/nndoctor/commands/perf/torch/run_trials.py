@@ -109,7 +109,9 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     if step_tries and (order or together_left or not (on_captured or in_process.decided)):
         # The user's own loop, re-run with each change injected: any step shape works.
         if announce:
-            announce(f"re-running the script with {', '.join(order) or 'nothing'} injected, most promising "
+            what = ", ".join(order) or ("only the set of " + " + ".join(schedule.together_set(results))
+                                        if together_left else "nothing")
+            announce(f"re-running the script with {what} injected, most promising "
                      f"first, against the baseline; budget {config.budget:g} s, {max(0.0, budget.left()):.0f} s left")
         if cuda:
             torch.cuda.empty_cache()  # the re-runs need the memory this process no longer uses
