@@ -376,7 +376,7 @@ def best_point(trials: dict[str, Any]) -> dict[str, Any] | None:
                if name in combine.COMBINABLE and isinstance(t, dict) and t.get("pays_off") and "speedup" in t
                and not (t.get("measure") == "captured batch" and combined.get("speedup"))]
     candidates = [{"changes": [name], "speedup": t["speedup"],
-                   "measured_as": ("alone, on the captured batch in this process (interleaved with your step)"
+                   "measured_as": ("alone, on the captured batch in this process, interleaved with your step"
                                    if t.get("measure") == "captured batch" else "alone, against the baseline")}
                   for name, t in singles]
     batch = trials.get("batch-size") or {}
