@@ -59,6 +59,8 @@ def _new_optimizer(optimizer: Any, params: list[Any]) -> Any:
 def fused_optimizer(optimizer: Any, params: list[Any]) -> Any:
     """A copy of the user's optimizer class and settings with ``fused=True``: raises when the
     class or the device has no fused kernels (never a stand-in: that would time another update)."""
+    while hasattr(optimizer, "optimizer") and not hasattr(optimizer, "defaults"):
+        optimizer = optimizer.optimizer  # a wrapper (AMP scaler shims), as the re-run's injection unwraps
     return type(optimizer)(params, **_settings(optimizer, fused=True, foreach=False))
 
 
