@@ -218,3 +218,24 @@ def test_changes_all_decided_in_process_are_still_re_run_together():
     assert results["combined"]["changes"] == ["tf32", "fused-optimizer"]
     assert results["combined"]["speedup"] == pytest.approx(20 / 11)
     assert schedule.best_point(results)["changes"] == ["tf32", "fused-optimizer"]
+
+
+def test_the_copies_keep_the_users_parameter_groups():
+    """nanoGPT-style groups: weight decay on the matrices only, and a lower learning rate for the
+    head; the baseline's copy and the fused one both keep them (the fused one in every group)."""
+    from nndoctor.commands.perf.torch.step_trials import StepRunner
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    decay = [model[0].weight]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": [model[0].bias], "weight_decay": 0.0},
+                                   {"params": list(model[2].parameters()), "lr": 1e-4}], lr=1e-3)
+    batch, target = torch.randn(2, 4), torch.tensor([0, 1])
+    for variant in ("baseline", "fused-optimizer"):
+        runner = StepRunner(variant, model, optimizer, nn.CrossEntropyLoss(), (batch,), target, "cpu")
+        groups = runner.optimizer.param_groups
+        assert [g["weight_decay"] for g in groups] == [0.1, 0.0, 0.01] and [g["lr"] for g in groups] == [1e-3, 1e-3, 1e-4]
+        assert groups[0]["params"][0] is runner.model[0].weight and groups[2]["params"][1] is runner.model[2].bias
+        assert all(g["fused"] is (True if variant == "fused-optimizer" else None) for g in groups)
+        runner.step()  # the copy steps; the user's parameters are not its own
+        assert groups[0]["params"][0] is not model[0].weight
