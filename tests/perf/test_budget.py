@@ -299,10 +299,12 @@ def test_sigterm_keeps_the_finished_trials_in_the_report(tmp_path):
     perf = json.loads(out.read_text())["extra"]["perf"]
     trials = perf["trials"]
     assert perf["interrupted"] == "SIGTERM"
-    finished = [n for n in ("fused-optimizer", "amp", "compile") if "speedup" in trials[n]]
-    interrupted = [n for n in ("fused-optimizer", "amp", "compile") if trials[n].get("not_measured") == "interrupted"]
+    # The fused optimizer is timed in process before any re-run (perf/torch/in_process_trials.py).
+    assert trials["fused-optimizer"]["measure"] == "captured batch", trials["fused-optimizer"]
+    finished = [n for n in ("amp", "compile") if "speedup" in trials[n]]
+    interrupted = [n for n in ("amp", "compile") if trials[n].get("not_measured") == "interrupted"]
     assert len(finished) >= 1 and finished[0] in seen[-1], (trials, seen[-1])
-    assert interrupted and len(finished) + len(interrupted) == 3, trials
+    assert interrupted and len(finished) + len(interrupted) == 2, trials
     assert "were not measured" in rest  # the text report says so too
 
 

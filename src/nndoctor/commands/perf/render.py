@@ -120,6 +120,13 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
         if timing.get("excludes_data_wait"):
             lines.append(f"  (the loop waited for data {timing['data_share']:.0%} of the step: each change is timed on "
                          "the step without that wait, which only the loader settings shorten)")
+    in_process = trials.get("in_process") or {}
+    if in_process.get("changes"):
+        lines.append(f"--try {', '.join(in_process['changes'])} in this process, not re-run: copies of your model and "
+                     f"optimizer stepping your captured batch, {in_process['repeats']} interleaved rounds of "
+                     f"{in_process['steps']} steps against your step on copies alike:")
+        lines += [in_process_line(name, trials[name]) for name in in_process["changes"]
+                  if isinstance(trials.get(name), dict) and "speedup" in trials[name]]
     for name in ("amp", "channels_last", "compile", "cudnn-benchmark", "tf32", "fused-optimizer", "sdpa",
                  "cuda-graphs", "batch-size", *DDP_TRIAL_NAMES, *TF_TRIAL_NAMES):
         result = trials.get(name)
@@ -129,12 +136,13 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
             lines += batch_size_lines(result)
             continue
         if result.get("not_measured"):
-            lines += not_measured_lines(name, result)
+            lines += not_measured_lines(name, result) + _not_in_process(result)
             continue
         if result.get("measure") == "captured batch":
-            continue  # in captured_lines
+            continue  # in captured_lines, or above (in this process)
         if "speedup" not in result:
             lines.append(f"--try {name}: {result.get('skipped') or result.get('error')}")
+            lines += _not_in_process(result)
             continue
         verdict = "pays off" if result["pays_off"] else ("changes the loss" if not result["loss_ok"] else "no gain")
         loss = f"{result['loss_change']:.2%}" if result.get("loss_change") is not None else "not read"
@@ -144,6 +152,7 @@ def trial_lines(trials: dict[str, Any]) -> list[str]:
                      f"loss change {loss}): {verdict} — measured{_predicted_suffix(result)}")
         lines += [f"  applied: {text}" for text in result.get("applied") or []
                   if name in TF_TRIAL_NAMES or name in DDP_TRIAL_NAMES]
+        lines += _not_in_process(result)
         if result.get("rank_seconds_per_step"):
             lines.append("  slowest rank's step counted; per rank: "
                          + ", ".join(f"{1000 * t:.1f} ms" for t in result["rank_seconds_per_step"]))
@@ -204,6 +213,21 @@ def captured_lines(captured: dict[str, Any] | None) -> list[str]:
 
 def _loader_words(setting: dict[str, Any]) -> str:
     return f"num_workers={setting.get('num_workers')}, pin_memory={setting.get('pin_memory')}"
+
+
+def _not_in_process(result: dict[str, Any]) -> list[str]:
+    why = result.get("not_in_process")
+    return [f"  re-run, not timed in this process: {why}"] if why else []
+
+
+def in_process_line(name: str, result: dict[str, Any]) -> str:
+    """One change timed in this process on a loop that is not input-bound (perf/torch/in_process_trials.py)."""
+    verdict = "pays off" if result["pays_off"] else ("changes the loss" if not result["loss_ok"] else "no gain")
+    after = result.get("loss_after_steps")
+    loss = f"after {after} steps " if after else ""
+    return (f"  {name:<15} {result['speedup']:.2f}× ({1000 * result['base_s']:.1f} → {1000 * result['variant_s']:.1f} "
+            f"ms/step, noise {result['noise']:.1%}, loss change {loss}on the same batch {result['loss_change']:.2%}): "
+            f"{verdict} — measured on the captured batch{_predicted_suffix(result)}")
 
 
 def _predicted_suffix(result: dict[str, Any]) -> str:

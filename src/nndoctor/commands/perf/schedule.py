@@ -225,8 +225,8 @@ class TrialScheduler:
 
     def _run_all(self, order: list[str], predictions: dict[str, dict[str, Any]],
                  results: dict[str, Any]) -> None:
-        if not order:
-            return
+        if not order and len(together_set(results)) < 2:
+            return  # (with no change to re-run, the set of those decided in process may still be)
         if not self.fits(order[:1], extra=self.estimate([])):
             self.announce(f"the budget has {max(0.0, self.budget.left()):.0f} s left: not enough for a baseline "
                           f"re-run and one change (~{self.estimate([]) + self.estimate(order[:1]):.0f} s)")
@@ -367,16 +367,22 @@ def together_set(results: dict[str, Any]) -> list[str]:
 def best_point(trials: dict[str, Any]) -> dict[str, Any] | None:
     """The best measured configuration against the baseline: the paying set together (plus the
     best change that paid on top of it), or the best single change when the set did not beat it.
-    ``{"changes", "speedup", "measured_as"}``; None when nothing paid."""
+    ``{"changes", "speedup", "measured_as"}``; None when nothing paid. A change timed in this
+    process (``measure: "captured batch"``, compute on copies) is a candidate alone only when no
+    set was re-run: its ratio is not comparable with a re-run's, and the set it joined measured
+    it end to end."""
+    combined = trials.get("combined") or {}
     singles = [(name, t) for name, t in trials.items()
-               if name in combine.COMBINABLE and isinstance(t, dict) and t.get("pays_off") and "speedup" in t]
-    candidates = [{"changes": [name], "speedup": t["speedup"], "measured_as": "alone, against the baseline"}
+               if name in combine.COMBINABLE and isinstance(t, dict) and t.get("pays_off") and "speedup" in t
+               and not (t.get("measure") == "captured batch" and combined.get("speedup"))]
+    candidates = [{"changes": [name], "speedup": t["speedup"],
+                   "measured_as": ("alone, on the captured batch in this process, interleaved with your step"
+                                   if t.get("measure") == "captured batch" else "alone, against the baseline")}
                   for name, t in singles]
     batch = trials.get("batch-size") or {}
     if batch.get("pays_off") and batch.get("best", {}).get("factor", 1) > 1:
         candidates.append({"changes": [f"batch-size={batch['best']['factor']}"], "speedup": batch["speedup"],
                            "measured_as": "alone, against the baseline (samples/s)"})
-    combined = trials.get("combined") or {}
     if combined.get("speedup") and combined.get("pays_off"):
         candidates.append({"changes": combined["changes"], "speedup": combined["speedup"],
                            "measured_as": "together, interleaved with the baseline"})

@@ -31,6 +31,9 @@ WARMUP = 3
 TIMING_S = 0.25
 MIN_STEPS, MAX_STEPS = 2, 10
 GAIN_FLOOR = 0.03
+# Changes to the optimizer's update: the first loss (before any step) cannot differ, so their
+# loss is compared after the warm-up steps, each copy stepped from the same weights on the batch.
+OPTIMIZER_CHANGES = ("fused-optimizer",)
 
 
 def steps_per_timing(compute_s: float | None) -> int:
@@ -39,12 +42,12 @@ def steps_per_timing(compute_s: float | None) -> int:
     return max(MIN_STEPS, min(MAX_STEPS, math.ceil(TIMING_S / compute_s)))
 
 
-def estimated_cost(names: list[str], compute_s: float | None) -> float:
-    """Seconds for the baseline, each change and their combination: warm-up and the timed
-    rounds, 1.5× for first-call costs (autotuning, autocast caches)."""
+def estimated_cost(names: list[str], compute_s: float | None, together: bool = True) -> float:
+    """Seconds for the baseline, each change and (``together``) their combination: warm-up and
+    the timed rounds, 1.5× for first-call costs (autotuning, autocast caches)."""
     steps = steps_per_timing(compute_s)
     per_variant = (WARMUP + REPEATS * steps) * (compute_s or 0.05)
-    return 1.5 * (len(names) + 2) * per_variant
+    return 1.5 * (len(names) + (2 if together else 1)) * per_variant
 
 
 def _sync(device: str) -> None:
@@ -65,9 +68,10 @@ def _time_steps(runner: StepRunner, steps: int) -> float:
 
 
 def time_captured_changes(step: CapturedStep, names: list[str], *, compute_s: float | None = None,
-                          repeats: int = REPEATS, warmup: int = WARMUP) -> dict[str, Any]:
-    """Each change of ``names`` (and, when several win, the winners together) timed on the
-    captured batch, interleaved with the user's step; loss on the same batch compared.
+                          repeats: int = REPEATS, warmup: int = WARMUP, together: bool = True) -> dict[str, Any]:
+    """Each change of ``names`` (and, when several win and ``together``, the winners together)
+    timed on the captured batch, interleaved with the user's step; loss on the same batch
+    compared (after the warm-up steps for ``OPTIMIZER_CHANGES``).
 
     Returns ``{"measure", "steps", "repeats", "baseline_s", "changes": {name: verdict},
     "together": verdict | None, "winners": [...]}``; a verdict has ``speedup``, ``noise``,
@@ -90,13 +94,13 @@ def time_captured_changes(step: CapturedStep, names: list[str], *, compute_s: fl
         out["baseline_s"] = statistics.median(times["baseline"])
         for name in names:
             if name in runners:
-                out["changes"][name] = _verdict(times["baseline"], times[name], losses["baseline"], losses[name],
+                out["changes"][name] = _verdict(times["baseline"], times[name], *_compared_losses(name, losses),
                                                 LOSS_TOLERANCE.get(name, 0.01), repeats)
         winners = [n for n in names if (out["changes"].get(n) or {}).get("pays_off")]
         for name in list(runners):
             if name != "baseline":
                 del runners[name]
-        if len(winners) >= 2:
+        if together and len(winners) >= 2:
             variant = "+".join(winners)
             extra, extra_losses = _build(step, [variant], warmup, {})
             if variant in extra:
@@ -104,11 +108,11 @@ def time_captured_changes(step: CapturedStep, names: list[str], *, compute_s: fl
                 together_times = _interleaved(runners, repeats, steps)
                 tolerance = max(LOSS_TOLERANCE.get(n, 0.01) for n in winners)
                 out["together"] = {"changes": winners, **_verdict(together_times["baseline"], together_times[variant],
-                                                                  losses["baseline"], extra_losses[variant],
+                                                                  *_compared_losses(variant, {**losses, **extra_losses}),
                                                                   tolerance, repeats)}
         best_single = max(winners, key=lambda n: out["changes"][n]["speedup"], default=None)
-        together = out["together"] or {}
-        if together.get("pays_off") and best_single and together["speedup"] >= out["changes"][best_single]["speedup"]:
+        combined = out["together"] or {}
+        if combined.get("pays_off") and best_single and combined["speedup"] >= out["changes"][best_single]["speedup"]:
             out["winners"] = list(winners)
         elif best_single:
             out["winners"] = [best_single]
@@ -119,25 +123,37 @@ def time_captured_changes(step: CapturedStep, names: list[str], *, compute_s: fl
 
 
 def _build(step: CapturedStep, variants: list[str], warmup: int,
-           errors: dict[str, Any]) -> tuple[dict[str, StepRunner], dict[str, float]]:
-    """A runner per variant, its loss on the captured batch (same seed for each) and its warm-up
-    steps; a variant that cannot be built or stepped gets ``{"error"}`` in ``errors``."""
+           errors: dict[str, Any]) -> tuple[dict[str, StepRunner], dict[str, Any]]:
+    """A runner per variant, its losses on the captured batch (same seed for each) before and
+    after its warm-up steps (``{name: (before, after, steps)}``); a variant that cannot be built
+    or stepped gets ``{"error"}`` in ``errors``."""
     import torch
 
     runners: dict[str, StepRunner] = {}
-    losses: dict[str, float] = {}
+    losses: dict[str, Any] = {}
     for name in variants:
         try:
             runner = StepRunner(name, step.model, step.optimizer, step.loss_fn, step.inputs, step.target, step.device)
             torch.manual_seed(0)
             with torch.no_grad():
-                losses[name] = float(runner.loss().float())
+                before = float(runner.loss().float())
             for _ in range(warmup):
                 runner.step()
+            torch.manual_seed(0)
+            with torch.no_grad():
+                losses[name] = (before, float(runner.loss().float()), warmup)
             runners[name] = runner
         except Exception as error:  # noqa: BLE001 - this variant is reported, the others still run
             errors[name] = {"error": f"{type(error).__name__}: {error}", "measure": MEASURE}
     return runners, losses
+
+
+def _compared_losses(variant: str, losses: dict[str, Any]) -> tuple[float, float, int]:
+    """The baseline's and the variant's loss to compare, and after how many steps: before any
+    step, or after the warm-up when the variant changes the optimizer's update."""
+    after = bool(set(variant.split("+")) & set(OPTIMIZER_CHANGES))
+    base, mine = losses["baseline"], losses[variant]
+    return (base[1], mine[1], mine[2]) if after else (base[0], mine[0], 0)
 
 
 def _interleaved(runners: dict[str, StepRunner], repeats: int, steps: int) -> dict[str, list[float]]:
@@ -151,14 +167,16 @@ def _interleaved(runners: dict[str, StepRunner], repeats: int, steps: int) -> di
     return times
 
 
-def _verdict(base: list[float], variant: list[float], base_loss: float, loss: float, tolerance: float,
-             repeats: int) -> dict[str, Any]:
+def _verdict(base: list[float], variant: list[float], base_loss: float, loss: float, loss_after_steps: int,
+             tolerance: float, repeats: int) -> dict[str, Any]:
     verdict = speedup_verdict(base, variant, floor=GAIN_FLOOR)
     change = abs(loss - base_loss) / max(abs(base_loss), 1e-12)
     loss_ok = math.isfinite(loss) and change <= tolerance
     verdict.update({"measure": MEASURE, "runs": repeats, "loss_baseline": base_loss, "loss_variant": loss,
                     "loss_change": change, "loss_ok": loss_ok, "pays_off": bool(verdict["pays_off"] and loss_ok),
                     "times_s": variant})
+    if loss_after_steps:
+        verdict["loss_after_steps"] = loss_after_steps
     return verdict
 
 

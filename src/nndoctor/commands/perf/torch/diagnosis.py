@@ -289,6 +289,8 @@ def best_point_advice(trials: dict[str, Any], best: dict[str, Any]) -> list[dict
                                                              "noise": outcome.get("noise")})
         if not outcome.get("pays_off"):
             item["measured_with"] = [n for n in best["changes"] if n != name]
+        if outcome.get("measure") == "captured batch":  # a compute-bound loop's in-process timing
+            item["measured_as"] = "on the captured batch (copies in this process, interleaved with your step)"
         items.append(item)
     if len(best["changes"]) > 1:
         items.append({"change": "combination", "changes": list(best["changes"]),

@@ -30,7 +30,12 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
     import torch
 
     from nndoctor.commands.perf import predict, rerun, schedule, trials
-    from nndoctor.commands.perf.torch import captured_trials, loader_trials, step_trials
+    from nndoctor.commands.perf.torch import (
+        captured_trials,
+        in_process_trials,
+        loader_trials,
+        step_trials,
+    )
 
     results = {} if results is None else results
     results.update({
@@ -85,10 +90,28 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             results.update({name: {"skipped": predictions[name]["skip"], "predicted": predictions[name]}
                             for name in step_tries if "skip" in predictions.get(name, {})})
             _merge_captured(results)
-    if step_tries and (order or not on_captured):
+    in_process = in_process_trials.InProcessOutcome()
+    first_estimate = budget.elapsed()  # one re-run's work: the script up to the end of its window
+    if data_share < INPUT_BOUND_SHARE and step_tries:
+        # TF32 and the fused optimizer on copies in this process: no re-run to pay for each.
+        in_process = in_process_trials.time_in_process(
+            results, step if job is None else None,
+            [name for name in order if name in in_process_trials.IN_PROCESS_CHANGES], predictions=predictions,
+            compute_s=_median_compute_seconds(recorder), budget=budget,
+            measure_alone=schedule.measure_alone_command(target), announce=announce,
+            no_step_reason=("under torchrun every rank re-runs the script (a copy in this process would step "
+                            "outside the process group)" if job is not None else
+                            f"could not rebuild your step in this process (no {', '.join(missing)} seen)"))
+        if in_process.interrupted:
+            return results
+        order = [name for name in order if name not in in_process.decided]
+    together_left = bool(in_process.decided) and len(schedule.together_set(results)) >= 2
+    if step_tries and (order or together_left or not (on_captured or in_process.decided)):
         # The user's own loop, re-run with each change injected: any step shape works.
         if announce:
-            announce(f"re-running the script with {', '.join(order) or 'nothing'} injected, most promising "
+            what = ", ".join(order) or ("only the set of " + " + ".join(schedule.together_set(results))
+                                        if together_left else "nothing")
+            announce(f"re-running the script with {what} injected, most promising "
                      f"first, against the baseline; budget {config.budget:g} s, {max(0.0, budget.left()):.0f} s left")
         if cuda:
             torch.cuda.empty_cache()  # the re-runs need the memory this process no longer uses
@@ -137,17 +160,21 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                 announce(f"--try loader promises the most: {loader_first:.0f} s of the budget kept for it")
         scheduler = schedule.TrialScheduler(run_child, budget=step_budget, repeats=config.try_repeats, device=device,
                                             announce=announce, measure_alone=measure_alone,
-                                            first_estimate=budget.elapsed(),
+                                            first_estimate=first_estimate,
                                             noise_floor=_window_noise(recorder))
         cuda_only = {name: {"skipped": f"{why}; this run trained on {device}"}
                      for name, why in rerun.CUDA_ONLY.items() if name in order and device != "cuda"}
         results.update(cuda_only)
         try:
             scheduler.run_all([n for n in order if n not in cuda_only],
-                              {n: p for n, p in predictions.items() if n in step_tries and n not in cuda_only},
+                              {n: p for n, p in predictions.items()
+                               if n in step_tries and n not in cuda_only and n not in in_process.decided},
                               results)
         finally:
             cache.close()
+        for name, why in in_process.rerun.items():
+            if isinstance(results.get(name), dict):
+                results[name]["not_in_process"] = why
         results["baseline"] = {"times_s": scheduler.baseline.times(), "measure": "re-run",
                                "repeats": config.try_repeats, "runs": len(scheduler.baseline.runs),
                                "warmup": warmup, "steps": steps, "re_runs": scheduler.runs_done,
@@ -160,6 +187,13 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
                              "longest_re_run_s": max((r.get("wall_s", 0.0) for r in scheduler.all_runs), default=0.0)}
         if scheduler.interrupted:
             return results
+    elif in_process.decided:
+        # Every step change was decided in this process: no re-run at all.
+        results.update({name: {"skipped": predictions[name]["skip"], "predicted": predictions[name]}
+                        for name in step_tries if "skip" in predictions.get(name, {})})
+        best = schedule.best_point(results)
+        if best:
+            results["best"] = best
     if "loader" in config.tries and config.try_all and "skip" in predictions.get("loader", {}):
         # Under --try all a loader that cannot matter is not timed; asked for by name, it is.
         results["loader"] = {"skipped": predictions["loader"]["skip"], "predicted": predictions["loader"]}
@@ -212,7 +246,7 @@ def run_trials(recorder: PerfRecorder, config: PerfConfig, target: Target, cwd: 
             captured["end_to_end"] = {"not_measured": "interrupted"}
             captured["advice"] = captured_trials.decide(captured, None)
             results["interrupted"] = "interrupted (Ctrl-C or SIGTERM)"
-    if captured.get("changes") is not None:
+    if captured.get("changes") is not None or in_process.decided:
         results.setdefault("budget", {"seconds": config.budget, "longest_re_run_s": 0.0})
         results["budget"]["used_s"] = round(budget.elapsed(), 1)
     return results

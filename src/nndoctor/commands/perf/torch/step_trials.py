@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -32,13 +33,51 @@ def _to_channels_last(value: Any) -> Any:
     return value
 
 
-def _new_optimizer(optimizer: Any, params: list[Any]) -> Any:
+def _settings(optimizer: Any, **overrides: Any) -> dict[str, Any]:
+    """The optimizer's defaults its class takes back as keyword arguments: a subclass may keep
+    defaults its own constructor does not accept (torch's AdamW keeps Adam's
+    ``decoupled_weight_decay``, which ``AdamW(...)`` refuses)."""
+    settings = {**optimizer.defaults, **overrides}
+    try:
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+    except (TypeError, ValueError):
+        return settings
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return settings
+    return {key: value for key, value in settings.items() if key in accepted or key in overrides}
+
+
+def copied_groups(optimizer: Any, model: Any, params: list[Any], **overrides: Any) -> list[Any]:
+    """The user's parameter groups (weight decay off for norms and biases, per-group learning
+    rates) over the copy's ``params`` (``model.parameters()``'s order), each with ``overrides``;
+    parameters outside the model are left out. Plain ``params`` when no group maps onto them."""
+    position = {id(p): i for i, p in enumerate(model.parameters())}
+    groups = []
+    for group in getattr(optimizer, "param_groups", None) or []:
+        mapped = [params[position[id(p)]] for p in group.get("params", []) if id(p) in position]
+        if mapped:
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, **overrides, "params": mapped})
+    return groups or params
+
+
+def _new_optimizer(optimizer: Any, params: list[Any], model: Any = None) -> Any:
     import torch
 
     try:
-        return type(optimizer)(params, **optimizer.defaults)
+        groups = copied_groups(optimizer, model, params) if model is not None else params
+        return type(optimizer)(groups, **_settings(optimizer))
     except Exception:  # noqa: BLE001 - an exotic optimizer: time plain SGD's update instead
         return torch.optim.SGD(params, lr=optimizer.param_groups[0].get("lr", 1e-3))
+
+
+def fused_optimizer(optimizer: Any, params: list[Any], model: Any = None) -> Any:
+    """A copy of the user's optimizer class, settings and groups with ``fused=True``: raises when
+    the class or the device has no fused kernels (never a stand-in: that would time another update)."""
+    while hasattr(optimizer, "optimizer") and not hasattr(optimizer, "defaults"):
+        optimizer = optimizer.optimizer  # a wrapper (AMP scaler shims), as the re-run's injection unwraps
+    fused = {"fused": True, "foreach": False}
+    groups = copied_groups(optimizer, model, params, **fused) if model is not None else params
+    return type(optimizer)(groups, **_settings(optimizer, **fused))
 
 
 class StepRunner:
@@ -56,7 +95,10 @@ class StepRunner:
         if "channels_last" in self.parts:
             self.model = self.model.to(memory_format=torch.channels_last)
             self.inputs = _to_channels_last(inputs)
-        self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()))
+        if "fused-optimizer" in self.parts:
+            self.optimizer = fused_optimizer(optimizer, list(self.model.parameters()), model)
+        else:
+            self.optimizer = _new_optimizer(optimizer, list(self.model.parameters()), model)
         self.forward = self.model
         if "compile" in self.parts:
             # In place on our copy: an OptimizedModule wrapper would add a second module call
