@@ -3,19 +3,19 @@
 blocked as if torch were not installed. Prints one JSON line: each scenario's perf JSON and
 findings, and whether torch got imported.
 
-The ``--try`` re-runs listed in ``IN_PROCESS`` run ``perf.tf.rerun_child``'s ``main`` in this
-process (the same arguments, in the working directory the child would get) instead of a fresh
-``python -m nndoctor.commands.perf.tf.rerun_child`` each: a fresh one imports TensorFlow again, ~5 s
-per re-run, most of a re-run's time. What the tests check of those re-runs (the change injected
+The ``--try`` re-runs run ``perf.tf.rerun_child``'s ``main`` in this process (the same arguments,
+in the working directory the child would get) instead of a fresh ``python -m
+nndoctor.commands.perf.tf.rerun_child`` each: a fresh one imports TensorFlow again, ~5 s per
+re-run, most of a re-run's time. What the tests check of those re-runs (the change injected
 at the user's line, the loss after the window, the step time) is the re-run's, not its process's.
 Each in-process re-run leaves the TensorFlow/Keras classes as it found them (``pristine_classes``):
 a fresh process starts with them unpatched, and a re-run's patches outlived it otherwise (the
 parallel-map stage wrapper did: the next baseline then mapped in parallel, 12 ms a step where a
 fresh process took 25, which hid the gain).
 
-input_bound's parallel-map re-runs stay real processes: they keep launching
-``perf.tf.rerun_child`` covered end to end, on the run it must leave without hanging (stopped
-mid-epoch inside a parallel ``numpy_function`` map, see its ``__main__``)."""
+One re-run stays a real process (``REAL_PROCESS``): input_bound's first parallel-map re-run keeps
+launching ``perf.tf.rerun_child`` covered end to end, on the run it must leave without hanging
+(stopped mid-epoch inside a parallel ``numpy_function`` map, see its ``__main__``)."""
 import contextlib
 import importlib
 import importlib.abc
@@ -33,8 +33,8 @@ SCENARIOS = {
 }
 
 
-# Per scenario, the --try re-runs that run in this process ("": the baseline; see the docstring).
-IN_PROCESS = {"compute_bound": {"", "mixed-precision"}, "input_bound": {"", "prefetch"}}
+# Per scenario, the change whose first --try re-run is a real process (see the docstring).
+REAL_PROCESS = {"input_bound": "parallel-map"}
 # The classes a re-run's changes and nndoctor's instrumentation patch (tensorflow.python and
 # keras.src paths, the ones tests/keras/tf_backend_runner.py checks, and tf.data's).
 PATCHED = (("tensorflow.python.data.ops.dataset_ops", "DatasetV2"), ("tensorflow.python.eager.backprop", "GradientTape"),
@@ -94,13 +94,13 @@ def main() -> None:
         args = SCENARIOS[name]
         report = os.path.join(folder, f"{name}.json")
         launch = rerun._launch
-        in_process = IN_PROCESS.get(name, set())
+        real = [REAL_PROCESS.get(name)]  # emptied once launched
 
-        def launch_here_or_there(command, child, cwd, log, env=None, timeout=None, launch=launch,
-                                 in_process=in_process):
-            changes = command[command.index("--changes") + 1]
-            where = launch_in_process if changes in in_process else launch
-            return where(command, child, cwd, log, env, timeout)
+        def launch_here_or_there(command, child, cwd, log, env=None, timeout=None, launch=launch, real=real):
+            if command[command.index("--changes") + 1] in real:
+                real.clear()
+                return launch(command, child, cwd, log, env, timeout)
+            return launch_in_process(command, child, cwd, log, env, timeout)
 
         rerun._launch = launch_here_or_there
         try:
