@@ -19,7 +19,9 @@ from tests.conftest import FIXTURES, expected_lines
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow not installed"),
               # one worker runs the shared TensorFlow child, not each (tests/conftest.py: pytest -n distributes by group)
-              pytest.mark.xdist_group(tf_process.GROUP)]
+              pytest.mark.xdist_group(tf_process.GROUP),
+              # slow by hand: durations.json books the child's seconds on whichever module of the group ran first
+              pytest.mark.slow]
 
 TF_CRASH = FIXTURES / "crash" / "tensorflow"
 

@@ -20,7 +20,8 @@ from tests import tf_process
 from tests.conftest import FIXTURES, expected_lines
 
 # One worker runs the shared TensorFlow child, not each (tests/conftest.py: pytest -n distributes by group).
-pytestmark = pytest.mark.xdist_group(tf_process.GROUP)
+# Slow by hand: durations.json books the child's seconds on whichever module of the group ran first.
+pytestmark = [pytest.mark.xdist_group(tf_process.GROUP), pytest.mark.slow]
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
