@@ -106,13 +106,14 @@ def main(out: str, parts: list[str]) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import importlib
 
-    # tests.conftest first: it imports torch._dynamo, hence triton, before TensorFlow (the other
-    # order segfaults); then what every part imports, to be frozen with the rest.
-    from tests.conftest import freeze_what_is_loaded
+    if set(parts) - {"checkpoints"}:  # the builder alone needs neither torch nor nndoctor
+        # tests.conftest first: it imports torch._dynamo, hence triton, before TensorFlow (the
+        # other order segfaults); then what the parts import, to be frozen with the rest.
+        from tests.conftest import freeze_what_is_loaded
 
-    for name in ("keras", "tensorflow", "nndoctor.core.engine", "nndoctor.run.runner"):
-        importlib.import_module(name)
-    freeze_what_is_loaded()  # each run's gc.collect() then walks only what the parts made
+        for name in ("keras", "tensorflow", "nndoctor.core.engine", "nndoctor.run.runner"):
+            importlib.import_module(name)
+        freeze_what_is_loaded()  # each run's gc.collect() then walks only what the parts made
     for part in parts:
         folder = Path(out) / part
         folder.mkdir(parents=True)
