@@ -1,8 +1,8 @@
 """ckpt inspect / diff / convert on TensorFlow checkpoints and SavedModel folders.
 
 The files are written once per module by TensorFlow itself, in one subprocess
-(``tests/ckpt/tf_checkpoint_builder.py``: this session's Keras runs on the torch backend, and
-TensorFlow's import takes seconds), which also records what ``tf.train.load_checkpoint``
+(``tests/ckpt/tf_checkpoint_builder.py``, in the TensorFlow child of ``tests/tf_process.py``:
+this session's Keras runs on the torch backend, and TensorFlow's import takes seconds), which also records what ``tf.train.load_checkpoint``
 reads back. nndoctor reads the bundles without TensorFlow. Measured: ~10 s of CPU for the
 builder (TensorFlow's import, one Keras fit step, two SavedModel exports).
 """
@@ -18,25 +18,19 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, codes, sha256
 
-from tests import childproc
+from tests import childproc, tf_process
 
-pytestmark = [pytest.mark.xdist_group("tf_checkpoint_builder"), pytest.mark.slow,
+pytestmark = [pytest.mark.xdist_group(tf_process.GROUP), pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 pytest.importorskip("tensorflow")
 
-ROOT = FIXTURES.parents[2]
 PAIRS = str(FIXTURES / "keras_pairs.py")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tf_ckpt")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
-    done = childproc.run([sys.executable, "-m", "tests.ckpt.tf_checkpoint_builder", str(out)], cwd=ROOT,
-                         env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+def built(request):
+    out = tf_process.part_folder(request, "checkpoints")  # the builder ran in the shared TensorFlow child
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["root"] = out
     manifest["expected"] = dict(np.load(out / "expected.npz"))

@@ -1,7 +1,8 @@
 """Writes the TensorFlow checkpoints and SavedModels that tests/ckpt/test_tf_checkpoint.py reads.
 
-Run once per test module in a subprocess (``python -m tests.ckpt.tf_checkpoint_builder OUT``):
-the test session imports Keras on its torch backend, and TensorFlow's import takes seconds.
+Run once per test session in a subprocess (the TensorFlow child of ``tests/tf_process.py``;
+alone: ``python -m tests.ckpt.tf_checkpoint_builder OUT``): the test session imports Keras on its
+torch backend, and TensorFlow's import takes seconds.
 Besides the files it writes what TensorFlow itself reads back from them (``expected.npz``,
 through ``tf.train.load_checkpoint``) and the Keras outputs that a conversion must reproduce,
 so that the tests compare nndoctor's own bundle reader with TensorFlow's.

@@ -3,28 +3,27 @@ the engine and are explained with the right code at the marked line, with the ke
 the live run; the correct program there finishes with no explanation.
 
 All fixtures run in ONE subprocess (``tf_crash_runner``): TensorFlow's import costs seconds
-and Keras's backend is fixed per process (this suite's processes use the torch backend).
+and Keras's backend is fixed per process (this suite's processes use the torch backend). It is
+the TensorFlow child shared with the other modules of ``tests/tf_process.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests import childproc
+from tests import tf_process
 from tests.conftest import FIXTURES, expected_lines
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow not installed"),
-              # one worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group)
-              pytest.mark.xdist_group("tf_crash_runner")]
+              # one worker runs the shared TensorFlow child, not each (tests/conftest.py: pytest -n distributes by group)
+              pytest.mark.xdist_group(tf_process.GROUP),
+              # slow by hand: durations.json books the child's seconds on whichever module of the group ran first
+              pytest.mark.slow]
 
 TF_CRASH = FIXTURES / "crash" / "tensorflow"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def tf_crash_fixtures() -> list[Path]:
@@ -54,13 +53,10 @@ EVIDENCE = {
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    paths = [str(p) for p in tf_crash_fixtures() + CORRECT]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    done = childproc.run([sys.executable, "-m", "tests.explain.tf_crash_runner", *paths], cwd=ROOT, env=env,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+def results(request) -> dict:
+    data = tf_process.read_json(request, "crashes")
+    assert sorted(data) == sorted(str(p) for p in tf_crash_fixtures() + CORRECT)  # the runner ran these
+    return data
 
 
 @pytest.mark.parametrize("path", tf_crash_fixtures(), ids=lambda p: p.stem)

@@ -49,8 +49,11 @@ def _env():
 def test_nndoctor_does_not_import_keras_for_a_script_that_does_not(tmp_path):
     script = tmp_path / "no_keras.py"
     script.write_text("x = 1\n")
-    code = ("import sys; from tests.conftest import run_script; "
-            f"r = run_script({str(script)!r}); "
+    # The engine as `nndoctor run` drives it, without tests.conftest (whose torch._dynamo import
+    # doubles this child's start-up and has nothing to do with Keras).
+    code = ("import sys; from nndoctor.core.engine import Session; "
+            "from nndoctor.run.runner import Target, run_target; "
+            f"r = run_target(Target({str(script)!r}, []), Session()); "
             "print('keras' in sys.modules, r.status)")
     result = childproc.run([sys.executable, "-c", code], env=_env(),
                             cwd=FIXTURES.parents[1], timeout=300)

@@ -4,45 +4,36 @@ Keras picks its backend at its first import, and this test session imports it on
 backend (tests/conftest.py). So every TensorFlow-backend program runs in ONE subprocess
 (``tests/keras/tf_backend_runner.py``: the shared Keras fixtures, the TensorFlow-only
 custom-loop fixtures, the observer-rule runs and the patch check), and the tests below
-check the JSON it writes. Measured: about 25-40 s of CPU for the whole module (TensorFlow's
-import is ~5 s of it).
+check the JSON it writes. Measured: about 25-40 s of CPU for the whole module. The subprocess
+is the TensorFlow child shared with the other modules of ``tests/tf_process.py`` (one
+TensorFlow import for all of them).
 """
 
 from __future__ import annotations
-
-import json
-import os
-import sys
 
 import pytest
 
 from nndoctor.core.findings import Severity
 from nndoctor.core.probes import KERAS_PROBES, KERAS_SCOPES
 from nndoctor.core.registry import all_checks, framework_checks
-from tests import childproc
+from tests import tf_process
 from tests.conftest import FIXTURES, expected_lines
 
-# One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
-pytestmark = pytest.mark.xdist_group("tf_backend_runner")
+# One worker runs the shared TensorFlow child, not each (tests/conftest.py: pytest -n distributes by group).
+# Slow by hand: durations.json books the child's seconds on whichever module of the group ran first.
+pytestmark = [pytest.mark.xdist_group(tf_process.GROUP), pytest.mark.slow]
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
-ROOT = FIXTURES.parents[1]
 SHARED = sorted((FIXTURES / "keras").glob("buggy_*.py")) + sorted((FIXTURES / "keras").glob("correct_*.py"))
 TF_ONLY = sorted((FIXTURES / "keras_tf").glob("buggy_*.py")) + sorted((FIXTURES / "keras_tf").glob("correct_*.py"))
 PROGRAMS = SHARED + TF_ONLY
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tf") / "results.json"
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
-    done = childproc.run([sys.executable, "-m", "tests.keras.tf_backend_runner", str(out)], cwd=ROOT, env=env,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    data = json.loads(out.read_text())
+def results(request):
+    data = tf_process.read_json(request, "backend")
     assert data["backend"] == "tensorflow"
     return data
 

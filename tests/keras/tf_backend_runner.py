@@ -1,9 +1,9 @@
 """Runs every Keras fixture on the TensorFlow backend in ONE process and writes JSON.
 
 Keras fixes its backend when it is first imported, and the test session imports it on
-the torch backend (tests/conftest.py), so ``tests/keras/test_tf_backend.py`` starts this
-module once (``python -m tests.keras.tf_backend_runner OUT.json``) and checks the results it
-writes (a file, not stdout: the fixtures may print).
+the torch backend (tests/conftest.py), so ``tests/keras/test_tf_backend.py`` gets ``results()``
+from the TensorFlow child of ``tests/tf_process.py`` and checks it (written to a file, not
+stdout: the fixtures may print). ``python -m tests.keras.tf_backend_runner OUT.json`` runs it alone.
 It runs the scripts in-process through the engine, like ``run_script`` elsewhere.
 """
 
@@ -96,17 +96,12 @@ def installed_probes() -> dict:
     return found
 
 
-def main() -> None:
+def results() -> dict:
+    """Every run's report, the probes, the observer-rule comparisons (Keras on TensorFlow imported)."""
     out: dict = {"fixtures": {}, "observer": {}}
     import keras
 
     out["backend"] = keras.config.backend()
-    import tensorflow  # noqa: F401 - loaded by the Keras backend already; frozen with the rest below
-
-    from nndoctor.core import engine  # noqa: F401
-    from nndoctor.run import runner  # noqa: F401
-
-    freeze_what_is_loaded()  # each run's gc.collect() then walks only what the fixtures made
     before = patched_attributes()
     for path in fixtures():
         name = f"{path.parent.name}/{path.name}"
@@ -122,7 +117,18 @@ def main() -> None:
             script = SHARED / name if (SHARED / name).exists() else TF_ONLY / name
             out["observer"][name] = observer_rule(script, Path(tmp))
     out["patches_undone"] = patched_attributes() == before
-    Path(sys.argv[1]).write_text(json.dumps(out, default=str))
+    return out
+
+
+def main() -> None:
+    import keras  # noqa: F401
+    import tensorflow  # noqa: F401 - loaded by the Keras backend already; frozen with the rest below
+
+    from nndoctor.core import engine  # noqa: F401
+    from nndoctor.run import runner  # noqa: F401
+
+    freeze_what_is_loaded()  # each run's gc.collect() then walks only what the fixtures made
+    Path(sys.argv[1]).write_text(json.dumps(results(), default=str))
 
 
 if __name__ == "__main__":

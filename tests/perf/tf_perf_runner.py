@@ -3,14 +3,19 @@
 blocked as if torch were not installed. Prints one JSON line: each scenario's perf JSON and
 findings, and whether torch got imported.
 
-The ``--try`` re-runs of the scenarios in ``IN_PROCESS`` run ``perf.tf.rerun_child``'s ``main`` in this
-process (the same arguments, in the working directory the child would get) instead of a fresh
-``python -m nndoctor.commands.perf.tf.rerun_child`` each: a fresh one imports TensorFlow again, ~6 CPU-s
-per re-run. Only compute_bound's: what its test checks (mixed precision injected, the loss
-within its tolerance, a speed-up computed) is the re-run's, not its process's. input_bound's
-re-runs stay real processes: its test checks a measured speed-up, and in one process the
-sequential map's baseline ran faster than in a fresh one (12 ms a step vs 25), which hid the
-gain; they also keep launching ``perf.tf.rerun_child`` covered end to end."""
+The ``--try`` re-runs run ``perf.tf.rerun_child``'s ``main`` in this process (the same arguments,
+in the working directory the child would get) instead of a fresh ``python -m
+nndoctor.commands.perf.tf.rerun_child`` each: a fresh one imports TensorFlow again, ~5 s per
+re-run, most of a re-run's time. What the tests check of those re-runs (the change injected
+at the user's line, the loss after the window, the step time) is the re-run's, not its process's.
+Each in-process re-run leaves the TensorFlow/Keras classes as it found them (``pristine_classes``):
+a fresh process starts with them unpatched, and a re-run's patches outlived it otherwise (the
+parallel-map stage wrapper did: the next baseline then mapped in parallel, 12 ms a step where a
+fresh process took 25, which hid the gain).
+
+One re-run stays a real process (``REAL_PROCESS``): input_bound's first parallel-map re-run keeps
+launching ``perf.tf.rerun_child`` covered end to end, on the run it must leave without hanging
+(stopped mid-epoch inside a parallel ``numpy_function`` map, see its ``__main__``)."""
 import contextlib
 import importlib
 import importlib.abc
@@ -28,8 +33,30 @@ SCENARIOS = {
 }
 
 
-# Scenarios whose --try re-runs run in this process (see the docstring).
-IN_PROCESS = {"compute_bound"}
+# Per scenario, the change whose first --try re-run is a real process (see the docstring).
+REAL_PROCESS = {"input_bound": "parallel-map"}
+# The classes a re-run's changes and nndoctor's instrumentation patch (tensorflow.python and
+# keras.src paths, the ones tests/keras/tf_backend_runner.py checks, and tf.data's).
+PATCHED = (("tensorflow.python.data.ops.dataset_ops", "DatasetV2"), ("tensorflow.python.eager.backprop", "GradientTape"),
+           ("tensorflow.python.eager.polymorphic_function.polymorphic_function", "Function"),
+           ("keras.src.callbacks.callback_list", "CallbackList"), ("keras.src.models.model", "Model"),
+           ("keras.src.layers.layer", "Layer"), ("keras.src.optimizers.base_optimizer", "BaseOptimizer"))
+
+
+@contextlib.contextmanager
+def pristine_classes():
+    """Whatever the block sets on the ``PATCHED`` classes is undone when it ends."""
+    owners = [getattr(importlib.import_module(module), name) for module, name in PATCHED]
+    saved = [(owner, dict(vars(owner))) for owner in owners]
+    try:
+        yield
+    finally:
+        for owner, attributes in saved:
+            for name in [n for n in vars(owner) if n not in attributes]:
+                delattr(owner, name)
+            for name, value in attributes.items():
+                if vars(owner).get(name) is not value:
+                    setattr(owner, name, value)
 
 
 def launch_in_process(command, child, cwd, log, env=None, timeout=None):
@@ -40,7 +67,7 @@ def launch_in_process(command, child, cwd, log, env=None, timeout=None):
     saved_cwd, saved_argv = os.getcwd(), sys.argv[:]
     try:
         os.chdir(cwd)
-        with open(log, "w") as handle, contextlib.redirect_stdout(handle):
+        with open(log, "w") as handle, contextlib.redirect_stdout(handle), pristine_classes():
             return importlib.import_module(child).main(command[3:])
     finally:
         os.chdir(saved_cwd)
@@ -67,8 +94,15 @@ def main() -> None:
         args = SCENARIOS[name]
         report = os.path.join(folder, f"{name}.json")
         launch = rerun._launch
-        if name in IN_PROCESS:
-            rerun._launch = launch_in_process
+        real = [REAL_PROCESS.get(name)]  # emptied once launched
+
+        def launch_here_or_there(command, child, cwd, log, env=None, timeout=None, launch=launch, real=real):
+            if command[command.index("--changes") + 1] in real:
+                real.clear()
+                return launch(command, child, cwd, log, env, timeout)
+            return launch_in_process(command, child, cwd, log, env, timeout)
+
+        rerun._launch = launch_here_or_there
         try:
             status = cli(["perf", "--quiet", "--json", report, *args[:-1], os.path.join(fixtures, args[-1])])
         finally:

@@ -1,4 +1,5 @@
-"""Child of test_keras_data_order.py (Keras on the TensorFlow backend, one process).
+"""Data of test_keras_data_order.py (Keras on the TensorFlow backend): ``cases()``, run in the
+TensorFlow child of ``tests/tf_process.py``; ``python tests/tfdata/keras_order_child.py`` prints it alone.
 
 For each case, trains a seeded model plain and then under the full nndoctor installation, and
 records what the model itself saw: a layer adds each training batch's sample ids into an
@@ -67,9 +68,8 @@ def train(case: dict) -> tuple[list[int], list[np.ndarray], keras.Model]:
     return [int(v) for v in seen.seen.numpy()], [w.numpy() for w in model.weights], model
 
 
-def main() -> None:
-    from nndoctor.core.engine import Session
-    from nndoctor.instrument.extensions import install
+def cases() -> dict:
+    """Per case: what the model saw plain and under nndoctor, and what nndoctor timed."""
     from nndoctor.tfdata import instrument as tfdata_instrument
 
     observers = []
@@ -80,6 +80,16 @@ def main() -> None:
         observers.append(self)
 
     tfdata_instrument.TfDataObserver.__init__ = remember
+    try:
+        return _train_each_case(tfdata_instrument, observers)
+    finally:
+        tfdata_instrument.TfDataObserver.__init__ = original_init
+
+
+def _train_each_case(tfdata_instrument, observers: list) -> dict:
+    from nndoctor.core.engine import Session
+    from nndoctor.instrument.extensions import install
+
     out = {}
     for name, case in CASES.items():
         plain, plain_weights, _ = train(case)
@@ -99,7 +109,11 @@ def main() -> None:
             "steps": session.step,
             "keras_outer_traces": keras_outer.experimental_get_tracing_count() if keras_outer else None,
         }
-    print(json.dumps(out))
+    return out
+
+
+def main() -> None:
+    print(json.dumps(cases()))
 
 
 if __name__ == "__main__":

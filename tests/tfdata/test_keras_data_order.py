@@ -2,34 +2,24 @@
 without nndoctor (whose compiled train function times its tf.data fetches, K106): across
 epochs, with ``steps_per_epoch`` below the dataset (finite or ``repeat()``), with
 ``steps_per_execution > 1``, with and without XLA (``jit_compile``), and with ``run_eagerly``.
-One subprocess (Keras fixes its backend at import; this session imports it on torch)."""
+One subprocess (Keras fixes its backend at import; this session imports it on torch): the
+TensorFlow child shared with the other modules of ``tests/tf_process.py``."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests import childproc
+from tests import tf_process
 
-# One worker runs the module-scoped subprocess, not each (tests/conftest.py: pytest -n distributes by group).
-pytestmark = pytest.mark.xdist_group("keras_data_order")
+# One worker runs the shared TensorFlow child, not each (tests/conftest.py: pytest -n distributes by group).
+pytestmark = pytest.mark.xdist_group(tf_process.GROUP)
 
 pytest.importorskip("tensorflow")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cases():
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = childproc.run([sys.executable, str(Path(__file__).with_name("keras_order_child.py"))],
-                          env=env, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def cases(request):
+    return tf_process.read_json(request, "data_order")
 
 
 BATCHES = {"epochs": 3 * 13, "steps_per_epoch_repeat": 15, "steps_per_epoch_finite": 12,
