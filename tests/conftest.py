@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import os
 import re
 import sys
@@ -39,6 +40,25 @@ _DYNAMO_LIMITS = {name: getattr(sys.modules["torch._dynamo"].config, name)
                   for name in ("recompile_limit", "accumulated_recompile_limit")
                   if "torch._dynamo" in sys.modules and hasattr(sys.modules["torch._dynamo"].config, name)}
 
+
+
+def needs(package: str) -> pytest.MarkDecorator:
+    """Skip unless ``package`` is installed, without importing it: collection runs in every xdist
+    worker, and a module-level ``pytest.importorskip("tensorflow")`` made each of them pay
+    TensorFlow's import (~5 s) even when no test of that worker uses it in-process."""
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed")
+
+
+# A test that runs TensorFlow in the test process: all of them go to one xdist worker (``--dist
+# loadgroup``), so one worker imports TensorFlow for them, not every worker. ``pytestmark =
+# IN_PROCESS_TENSORFLOW`` for a module, ``@in_process_tensorflow`` for one test.
+IN_PROCESS_TENSORFLOW = [needs("tensorflow"), pytest.mark.xdist_group("tensorflow_in_process")]
+
+
+def in_process_tensorflow(test):
+    for mark in IN_PROCESS_TENSORFLOW:
+        test = mark(test)
+    return test
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -19,11 +19,11 @@ import pytest
 from conftest import FIXTURES, codes, sha256
 
 from tests import childproc, tf_process
+from tests.conftest import needs
 
-pytestmark = [pytest.mark.xdist_group(tf_process.GROUP), pytest.mark.slow,
+pytestmark = [needs("tensorflow"), pytest.mark.xdist_group(tf_process.GROUP), pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-pytest.importorskip("tensorflow")
 
 PAIRS = str(FIXTURES / "keras_pairs.py")
 

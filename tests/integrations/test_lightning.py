@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-L = pytest.importorskip("lightning")
+from nndoctor.core.findings import Severity
+from nndoctor.integrations.base import FindingsReachedFailOn
+from tests.conftest import needs
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from nndoctor.core.findings import Severity  # noqa: E402
-from nndoctor.integrations.lightning import DoctorCallback, FindingsReachedFailOn  # noqa: E402
+# Lightning is imported by the tests, not at collection (every xdist worker collects this module;
+# Lightning's import costs ~4 s).
+pytestmark = needs("lightning")
 
 
-class TinyClassifier(L.LightningModule):
+@functools.cache
+def _tiny_classifier() -> type:
+    import lightning as L
+
+    return type("TinyClassifier", (_TinyClassifierBody, L.LightningModule), {})
+
+
+class _TinyClassifierBody:
     def __init__(self, softmax_before_loss: bool = False) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -40,17 +50,25 @@ def _loader():
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
 
 
+def _callback(**options):
+    from nndoctor.integrations.lightning import DoctorCallback
+
+    return DoctorCallback(**options)
+
+
 def _fit(tmp_path, callback, logger=False, **model_options):
+    import lightning as L
+
     torch.manual_seed(0)
     trainer = L.Trainer(max_steps=12, accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                         callbacks=[callback])
-    trainer.fit(TinyClassifier(**model_options), _loader())
+    trainer.fit(_tiny_classifier()(**model_options), _loader())
     return callback.report
 
 
 def test_catches_softmax_before_cross_entropy(tmp_path, caplog):
-    callback = DoctorCallback(quiet=True, json=str(tmp_path / "doctor.json"))
+    callback = _callback(quiet=True, json=str(tmp_path / "doctor.json"))
     from lightning.pytorch.loggers import CSVLogger
 
     csv = CSVLogger(tmp_path, name="logs")
@@ -70,7 +88,7 @@ def test_catches_softmax_before_cross_entropy(tmp_path, caplog):
 
 
 def test_silent_on_a_clean_fit(tmp_path):
-    report = _fit(tmp_path, DoctorCallback(quiet=True))
+    report = _fit(tmp_path, _callback(quiet=True))
     assert report is not None and report.steps == 12
     assert [f.code for f in report.findings if f.severity >= Severity.WARNING] == []
     assert not report.internal_errors
@@ -78,4 +96,4 @@ def test_silent_on_a_clean_fit(tmp_path):
 
 def test_fail_on_raises_after_the_fit(tmp_path):
     with pytest.raises(FindingsReachedFailOn, match="L101"):
-        _fit(tmp_path, DoctorCallback(quiet=True, fail_on="error"), softmax_before_loss=True)
+        _fit(tmp_path, _callback(quiet=True, fail_on="error"), softmax_before_loss=True)

@@ -3,20 +3,34 @@ config (nothing downloaded): catches a planted bug, silent on a clean run."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
-import pytest
+import torch
+import torch.nn.functional as F
 
-transformers = pytest.importorskip("transformers")
+from nndoctor.core.findings import Severity
+from tests.conftest import needs
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from nndoctor.core.findings import Severity  # noqa: E402
-from nndoctor.integrations.transformers import DoctorCallback  # noqa: E402
+# 🤗 Trainer is imported by the tests, not at collection (every xdist worker collects this module;
+# the import costs seconds).
+pytestmark = needs("transformers")
 
 
-class SoftmaxLossTrainer(transformers.Trainer):
+def _callback(**options):
+    from nndoctor.integrations.transformers import DoctorCallback
+
+    return DoctorCallback(**options)
+
+
+@functools.cache
+def softmax_loss_trainer() -> type:
+    import transformers
+
+    return type("SoftmaxLossTrainer", (_SoftmaxLoss, transformers.Trainer), {})
+
+
+class _SoftmaxLoss:
     """The planted bug: a custom loss that softmaxes the logits before cross_entropy."""
 
     def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
@@ -34,7 +48,10 @@ def _dataset(n: int = 64):
             for i in range(n)]
 
 
-def _train(tmp_path, callback, trainer_class=transformers.Trainer):
+def _train(tmp_path, callback, trainer_class=None):
+    import transformers
+
+    trainer_class = trainer_class or transformers.Trainer
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=32, max_position_embeddings=32, num_labels=3)
@@ -57,14 +74,14 @@ class _Records(logging.Handler):
 
 
 def test_catches_softmax_before_cross_entropy(tmp_path):
-    callback = DoctorCallback(quiet=True, sarif=str(tmp_path / "doctor.sarif"))
+    callback = _callback(quiet=True, sarif=str(tmp_path / "doctor.sarif"))
     logger, records = logging.getLogger("transformers.nndoctor"), _Records()
     logger.addHandler(records)  # transformers' loggers do not propagate to the root logger
     # Other programs in this process may have lowered transformers' verbosity (set_verbosity_error):
     # the callback's own logger level decides here.
     level, logger.level = logger.level, logging.INFO
     try:
-        report = _train(tmp_path, callback, SoftmaxLossTrainer)
+        report = _train(tmp_path, callback, softmax_loss_trainer())
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
@@ -76,7 +93,7 @@ def test_catches_softmax_before_cross_entropy(tmp_path):
 
 
 def test_silent_on_a_clean_run(tmp_path):
-    report = _train(tmp_path, DoctorCallback(quiet=True))
+    report = _train(tmp_path, _callback(quiet=True))
     assert report is not None and report.steps == 10
     assert [(f.code, f.message) for f in report.findings if f.severity >= Severity.WARNING] == []
     assert not report.internal_errors

@@ -17,14 +17,12 @@ from nndoctor.core.findings import Severity
 from nndoctor.core.probes import KERAS_PROBES, KERAS_SCOPES
 from nndoctor.core.registry import all_checks, framework_checks
 from tests import tf_process
-from tests.conftest import FIXTURES, expected_lines
+from tests.conftest import FIXTURES, expected_lines, needs
 
 # One worker runs the shared TensorFlow child, not each (tests/conftest.py: pytest -n distributes by group).
 # Slow by hand: durations.json books the child's seconds on whichever module of the group ran first.
-pytestmark = [pytest.mark.xdist_group(tf_process.GROUP), pytest.mark.slow]
+pytestmark = [needs("tensorflow"), needs("keras"), pytest.mark.xdist_group(tf_process.GROUP), pytest.mark.slow]
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("keras")
 
 SHARED = sorted((FIXTURES / "keras").glob("buggy_*.py")) + sorted((FIXTURES / "keras").glob("correct_*.py"))
 TF_ONLY = sorted((FIXTURES / "keras_tf").glob("buggy_*.py")) + sorted((FIXTURES / "keras_tf").glob("correct_*.py"))

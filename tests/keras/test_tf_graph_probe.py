@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from nndoctor.keras.facts import summarize
+from tests.conftest import IN_PROCESS_TENSORFLOW
 
-tf = pytest.importorskip("tensorflow")
+pytestmark = IN_PROCESS_TENSORFLOW
 
 RNG = np.random.default_rng(0)
 BATCHES = {
@@ -26,6 +27,8 @@ BATCHES = {
 
 
 def probed(array: np.ndarray, spec_shape: tuple, name: str = "y_pred") -> object:
+    import tensorflow as tf
+
     from nndoctor.keras.tf_graph_probe import GraphProbe
 
     probe = GraphProbe()

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from tests import tf_process
+from tests.conftest import needs
 
 # One worker runs the shared TensorFlow child, not each (tests/conftest.py: pytest -n distributes by group).
-pytestmark = pytest.mark.xdist_group(tf_process.GROUP)
+pytestmark = [needs("tensorflow"), pytest.mark.xdist_group(tf_process.GROUP)]
 
-pytest.importorskip("tensorflow")
 
 
 @pytest.fixture(scope="module")

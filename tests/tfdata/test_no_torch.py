@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests import childproc
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, needs
 
-pytest.importorskip("tensorflow")
+pytestmark = needs("tensorflow")
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = FIXTURES / "tfdata" / "keras_tf_backend_fit.py"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests import childproc
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, needs
 
-pytest.importorskip("tensorflow")
+pytestmark = needs("tensorflow")
 ROOT = Path(__file__).resolve().parents[2]
 
 

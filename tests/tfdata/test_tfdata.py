@@ -8,7 +8,7 @@ import pytest
 from nndoctor.core.findings import Severity
 from nndoctor.tfdata.labels import batch_summary, ordered_evidence
 from nndoctor.tfdata.timing import FetchClock
-from tests.conftest import FIXTURES, expected_lines, run_script
+from tests.conftest import FIXTURES, expected_lines, in_process_tensorflow, run_script
 
 TFDATA = FIXTURES / "tfdata"
 BUGGY = sorted(TFDATA.glob("buggy_*.py"))
@@ -90,10 +90,10 @@ def test_label_order_rule():
     assert ordered_evidence(one_class) is None
 
 
-tf = pytest.importorskip("tensorflow")
-
-
+@in_process_tensorflow
 def test_pipeline_stages_are_read_without_iterating():
+    import tensorflow as tf
+
     from nndoctor.tfdata.pipeline import read_pipeline
 
     ds = tf.data.Dataset.from_tensor_slices(tf.range(100)).shuffle(10).map(lambda v: v * 2)
@@ -105,6 +105,7 @@ def test_pipeline_stages_are_read_without_iterating():
     assert not read_pipeline(ds.unbatch().batch(4)).prefetched()
 
 
+@in_process_tensorflow
 def test_every_tfdata_check_has_a_buggy_fixture():
     from nndoctor.core.registry import all_checks
 
@@ -112,6 +113,7 @@ def test_every_tfdata_check_has_a_buggy_fixture():
     assert {c.code for c in all_checks("tfdata")} == {"K106", "K107"} <= marked
 
 
+@in_process_tensorflow
 @pytest.mark.parametrize("path", BUGGY, ids=lambda p: p.stem)
 def test_buggy_fixture_fires_at_marked_line(path):
     for code, lines in expected_lines(path).items():
@@ -122,6 +124,7 @@ def test_buggy_fixture_fires_at_marked_line(path):
         assert not report.internal_errors, report.internal_errors
 
 
+@in_process_tensorflow
 def test_input_bound_message_states_share_and_missing_stages():
     report = run_script(TFDATA / "buggy_input_bound_loop.py", select=["K106"])
     (finding,) = report.by_code("K106")
@@ -131,6 +134,7 @@ def test_input_bound_message_states_share_and_missing_stages():
     assert finding.evidence["epochs"] == 2 and ".cache()" in finding.message
 
 
+@in_process_tensorflow
 @pytest.mark.parametrize("path", CORRECT, ids=lambda p: p.stem)
 def test_correct_pipeline_is_silent(path):
     report = run_script(path, select=["K106", "K107"])
@@ -140,6 +144,7 @@ def test_correct_pipeline_is_silent(path):
     assert not report.internal_errors, report.internal_errors
 
 
+@in_process_tensorflow
 def test_patches_are_undone():
     from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
