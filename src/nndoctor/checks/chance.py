@@ -21,6 +21,7 @@ from nndoctor.core.rules.chance_level import (
     undecidable,
     with_held_out,
 )
+from nndoctor.instrument.loss_ledger import loss_ledger
 from nndoctor.instrument.stats import has_plain_values
 
 # Vocabulary-sized targets (language models) are left out: the per-step argmax over a
@@ -219,7 +220,7 @@ class LossAtChance(Check):
             # Sized for the default interval (100) at most: a very long NNDOCTOR_SAMPLE_EVERY would
             # otherwise ask the device for rows × batch × 16 bytes (the rows fill, then wait for the read).
             rows = 4 * min(self.session.sample_every, 100) + min(self.session.full_window, 64) + 8
-            ledger = self._ledger = BatchLedger(rows, output.device)
+            ledger = self._ledger = BatchLedger(rows, output.device, loss_ledger(self.session))
             if self._counts is None or self._counts.device != output.device:
                 counts = torch.zeros(classes, dtype=torch.float64, device=output.device)
                 if self._counts is not None:
@@ -278,7 +279,8 @@ class LossAtChance(Check):
             return
         values = self._ledger.read(self._classes, self._counts)  # the only sync, on sampled steps
         self._outcomes.extend(BatchOutcome(step, loss, int(correct), int(seen), visit)
-                              for (step, visit), (loss, correct, seen) in zip(self._steps, values, strict=True))
+                              for (step, visit), (loss, correct, seen) in zip(self._steps, values, strict=True)
+                              if loss is not None)  # None: dropped by the loss ledger (a run sampled very rarely)
         self._steps.clear()
 
     def _decide(self, *, final: bool) -> None:
