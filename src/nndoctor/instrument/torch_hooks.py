@@ -83,6 +83,7 @@ class Installation:
         self._in_scheduler = 0
         self._last_root: weakref.ref[Any] = _dead_ref  # the model last added to state.roots
         self._last_stepped: weakref.ref[Any] = _dead_ref  # the optimizer last added to state.optimizers
+        self._last_stepped_without_values = False  # its parameters are meta or fake (asked once per optimizer)
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
@@ -211,7 +212,9 @@ class Installation:
             self._last_root = weakref.ref(module)
         sampled = session.sampled
         route = LOSS_FORWARD if is_loss else "forward"
-        if session.wants_now(route, sampled):
+        # ``session.wants_now(route, sampled)`` inlined here and in every hook of the hot path: a
+        # call fewer per event (the tables are replaced, never changed, so reading them is safe).
+        if route in (session._handlers if sampled else session._every_step):
             session.emit(ev.Forward(
                 step=session.step, sampled=sampled, frame=sys._getframe(2), module=module,
                 inputs=args, kwargs=kwargs or None, output=output, training=module.training, grad_enabled=grad_enabled,
@@ -223,7 +226,7 @@ class Installation:
     def _loss_module_called(self, module: Any, args: tuple, output: Any, frame: Any) -> None:
         session = self.session
         sampled = session.sampled
-        if not session.wants_now("loss", sampled):
+        if "loss" not in (session._handlers if sampled else session._every_step):
             return
         name = _LOSS_MODULE_FUNCTION.get(type(module).__name__, type(module).__name__)
         options = {k: getattr(module, k) for k in _LOSS_OPTION_NAMES if hasattr(module, k)}
@@ -290,8 +293,9 @@ class Installation:
         if self._last_stepped() is not optimizer:  # the usual step: the same optimizer as last time, known
             session.state.optimizers.add(optimizer)  # (a WeakSet: nothing removes a live one)
             self._last_stepped = weakref.ref(optimizer)
+            self._last_stepped_without_values = _optimizer_without_values(optimizer)
         sampled = session.step_sampled(optimizer)
-        if session.wants_now("step_start", sampled) and not _optimizer_without_values(optimizer):
+        if "step_start" in (session._handlers if sampled else session._every_step) and not self._last_stepped_without_values:
             session.emit(ev.StepStart(
                 step=session.step, sampled=sampled, frame=sys._getframe(1),
                 optimizer=optimizer, has_closure=_has_closure(args, kwargs),
@@ -307,7 +311,9 @@ class Installation:
         state = session.state
         sampled = session.end_step(optimizer)  # step_sampled, then count_step
         state.backwards_since_step = 0
-        if session.wants_now("step_end", sampled) and not _optimizer_without_values(optimizer):
+        if "step_end" in (session._handlers if sampled else session._every_step) and not (
+                self._last_stepped_without_values if self._last_stepped() is optimizer
+                else _optimizer_without_values(optimizer)):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
                                     optimizer=optimizer, has_closure=_has_closure(args, kwargs)))
         if session.should_stop():
@@ -375,7 +381,7 @@ class Installation:
                 if session.active:
                     session.state.zero_grads_since_backward += 1
                     sampled = session.sampled
-                    if session.wants_now("zero_grad", sampled):
+                    if "zero_grad" in (session._handlers if sampled else session._every_step):
                         session.emit(ev.ZeroGrad(step=session.step, sampled=sampled,
                                                  frame=sys._getframe(1), owner=owner,
                                                  set_to_none=bool(set_to_none)))
@@ -402,7 +408,7 @@ class Installation:
             if _without_values(tensor):
                 return
             state.backwards_with_values += 1  # the step ledger (O103's closure steps read it)
-            if session.wants_now("backward", sampled):
+            if "backward" in (session._handlers if sampled else session._every_step):
                 session.emit(ev.Backward(step=session.step, sampled=sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
                                          batches_since_last_backward=batches,
@@ -412,7 +418,7 @@ class Installation:
             session = inst.session
             session.state.zero_grads_since_backward = 0
             sampled = session.sampled
-            if session.wants_now("backward_done", sampled) and not _without_values(tensor):
+            if "backward_done" in (session._handlers if sampled else session._every_step) and not _without_values(tensor):
                 session.emit(ev.BackwardDone(step=session.step, sampled=sampled,
                                              frame=frame, tensor=tensor))
 
@@ -523,7 +529,7 @@ class Installation:
         index = info["index"]
         info["index"] = index + 1
         sampled = session.sampled
-        if session.wants_now("batch", sampled):
+        if "batch" in (session._handlers if sampled else session._every_step):
             session.emit(ev.BatchFetched(step=session.step, sampled=sampled,
                                          frame=sys._getframe(1), loader=info["loader"](),
                                          batch=batch, index=index, epoch=info["epoch"],
@@ -671,7 +677,9 @@ def _optimizer_without_values(optimizer: Any) -> bool:
 def _has_closure(args: tuple, kwargs: dict) -> bool:
     """Was ``step`` given a closure (L-BFGS)? torch's step hooks get ``args`` *with* the
     optimizer itself first, so a positional closure is ``args[1]``."""
-    return any(callable(a) for a in args[1:2]) or callable(kwargs.get("closure"))
+    if len(args) > 1 and callable(args[1]):
+        return True
+    return bool(kwargs) and callable(kwargs.get("closure"))
 
 
 def _path_of(f: Any) -> str | None:
@@ -688,7 +696,7 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
         sampled = session.sampled
-        if session.wants_now("loss", sampled) and not _without_values(output):
+        if "loss" in (session._handlers if sampled else session._every_step) and not _without_values(output):
             options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
             frame = sys._getframe(1)
             inst._safe(lambda: session.emit(ev.LossComputed(
