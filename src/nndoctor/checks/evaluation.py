@@ -164,14 +164,11 @@ class _LossSum:
         self.count = 0
 
     def add(self, loss: torch.Tensor) -> None:
-        ledger = self._ledger
-        serial = ledger.record(loss)
+        serial, value = self._ledger.read(loss)
         self.count += 1
-        if not self._pending:
-            value = ledger.landed(serial)  # a CPU loss: read already
-            if value is not None:
-                self.host_total += value
-                return
+        if value is not None and not self._pending:  # a CPU loss: read already
+            self.host_total += value
+            return
         self._pending.append(serial)
         if len(self._pending) >= self._FOLD_AT:
             self._fold(wait=False)
@@ -260,7 +257,8 @@ class Overfitting(Check):
 
     def on_loss(self, event: LossComputed) -> None:
         loss = event.output
-        if self._reported or not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        if self._reported or (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) \
+                or loss.numel() != 1 or not loss.is_floating_point():
             return
         if loss.requires_grad:
             if self._eval.count:

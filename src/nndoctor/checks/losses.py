@@ -598,22 +598,28 @@ class LossNotDecreasing(Check):
         self._most_optimizers = 0
 
     def on_backward(self, event: Backward) -> None:
-        self._most_optimizers = max(self._most_optimizers, len(self.session.state.optimizers))
+        if event.sampled:
+            # Several optimizers (a GAN's) make the loss curve meaningless; counted on sampled
+            # steps (and at the end): a second optimizer that trains lives through them.
+            self._count_optimizers()
         loss = event.tensor
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        if (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) or loss.numel() != 1 \
+                or not loss.is_floating_point():
             return
         if self._location is None:
             self._location, self._first_step = event.location, event.step
-        serial = self._ledger.record(loss)
-        if not self._serials:
-            value = self._ledger.landed(serial)  # a CPU loss: read already
-            if value is not None:
-                self._values.append(value)
+        serial, value = self._ledger.read(loss)
+        if value is not None and not self._serials:  # a CPU loss: read already
+            self._values.append(value)
+            if len(self._values) > self._MAX_VALUES:
                 self._halve_if_long()
-                return
+            return
         self._serials.append(serial)  # a CUDA loss: its copy lands later
         if event.sampled:
             self._flush()
+
+    def _count_optimizers(self) -> None:
+        self._most_optimizers = max(self._most_optimizers, len(self.session.state.optimizers))
 
     def _flush(self) -> None:
         if not self._serials:
@@ -628,6 +634,7 @@ class LossNotDecreasing(Check):
             self._values = halved(self._values)
 
     def on_run_end(self, event: RunEnd) -> None:
+        self._count_optimizers()
         self._flush()
         steps = event.step - (self._first_step or 0)
         if self._most_optimizers > 1 or steps < TREND_MIN_STEPS:

@@ -290,8 +290,7 @@ class NonfiniteLoss(Check):
         where modules were recorded (the answer decides the trace), elsewhere polled later
         without a synchronisation (``_poll``)."""
         ledger = self._ledger
-        serial = ledger.record(tensor)
-        value = ledger.landed(serial)
+        serial, value = ledger.read(tensor)
         if value is None:
             if not (event.sampled and self._traces_sampled(event.step)):
                 self._pending_losses.append((serial, event.step))

@@ -108,6 +108,16 @@ class LossLedger:
             self._drop(self._keep)
         return serial
 
+    def read(self, tensor: torch.Tensor) -> tuple[int, float | None]:
+        """``record`` and ``landed`` in one call (the readers of every step ask both): the
+        serial, and the value if it is on the host already (always, on the CPU)."""
+        serial = self.record(tensor)
+        value = self._values[serial - self._base]
+        if value is None and self._in_flight:
+            self._harvest(wait=False)
+            value = self._values[serial - self._base]
+        return serial, value
+
     def landed(self, serial: int) -> float | None:
         """The value if it is on the host already; never waits."""
         i = serial - self._base

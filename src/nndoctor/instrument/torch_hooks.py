@@ -228,8 +228,7 @@ class Installation:
         sampled = session.sampled
         if "loss" not in (session._handlers if sampled else session._every_step):
             return
-        name = _LOSS_MODULE_FUNCTION.get(type(module).__name__, type(module).__name__)
-        options = {k: getattr(module, k) for k in _LOSS_OPTION_NAMES if hasattr(module, k)}
+        name, options = _loss_module_options(module)
         session.emit(ev.LossComputed(
             step=session.step, sampled=sampled, frame=frame, function=name,
             module=module, input=args[0] if args else None,
@@ -686,6 +685,25 @@ def _path_of(f: Any) -> str | None:
     if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
         return str(f)
     return getattr(f, "name", None) if isinstance(getattr(f, "name", None), str) else None
+
+
+# Per torch loss module class: its functional name, and which of ``_LOSS_OPTION_NAMES`` its
+# instances have (torch's losses set them all in ``__init__``): looked up with hasattr once per
+# class, not six times on every step. A user's loss class may set them conditionally: asked
+# each time.
+_LOSS_MODULE_KINDS: dict[type, tuple[str, tuple[str, ...]]] = {}
+
+
+def _loss_module_options(module: Any) -> tuple[str, dict[str, Any]]:
+    """The functional name of a loss module and its options (``reduction``, ``ignore_index`` …)."""
+    cls = type(module)
+    kind = _LOSS_MODULE_KINDS.get(cls)
+    if kind is None:
+        kind = (_LOSS_MODULE_FUNCTION.get(cls.__name__, cls.__name__),
+                tuple(k for k in _LOSS_OPTION_NAMES if hasattr(module, k)))
+        if cls.__module__ == "torch.nn.modules.loss":
+            _LOSS_MODULE_KINDS[cls] = kind
+    return kind[0], {k: getattr(module, k) for k in kind[1]}
 
 
 def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
