@@ -235,7 +235,7 @@ class LossAtChance(Check):
         ledger.record(logits, target, output, ignore, summed=event.options.get("reduction", "mean") == "sum",
                       counts=self._counts)
         self._last_step = event.step
-        self._steps.append((event.step, self._training_pass()))
+        self._steps.append((event.step, self._training_pass() if self._source is not None else -1))
         if not self._classes:
             self._classes = classes
             self._location = event.location
@@ -335,7 +335,14 @@ def _dataset_key(loader: object) -> object:
 
 def _plain_classification(event: LossComputed) -> bool:
     logits, target, output = event.input, event.target, event.output
-    if not (has_plain_values(logits) and has_plain_values(target) and has_plain_values(output)):
+    tensor = torch.Tensor
+    if type(logits) is tensor and type(target) is tensor and type(output) is tensor:
+        # has_plain_values of the three, inlined (asked on every step): attributes, no calls
+        strided = torch.strided
+        for t in (logits, target, output):
+            if t.layout != strided or t.is_nested or t.is_quantized or t.is_meta:
+                return False
+    elif not (has_plain_values(logits) and has_plain_values(target) and has_plain_values(output)):
         return False
     if logits.dim() != 2 or target.dim() != 1 or logits.shape[0] != target.shape[0] or logits.shape[1] < 2:
         return False

@@ -267,8 +267,8 @@ class SamplerEpochNotSet(Check):
     def on_step_end(self, event: Any) -> None:
         # A pass counts once it trains: evaluating on the same loader within an epoch (same
         # sampler epoch, no optimizer step) is not an epoch of its own.
-        if not self._pending:  # the usual step: no pass started since the last one
-            return
+        if not self._pending.data:  # the usual step: no pass started since the last one (the
+            return                  # dict itself: the WeakKeyDictionary's __len__ is Python)
         for sampler, (epoch, location, passes) in list(self._pending.items()):
             del self._pending[sampler]
             previous = self._trained_epoch.get(sampler)
@@ -627,8 +627,8 @@ class DdpForwardBypass(Check):
             from nndoctor.instrument.ddp_hooks import registry
 
             wrapped = self._wrapped = registry(self.session).by_inner
-        if not wrapped:  # no DDP wrapper built: the usual single-process run
-            return
+        if not wrapped.data:  # no DDP wrapper built: the usual single-process run (the dict, not
+            return            # the WeakKeyDictionary's Python __len__: asked on every forward)
         record = wrapped.get(event.module)
         if record is None or record.ddp() is None:
             return
