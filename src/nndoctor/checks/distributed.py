@@ -256,6 +256,7 @@ class SamplerEpochNotSet(Check):
         # that pass trains
         self._pending: weakref.WeakKeyDictionary[Any, tuple[int, Location | None, int]] = (
             weakref.WeakKeyDictionary())
+        self._armed = False  # a pass started since the last step end
 
     def on_epoch_start(self, event: Any) -> None:
         from torch.utils.data.distributed import DistributedSampler
@@ -263,12 +264,14 @@ class SamplerEpochNotSet(Check):
         sampler = getattr(event.loader, "sampler", None)
         if isinstance(sampler, DistributedSampler) and getattr(sampler, "shuffle", False):
             self._pending[sampler] = (int(getattr(sampler, "epoch", 0)), event.location, event.epoch)
+            self._armed = True
 
     def on_step_end(self, event: Any) -> None:
         # A pass counts once it trains: evaluating on the same loader within an epoch (same
         # sampler epoch, no optimizer step) is not an epoch of its own.
-        if not self._pending.data:  # the usual step: no pass started since the last one (the
-            return                  # dict itself: the WeakKeyDictionary's __len__ is Python)
+        if not self._armed:  # the usual step: no pass started since the last one (a flag: the
+            return           # WeakKeyDictionary's __len__ is Python code)
+        self._armed = False
         for sampler, (epoch, location, passes) in list(self._pending.items()):
             del self._pending[sampler]
             previous = self._trained_epoch.get(sampler)
@@ -616,20 +619,20 @@ class DdpForwardBypass(Check):
     severity = Severity.ERROR
     summary = "forward through the inner module instead of the DDP wrapper while training"
     fix = "call the DDP wrapper (model(x)), not model.module(x), for training forwards"
-    _wrapped: Any = None  # the DDP registry's inner module -> record (a WeakKeyDictionary), once looked up
+    _registry: Any = None  # the session's DDP registry, once looked up
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
             return
-        wrapped = self._wrapped
-        if wrapped is None:  # the session's registry, looked up once (every training forward asks)
+        ddp = self._registry
+        if ddp is None:  # the session's registry, looked up once (every training forward asks)
             from nndoctor.instrument.ddp_hooks import registry
 
-            wrapped = self._wrapped = registry(self.session).by_inner
-        if not wrapped.data:  # no DDP wrapper built: the usual single-process run (the dict, not
-            return            # the WeakKeyDictionary's Python __len__: asked on every forward)
-        record = wrapped.get(event.module)
+            ddp = self._registry = registry(self.session)
+        if not ddp.built:  # no DDP wrapper built: the usual single-process run
+            return
+        record = ddp.by_inner.get(event.module)
         if record is None or record.ddp() is None:
             return
         self.report(

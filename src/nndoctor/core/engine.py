@@ -48,6 +48,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ProcessId.refresh)
 
 
+class _Gone:
+    pass
+
+
+_gone: weakref.ref[Any] = weakref.ref(_Gone())  # a weak reference whose object is gone
+
+
 class StopRun(BaseException):
     """Raised out of ``optimizer.step()`` when ``--max-steps`` is reached.
 
@@ -153,6 +160,7 @@ class Session:
         self.step = 0
         self._round: set[int] = set()
         self._phase_sampled = False
+        self._plain_optimizer: weakref.ref[Any] = _gone  # the last optimizer found to be no wrapper
         self.active = False
         self.started = time.perf_counter()
         classes = list(checks) if checks is not None else enabled_checks(select, ignore)
@@ -220,8 +228,11 @@ class Session:
     def emit(self, event: Event, route: str | None = None) -> None:
         """Give the event to every check that subscribed to its kind (or to ``route``, a
         subset of them: ``LOSS_FORWARD``); never raise."""
-        handlers = (self._handlers if event.sampled else self._every_step).get(route or event.kind)
-        if not handlers or _ProcessId.value != self.pid:
+        try:  # the hooks ask before building an event: the kind is usually there (no .get call)
+            handlers = (self._handlers if event.sampled else self._every_step)[route or event.kind]
+        except KeyError:
+            return
+        if _ProcessId.value != self.pid:
             return
         try:
             # No copy: ``_disable`` replaces the lists instead of changing them.
@@ -282,7 +293,8 @@ class Session:
     def end_step(self, optimizer: Any) -> bool:
         """``step_sampled`` then ``count_step`` for the step of ``optimizer`` that just ran, with
         one unwrap and one look-up (the hook after every ``optimizer.step()``): was it sampled?"""
-        optimizer = unwrap_optimizer(optimizer)
+        if self._plain_optimizer() is not optimizer:  # the usual step: a torch optimizer, no wrapper
+            optimizer = self._unwrap(optimizer)
         counts = self.state.step_counts
         before = counts.get(optimizer, 0)
         sampled = self.is_sampled(self.step) or before < self.full_window
@@ -307,8 +319,18 @@ class Session:
 
     def step_sampled(self, optimizer: Any) -> bool:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""
-        own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
+        if self._plain_optimizer() is not optimizer:
+            optimizer = self._unwrap(optimizer)
+        own = self.state.step_counts.get(optimizer, 0)
         return self.is_sampled(self.step) or own < self.full_window
+
+    def _unwrap(self, optimizer: Any) -> Any:
+        """``unwrap_optimizer``, remembering an optimizer that is no wrapper: the hooks of every
+        step then ask one weak reference instead of walking ``.optimizer`` links."""
+        inner = unwrap_optimizer(optimizer)
+        if inner is optimizer:
+            self._plain_optimizer = weakref.ref(optimizer)
+        return inner
 
     def should_stop(self) -> bool:
         return self.max_steps is not None and self.step >= self.max_steps

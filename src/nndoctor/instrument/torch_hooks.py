@@ -184,7 +184,7 @@ class Installation:
         stack = self._stack
         try:
             if not stack:  # a top-level call from user code
-                if not _without_values(output):
+                if (type(output) is torch.Tensor and not output.is_meta) or not _without_values(output):
                     self._root_forward(module, args, kwargs, output, is_loss)
             else:
                 if is_loss and not self._in_loss and not _without_values(output):
@@ -404,7 +404,7 @@ class Installation:
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
             sampled = session.sampled
-            if _without_values(tensor):
+            if _without_values(tensor) if type(tensor) is not torch.Tensor else tensor.is_meta:
                 return
             state.backwards_with_values += 1  # the step ledger (O103's closure steps read it)
             if "backward" in (session._handlers if sampled else session._every_step):
@@ -417,7 +417,8 @@ class Installation:
             session = inst.session
             session.state.zero_grads_since_backward = 0
             sampled = session.sampled
-            if "backward_done" in (session._handlers if sampled else session._every_step) and not _without_values(tensor):
+            if "backward_done" in (session._handlers if sampled else session._every_step) and not (
+                    _without_values(tensor) if type(tensor) is not torch.Tensor else tensor.is_meta):
                 session.emit(ev.BackwardDone(step=session.step, sampled=sampled,
                                              frame=frame, tensor=tensor))
 
@@ -655,7 +656,8 @@ def _not_a_compiled_frame(function: Any, *, callees: bool = True) -> None:
 
 def _without_values(value: Any) -> bool:
     """Meta or fake tensors (shape inference, ``torch.device("meta")`` models) carry no values:
-    no event is emitted about them, so no check reads data that does not exist."""
+    no event is emitted about them, so no check reads data that does not exist. (The hooks of
+    every step ask ``type(x) is torch.Tensor and x.is_meta`` first: a FakeTensor is a subclass.)"""
     if isinstance(value, torch.Tensor):
         return value.is_meta or type(value).__name__ == "FakeTensor"
     from nndoctor.instrument.stats import first_tensor
@@ -714,7 +716,8 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
         sampled = session.sampled
-        if "loss" in (session._handlers if sampled else session._every_step) and not _without_values(output):
+        if "loss" in (session._handlers if sampled else session._every_step) and not (
+                _without_values(output) if type(output) is not torch.Tensor else output.is_meta):
             options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
             frame = sys._getframe(1)
             inst._safe(lambda: session.emit(ev.LossComputed(
