@@ -120,6 +120,7 @@ class Installation:
         the same way (``torch.fx`` tracing, ``torch.ao.quantization``)."""
         inst, session, stack = self, self.session, self._stack
         original = torch.nn.Module.__call__
+        loss_classes: dict[type, bool] = {}  # module class -> is it a loss module (_Loss)
 
         @functools.wraps(original)
         def module_call(self, *args, **kwargs):
@@ -128,7 +129,10 @@ class Installation:
             if not session.active or _compiling():
                 return original(self, *args, **kwargs)
             stack.append(self)
-            is_loss = isinstance(self, _Loss)
+            try:  # per class, a subscript: no isinstance call on every module call
+                is_loss = loss_classes[type(self)]
+            except KeyError:
+                is_loss = loss_classes[type(self)] = isinstance(self, _Loss)
             if is_loss:
                 inst._in_loss += 1
             try:
