@@ -404,3 +404,16 @@ def _train_small_mlp(steps, make_optimizer):
         loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
+
+
+def test_dispatch_drops_the_users_objects_from_the_event_and_keeps_plain_fields():
+    """``Session.emit`` releases the event itself (inlined): the module, inputs and output are
+    gone after dispatch, the plain facts stay."""
+    session = Session(checks=[])
+    session.subscribe(_Recorder())
+    module, x = nn.Linear(2, 2), torch.ones(1, 2)
+    event = Forward(step=3, sampled=True, module=module, inputs=(x,), output=module(x), training=False)
+    event.cache["stats"] = object()
+    session.emit(event)
+    assert (event.module, event.inputs, event.output, event.frame) == (None, None, None, None)
+    assert event.cache == {} and event.training is False and event.step == 3 and event.sampled

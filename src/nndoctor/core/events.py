@@ -52,22 +52,26 @@ class Event:
         if self.cache:
             self.cache.clear()
         try:
-            nones = _RELEASED[type(self)]
+            nones = RELEASED[type(self)]
         except KeyError:  # once per event class
-            nones = _RELEASED[type(self)] = dict.fromkeys(_released_fields(type(self)))
+            nones = released_nones(type(self))
         self.__dict__.update(nones)  # plain dataclasses: no setattr per field
 
 
 _KEEP = {"step", "sampled", "_location", "_resolved", "cache", "frame"}
-_RELEASED: dict[type, dict[str, None]] = {}
+# Per event class: the fields ``release`` sets to None (``Session.emit`` does it inline).
+RELEASED: dict[type, dict[str, None]] = {}
 # Fields declared as these hold no user object: release() leaves them.
 _PLAIN_ANNOTATIONS = {"bool", "int", "float", "str", "bool | None", "int | None", "float | None", "str | None"}
 
 
-def _released_fields(cls: type) -> tuple[str, ...]:
+def released_nones(cls: type) -> dict[str, None]:
+    """The fields of an event class that may hold a user's object, each mapped to None
+    (computed once per class, kept in ``RELEASED``)."""
     # dataclasses.fields: the instance fields (``__dataclass_fields__`` lists the ClassVars too)
-    return tuple(f.name for f in dataclasses.fields(cls)
-                 if f.name not in _KEEP and str(f.type) not in _PLAIN_ANNOTATIONS)
+    nones = RELEASED[cls] = dict.fromkeys(
+        f.name for f in dataclasses.fields(cls) if f.name not in _KEEP and str(f.type) not in _PLAIN_ANNOTATIONS)
+    return nones
 
 
 def caller_frame(depth: int = 2) -> FrameType | None:
