@@ -250,7 +250,9 @@ class NonfiniteLoss(Check):
         tensor = event.tensor
         finite: bool | None
         if type(tensor) is torch.Tensor and tensor.numel() == 1 and tensor.is_floating_point():
-            finite = self._scalar_finite(event, tensor)
+            value = self._ledger.read(tensor)[1]
+            # a CPU loss: read already (the usual step); a CUDA loss: in flight, or read now
+            finite = math.isfinite(value) if value is not None else self._scalar_finite(event, tensor)
         else:
             finite = scalar_is_finite(tensor)
             if finite is None:

@@ -111,7 +111,14 @@ class LossLedger:
     def read(self, tensor: torch.Tensor) -> tuple[int, float | None]:
         """``record`` and ``landed`` in one call (the readers of every step ask both): the
         serial, and the value if it is on the host already (always, on the CPU)."""
-        serial = self.record(tensor)
+        try:  # record's look-up for the same tensor, inlined: the usual second reader of a step
+            version = tensor._version
+        except RuntimeError:
+            version = -1
+        if version >= 0 and version == self._last_version and self._last_ref() is tensor:
+            serial = self._last_serial
+        else:
+            serial = self.record(tensor)
         value = self._values[serial - self._base]
         if value is None and self._in_flight:
             self._harvest(wait=False)
