@@ -161,3 +161,27 @@ def test_n101_finds_a_nonfinite_loss_whose_copy_lands_steps_later():
     assert finding.first_step == 9, finding.message
     assert finding.evidence["traced_step"] > 9  # found when the copy landed, traced on a later forward
     assert not session.report.internal_errors
+
+
+def test_l107_and_l106_sum_and_list_copies_that_land_later_in_order():
+    from nndoctor.checks.evaluation import _LossSum
+
+    ledger = LossLedger(cuda_slots=8, slots=_late_slots(delay=3))
+    total = _LossSum(ledger)
+    total._FOLD_AT = 4  # fold the landed ones often: the in-flight ones wait their turn
+    values = [0.5 * i for i in range(1, 30)]
+    for v in values:
+        total.add(torch.tensor(v))
+    assert total.mean_and_reset() == sum(values) / len(values)
+    assert total.mean_and_reset() is None  # reset
+
+    curves = []
+    for ledger in (LossLedger(), LossLedger(slots=_late_slots(delay=2))):  # read at once; landing later
+        session = Session(checks=[], sample_every=1000, full_window=4)
+        session.stash[LOSS_LEDGER] = ledger
+        session.add_checks([LossNotDecreasing])
+        _train(session, 30)
+        assert not session.report.internal_errors
+        curves.append(session.checks[0]._values)
+    assert len(curves[0]) == 30
+    assert curves[1] == curves[0]  # the same curve, in order (float32 losses: exact in the slots)
