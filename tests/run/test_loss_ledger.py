@@ -185,3 +185,28 @@ def test_l107_and_l106_sum_and_list_copies_that_land_later_in_order():
         curves.append(session.checks[0]._values)
     assert len(curves[0]) == 30
     assert curves[1] == curves[0]  # the same curve, in order (float32 losses: exact in the slots)
+
+
+class _CountAllOps(_CountReads):
+    ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_on_the_cuda_path_the_four_readers_cost_three_ops_a_step():
+    """With the loss copied to the host (the CUDA path, stand-in slots), an unsampled step of
+    L106, L107, L108 and N101 costs three ops over the plain step — the copy of the loss, L108's
+    targets and its argmax — where each reader used to copy or test the loss itself (seven
+    kernel launches on a GPU)."""
+    counted = []
+    for checks in ([], [LossNotDecreasing, Overfitting, LossAtChance, NonfiniteLoss]):
+        session = Session(checks=[], sample_every=1000)
+        session.stash[LOSS_LEDGER] = LossLedger(slots=_late_slots(delay=0))
+        session.add_checks(checks)
+        ops = _CountAllOps()
+        _train(session, 40, reads=ops, count_from=20)
+        assert not session.report.internal_errors
+        counted.append(ops.ops)
+    assert counted[1] - counted[0] == 3 * 20
