@@ -98,8 +98,9 @@ class NonfiniteLoss(Check):
     Method and cost (the trade-off):
 
     - The loss is checked on **every** step. On CPU that is one ``.item()`` (about 2 µs);
-      on CUDA the check is queued on the device and its answer copied to pinned host
-      memory without waiting, then read a step or two later — no synchronisation.
+      on CUDA the loss is copied to pinned host memory without waiting and read a step or
+      two later — no synchronisation. The same read serves the other checks of the loss
+      curve (L106, L107, L108): one read a step for all of them.
     - During the **full-instrumentation window** (the first 16 steps, where most NaN bugs of
       a new script show up: a ``log`` of 0 on the first batch, a bad initialisation, NaN in
       the data) every submodule's output gets one reduction as it completes (its float sum:
