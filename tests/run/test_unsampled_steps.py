@@ -417,3 +417,37 @@ def test_dispatch_drops_the_users_objects_from_the_event_and_keeps_plain_fields(
     session.emit(event)
     assert (event.module, event.inputs, event.output, event.frame) == (None, None, None, None)
     assert event.cache == {} and event.training is False and event.step == 3 and event.sampled
+
+
+def test_an_idle_handler_is_called_only_while_armed_and_in_its_subscription_order():
+    calls: list[str] = []
+
+    class Idle:
+        subscriber_name = "idle"
+        idle_handlers = ("step_end",)
+
+        def on_step_end(self, event):
+            calls.append("idle")
+
+    class Busy:
+        subscriber_name = "busy"
+
+        def on_step_end(self, event):
+            calls.append("busy")
+
+    session = Session(checks=[])
+    first, idle, last = Busy(), Idle(), Busy()
+    for subscriber in (first, idle, last):
+        session.subscribe(subscriber)
+    session.emit(StepEnd(sampled=False))
+    session.emit(StepEnd(sampled=True))
+    assert calls == ["busy", "busy"] * 2  # idle: not called, on any step
+    session.arm(idle, "step_end")
+    session.arm(idle, "step_end")  # armed already: nothing changes
+    calls.clear()
+    session.emit(StepEnd(sampled=False))
+    assert calls == ["busy", "idle", "busy"]  # where it was subscribed, not appended
+    session.disarm(idle, "step_end")
+    calls.clear()
+    session.emit(StepEnd(sampled=False))
+    assert calls == ["busy", "busy"]

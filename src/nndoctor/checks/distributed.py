@@ -247,6 +247,7 @@ class SamplerEpochNotSet(Check):
     severity = Severity.WARNING
     summary = "DistributedSampler.set_epoch never called"
     fix = "call sampler.set_epoch(epoch) at the start of every epoch"
+    idle_handlers = ("step_end",)  # called from a pass's start (on_epoch_start) to its first step
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -256,7 +257,6 @@ class SamplerEpochNotSet(Check):
         # that pass trains
         self._pending: weakref.WeakKeyDictionary[Any, tuple[int, Location | None, int]] = (
             weakref.WeakKeyDictionary())
-        self._armed = False  # a pass started since the last step end
 
     def on_epoch_start(self, event: Any) -> None:
         from torch.utils.data.distributed import DistributedSampler
@@ -264,14 +264,12 @@ class SamplerEpochNotSet(Check):
         sampler = getattr(event.loader, "sampler", None)
         if isinstance(sampler, DistributedSampler) and getattr(sampler, "shuffle", False):
             self._pending[sampler] = (int(getattr(sampler, "epoch", 0)), event.location, event.epoch)
-            self._armed = True
+            self.session.arm(self, "step_end")
 
     def on_step_end(self, event: Any) -> None:
         # A pass counts once it trains: evaluating on the same loader within an epoch (same
         # sampler epoch, no optimizer step) is not an epoch of its own.
-        if not self._armed:  # the usual step: no pass started since the last one (a flag: the
-            return           # WeakKeyDictionary's __len__ is Python code)
-        self._armed = False
+        self.session.disarm(self, "step_end")  # called again once the next pass starts
         for sampler, (epoch, location, passes) in list(self._pending.items()):
             del self._pending[sampler]
             previous = self._trained_epoch.get(sampler)
@@ -863,6 +861,9 @@ class UnreducedEvalMetric(Check):
     heuristic = True
     summary = "per-rank evaluation metrics reported without a reduction"
     fix = "all_reduce the evaluation sums and counts (or all_gather the predictions) before reporting"
+    # forward: from a sharded pass's start to its first forward; step_end: from an evaluation
+    # forward to the next step (or the run's end)
+    idle_handlers = ("forward", "step_end")
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -881,6 +882,7 @@ class UnreducedEvalMetric(Check):
         self._candidate = None
         if isinstance(sampler, DistributedSampler) and sampler.num_replicas > 1 and _world_size() > 1:
             self._candidate = (event.location, int(sampler.num_replicas), event.step)
+            self.session.arm(self, "forward")
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
@@ -888,11 +890,14 @@ class UnreducedEvalMetric(Check):
             return
         location, replicas, step = self._candidate
         self._candidate = None
+        self.session.disarm(self, "forward")
         if not (event.training and event.grad_enabled) and self._open is None:
             self._open = (location, replicas, step, self._collectives())
+            self.session.arm(self, "step_end")
 
     def on_step_end(self, event: Any) -> None:
         self._close()
+        self.session.disarm(self, "step_end")
 
     def on_run_end(self, event: Any) -> None:
         self._close()
@@ -966,6 +971,7 @@ class EvalSamplerPadding(Check):
     severity = Severity.WARNING
     summary = "DistributedSampler padding duplicates evaluation samples"
     fix = "evaluate without padded duplicates: count only the dataset's own samples, or evaluate on one rank"
+    idle_handlers = ("forward",)  # called from a padded pass's start to its first forward
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -974,6 +980,8 @@ class EvalSamplerPadding(Check):
     def on_epoch_start(self, event: Any) -> None:
         padding = sampler_padding(getattr(event.loader, "sampler", None))
         self._pass = (padding, event.location, event.step) if padding else None
+        if padding:
+            self.session.arm(self, "forward")
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
@@ -981,6 +989,7 @@ class EvalSamplerPadding(Check):
             return
         (length, replicas, padded), location, step = self._pass
         self._pass = None  # one decision per pass: the first forward says whether it evaluates
+        self.session.disarm(self, "forward")
         if event.training and event.grad_enabled:
             return
         self.report(

@@ -168,6 +168,7 @@ class Session:
         self._handlers: dict[str, list[tuple[Subscriber, Any]]] = {}
         # The same, less the handlers marked ``sampled_only``: what an unsampled step's event reaches.
         self._every_step: dict[str, list[tuple[Subscriber, Any]]] = {}
+        self._order: dict[tuple[int, str], int] = {}  # (id(subscriber), route) -> subscription rank
         for cls in classes:
             self._add_check(cls)
 
@@ -190,17 +191,49 @@ class Session:
 
     def subscribe(self, subscriber: Subscriber) -> None:
         """Dispatch events to any object with ``on_<kind>`` methods (checks, and internal
-        helpers with no catalog code: the perf recorder, the preflight probe, the history)."""
+        helpers with no catalog code: the perf recorder, the preflight probe, the history).
+
+        The kinds a subscriber lists in ``idle_handlers`` are not dispatched until it calls
+        ``arm(self, kind)``: a handler that has nothing to do until another event starts
+        something (a pass over a DistributedSampler) costs no call on the steps between."""
+        idle = getattr(type(subscriber), "idle_handlers", ())
         for kind, method in handler_names(type(subscriber)).items():
             handler = getattr(subscriber, method)
-            routes = [kind]
-            if kind == "forward" and not is_model_forwards_only(handler):
-                routes.append(LOSS_FORWARD)
-            for route in routes:
-                # New lists (copy on write): a dispatch in progress iterates the old ones.
-                self._handlers[route] = [*self._handlers.get(route, ()), (subscriber, handler)]
-                if not is_sampled_only(handler):
-                    self._every_step[route] = [*self._every_step.get(route, ()), (subscriber, handler)]
+            for route in self._routes(kind, handler):
+                self._order[(id(subscriber), route)] = len(self._order)  # arm() restores this order
+                if kind not in idle:
+                    self._add(subscriber, handler, route)
+
+    @staticmethod
+    def _routes(kind: str, handler: Any) -> tuple[str, ...]:
+        if kind == "forward" and not is_model_forwards_only(handler):
+            return (kind, LOSS_FORWARD)
+        return (kind,)
+
+    def _add(self, subscriber: Subscriber, handler: Any, route: str) -> None:
+        """Add a handler to the dispatch tables in subscription order. New lists (copy on
+        write): a dispatch in progress iterates the old ones."""
+        order = self._order
+
+        def position(pair: tuple[Subscriber, Any]) -> int:
+            return order.get((id(pair[0]), route), len(order))
+
+        tables = (self._handlers,) if is_sampled_only(handler) else (self._handlers, self._every_step)
+        for table in tables:
+            table[route] = sorted([*table.get(route, ()), (subscriber, handler)], key=position)
+
+    def arm(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Dispatch these kinds (listed in the subscriber's ``idle_handlers``) to it again,
+        in its subscription order; armed already: nothing changes."""
+        for kind in kinds:
+            handler = getattr(subscriber, f"on_{kind}")
+            for route in self._routes(kind, handler):
+                if all(s is not subscriber for s, _ in self._handlers.get(route, ())):
+                    self._add(subscriber, handler, route)
+
+    def disarm(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Stop dispatching these kinds to it until ``arm`` (``unsubscribe``, re-armable)."""
+        self.unsubscribe(subscriber, *kinds)
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
