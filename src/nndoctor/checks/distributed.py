@@ -617,20 +617,20 @@ class DdpForwardBypass(Check):
     severity = Severity.ERROR
     summary = "forward through the inner module instead of the DDP wrapper while training"
     fix = "call the DDP wrapper (model(x)), not model.module(x), for training forwards"
-    _registry: Any = None  # the session's DDP registry, once looked up
+    idle_handlers = ("forward",)  # until a DDP wrapper is built: the usual single-process run has none
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        from nndoctor.instrument.ddp_hooks import registry
+
+        self._registry = registry(session)
+        self._registry.on_built.append(lambda: session.arm(self, "forward"))
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
             return
-        ddp = self._registry
-        if ddp is None:  # the session's registry, looked up once (every training forward asks)
-            from nndoctor.instrument.ddp_hooks import registry
-
-            ddp = self._registry = registry(self.session)
-        if not ddp.built:  # no DDP wrapper built: the usual single-process run
-            return
-        record = ddp.by_inner.get(event.module)
+        record = self._registry.by_inner.get(event.module)
         if record is None or record.ddp() is None:
             return
         self.report(

@@ -48,9 +48,8 @@ class DdpRegistry:
 
     by_inner: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     by_wrapper: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
-    # Wrappers built so far: the usual run builds none, and asking this is cheaper than the
-    # WeakKeyDictionary's __len__ (Python) on every forward.
-    built: int = 0
+    # Called when a wrapper is built (X107 arms its forward handler: idle in a run without DDP).
+    on_built: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -117,7 +116,8 @@ def install(installation: InstallationProtocol) -> None:
                                     location=str(where) if where else None)
                 ddp_registry.by_inner[self.module] = record
                 ddp_registry.by_wrapper[self] = record
-                ddp_registry.built += 1
+                for callback in ddp_registry.on_built:
+                    callback()
                 flight = session.stash.get(FLIGHT_RECORDER, None)
                 if flight is not None:
                     flight.ddp = True
