@@ -451,3 +451,23 @@ def test_an_idle_handler_is_called_only_while_armed_and_in_its_subscription_orde
     calls.clear()
     session.emit(StepEnd(sampled=False))
     assert calls == ["busy", "busy"]
+
+
+def test_a_failed_subscriber_is_not_armed_again():
+    class Broken:
+        subscriber_name = "broken"
+        idle_handlers = ("step_end",)
+        calls = 0
+
+        def on_step_end(self, event):
+            Broken.calls += 1
+            raise RuntimeError("bug in a check")
+
+    session = Session(checks=[])
+    broken = Broken()
+    session.subscribe(broken)
+    session.arm(broken, "step_end")
+    session.emit(StepEnd(sampled=False))
+    session.arm(broken, "step_end")  # e.g. from a probe's callback: ignored
+    session.emit(StepEnd(sampled=False))
+    assert Broken.calls == 1 and len(session.report.internal_errors) == 1

@@ -169,6 +169,7 @@ class Session:
         # The same, less the handlers marked ``sampled_only``: what an unsampled step's event reaches.
         self._every_step: dict[str, list[tuple[Subscriber, Any]]] = {}
         self._order: dict[tuple[int, str], int] = {}  # (id(subscriber), route) -> subscription rank
+        self._disabled: set[int] = set()  # ids of subscribers whose handler raised
         for cls in classes:
             self._add_check(cls)
 
@@ -225,6 +226,8 @@ class Session:
     def arm(self, subscriber: Subscriber, *kinds: str) -> None:
         """Dispatch these kinds (listed in the subscriber's ``idle_handlers``) to it again,
         in its subscription order; armed already: nothing changes."""
+        if id(subscriber) in self._disabled:
+            return  # failed once: never dispatched again
         for kind in kinds:
             handler = getattr(subscriber, f"on_{kind}")
             for route in self._routes(kind, handler):
@@ -297,6 +300,7 @@ class Session:
         self._every_step = _without(self._every_step, subscriber, routes)
 
     def _disable(self, subscriber: Subscriber) -> None:
+        self._disabled.add(id(subscriber))
         self._handlers = _without(self._handlers, subscriber)
         self._every_step = _without(self._every_step, subscriber)
 
