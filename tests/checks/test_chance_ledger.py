@@ -91,3 +91,20 @@ def test_a_step_costs_three_ops_with_the_loss_and_keeps_no_reference():
     assert again.ops == []
     import sys
     assert sys.getrefcount(target) == 2 and sys.getrefcount(logits) == 2  # ours only: no copy kept
+
+
+def test_settled_rows_keep_their_losses_when_the_loss_ledger_drops_old_values():
+    """Rows waiting long for their read (rare sampled steps) take their losses from the loss
+    ledger first: its bounded history may drop them before the read."""
+    losses = LossLedger(keep=4)
+    ledger = BatchLedger(8, torch.device("cpu"), losses)
+    counts = torch.zeros(CLASSES, dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    for step in range(6):
+        logits, target = torch.randn(4, CLASSES, generator=g), torch.randint(0, CLASSES, (4,), generator=g)
+        ledger.record(logits, target, torch.tensor(0.25 * (step + 1)), -100, summed=False, counts=counts)
+    ledger.settle()
+    for step in range(20):  # later losses (other readers): the loss ledger drops the oldest
+        losses.record(torch.tensor(float(step)))
+    assert losses.values([0]) == [None]
+    assert [loss for loss, _, _ in ledger.read(CLASSES, counts)] == [0.25 * (step + 1) for step in range(6)]

@@ -35,6 +35,7 @@ class _Row(NamedTuple):
     summed: bool  # reduction="sum" and not reduced yet: the loss is divided by the targets counted
     loss: int = -1  # the loss's serial in the loss ledger (a kept row)
     reduced: bool = False  # (loss, correct, seen) computed at the step, in ``_reduced``
+    value: float | None = None  # the loss's value, once taken from the loss ledger (``settle``)
 
 
 class BatchLedger:
@@ -112,6 +113,17 @@ class BatchLedger:
         self._targets, self._predicted, self._width = targets, predicted, width
         self._target_rows, self._predicted_rows = targets.unbind(), predicted.unbind()
 
+    def settle(self) -> None:
+        """Take the pending rows' loss values that have reached the host from the loss ledger
+        (all of them on the CPU): the ledger keeps a bounded history, and full rows may wait
+        long for their read when sampled steps are rare (NNDOCTOR_SAMPLE_EVERY)."""
+        losses = self._losses
+        for i, row in enumerate(self._pending):
+            if row.value is None and not row.reduced:
+                value = losses.landed(row.loss)
+                if value is not None:
+                    self._pending[i] = row._replace(value=value)
+
     def read(self, classes: int, counts: torch.Tensor) -> list[tuple[float | None, int, int]]:
         """(loss, right predictions, targets counted) of each pending row, in order; adds the
         rows' valid targets to ``counts`` (per class, float64); empties the ledger. One sync.
@@ -128,7 +140,7 @@ class BatchLedger:
             if self._reduced is not None and any(row.reduced for row in pending):
                 reduced = self._reduced[:k].double().tolist()
             rows = counted.tolist()
-        losses = iter(self._losses.values([row.loss for row in pending if not row.reduced]))
+        losses = iter(self._losses.values([row.loss for row in pending if not row.reduced and row.value is None]))
         out: list[tuple[float | None, int, int]] = []
         for i, row in enumerate(pending):
             if row.reduced:
@@ -136,7 +148,7 @@ class BatchLedger:
                 out.append((loss, int(right), int(seen)))
                 continue
             right, seen = rows[i]
-            value = next(losses)
+            value = row.value if row.value is not None else next(losses)
             if value is not None:
                 # float32, as the device row held it; a summed loss divided as torch divides
                 # a float32 by an integer count (both IEEE float32 divisions)

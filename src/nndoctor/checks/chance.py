@@ -147,6 +147,7 @@ class LossAtChance(Check):
         self._counts: torch.Tensor | None = None  # per-class target counts, on the loss's device
         self._ledger: BatchLedger | None = None  # the training batches not read yet, on the device
         self._steps: list[tuple[int, int]] = []  # their steps, and the pass each batch came from
+        self._settled = False  # the full ledger took its loss values (rare sampled steps)
         # Passes over the data (ids and counts only): the last pass started per dataset key, the
         # source of the last batch fetched, and the passes that trained per dataset key.
         self._serial = 0
@@ -229,6 +230,9 @@ class LossAtChance(Check):
         if len(self._steps) >= ledger.rows:
             if event.sampled:
                 self._flush()
+            elif not self._settled:
+                ledger.settle()  # once per fill: the loss values, before the loss ledger drops them
+                self._settled = True
             return  # full until the next sampled step reads it
         if self._counts is None:
             return
@@ -282,6 +286,7 @@ class LossAtChance(Check):
                               for (step, visit), (loss, correct, seen) in zip(self._steps, values, strict=True)
                               if loss is not None)  # None: dropped by the loss ledger (a run sampled very rarely)
         self._steps.clear()
+        self._settled = False
 
     def _decide(self, *, final: bool) -> None:
         if self._decided or self._counts is None:

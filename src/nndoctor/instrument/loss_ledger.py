@@ -32,10 +32,10 @@ from nndoctor.core.stash import StashKey
 # host list, waiting if its copy has not landed: rare) before it is written again. Enough for
 # several sampled intervals of the default 100 steps, gradient accumulation included.
 CUDA_SLOTS = 1024
-# Values kept on the host: the readers read theirs at least once per sampled interval. Older
-# values are dropped in chunks (``value`` then answers None): only a run sampled less than
-# once in ~100,000 losses (NNDOCTOR_SAMPLE_EVERY) can lose some.
-KEEP = 1 << 17
+# Values kept on the host (at most twice this many, ~2 MB): the readers read theirs at least
+# once per sampled interval. Older values are dropped in chunks (``value`` then answers None):
+# only a run sampled less than once in ~30,000 losses (NNDOCTOR_SAMPLE_EVERY) can lose some.
+KEEP = 1 << 15
 
 
 def _dead() -> None:
