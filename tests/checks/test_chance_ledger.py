@@ -1,4 +1,5 @@
-"""L108's batch ledger: three ops a step, and the same numbers as reducing each step at once."""
+"""L108's batch ledger: two ops a step (the loss read once by the loss ledger), and the same
+numbers as reducing each step at once."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nndoctor.checks import _chance_ledger as chance_ledger
 from nndoctor.checks._chance_ledger import BatchLedger
+from nndoctor.instrument.loss_ledger import LossLedger
 
 CLASSES = 5
 
@@ -48,7 +50,7 @@ def _batches():
 @pytest.mark.parametrize("max_width", [2048, 6, 0, -1])
 def test_the_ledger_gives_the_per_step_numbers(monkeypatch, max_width):
     monkeypatch.setattr(chance_ledger, "MAX_WIDTH", max_width)
-    ledger = BatchLedger(16, torch.device("cpu"))
+    ledger = BatchLedger(16, torch.device("cpu"), LossLedger())
     counts, expected_counts = torch.zeros(CLASSES, dtype=torch.float64), torch.zeros(CLASSES, dtype=torch.float64)
     expected = []
     for logits, target, loss, ignore, summed in _batches():
@@ -70,8 +72,8 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_step_costs_three_ops_and_keeps_no_reference():
-    ledger = BatchLedger(8, torch.device("cpu"))
+def test_a_step_costs_three_ops_with_the_loss_and_keeps_no_reference():
+    ledger = BatchLedger(8, torch.device("cpu"), LossLedger())
     logits, target = torch.randn(6, CLASSES), torch.randint(0, CLASSES, (6,))
     counts = torch.zeros(CLASSES, dtype=torch.float64)
     ledger.record(logits, target, torch.tensor(1.0), -100, summed=False, counts=counts)  # allocates the columns
@@ -80,8 +82,29 @@ def test_a_step_costs_three_ops_and_keeps_no_reference():
     with _CountOps() as counted:
         ledger.record(logits, target, loss, -100, summed=False, counts=counts)
     assert torch.is_grad_enabled()  # restored
-    assert ledger._losses.grad_fn is None and not ledger._losses.requires_grad  # no graph kept
-    writes = [op for op in counted.ops if "copy_" in op or "argmax" in op]
+    assert not ledger._targets.requires_grad and not ledger._predicted.requires_grad  # no graph kept
+    writes = [op for op in counted.ops if "copy_" in op or "argmax" in op or "_local_scalar_dense" in op]
     assert len(writes) == 3 and len(counted.ops) <= 4, counted.ops  # a narrowing view at most besides
+    # the loss was read by the loss ledger: a second reader of the same loss costs no op
+    with _CountOps() as again:
+        assert ledger._losses.record(loss) == len(ledger._losses) - 1
+    assert again.ops == []
     import sys
     assert sys.getrefcount(target) == 2 and sys.getrefcount(logits) == 2  # ours only: no copy kept
+
+
+def test_settled_rows_keep_their_losses_when_the_loss_ledger_drops_old_values():
+    """Rows waiting long for their read (rare sampled steps) take their losses from the loss
+    ledger first: its bounded history may drop them before the read."""
+    losses = LossLedger(keep=4)
+    ledger = BatchLedger(8, torch.device("cpu"), losses)
+    counts = torch.zeros(CLASSES, dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    for step in range(6):
+        logits, target = torch.randn(4, CLASSES, generator=g), torch.randint(0, CLASSES, (4,), generator=g)
+        ledger.record(logits, target, torch.tensor(0.25 * (step + 1)), -100, summed=False, counts=counts)
+    ledger.settle()
+    for step in range(20):  # later losses (other readers): the loss ledger drops the oldest
+        losses.record(torch.tensor(float(step)))
+    assert losses.values([0]) == [None]
+    assert [loss for loss, _, _ in ledger.read(CLASSES, counts)] == [0.25 * (step + 1) for step in range(6)]

@@ -404,3 +404,70 @@ def _train_small_mlp(steps, make_optimizer):
         loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
+
+
+def test_dispatch_drops_the_users_objects_from_the_event_and_keeps_plain_fields():
+    """``Session.emit`` releases the event itself (inlined): the module, inputs and output are
+    gone after dispatch, the plain facts stay."""
+    session = Session(checks=[])
+    session.subscribe(_Recorder())
+    module, x = nn.Linear(2, 2), torch.ones(1, 2)
+    event = Forward(step=3, sampled=True, module=module, inputs=(x,), output=module(x), training=False)
+    event.cache["stats"] = object()
+    session.emit(event)
+    assert (event.module, event.inputs, event.output, event.frame) == (None, None, None, None)
+    assert event.cache == {} and event.training is False and event.step == 3 and event.sampled
+
+
+def test_an_idle_handler_is_called_only_while_armed_and_in_its_subscription_order():
+    calls: list[str] = []
+
+    class Idle:
+        subscriber_name = "idle"
+        idle_handlers = ("step_end",)
+
+        def on_step_end(self, event):
+            calls.append("idle")
+
+    class Busy:
+        subscriber_name = "busy"
+
+        def on_step_end(self, event):
+            calls.append("busy")
+
+    session = Session(checks=[])
+    first, idle, last = Busy(), Idle(), Busy()
+    for subscriber in (first, idle, last):
+        session.subscribe(subscriber)
+    session.emit(StepEnd(sampled=False))
+    session.emit(StepEnd(sampled=True))
+    assert calls == ["busy", "busy"] * 2  # idle: not called, on any step
+    session.arm(idle, "step_end")
+    session.arm(idle, "step_end")  # armed already: nothing changes
+    calls.clear()
+    session.emit(StepEnd(sampled=False))
+    assert calls == ["busy", "idle", "busy"]  # where it was subscribed, not appended
+    session.disarm(idle, "step_end")
+    calls.clear()
+    session.emit(StepEnd(sampled=False))
+    assert calls == ["busy", "busy"]
+
+
+def test_a_failed_subscriber_is_not_armed_again():
+    class Broken:
+        subscriber_name = "broken"
+        idle_handlers = ("step_end",)
+        calls = 0
+
+        def on_step_end(self, event):
+            Broken.calls += 1
+            raise RuntimeError("bug in a check")
+
+    session = Session(checks=[])
+    broken = Broken()
+    session.subscribe(broken)
+    session.arm(broken, "step_end")
+    session.emit(StepEnd(sampled=False))
+    session.arm(broken, "step_end")  # e.g. from a probe's callback: ignored
+    session.emit(StepEnd(sampled=False))
+    assert Broken.calls == 1 and len(session.report.internal_errors) == 1

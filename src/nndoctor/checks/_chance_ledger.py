@@ -1,12 +1,14 @@
-"""L108's record of the training batches between two reads: three device ops a step, reduced
+"""L108's record of the training batches between two reads: two device ops a step, reduced
 at the read.
 
-A step writes its loss, its targets and its argmax predictions into preallocated rows on the
-loss's device (one ``copy_``, one ``copy_``, one ``argmax(out=)``: no host sync, no reference
-to the user's tensors kept). The validity of the targets, the right predictions, the number of
+A step writes its targets and its argmax predictions into preallocated rows on the loss's
+device (one ``copy_``, one ``argmax(out=)``: no host sync, no reference to the user's tensors
+kept); its loss is the session's loss ledger's (``instrument/loss_ledger.py``: read once for
+L106, L107, L108 and N101), named by its serial. The validity of the targets, the right predictions, the number of
 targets counted and the class counts are computed for all the rows at once when a sampled step
-reads them: the same numbers as computing them step by step (integer sums; the per-step mean of
-a summed loss is the same float32 division), for a fraction of the kernels on every step.
+reads them: the same numbers as computing them step by step (integer sums; the loss rounded to
+float32, and the per-step mean of a summed loss the same float32 division, on the host), for a
+fraction of the kernels on every step.
 
 A batch wider than ``MAX_WIDTH`` is reduced at once instead (about ten kernels, the way L108
 did it for every batch before the ledger): the rows of targets would otherwise take
@@ -17,7 +19,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
+
+from nndoctor.instrument.loss_ledger import LossLedger
 
 # The widest batch kept as targets and predictions: 424 rows (sample every 100) × 2,048 × 16
 # bytes = 14 MB at most on the device.
@@ -28,20 +33,21 @@ class _Row(NamedTuple):
     size: int  # the batch's targets (the row's first ``size`` columns); 0 for a reduced row
     ignore: int  # the loss's ignore_index
     summed: bool  # reduction="sum" and not reduced yet: the loss is divided by the targets counted
+    loss: int = -1  # the loss's serial in the loss ledger (a kept row)
     reduced: bool = False  # (loss, correct, seen) computed at the step, in ``_reduced``
+    value: float | None = None  # the loss's value, once taken from the loss ledger (``settle``)
 
 
 class BatchLedger:
-    """Rows of (loss, targets, predictions) on one device, ``rows`` of them; the columns grow
-    with the largest batch seen, up to ``MAX_WIDTH``."""
+    """Rows of (targets, predictions) on one device, ``rows`` of them, and their losses' serials
+    in the loss ledger; the columns grow with the largest batch seen, up to ``MAX_WIDTH``."""
 
-    def __init__(self, rows: int, device: torch.device) -> None:
+    def __init__(self, rows: int, device: torch.device, losses: LossLedger) -> None:
         self.rows = rows
         self.device = device
-        self._losses = torch.zeros(rows, dtype=torch.float32, device=device)
-        self._loss_slots = self._losses.unbind()  # made once: indexing per step is an op too
+        self._losses = losses
         self._width = -1
-        self._targets = self._predicted = self._losses  # replaced by the first record
+        self._targets = self._predicted = torch.zeros(0, 0, dtype=torch.int64)  # replaced by the first record
         self._target_rows: tuple[torch.Tensor, ...] = ()
         self._predicted_rows: tuple[torch.Tensor, ...] = ()
         self._reduced: torch.Tensor | None = None  # (loss, correct, seen) of the reduced rows
@@ -52,8 +58,9 @@ class BatchLedger:
 
     def record(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, ignore: int, *,
                summed: bool, counts: torch.Tensor) -> None:
-        """Write one step's batch into the next row (the caller checks that one is free).
-        ``counts`` (per class, float64) takes a reduced batch's targets at once."""
+        """Write one step's batch into the next row (the caller checks that one is free); the
+        loss (one element) is read through the loss ledger. ``counts`` (per class, float64)
+        takes a reduced batch's targets at once."""
         size = int(target.shape[0])
         if size > MAX_WIDTH:
             self._reduce_now(logits, target, loss, ignore, summed, counts)
@@ -64,17 +71,10 @@ class BatchLedger:
         targets, predicted = self._target_rows[k], self._predicted_rows[k]
         if size != self._width:
             targets, predicted = targets[:size], predicted[:size]
-        # Integer outputs record nothing for autograd; the loss is detached by the copy made
-        # with grad mode off (what torch.no_grad() does, without its Python frames every step).
+        # Integer outputs record nothing for autograd.
         targets.copy_(target)
         torch.argmax(logits, 1, out=predicted)
-        grad_mode = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            self._loss_slots[k].copy_(loss if loss.dim() == 0 else loss.reshape(()))  # float32, as .float()
-        finally:
-            torch._C._set_grad_enabled(grad_mode)
-        self._pending.append(_Row(size, ignore, summed))
+        self._pending.append(_Row(size, ignore, summed, self._losses.record(loss)))
 
     def _reduce_now(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, ignore: int,
                     summed: bool, counts: torch.Tensor) -> None:
@@ -113,26 +113,55 @@ class BatchLedger:
         self._targets, self._predicted, self._width = targets, predicted, width
         self._target_rows, self._predicted_rows = targets.unbind(), predicted.unbind()
 
-    def read(self, classes: int, counts: torch.Tensor) -> list[tuple[float, int, int]]:
+    def settle(self) -> None:
+        """Take the pending rows' loss values that have reached the host from the loss ledger
+        (all of them on the CPU): the ledger keeps a bounded history, and full rows may wait
+        long for their read when sampled steps are rare (NNDOCTOR_SAMPLE_EVERY)."""
+        losses = self._losses
+        for i, row in enumerate(self._pending):
+            if row.value is None and not row.reduced:
+                value = losses.landed(row.loss)
+                if value is not None:
+                    self._pending[i] = row._replace(value=value)
+
+    def read(self, classes: int, counts: torch.Tensor) -> list[tuple[float | None, int, int]]:
         """(loss, right predictions, targets counted) of each pending row, in order; adds the
-        rows' valid targets to ``counts`` (per class, float64); empties the ledger. One sync."""
+        rows' valid targets to ``counts`` (per class, float64); empties the ledger. One sync.
+        A loss is None only if the loss ledger dropped it (a run sampled very rarely)."""
         pending, self._pending = self._pending, []
         if not pending:
             return []
         k, device = len(pending), self.device
+        reduced: list[list[float]] = []
         with torch.no_grad():
-            values = torch.zeros(k, 3, dtype=torch.float64, device=device)
-            if self._width >= 0:  # some row was kept (an empty batch's too: its loss is there)
-                values = self._reduce_rows(pending, classes, counts)
+            counted = torch.zeros(k, 2, dtype=torch.int64, device=device)
+            if self._width >= 0:  # some row was kept (an empty batch's too)
+                counted = self._reduce_rows(pending, classes, counts)
             if self._reduced is not None and any(row.reduced for row in pending):
-                reduced = torch.tensor([row.reduced for row in pending], device=device)
-                values = torch.where(reduced[:, None], self._reduced[:k].double(), values)
-            rows = values.tolist()
-        return [(loss, int(right), int(counted)) for loss, right, counted in rows]
+                reduced = self._reduced[:k].double().tolist()
+            rows = counted.tolist()
+        losses = iter(self._losses.values([row.loss for row in pending if not row.reduced and row.value is None]))
+        out: list[tuple[float | None, int, int]] = []
+        for i, row in enumerate(pending):
+            if row.reduced:
+                loss, right, seen = reduced[i]
+                out.append((loss, int(right), int(seen)))
+                continue
+            right, seen = rows[i]
+            value = row.value if row.value is not None else next(losses)
+            if value is not None:
+                # float32, as the device row held it; a summed loss divided as torch divides
+                # a float32 by an integer count (both IEEE float32 divisions)
+                value32 = np.float32(value)
+                if row.summed:
+                    value32 = value32 / np.float32(max(seen, 1))
+                value = float(value32)
+            out.append((value, right, seen))
+        return out
 
     def _reduce_rows(self, pending: list[_Row], classes: int, counts: torch.Tensor) -> torch.Tensor:
-        """(loss, correct, seen) of the kept rows, as float64 (k, 3); a reduced row gives zeros
-        (its size is 0: no valid target)."""
+        """(correct, seen) of the kept rows, (k, 2) int64; a reduced row gives zeros (its size
+        is 0: no valid target)."""
         k, device = len(pending), self.device
         targets, predicted = self._targets[:k], self._predicted[:k]
         sizes = torch.tensor([row.size for row in pending], device=device)
@@ -143,9 +172,5 @@ class BatchLedger:
         valid &= torch.arange(self._width, device=device) < sizes[:, None]
         correct = ((predicted == targets) & valid).sum(1)  # an argmax is a class: never equals an invalid target
         seen = valid.sum(1)
-        losses = self._losses[:k]
-        if any(row.summed for row in pending):  # Trainer's loss over the items of a batch
-            summed = torch.tensor([row.summed for row in pending], device=device)
-            losses = torch.where(summed, losses / seen.clamp(min=1), losses)
         counts.scatter_add_(0, (targets * valid).flatten(), valid.flatten().to(counts.dtype))
-        return torch.stack((losses.double(), correct.double(), seen.double()), 1)
+        return torch.stack((correct, seen), 1)

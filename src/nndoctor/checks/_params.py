@@ -16,6 +16,9 @@ def optimizer_params(optimizer: Any) -> list[torch.Tensor]:
 
 def has_any_grad(optimizer: Any) -> bool:
     """Does any parameter of the optimizer hold a gradient? Reads no tensor data (no sync)."""
+    groups = optimizer.param_groups
+    if groups and groups[0]["params"] and groups[0]["params"][0].grad is not None:
+        return True  # the usual step (asked on every step): no generator to run
     return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
 

@@ -21,6 +21,7 @@ from nndoctor.core.rules.chance_level import (
     undecidable,
     with_held_out,
 )
+from nndoctor.instrument.loss_ledger import loss_ledger
 from nndoctor.instrument.stats import has_plain_values
 
 # Vocabulary-sized targets (language models) are left out: the per-step argmax over a
@@ -146,6 +147,7 @@ class LossAtChance(Check):
         self._counts: torch.Tensor | None = None  # per-class target counts, on the loss's device
         self._ledger: BatchLedger | None = None  # the training batches not read yet, on the device
         self._steps: list[tuple[int, int]] = []  # their steps, and the pass each batch came from
+        self._settled = False  # the full ledger took its loss values (rare sampled steps)
         # Passes over the data (ids and counts only): the last pass started per dataset key, the
         # source of the last batch fetched, and the passes that trained per dataset key.
         self._serial = 0
@@ -219,7 +221,7 @@ class LossAtChance(Check):
             # Sized for the default interval (100) at most: a very long NNDOCTOR_SAMPLE_EVERY would
             # otherwise ask the device for rows × batch × 16 bytes (the rows fill, then wait for the read).
             rows = 4 * min(self.session.sample_every, 100) + min(self.session.full_window, 64) + 8
-            ledger = self._ledger = BatchLedger(rows, output.device)
+            ledger = self._ledger = BatchLedger(rows, output.device, loss_ledger(self.session))
             if self._counts is None or self._counts.device != output.device:
                 counts = torch.zeros(classes, dtype=torch.float64, device=output.device)
                 if self._counts is not None:
@@ -228,13 +230,16 @@ class LossAtChance(Check):
         if len(self._steps) >= ledger.rows:
             if event.sampled:
                 self._flush()
+            elif not self._settled:
+                ledger.settle()  # once per fill: the loss values, before the loss ledger drops them
+                self._settled = True
             return  # full until the next sampled step reads it
         if self._counts is None:
             return
         ledger.record(logits, target, output, ignore, summed=event.options.get("reduction", "mean") == "sum",
                       counts=self._counts)
         self._last_step = event.step
-        self._steps.append((event.step, self._training_pass()))
+        self._steps.append((event.step, self._training_pass() if self._source is not None else -1))
         if not self._classes:
             self._classes = classes
             self._location = event.location
@@ -278,8 +283,10 @@ class LossAtChance(Check):
             return
         values = self._ledger.read(self._classes, self._counts)  # the only sync, on sampled steps
         self._outcomes.extend(BatchOutcome(step, loss, int(correct), int(seen), visit)
-                              for (step, visit), (loss, correct, seen) in zip(self._steps, values, strict=True))
+                              for (step, visit), (loss, correct, seen) in zip(self._steps, values, strict=True)
+                              if loss is not None)  # None: dropped by the loss ledger (a run sampled very rarely)
         self._steps.clear()
+        self._settled = False
 
     def _decide(self, *, final: bool) -> None:
         if self._decided or self._counts is None:
@@ -333,7 +340,14 @@ def _dataset_key(loader: object) -> object:
 
 def _plain_classification(event: LossComputed) -> bool:
     logits, target, output = event.input, event.target, event.output
-    if not (has_plain_values(logits) and has_plain_values(target) and has_plain_values(output)):
+    tensor = torch.Tensor
+    if type(logits) is tensor and type(target) is tensor and type(output) is tensor:
+        # has_plain_values of the three, inlined (asked on every step): attributes, no calls
+        strided = torch.strided
+        for t in (logits, target, output):
+            if t.layout != strided or t.is_nested or t.is_quantized or t.is_meta:
+                return False
+    elif not (has_plain_values(logits) and has_plain_values(target) and has_plain_values(output)):
         return False
     if logits.dim() != 2 or target.dim() != 1 or logits.shape[0] != target.shape[0] or logits.shape[1] < 2:
         return False

@@ -119,7 +119,8 @@ class DebugModeLeftOn(Check):
             if len(times) < self.MAX_TIMES:
                 times.append((event.sampled, now - self._last_end))
         self._steps_on += enabled
-        self._count_profiled(event.step)
+        if self._profiled_run or self._profiler_enabled():  # _count_profiled, its usual case inlined
+            self._count_profiled(event.step)
         if enabled and self._first_step is None:
             self._first_step = event.step - 1  # step_end counts the step that just ran
         self._last_end = now

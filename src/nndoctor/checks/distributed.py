@@ -247,6 +247,7 @@ class SamplerEpochNotSet(Check):
     severity = Severity.WARNING
     summary = "DistributedSampler.set_epoch never called"
     fix = "call sampler.set_epoch(epoch) at the start of every epoch"
+    idle_handlers = ("step_end",)  # called from a pass's start (on_epoch_start) to its first step
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -263,12 +264,12 @@ class SamplerEpochNotSet(Check):
         sampler = getattr(event.loader, "sampler", None)
         if isinstance(sampler, DistributedSampler) and getattr(sampler, "shuffle", False):
             self._pending[sampler] = (int(getattr(sampler, "epoch", 0)), event.location, event.epoch)
+            self.session.arm(self, "step_end")
 
     def on_step_end(self, event: Any) -> None:
         # A pass counts once it trains: evaluating on the same loader within an epoch (same
         # sampler epoch, no optimizer step) is not an epoch of its own.
-        if not self._pending:  # the usual step: no pass started since the last one
-            return
+        self.session.disarm(self, "step_end")  # called again once the next pass starts
         for sampler, (epoch, location, passes) in list(self._pending.items()):
             del self._pending[sampler]
             previous = self._trained_epoch.get(sampler)
@@ -616,20 +617,20 @@ class DdpForwardBypass(Check):
     severity = Severity.ERROR
     summary = "forward through the inner module instead of the DDP wrapper while training"
     fix = "call the DDP wrapper (model(x)), not model.module(x), for training forwards"
-    _wrapped: Any = None  # the DDP registry's inner module -> record (a WeakKeyDictionary), once looked up
+    idle_handlers = ("forward",)  # until a DDP wrapper is built: the usual single-process run has none
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        from nndoctor.instrument.ddp_hooks import registry
+
+        self._registry = registry(session)
+        self._registry.on_built.append(lambda: session.arm(self, "forward"))
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
             return
-        wrapped = self._wrapped
-        if wrapped is None:  # the session's registry, looked up once (every training forward asks)
-            from nndoctor.instrument.ddp_hooks import registry
-
-            wrapped = self._wrapped = registry(self.session).by_inner
-        if not wrapped:  # no DDP wrapper built: the usual single-process run
-            return
-        record = wrapped.get(event.module)
+        record = self._registry.by_inner.get(event.module)
         if record is None or record.ddp() is None:
             return
         self.report(
@@ -860,6 +861,9 @@ class UnreducedEvalMetric(Check):
     heuristic = True
     summary = "per-rank evaluation metrics reported without a reduction"
     fix = "all_reduce the evaluation sums and counts (or all_gather the predictions) before reporting"
+    # forward: from a sharded pass's start to its first forward; step_end: from an evaluation
+    # forward to the next step (or the run's end)
+    idle_handlers = ("forward", "step_end")
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -878,6 +882,7 @@ class UnreducedEvalMetric(Check):
         self._candidate = None
         if isinstance(sampler, DistributedSampler) and sampler.num_replicas > 1 and _world_size() > 1:
             self._candidate = (event.location, int(sampler.num_replicas), event.step)
+            self.session.arm(self, "forward")
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
@@ -885,11 +890,14 @@ class UnreducedEvalMetric(Check):
             return
         location, replicas, step = self._candidate
         self._candidate = None
+        self.session.disarm(self, "forward")
         if not (event.training and event.grad_enabled) and self._open is None:
             self._open = (location, replicas, step, self._collectives())
+            self.session.arm(self, "step_end")
 
     def on_step_end(self, event: Any) -> None:
         self._close()
+        self.session.disarm(self, "step_end")
 
     def on_run_end(self, event: Any) -> None:
         self._close()
@@ -963,6 +971,7 @@ class EvalSamplerPadding(Check):
     severity = Severity.WARNING
     summary = "DistributedSampler padding duplicates evaluation samples"
     fix = "evaluate without padded duplicates: count only the dataset's own samples, or evaluate on one rank"
+    idle_handlers = ("forward",)  # called from a padded pass's start to its first forward
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
@@ -971,6 +980,8 @@ class EvalSamplerPadding(Check):
     def on_epoch_start(self, event: Any) -> None:
         padding = sampler_padding(getattr(event.loader, "sampler", None))
         self._pass = (padding, event.location, event.step) if padding else None
+        if padding:
+            self.session.arm(self, "forward")
 
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
@@ -978,6 +989,7 @@ class EvalSamplerPadding(Check):
             return
         (length, replicas, padded), location, step = self._pass
         self._pass = None  # one decision per pass: the first forward says whether it evaluates
+        self.session.disarm(self, "forward")
         if event.training and event.grad_enabled:
             return
         self.report(

@@ -202,14 +202,19 @@ class FunctionalDropoutInEval(Check):
     summary = "`F.dropout` without `training=self.training` stays on after `model.eval()`"
     fix = "pass training=self.training to F.dropout (or use an nn.Dropout module)"
     needs = frozenset({"dropout_calls"})
-    _records: Any = None  # the session's DropoutRecords, once looked up
+    # Not dispatched until the dropout probe records a call (the usual forward has none).
+    idle_handlers = ("forward",)
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._records = dropout_records(session)
+        self._records.on_pending = lambda: session.arm(self, "forward")
 
     def on_forward(self, event: Forward) -> None:
         records = self._records
-        if records is None:  # the session's records, looked up once (every forward asks)
-            records = self._records = dropout_records(self.session)
-        if not records.pending:  # the usual forward: no eval-mode dropout call since the last one
+        if not records.pending:  # nothing since the last report
             return
+        self.session.disarm(self, "forward")
         for call in records.take():
             self.report(
                 f"F.{call.function}(p={call.p:g}) ran inside {call.module_type}.forward while the module is in "

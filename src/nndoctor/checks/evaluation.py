@@ -11,6 +11,7 @@ from nndoctor.core.events import Backward, EpochStart, Forward, LossComputed, Mo
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
 from nndoctor.core.subscribers import model_forwards_only
+from nndoctor.instrument.loss_ledger import LossLedger, loss_ledger
 from nndoctor.instrument.stats import first_tensor
 
 
@@ -148,37 +149,51 @@ def overfitting_verdict(history: list[tuple[float, float]], *, rises: int = 3,
             "best_eval_loss": round(best, 6), "rise_above_best": round((evals[-1] - best) / best, 4)}
 
 
-class _DeviceSum:
-    """A running sum of scalar losses kept on their device: adding costs one small kernel
-    and no synchronisation; the total is read once per evaluation."""
+class _LossSum:
+    """A running sum of scalar losses read through the session's loss ledger (each loss read
+    once for L106, L107, L108 and N101): a CPU loss is added at once, a CUDA loss's value once
+    its copy to the host has landed — no synchronisation but when the mean is read, once per
+    evaluation."""
 
-    def __init__(self) -> None:
-        self.total: torch.Tensor | None = None
-        self.host_total = 0.0  # CPU losses: read at once (~1 µs, nothing to wait for)
+    _FOLD_AT = 256  # CUDA losses waiting: the landed ones are added, without waiting
+
+    def __init__(self, ledger: LossLedger) -> None:
+        self._ledger = ledger
+        self._pending: list[int] = []  # serials of losses not added yet (CUDA copies in flight)
+        self.host_total = 0.0
         self.count = 0
 
     def add(self, loss: torch.Tensor) -> None:
-        if loss.device.type == "cpu":
-            self.host_total += loss.item()  # item() records nothing for autograd: no detach needed
-            self.count += 1
-            return
-        if self.total is None or self.total.device != loss.device:
-            self.total = torch.zeros((), dtype=torch.float64, device=loss.device)
-        # One kernel (the in-place add promotes to float64 itself), with grad mode off: what
-        # torch.no_grad() does, without its Python frames on every step.
-        grad_mode = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            self.total.add_(loss.reshape(()) if loss.dim() else loss)
-        finally:
-            torch._C._set_grad_enabled(grad_mode)
+        serial, value = self._ledger.read(loss)
         self.count += 1
+        if value is not None and not self._pending:  # a CPU loss: read already
+            self.host_total += value
+            return
+        self._pending.append(serial)
+        if len(self._pending) >= self._FOLD_AT:
+            self._fold(wait=False)
+
+    def _fold(self, *, wait: bool) -> None:
+        """Add the pending losses in order: all of them (waiting), or those landed already."""
+        ledger, added = self._ledger, 0
+        values = ledger.values(self._pending) if wait else [ledger.landed(s) for s in self._pending]
+        for serial, value in zip(self._pending, values, strict=True):
+            if value is None:
+                if not wait and serial >= ledger.oldest:
+                    break  # still in flight
+                self.count -= 1  # dropped by the ledger: not in the mean
+            else:
+                self.host_total += value
+            added += 1
+        del self._pending[:added]
 
     def mean_and_reset(self) -> float | None:
+        if self._pending:
+            self._fold(wait=True)
         if not self.count:
             return None
-        mean = (self.host_total + (float(self.total) if self.total is not None else 0.0)) / self.count
-        self.total, self.host_total, self.count = None, 0.0, 0
+        mean = self.host_total / self.count
+        self.host_total, self.count = 0.0, 0
         return mean
 
 
@@ -189,8 +204,8 @@ class Overfitting(Check):
     Averages the scalar losses computed **with** gradients (training) and **without** them
     (evaluation, under ``no_grad``/``inference_mode``) between evaluations: each run of at
     least 2 consecutive evaluation losses is one evaluation (a single loss computed under
-    ``no_grad`` between training steps is a logged metric, not an evaluation). The sums stay on the device and are
-    read once per evaluation. It reports when the evaluation loss rose at each of the last
+    ``no_grad`` between training steps is a logged metric, not an evaluation). A GPU loss reaches the
+    host without a synchronisation; the sums are read once per evaluation. It reports when the evaluation loss rose at each of the last
     **3 evaluations**, ends **≥ 10%** above its best value, and the training loss fell over
     the same evaluations.
 
@@ -232,8 +247,9 @@ class Overfitting(Check):
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._train = _DeviceSum()
-        self._eval = _DeviceSum()
+        self._ledger = loss_ledger(session)
+        self._train = _LossSum(self._ledger)
+        self._eval = _LossSum(self._ledger)
         self._eval_where: Location | None = None
         self._history: list[tuple[float, float]] = []
         self._last_train: float | None = None
@@ -241,7 +257,8 @@ class Overfitting(Check):
 
     def on_loss(self, event: LossComputed) -> None:
         loss = event.output
-        if self._reported or not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        if self._reported or (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) \
+                or loss.numel() != 1 or not loss.is_floating_point():
             return
         if loss.requires_grad:
             if self._eval.count:
@@ -260,7 +277,7 @@ class Overfitting(Check):
         if self._eval.count < self.MIN_EVAL_LOSSES:
             # One loss without gradients between training steps is a metric logged under
             # no_grad (or a teacher's loss), not an evaluation pass.
-            self._eval = _DeviceSum()
+            self._eval = _LossSum(self._ledger)
             return
         eval_mean = self._eval.mean_and_reset()
         train_mean = self._train.mean_and_reset()

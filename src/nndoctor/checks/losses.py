@@ -35,7 +35,7 @@ from nndoctor.core.rules.loss_trend import (  # noqa: F401 - re-exported for the
 )
 from nndoctor.core.subscribers import sampled_only
 from nndoctor.instrument.inputs_probe import ClassAxisSummary, class_axis_summary
-from nndoctor.instrument.stats import cached_item
+from nndoctor.instrument.loss_ledger import loss_ledger
 
 # -- pure functions ---------------------------------------------------------------------
 
@@ -587,52 +587,46 @@ class LossNotDecreasing(Check):
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._buffer: torch.Tensor | None = None
-        self._slots: tuple[torch.Tensor, ...] = ()  # the buffer's elements, as views
-        self._filled = 0
+        # The session's loss ledger reads each loss once for L106, L107, L108 and N101 (one
+        # item() on the CPU, one copy to pinned host memory on CUDA); the values are read back
+        # on sampled steps.
+        self._ledger = loss_ledger(session)
+        self._serials: list[int] = []  # losses recorded since the last read
         self._values: list[float] = []
         self._location: Location | None = None
         self._first_step: int | None = None
         self._most_optimizers = 0
 
     def on_backward(self, event: Backward) -> None:
-        self._most_optimizers = max(self._most_optimizers, len(self.session.state.optimizers))
+        if event.sampled:
+            # Several optimizers (a GAN's) make the loss curve meaningless; counted on sampled
+            # steps (and at the end): a second optimizer that trains lives through them.
+            self._count_optimizers()
         loss = event.tensor
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        if (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) or loss.numel() != 1 \
+                or not loss.is_floating_point():
             return
         if self._location is None:
             self._location, self._first_step = event.location, event.step
-        if loss.device.type == "cpu" and not self._filled:
-            # A CPU loss is read at once (~1 µs, no device to wait for): cheaper than the copy
-            # into the buffer that a GPU loss needs to avoid a synchronisation every step.
-            self._values.append(cached_item(event, loss))  # item() records nothing for autograd
-            self._halve_if_long()
+        serial, value = self._ledger.read(loss)
+        if value is not None and not self._serials:  # a CPU loss: read already
+            self._values.append(value)
+            if len(self._values) > self._MAX_VALUES:
+                self._halve_if_long()
             return
-        buffer = self._buffer
-        if buffer is None or buffer.device != loss.device:
-            self._flush()
-            # Bounded (a very long NNDOCTOR_SAMPLE_EVERY): once full, losses wait for the next read.
-            size = 4 * min(self.session.sample_every, 10_000) + min(self.session.full_window, 64) + 8
-            buffer = self._buffer = torch.empty(size, dtype=torch.float32, device=loss.device)
-            self._slots = buffer.unbind()
-        if self._filled < buffer.numel():  # when full, skip until the next sampled flush
-            # One kernel (the slot views are made once, with the buffer), with grad mode off: what
-            # torch.no_grad() does, without its Python frames on every step.
-            grad_mode = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)
-            try:
-                self._slots[self._filled].copy_(loss if loss.dim() == 0 else loss.reshape(()))
-            finally:
-                torch._C._set_grad_enabled(grad_mode)
-            self._filled += 1
+        self._serials.append(serial)  # a CUDA loss: its copy lands later
         if event.sampled:
             self._flush()
 
+    def _count_optimizers(self) -> None:
+        self._most_optimizers = max(self._most_optimizers, len(self.session.state.optimizers))
+
     def _flush(self) -> None:
-        if self._buffer is None or not self._filled:
+        if not self._serials:
             return
-        self._values.extend(self._buffer[: self._filled].tolist())  # the only sync, on sampled steps
-        self._filled = 0
+        # The only wait, on sampled steps (CUDA); a value is None only if the ledger dropped it.
+        self._values.extend(v for v in self._ledger.values(self._serials) if v is not None)
+        self._serials.clear()
         self._halve_if_long()
 
     def _halve_if_long(self) -> None:
@@ -640,8 +634,8 @@ class LossNotDecreasing(Check):
             self._values = halved(self._values)
 
     def on_run_end(self, event: RunEnd) -> None:
+        self._count_optimizers()
         self._flush()
-        self._buffer, self._slots = None, ()
         steps = event.step - (self._first_step or 0)
         if self._most_optimizers > 1 or steps < TREND_MIN_STEPS:
             return

@@ -17,6 +17,7 @@ from nndoctor.core.events import Backward, ModuleOutput, RunEnd
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
 from nndoctor.instrument.location import user_location
+from nndoctor.instrument.loss_ledger import loss_ledger
 from nndoctor.instrument.numerics_probe import (
     FlagRing,
     ModuleRecord,
@@ -27,18 +28,16 @@ from nndoctor.instrument.numerics_probe import (
     params_finite,
     probe_state,
 )
-from nndoctor.instrument.stats import cached_item
 
 
-def scalar_is_finite(tensor: Any, event: Any = None) -> bool | None:
+def scalar_is_finite(tensor: Any) -> bool | None:
     """Finiteness of a loss read without a device sync: None when that needs one (CUDA)."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         return True
     if tensor.device.type != "cpu":
         return None
     if tensor.numel() == 1:
-        # ~1 µs (item() records nothing for autograd), shared with the event's other readers
-        return math.isfinite(cached_item(event, tensor) if event is not None else tensor.item())
+        return math.isfinite(tensor.item())  # ~1 µs; item() records nothing for autograd
     with torch.no_grad():
         return bool(torch.isfinite(tensor.detach()).all())
 
@@ -99,8 +98,9 @@ class NonfiniteLoss(Check):
     Method and cost (the trade-off):
 
     - The loss is checked on **every** step. On CPU that is one ``.item()`` (about 2 µs);
-      on CUDA the check is queued on the device and its answer copied to pinned host
-      memory without waiting, then read a step or two later — no synchronisation.
+      on CUDA the loss is copied to pinned host memory without waiting and read a step or
+      two later — no synchronisation. The same read serves the other checks of the loss
+      curve (L106, L107, L108): one read a step for all of them.
     - During the **full-instrumentation window** (the first 16 steps, where most NaN bugs of
       a new script show up: a ``log`` of 0 on the first batch, a bad initialisation, NaN in
       the data) every submodule's output gets one reduction as it completes (its float sum:
@@ -188,7 +188,10 @@ class NonfiniteLoss(Check):
         self._records: list[ModuleRecord] = []
         self._modules: list[weakref.ref] = []
         self._records_step: int | None = None
-        self._pending: deque[PendingFlag] = deque()
+        # The session's loss ledger reads a scalar loss once for N101, L106, L107 and L108.
+        self._ledger = loss_ledger(session)
+        self._pending_losses: deque[tuple[int, int]] = deque()  # (ledger serial, step) of CUDA losses in flight
+        self._pending: deque[PendingFlag] = deque()  # flags of CUDA losses of more than one element
         self._ring: FlagRing | None = None
         self._site_key: tuple[int, int] | None = None
         self._site: Location | None = None
@@ -245,16 +248,23 @@ class NonfiniteLoss(Check):
     def on_backward(self, event: Backward) -> None:
         if self._done:
             return
-        finite = scalar_is_finite(event.tensor, event)
-        if finite is None:
-            finite = self._device_check(event)
+        tensor = event.tensor
+        finite: bool | None
+        if type(tensor) is torch.Tensor and tensor.numel() == 1 and tensor.is_floating_point():
+            value = self._ledger.read(tensor)[1]
+            # a CPU loss: read already (the usual step); a CUDA loss: in flight, or read now
+            finite = math.isfinite(value) if value is not None else self._scalar_finite(event, tensor)
+        else:
+            finite = scalar_is_finite(tensor)
+            if finite is None:
+                finite = self._device_check(event)
         if finite is False:
             self._bad_count += 1
         if self._awaiting_trace:
             self._conclude(event.step, event.location)
         elif finite is False and self._finding is None:
             self._first_bad(event.step, event.location)
-        if self._pending:  # flags in flight (CUDA losses): the usual CPU step has none
+        if self._pending_losses or self._pending:  # CUDA losses in flight: the usual CPU step has none
             self._poll()
         if self._finding is not None:
             self._emit_if_due()
@@ -278,6 +288,21 @@ class NonfiniteLoss(Check):
         self.report(message, location=location, evidence=evidence, step=step)
         self._done = True
 
+    def _scalar_finite(self, event: Backward, tensor: torch.Tensor) -> bool:
+        """A one-element loss, through the ledger: read now on the CPU; on CUDA read at once
+        where modules were recorded (the answer decides the trace), elsewhere polled later
+        without a synchronisation (``_poll``)."""
+        ledger = self._ledger
+        serial, value = ledger.read(tensor)
+        if value is None:
+            if not (event.sampled and self._traces_sampled(event.step)):
+                self._pending_losses.append((serial, event.step))
+                return True
+            value = ledger.value(serial)
+            if value is None:
+                return True
+        return math.isfinite(value)
+
     def _device_check(self, event: Backward) -> bool:
         tensor = event.tensor.detach()  # detached: the flag records nothing for autograd (no no_grad frames)
         # A loss (one element): isfinite alone is the flag, one kernel where .all() made two.
@@ -294,14 +319,26 @@ class NonfiniteLoss(Check):
         return True
 
     def _poll(self) -> None:
+        ledger = self._ledger
+        while self._pending_losses:
+            serial, step = self._pending_losses[0]
+            value = ledger.landed(serial)
+            if value is None and serial >= ledger.oldest:
+                break  # still in flight
+            self._pending_losses.popleft()
+            if value is not None and not math.isfinite(value):
+                self._nonfinite_later(step)
         while self._pending and self._pending[0].ready():
             pending = self._pending.popleft()
-            if pending.value:
-                continue
-            self._bad_count += 1
-            if self._bad_step is None:
-                self._bad_step = pending.step
-                self._arm()
+            if not pending.value:
+                self._nonfinite_later(pending.step)
+
+    def _nonfinite_later(self, step: int) -> None:
+        """A loss found non-finite after its step (CUDA, polled)."""
+        self._bad_count += 1
+        if self._bad_step is None:
+            self._bad_step = step
+            self._arm()
 
     def _first_bad(self, step: int, location: Location | None) -> None:
         self._bad_step = step

@@ -324,6 +324,7 @@ class SaturatedActivations(Check):
     THRESHOLD = 0.5
     MIN_BATCHES = 4
     WINDOW = 8
+    idle_handlers = ("forward",)  # from a saturating module's output (sampled steps) to the forward's end
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -343,10 +344,13 @@ class SaturatedActivations(Check):
             return
         name = f"{type(event.root).__name__}.{event.qualname}"
         location = event.location if name not in self._info else None
+        if not self._pending:
+            self.session.arm(self, "forward")
         self._pending.append((name, id(out), fraction, location, type(module).__name__))
 
     def on_forward(self, event: Forward) -> None:
         pending, self._pending = self._pending, []
+        self.session.disarm(self, "forward")  # armed again by the next saturating module's output
         if event.is_loss or not pending:
             return
         outputs = {id(t) for t in _tensors(event.output)}

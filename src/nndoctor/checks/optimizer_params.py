@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 
@@ -306,6 +307,9 @@ class ModelNotUpdating(Check):
         self._untouched: dict[int, int] = {}
         self._reported: set[int] = set()
         self._owners: dict[int, weakref.ref] = {}
+        # The optimizer of the last step and its key: the usual step asks one weak reference.
+        self._last_owner: Any = _gone
+        self._last_key = 0
         # Hand-written update loops, per model (by id): a sample of (param, version, values)
         # taken at the last sampled update, and how many updates in a row changed nothing.
         self._manual_before: dict[int, tuple[weakref.ref, list[tuple[weakref.ref, int, torch.Tensor]]]] = {}
@@ -358,26 +362,31 @@ class ModelNotUpdating(Check):
             for seen in (self._writes_bump_versions, self._ever_changed, self._reported):
                 seen.discard(key)
             self._owners[key] = weakref.ref(optimizer)
+        self._last_owner, self._last_key = self._owners[key], key
         return key
 
     def on_step_start(self, event: StepStart) -> None:
-        key = self._key(event.optimizer)
+        optimizer = event.optimizer
+        key = self._last_key if self._last_owner() is optimizer else self._key(optimizer)
         if key in self._reported:
             return
         if not event.has_closure:
-            self._versions_before[key] = self._versions_with_grads(event.optimizer)
+            self._versions_before[key] = self._versions_with_grads(optimizer, key)
         if not event.sampled:
             return
         params = [p for p in optimizer_params(event.optimizer) if p.requires_grad and p.numel()]
         self._before[key] = [(weakref.ref(p), value_slice(p)) for p in spread_sample(params)]
 
     def on_step_end(self, event: StepEnd) -> None:
-        key = self._key(event.optimizer)
+        optimizer = event.optimizer
+        key = self._last_key if self._last_owner() is optimizer else self._key(optimizer)
         if key in self._reported:
             return
         if key in self._versions_before:
             self._every_step(event, key, self._versions_before.pop(key))
-        before = self._before.pop(key, None)
+        if key not in self._before:
+            return  # the usual step: no values taken (not sampled)
+        before = self._before.pop(key)
         if not before or key in self._reported:
             return
         changed = False
@@ -394,12 +403,12 @@ class ModelNotUpdating(Check):
         if self._unchanged[key] >= self.CONSECUTIVE:
             self._report(event, self._unchanged[key], "sampled steps")
 
-    def _versions_with_grads(self, optimizer) -> list[tuple[weakref.ref, int]] | None:
+    def _versions_with_grads(self, optimizer, key: int) -> list[tuple[weakref.ref, int]] | None:
         """Version counters of the watched parameters that hold a gradient now: every torch
         optimizer writes each parameter that has one. A spread sample of 16 keeps this at a
         few microseconds a step whatever the model's size."""
-        key = id(optimizer)
-        count = sum(len(g["params"]) for g in optimizer.param_groups)
+        groups = optimizer.param_groups
+        count = len(groups[0]["params"]) if len(groups) == 1 else sum(len(g["params"]) for g in groups)
         watched = self._watched.get(key)
         if watched is None or watched[0] != count:
             params = [p for p in optimizer_params(optimizer) if p.numel()]
@@ -414,7 +423,7 @@ class ModelNotUpdating(Check):
             untouched = True  # torch optimizers skip parameters without a gradient
         elif versions_before:
             wrote = any((p := ref()) is not None and p._version != version for ref, version in versions_before)
-            if wrote:
+            if wrote and key not in self._writes_bump_versions:
                 self._writes_bump_versions.add(key)
             untouched = not wrote and key in self._writes_bump_versions
         else:
@@ -445,6 +454,11 @@ class ModelNotUpdating(Check):
                       "grad_norm": grad_norm},
             step=event.step,
         )
+
+
+def _gone() -> None:
+    """A weak reference whose object is gone (no optimizer stepped yet)."""
+    return None
 
 
 def manual_update_changed(before: list[tuple[weakref.ref, int, torch.Tensor]]) -> bool | None:

@@ -165,7 +165,8 @@ class StepTimeOutliers(Check):
         gc_total = clock.seconds if clock is not None else 0.0
         record = self._current
         # A sampled step (or the one right after it) carries nndoctor's own instrumentation.
-        instrumented = event.sampled or self.session.is_sampled(event.step - 2)
+        session, before = self.session, event.step - 2
+        instrumented = event.sampled or before < session.full_window or before % session.sample_every == 0  # is_sampled
         if self._step_at is None and len(self._records) < 4:
             self._step_at = event.location  # the user's optimizer.step() (resolved for a few steps only)
         if self._last_end is not None and not instrumented and len(self._records) < self.MAX_RECORDS:

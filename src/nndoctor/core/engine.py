@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from nndoctor.core.events import Event
+from nndoctor.core.events import RELEASED, Event, released_nones
 from nndoctor.core.findings import Finding, InternalError, Report
 from nndoctor.core.optimizers import unwrap_optimizer
 from nndoctor.core.registry import Check, enabled_checks
@@ -46,6 +46,13 @@ class _ProcessId:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ProcessId.refresh)
+
+
+class _Gone:
+    pass
+
+
+_gone: weakref.ref[Any] = weakref.ref(_Gone())  # a weak reference whose object is gone
 
 
 class StopRun(BaseException):
@@ -153,6 +160,7 @@ class Session:
         self.step = 0
         self._round: set[int] = set()
         self._phase_sampled = False
+        self._plain_optimizer: weakref.ref[Any] = _gone  # the last optimizer found to be no wrapper
         self.active = False
         self.started = time.perf_counter()
         classes = list(checks) if checks is not None else enabled_checks(select, ignore)
@@ -160,6 +168,8 @@ class Session:
         self._handlers: dict[str, list[tuple[Subscriber, Any]]] = {}
         # The same, less the handlers marked ``sampled_only``: what an unsampled step's event reaches.
         self._every_step: dict[str, list[tuple[Subscriber, Any]]] = {}
+        self._order: dict[tuple[int, str], int] = {}  # (id(subscriber), route) -> subscription rank
+        self._disabled: set[int] = set()  # ids of subscribers whose handler raised
         for cls in classes:
             self._add_check(cls)
 
@@ -182,17 +192,51 @@ class Session:
 
     def subscribe(self, subscriber: Subscriber) -> None:
         """Dispatch events to any object with ``on_<kind>`` methods (checks, and internal
-        helpers with no catalog code: the perf recorder, the preflight probe, the history)."""
+        helpers with no catalog code: the perf recorder, the preflight probe, the history).
+
+        The kinds a subscriber lists in ``idle_handlers`` are not dispatched until it calls
+        ``arm(self, kind)``: a handler that has nothing to do until another event starts
+        something (a pass over a DistributedSampler) costs no call on the steps between."""
+        idle = getattr(type(subscriber), "idle_handlers", ())
         for kind, method in handler_names(type(subscriber)).items():
             handler = getattr(subscriber, method)
-            routes = [kind]
-            if kind == "forward" and not is_model_forwards_only(handler):
-                routes.append(LOSS_FORWARD)
-            for route in routes:
-                # New lists (copy on write): a dispatch in progress iterates the old ones.
-                self._handlers[route] = [*self._handlers.get(route, ()), (subscriber, handler)]
-                if not is_sampled_only(handler):
-                    self._every_step[route] = [*self._every_step.get(route, ()), (subscriber, handler)]
+            for route in self._routes(kind, handler):
+                self._order[(id(subscriber), route)] = len(self._order)  # arm() restores this order
+                if kind not in idle:
+                    self._add(subscriber, handler, route)
+
+    @staticmethod
+    def _routes(kind: str, handler: Any) -> tuple[str, ...]:
+        if kind == "forward" and not is_model_forwards_only(handler):
+            return (kind, LOSS_FORWARD)
+        return (kind,)
+
+    def _add(self, subscriber: Subscriber, handler: Any, route: str) -> None:
+        """Add a handler to the dispatch tables in subscription order. New lists (copy on
+        write): a dispatch in progress iterates the old ones."""
+        order = self._order
+
+        def position(pair: tuple[Subscriber, Any]) -> int:
+            return order.get((id(pair[0]), route), len(order))
+
+        tables = (self._handlers,) if is_sampled_only(handler) else (self._handlers, self._every_step)
+        for table in tables:
+            table[route] = sorted([*table.get(route, ()), (subscriber, handler)], key=position)
+
+    def arm(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Dispatch these kinds (listed in the subscriber's ``idle_handlers``) to it again,
+        in its subscription order; armed already: nothing changes."""
+        if id(subscriber) in self._disabled:
+            return  # failed once: never dispatched again
+        for kind in kinds:
+            handler = getattr(subscriber, f"on_{kind}")
+            for route in self._routes(kind, handler):
+                if all(s is not subscriber for s, _ in self._handlers.get(route, ())):
+                    self._add(subscriber, handler, route)
+
+    def disarm(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Stop dispatching these kinds to it until ``arm`` (``unsubscribe``, re-armable)."""
+        self.unsubscribe(subscriber, *kinds)
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
@@ -220,8 +264,11 @@ class Session:
     def emit(self, event: Event, route: str | None = None) -> None:
         """Give the event to every check that subscribed to its kind (or to ``route``, a
         subset of them: ``LOSS_FORWARD``); never raise."""
-        handlers = (self._handlers if event.sampled else self._every_step).get(route or event.kind)
-        if not handlers or _ProcessId.value != self.pid:
+        try:  # the hooks ask before building an event: the kind is usually there (no .get call)
+            handlers = (self._handlers if event.sampled else self._every_step)[route or event.kind]
+        except KeyError:
+            return
+        if _ProcessId.value != self.pid:
             return
         try:
             # No copy: ``_disable`` replaces the lists instead of changing them.
@@ -234,7 +281,15 @@ class Session:
                     self.internal_error(f"{describe(subscriber)} on {event.kind}", error)
                     self._disable(subscriber)
         finally:
-            event.release()
+            # event.release(), inlined (every event of the hot path): drop the user's objects
+            event.frame = None
+            if event.cache:
+                event.cache.clear()
+            try:
+                nones = RELEASED[type(event)]
+            except KeyError:
+                nones = released_nones(type(event))
+            event.__dict__.update(nones)
 
     def unsubscribe(self, subscriber: Subscriber, *kinds: str) -> None:
         """Stop dispatching these kinds to ``subscriber``: a check whose handler has nothing
@@ -245,6 +300,7 @@ class Session:
         self._every_step = _without(self._every_step, subscriber, routes)
 
     def _disable(self, subscriber: Subscriber) -> None:
+        self._disabled.add(id(subscriber))
         self._handlers = _without(self._handlers, subscriber)
         self._every_step = _without(self._every_step, subscriber)
 
@@ -282,7 +338,8 @@ class Session:
     def end_step(self, optimizer: Any) -> bool:
         """``step_sampled`` then ``count_step`` for the step of ``optimizer`` that just ran, with
         one unwrap and one look-up (the hook after every ``optimizer.step()``): was it sampled?"""
-        optimizer = unwrap_optimizer(optimizer)
+        if self._plain_optimizer() is not optimizer:  # the usual step: a torch optimizer, no wrapper
+            optimizer = self._unwrap(optimizer)
         counts = self.state.step_counts
         before = counts.get(optimizer, 0)
         sampled = self.is_sampled(self.step) or before < self.full_window
@@ -307,8 +364,18 @@ class Session:
 
     def step_sampled(self, optimizer: Any) -> bool:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""
-        own = self.state.step_counts.get(unwrap_optimizer(optimizer), 0)
+        if self._plain_optimizer() is not optimizer:
+            optimizer = self._unwrap(optimizer)
+        own = self.state.step_counts.get(optimizer, 0)
         return self.is_sampled(self.step) or own < self.full_window
+
+    def _unwrap(self, optimizer: Any) -> Any:
+        """``unwrap_optimizer``, remembering an optimizer that is no wrapper: the hooks of every
+        step then ask one weak reference instead of walking ``.optimizer`` links."""
+        inner = unwrap_optimizer(optimizer)
+        if inner is optimizer:
+            self._plain_optimizer = weakref.ref(optimizer)
+        return inner
 
     def should_stop(self) -> bool:
         return self.max_steps is not None and self.step >= self.max_steps

@@ -45,34 +45,33 @@ class Event:
         return self._location
 
     def release(self) -> None:
-        """Drop every reference to the user's objects once dispatch is over."""
+        """Drop every reference to the user's objects once dispatch is over: every field that
+        may hold one (typed other than a plain number, string or bool) is set to None — two
+        dictionary writes whatever the fields (every event of the hot path pays this)."""
         self.frame = None
         if self.cache:
             self.cache.clear()
-        cls = type(self)
-        names = _RELEASED.get(cls)
-        if names is None:  # once per event class: every event of the hot path pays this
-            names = _RELEASED[cls] = _released_fields(cls)
-        fields = self.__dict__  # plain dataclasses: a dict write, not a setattr call per field
-        for name in names:
-            value = fields[name]
-            # The exact-type test first: the usual values (None, a bool) cost no isinstance call.
-            if type(value) not in _PLAIN_TYPES and not isinstance(value, _PLAIN):
-                fields[name] = None
+        try:
+            nones = RELEASED[type(self)]
+        except KeyError:  # once per event class
+            nones = released_nones(type(self))
+        self.__dict__.update(nones)  # plain dataclasses: no setattr per field
 
 
 _KEEP = {"step", "sampled", "_location", "_resolved", "cache", "frame"}
-_PLAIN = (bool, int, float, str, type(None), Location)
-_PLAIN_TYPES = frozenset(_PLAIN)
-_RELEASED: dict[type, tuple[str, ...]] = {}
-# Fields declared as these hold no user object: release() need not look at them.
+# Per event class: the fields ``release`` sets to None (``Session.emit`` does it inline).
+RELEASED: dict[type, dict[str, None]] = {}
+# Fields declared as these hold no user object: release() leaves them.
 _PLAIN_ANNOTATIONS = {"bool", "int", "float", "str", "bool | None", "int | None", "float | None", "str | None"}
 
 
-def _released_fields(cls: type) -> tuple[str, ...]:
+def released_nones(cls: type) -> dict[str, None]:
+    """The fields of an event class that may hold a user's object, each mapped to None
+    (computed once per class, kept in ``RELEASED``)."""
     # dataclasses.fields: the instance fields (``__dataclass_fields__`` lists the ClassVars too)
-    return tuple(f.name for f in dataclasses.fields(cls)
-                 if f.name not in _KEEP and str(f.type) not in _PLAIN_ANNOTATIONS)
+    nones = RELEASED[cls] = dict.fromkeys(
+        f.name for f in dataclasses.fields(cls) if f.name not in _KEEP and str(f.type) not in _PLAIN_ANNOTATIONS)
+    return nones
 
 
 def caller_frame(depth: int = 2) -> FrameType | None:

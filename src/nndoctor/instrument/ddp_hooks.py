@@ -48,6 +48,8 @@ class DdpRegistry:
 
     by_inner: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     by_wrapper: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    # Called when a wrapper is built (X107 arms its forward handler: idle in a run without DDP).
+    on_built: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -114,6 +116,8 @@ def install(installation: InstallationProtocol) -> None:
                                     location=str(where) if where else None)
                 ddp_registry.by_inner[self.module] = record
                 ddp_registry.by_wrapper[self] = record
+                for callback in ddp_registry.on_built:
+                    callback()
                 flight = session.stash.get(FLIGHT_RECORDER, None)
                 if flight is not None:
                     flight.ddp = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,8 @@ class DropoutRecords:
     def __init__(self) -> None:
         self.pending: list[EvalDropoutCall] = []
         self.seen_locations: set[Location | None] = set()
+        # Called when a call becomes pending (M110 arms its forward handler: idle otherwise).
+        self.on_pending: Callable[[], None] | None = None
 
     def take(self) -> list[EvalDropoutCall]:
         records, self.pending = self.pending, []
@@ -77,6 +80,8 @@ def _wrap(installation: Installation, records: DropoutRecords, name: str, origin
             return
         records.seen_locations.add(location)
         records.pending.append(EvalDropoutCall(name, float(p), type(module).__name__, location, session.step))
+        if records.on_pending is not None:
+            records.on_pending()
 
     @functools.wraps(original)
     def dropout(input, p=0.5, *args, **kwargs):

@@ -83,6 +83,7 @@ class Installation:
         self._in_scheduler = 0
         self._last_root: weakref.ref[Any] = _dead_ref  # the model last added to state.roots
         self._last_stepped: weakref.ref[Any] = _dead_ref  # the optimizer last added to state.optimizers
+        self._last_stepped_without_values = False  # its parameters are meta or fake (asked once per optimizer)
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
@@ -119,6 +120,7 @@ class Installation:
         the same way (``torch.fx`` tracing, ``torch.ao.quantization``)."""
         inst, session, stack = self, self.session, self._stack
         original = torch.nn.Module.__call__
+        loss_classes: dict[type, bool] = {}  # module class -> is it a loss module (_Loss)
 
         @functools.wraps(original)
         def module_call(self, *args, **kwargs):
@@ -127,7 +129,10 @@ class Installation:
             if not session.active or _compiling():
                 return original(self, *args, **kwargs)
             stack.append(self)
-            is_loss = isinstance(self, _Loss)
+            try:  # per class, a subscript: no isinstance call on every module call
+                is_loss = loss_classes[type(self)]
+            except KeyError:
+                is_loss = loss_classes[type(self)] = isinstance(self, _Loss)
             if is_loss:
                 inst._in_loss += 1
             try:
@@ -183,7 +188,7 @@ class Installation:
         stack = self._stack
         try:
             if not stack:  # a top-level call from user code
-                if not _without_values(output):
+                if (type(output) is torch.Tensor and not output.is_meta) or not _without_values(output):
                     self._root_forward(module, args, kwargs, output, is_loss)
             else:
                 if is_loss and not self._in_loss and not _without_values(output):
@@ -211,7 +216,9 @@ class Installation:
             self._last_root = weakref.ref(module)
         sampled = session.sampled
         route = LOSS_FORWARD if is_loss else "forward"
-        if session.wants_now(route, sampled):
+        # ``session.wants_now(route, sampled)`` inlined here and in every hook of the hot path: a
+        # call fewer per event (the tables are replaced, never changed, so reading them is safe).
+        if route in (session._handlers if sampled else session._every_step):
             session.emit(ev.Forward(
                 step=session.step, sampled=sampled, frame=sys._getframe(2), module=module,
                 inputs=args, kwargs=kwargs or None, output=output, training=module.training, grad_enabled=grad_enabled,
@@ -223,10 +230,9 @@ class Installation:
     def _loss_module_called(self, module: Any, args: tuple, output: Any, frame: Any) -> None:
         session = self.session
         sampled = session.sampled
-        if not session.wants_now("loss", sampled):
+        if "loss" not in (session._handlers if sampled else session._every_step):
             return
-        name = _LOSS_MODULE_FUNCTION.get(type(module).__name__, type(module).__name__)
-        options = {k: getattr(module, k) for k in _LOSS_OPTION_NAMES if hasattr(module, k)}
+        name, options = _loss_module_options(module)
         session.emit(ev.LossComputed(
             step=session.step, sampled=sampled, frame=frame, function=name,
             module=module, input=args[0] if args else None,
@@ -290,8 +296,9 @@ class Installation:
         if self._last_stepped() is not optimizer:  # the usual step: the same optimizer as last time, known
             session.state.optimizers.add(optimizer)  # (a WeakSet: nothing removes a live one)
             self._last_stepped = weakref.ref(optimizer)
+            self._last_stepped_without_values = _optimizer_without_values(optimizer)
         sampled = session.step_sampled(optimizer)
-        if session.wants_now("step_start", sampled) and not _optimizer_without_values(optimizer):
+        if "step_start" in (session._handlers if sampled else session._every_step) and not self._last_stepped_without_values:
             session.emit(ev.StepStart(
                 step=session.step, sampled=sampled, frame=sys._getframe(1),
                 optimizer=optimizer, has_closure=_has_closure(args, kwargs),
@@ -307,7 +314,9 @@ class Installation:
         state = session.state
         sampled = session.end_step(optimizer)  # step_sampled, then count_step
         state.backwards_since_step = 0
-        if session.wants_now("step_end", sampled) and not _optimizer_without_values(optimizer):
+        if "step_end" in (session._handlers if sampled else session._every_step) and not (
+                self._last_stepped_without_values if self._last_stepped() is optimizer
+                else _optimizer_without_values(optimizer)):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
                                     optimizer=optimizer, has_closure=_has_closure(args, kwargs)))
         if session.should_stop():
@@ -375,7 +384,7 @@ class Installation:
                 if session.active:
                     session.state.zero_grads_since_backward += 1
                     sampled = session.sampled
-                    if session.wants_now("zero_grad", sampled):
+                    if "zero_grad" in (session._handlers if sampled else session._every_step):
                         session.emit(ev.ZeroGrad(step=session.step, sampled=sampled,
                                                  frame=sys._getframe(1), owner=owner,
                                                  set_to_none=bool(set_to_none)))
@@ -399,10 +408,10 @@ class Installation:
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
             sampled = session.sampled
-            if _without_values(tensor):
+            if _without_values(tensor) if type(tensor) is not torch.Tensor else tensor.is_meta:
                 return
             state.backwards_with_values += 1  # the step ledger (O103's closure steps read it)
-            if session.wants_now("backward", sampled):
+            if "backward" in (session._handlers if sampled else session._every_step):
                 session.emit(ev.Backward(step=session.step, sampled=sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
                                          batches_since_last_backward=batches,
@@ -412,7 +421,8 @@ class Installation:
             session = inst.session
             session.state.zero_grads_since_backward = 0
             sampled = session.sampled
-            if session.wants_now("backward_done", sampled) and not _without_values(tensor):
+            if "backward_done" in (session._handlers if sampled else session._every_step) and not (
+                    _without_values(tensor) if type(tensor) is not torch.Tensor else tensor.is_meta):
                 session.emit(ev.BackwardDone(step=session.step, sampled=sampled,
                                              frame=frame, tensor=tensor))
 
@@ -523,7 +533,7 @@ class Installation:
         index = info["index"]
         info["index"] = index + 1
         sampled = session.sampled
-        if session.wants_now("batch", sampled):
+        if "batch" in (session._handlers if sampled else session._every_step):
             session.emit(ev.BatchFetched(step=session.step, sampled=sampled,
                                          frame=sys._getframe(1), loader=info["loader"](),
                                          batch=batch, index=index, epoch=info["epoch"],
@@ -650,7 +660,8 @@ def _not_a_compiled_frame(function: Any, *, callees: bool = True) -> None:
 
 def _without_values(value: Any) -> bool:
     """Meta or fake tensors (shape inference, ``torch.device("meta")`` models) carry no values:
-    no event is emitted about them, so no check reads data that does not exist."""
+    no event is emitted about them, so no check reads data that does not exist. (The hooks of
+    every step ask ``type(x) is torch.Tensor and x.is_meta`` first: a FakeTensor is a subclass.)"""
     if isinstance(value, torch.Tensor):
         return value.is_meta or type(value).__name__ == "FakeTensor"
     from nndoctor.instrument.stats import first_tensor
@@ -671,13 +682,34 @@ def _optimizer_without_values(optimizer: Any) -> bool:
 def _has_closure(args: tuple, kwargs: dict) -> bool:
     """Was ``step`` given a closure (L-BFGS)? torch's step hooks get ``args`` *with* the
     optimizer itself first, so a positional closure is ``args[1]``."""
-    return any(callable(a) for a in args[1:2]) or callable(kwargs.get("closure"))
+    if len(args) > 1 and callable(args[1]):
+        return True
+    return bool(kwargs) and callable(kwargs.get("closure"))
 
 
 def _path_of(f: Any) -> str | None:
     if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
         return str(f)
     return getattr(f, "name", None) if isinstance(getattr(f, "name", None), str) else None
+
+
+# Per torch loss module class: its functional name, and which of ``_LOSS_OPTION_NAMES`` its
+# instances have (torch's losses set them all in ``__init__``): looked up with hasattr once per
+# class, not six times on every step. A user's loss class may set them conditionally: asked
+# each time.
+_LOSS_MODULE_KINDS: dict[type, tuple[str, tuple[str, ...]]] = {}
+
+
+def _loss_module_options(module: Any) -> tuple[str, dict[str, Any]]:
+    """The functional name of a loss module and its options (``reduction``, ``ignore_index`` …)."""
+    cls = type(module)
+    kind = _LOSS_MODULE_KINDS.get(cls)
+    if kind is None:
+        kind = (_LOSS_MODULE_FUNCTION.get(cls.__name__, cls.__name__),
+                tuple(k for k in _LOSS_OPTION_NAMES if hasattr(module, k)))
+        if cls.__module__ == "torch.nn.modules.loss":
+            _LOSS_MODULE_KINDS[cls] = kind
+    return kind[0], {k: getattr(module, k) for k in kind[1]}
 
 
 def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
@@ -688,7 +720,8 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
         sampled = session.sampled
-        if session.wants_now("loss", sampled) and not _without_values(output):
+        if "loss" in (session._handlers if sampled else session._every_step) and not (
+                _without_values(output) if type(output) is not torch.Tensor else output.is_meta):
             options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
             frame = sys._getframe(1)
             inst._safe(lambda: session.emit(ev.LossComputed(

@@ -128,6 +128,10 @@ class Watchdog(threading.Thread):
         self.session, self.check = session, check
         self.stopped = threading.Event()
         self.fired_at: float | None = None
+        # The check counts progress (no clock read on the training thread); this thread notes
+        # when the count last moved: a stall is seen at most one poll interval late.
+        self._beats = check.beats
+        self._moved_at = time.monotonic()
 
     def run(self) -> None:
         while not self.stopped.is_set():
@@ -146,7 +150,10 @@ class Watchdog(threading.Thread):
         collective = collective_state(self.session)
         if not (self.check.armed or collective.name):
             return
-        last = self.check.last_progress
+        beats = self.check.beats
+        if beats != self._beats:
+            self._beats, self._moved_at = beats, time.monotonic()
+        last = self._moved_at
         if collective.name and not self.check.armed:
             last = collective.since
         idle = time.monotonic() - last
