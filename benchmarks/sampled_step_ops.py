@@ -12,7 +12,8 @@ dispatch loop called) or to the instrumentation around them (hooks, probes). Hos
 ``aten._local_scalar_dense``, ``aten.equal``, ``aten.nonzero``, ``aten.is_nonzero`` and the
 Python-level ``tolist``/``cpu``/``numpy``/``to("cpu")`` of a tensor (on a CPU these dispatch
 nothing, so they are counted where they are called; a ``tolist()`` of what ``cpu()`` returned
-is the same read, counted once). Printed per step (mean over ``--steps``).
+is the same read, counted once, and operations on host copies are not counted: on a GPU they
+launch nothing). Printed per step (mean over ``--steps``).
 
     python benchmarks/sampled_step_ops.py --steps 20
 """
@@ -35,12 +36,21 @@ NNDOCTOR_DIR = str(Path(__import__("importlib").util.find_spec("nndoctor").origi
 TORCH_DIR = str(Path(__import__("importlib").util.find_spec("torch").origin).parent)  # type: ignore[union-attr]
 
 
+def _passes_through(frame: Any, callee: Any) -> bool:
+    """Is this nndoctor frame a wrapper calling the function it wraps (its ``original…``)?"""
+    for name, value in frame.f_locals.items():
+        if name.startswith("original") and getattr(getattr(value, "__func__", value), "__code__", None) is callee:
+            return True
+    return False
+
+
 def _owner(emit_code: Any) -> str | None:
     """Who ran the current operation: ``CODE.on_kind`` for a handler the session called,
     ``(module.function)`` for other nndoctor code (hooks, probes), None for the patient (and torch alone)."""
     frame = sys._getframe(2)
     first_outside_torch = None
     first_nndoctor = ""
+    child = None
     while frame is not None:
         back = frame.f_back
         filename = frame.f_code.co_filename
@@ -48,12 +58,14 @@ def _owner(emit_code: Any) -> str | None:
             first_outside_torch = filename
             if not filename.startswith(NNDOCTOR_DIR):
                 return None  # the patient's own operation (its code called torch)
+            if child is not None and _passes_through(frame, child.f_code):
+                return None  # the patient's forward, loss, backward… called through nndoctor's wrapper
             first_nndoctor = f"{Path(filename).stem}.{frame.f_code.co_name}"
         if back is not None and back.f_code is emit_code:
             subscriber = frame.f_locals.get("self")
             code = getattr(subscriber, "code", None) or type(subscriber).__name__
             return f"{code}.{frame.f_code.co_name}"
-        frame = back
+        child, frame = frame, back
     return f"({first_nndoctor})" if first_outside_torch else None
 
 
@@ -89,6 +101,13 @@ def measure(steps: int, warmup: int, batch: int) -> tuple[Counts, Any]:
 
     class CountOps(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            if counts.on and _all_on_host(args, kwargs):
+                # Arithmetic on what was already copied to the host: no launch on a GPU either.
+                out = func(*args, **(kwargs or {}))
+                for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(t, torch.Tensor):
+                        on_host[id(t)] = weakref.ref(t)
+                return out
             if counts.on:
                 owner = _owner(emit_code)
                 if owner is not None:
@@ -110,6 +129,12 @@ def measure(steps: int, warmup: int, batch: int) -> tuple[Counts, Any]:
                 note_read(name if name != "to" else "to(cpu)")
             result = original(self, *args, **kwargs)
             if counted and isinstance(result, torch.Tensor):
+                if result is self:  # cpu() of a CPU tensor: mark an alias, not the tensor itself
+                    counts.on = False
+                    try:
+                        result = result.view_as(result)
+                    finally:
+                        counts.on = True
                 on_host[id(result)] = weakref.ref(result)
             return result
         return method
@@ -117,6 +142,11 @@ def measure(steps: int, warmup: int, batch: int) -> tuple[Counts, Any]:
     def _on_host(tensor: Any) -> bool:
         ref = on_host.get(id(tensor))
         return ref is not None and ref() is tensor
+
+    def _all_on_host(args: tuple, kwargs: dict | None) -> bool:
+        tensors = [a for a in (*args, *(kwargs or {}).values()) for a in (a if isinstance(a, (list, tuple)) else (a,))
+                   if isinstance(a, torch.Tensor)]
+        return bool(tensors) and all(_on_host(t) for t in tensors)
 
     def _to_cpu(args: tuple, kwargs: dict) -> bool:
         target = kwargs.get("device", args[0] if args else None)

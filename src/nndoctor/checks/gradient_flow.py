@@ -136,8 +136,7 @@ class MissingZeroGrad(Check):
         if not event.sampled or not sample:
             return
         with_grads = [p for p in params() if p.grad is not None]
-        fresh = [snap for snap in (fingerprint(p, with_values=manual) for p in spread_sample(with_grads))
-                 if snap is not None]
+        fresh = fingerprints(spread_sample(with_grads), with_values=manual)
         # Zero gradient slices tell nothing (an embedding's padding row, a frozen feature): at
         # least one non-zero slice must show that the gradients were not cleared.
         if any(snap.nonzero for snap in fresh):
@@ -182,6 +181,23 @@ def fingerprint(p: torch.Tensor, *, with_values: bool) -> GradFingerprint | None
         return None
     return GradFingerprint(weakref.ref(p), g, id(p.grad), bool(g.any()), p._version,
                            value_slice(p) if with_values else None)
+
+
+def fingerprints(params: list[torch.Tensor], *, with_values: bool) -> list[GradFingerprint]:
+    """``fingerprint`` of each parameter that has a dense gradient, their ``nonzero`` flags read
+    in one copy to the host per device (on a GPU each ``bool()`` would be a synchronisation)."""
+    slices = [(p, g) for p in params if (g := grad_slice(p)) is not None]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (_, g) in enumerate(slices):
+        by_device.setdefault(g.device, []).append(i)
+    nonzero = [False] * len(slices)
+    for indices in by_device.values():
+        flags = torch.stack([slices[i][1].any() for i in indices]).tolist()
+        for i, flag in zip(indices, flags, strict=True):
+            nonzero[i] = bool(flag)
+    return [GradFingerprint(weakref.ref(p), g, id(p.grad), flag, p._version,
+                            value_slice(p) if with_values else None)
+            for (p, g), flag in zip(slices, nonzero, strict=True)]
 
 
 def _unchanged(snaps: list[GradFingerprint]) -> bool:
