@@ -13,7 +13,7 @@ dispatch loop called) or to the instrumentation around them (hooks, probes). Hos
 Python-level ``tolist``/``cpu``/``numpy``/``to("cpu")`` of a tensor (on a CPU these dispatch
 nothing, so they are counted where they are called; a ``tolist()`` of what ``cpu()`` returned
 is the same read, counted once, and operations on host copies are not counted: on a GPU they
-launch nothing). Printed per step (mean over ``--steps``).
+launch nothing). Views (``func.is_view``) are counted apart: they launch no kernel either. Printed per step (mean over ``--steps``).
 
     python benchmarks/sampled_step_ops.py --steps 20
 """
@@ -72,6 +72,7 @@ def _owner(emit_code: Any) -> str | None:
 class Counts:
     def __init__(self) -> None:
         self.ops: Counter[str] = Counter()
+        self.views: Counter[str] = Counter()
         self.reads: Counter[str] = Counter()
         self.read_kinds: Counter[tuple[str, str]] = Counter()
         self.on = False
@@ -112,6 +113,7 @@ def measure(steps: int, warmup: int, batch: int) -> tuple[Counts, Any]:
                 owner = _owner(emit_code)
                 if owner is not None:
                     counts.ops[owner] += 1
+                    counts.views[owner] += func.is_view  # a view launches nothing on a GPU
                     name = func.overloadpacket.__name__
                     if name in SYNC_OPS:
                         counts.reads[owner] += 1
@@ -207,10 +209,12 @@ def main() -> None:
     owners = sorted(set(counts.ops) | set(counts.reads), key=lambda o: (-counts.ops[o], o))
     per = float(args.steps)
     print(f"one sampled step of the MLP (mean of {args.steps} steps, every check):")
-    print(f"{'who':<44} {'ATen ops':>9} {'host reads':>11}")
+    print(f"{'who':<44} {'ATen ops':>9} {'of them views':>14} {'host reads':>11}")
     for owner in owners:
-        print(f"{owner:<44} {counts.ops[owner] / per:9.1f} {counts.reads[owner] / per:11.1f}")
-    print(f"{'total':<44} {sum(counts.ops.values()) / per:9.1f} {sum(counts.reads.values()) / per:11.1f}")
+        print(f"{owner:<44} {counts.ops[owner] / per:9.1f} {counts.views[owner] / per:14.1f} "
+              f"{counts.reads[owner] / per:11.1f}")
+    print(f"{'total':<44} {sum(counts.ops.values()) / per:9.1f} {sum(counts.views.values()) / per:14.1f} "
+          f"{sum(counts.reads.values()) / per:11.1f}")
     if args.reads:
         print("\nhost reads by kind:")
         for (owner, name), n in sorted(counts.read_kinds.items(), key=lambda kv: -kv[1]):

@@ -52,6 +52,7 @@ class BatchLedger:
         self._predicted_rows: tuple[torch.Tensor, ...] = ()
         self._reduced: torch.Tensor | None = None  # (loss, correct, seen) of the reduced rows
         self._pending: list[_Row] = []
+        self.counts_read: list[float] | None = None  # the class counts as the last ``read`` left them
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -126,9 +127,11 @@ class BatchLedger:
 
     def read(self, classes: int, counts: torch.Tensor) -> list[tuple[float | None, int, int]]:
         """(loss, right predictions, targets counted) of each pending row, in order; adds the
-        rows' valid targets to ``counts`` (per class, float64); empties the ledger. One sync.
+        rows' valid targets to ``counts`` (per class, float64), whose values after that are left
+        in ``counts_read``; empties the ledger. One sync.
         A loss is None only if the loss ledger dropped it (a run sampled very rarely)."""
         pending, self._pending = self._pending, []
+        self.counts_read = None
         if not pending:
             return []
         k, device = len(pending), self.device
@@ -137,9 +140,20 @@ class BatchLedger:
             counted = torch.zeros(k, 2, dtype=torch.int64, device=device)
             if self._width >= 0:  # some row was kept (an empty batch's too)
                 counted = self._reduce_rows(pending, classes, counts)
-            if self._reduced is not None and any(row.reduced for row in pending):
-                reduced = self._reduced[:k].double().tolist()
-            rows = counted.tolist()
+            # One copy to the host for everything read here (on a GPU each read is a
+            # synchronisation): the counts as float64 (integers below 2**53: exact), the
+            # reduced rows as read before (float64), and the class counts (float64) for L108.
+            parts = [counted.reshape(-1).double()]
+            with_reduced = self._reduced is not None and any(row.reduced for row in pending)
+            if with_reduced and self._reduced is not None:
+                parts.append(self._reduced[:k].double().reshape(-1))
+            parts.append(counts.reshape(-1).double())
+            flat = torch.cat(parts).tolist()
+            rows = [[int(flat[2 * i]), int(flat[2 * i + 1])] for i in range(k)]
+            if with_reduced:
+                width = (len(flat) - 2 * k - counts.numel()) // k
+                reduced = [flat[2 * k + width * i: 2 * k + width * (i + 1)] for i in range(k)]
+            self.counts_read = flat[len(flat) - counts.numel():]
         losses = iter(self._losses.values([row.loss for row in pending if not row.reduced and row.value is None]))
         out: list[tuple[float | None, int, int]] = []
         for i, row in enumerate(pending):

@@ -162,6 +162,7 @@ class LossAtChance(Check):
         self._location: Location | None = None
         self._last_step = -1
         self._decided = False
+        self._counts_read: list[float] | None = None  # the class counts, read with the ledger's rows
         self._found: dict | None = None  # an early decision, reported at the end unless the model learns after it
 
     def on_epoch_start(self, event: EpochStart) -> None:
@@ -236,6 +237,7 @@ class LossAtChance(Check):
             return  # full until the next sampled step reads it
         if self._counts is None:
             return
+        self._counts_read = None  # record may add to the counts (a batch too wide to keep)
         ledger.record(logits, target, output, ignore, summed=event.options.get("reduction", "mean") == "sum",
                       counts=self._counts)
         self._last_step = event.step
@@ -279,9 +281,11 @@ class LossAtChance(Check):
                                         tuple(a + b for a, b in zip(before.counts, evaluation.counts, strict=True)))
             self._evaluations.append(evaluation)
         self._pending_evaluations.clear()
+        self._counts_read = None
         if self._ledger is None or not self._steps or self._counts is None:
             return
         values = self._ledger.read(self._classes, self._counts)  # the only sync, on sampled steps
+        self._counts_read = self._ledger.counts_read  # read in the same copy: _decide's, right after
         self._outcomes.extend(BatchOutcome(step, loss, int(correct), int(seen), visit)
                               for (step, visit), (loss, correct, seen) in zip(self._steps, values, strict=True)
                               if loss is not None)  # None: dropped by the loss ledger (a run sampled very rarely)
@@ -293,7 +297,9 @@ class LossAtChance(Check):
             return
         if len(self.session.state.optimizers) > 1:
             return  # adversarial/multi-task training: losses at chance can be intended
-        counts = self._counts.tolist()
+        counts, self._counts_read = self._counts_read, None
+        if counts is None:  # nothing was read since the counts last changed
+            counts = self._counts.tolist()
         if self._found is None:
             self._found = at_chance(self._outcomes, counts)
             if self._found is None:
