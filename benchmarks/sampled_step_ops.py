@@ -9,7 +9,8 @@ under ``nndoctor.watch()`` with every step sampled (``NNDOCTOR_SAMPLE_EVERY=1``)
 ``--steps`` steps after the warm-up counts, with a ``TorchDispatchMode``, the operations that
 nndoctor's code ran, attributed to the handler that was running (the frame that the session's
 dispatch loop called) or to the instrumentation around them (hooks, probes). Host reads:
-``aten._local_scalar_dense``, ``aten.equal``, ``aten.nonzero``, ``aten.is_nonzero`` and the
+``aten._local_scalar_dense``, ``aten.equal``, ``aten.nonzero``, ``aten.is_nonzero``, indexing
+with a boolean mask (its size is read: ``nonzero`` on a GPU) and the
 Python-level ``tolist``/``cpu``/``numpy``/``to("cpu")`` of a tensor (on a CPU these dispatch
 nothing, so they are counted where they are called; a ``tolist()`` of what ``cpu()`` returned
 is the same read, counted once, and operations on host copies are not counted: on a GPU they
@@ -31,9 +32,20 @@ from typing import Any
 os.environ["NNDOCTOR_SAMPLE_EVERY"] = "1"  # read when nndoctor is imported
 
 SYNC_OPS = {"_local_scalar_dense", "equal", "nonzero", "is_nonzero", "nonzero_static"}
+MASK_OPS = {"index", "index_put", "index_put_", "masked_select"}  # a boolean mask: its size read (nonzero)
 HOST_METHODS = ("tolist", "cpu", "numpy")
 NNDOCTOR_DIR = str(Path(__import__("importlib").util.find_spec("nndoctor").origin).parent)  # type: ignore[union-attr]
 TORCH_DIR = str(Path(__import__("importlib").util.find_spec("torch").origin).parent)  # type: ignore[union-attr]
+
+
+def _has_mask(args: tuple) -> bool:
+    import torch
+
+    for arg in args:
+        for item in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+                return True
+    return False
 
 
 def _passes_through(frame: Any, callee: Any) -> bool:
@@ -115,7 +127,7 @@ def measure(steps: int, warmup: int, batch: int) -> tuple[Counts, Any]:
                     counts.ops[owner] += 1
                     counts.views[owner] += func.is_view  # a view launches nothing on a GPU
                     name = func.overloadpacket.__name__
-                    if name in SYNC_OPS:
+                    if name in SYNC_OPS or (name in MASK_OPS and _has_mask(args)):
                         counts.reads[owner] += 1
                         counts.read_kinds[(owner, name)] += 1
             return func(*args, **(kwargs or {}))

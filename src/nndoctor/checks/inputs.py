@@ -253,7 +253,9 @@ def batch_label_summary(labels: torch.Tensor) -> tuple[int, float, int]:
         if not values.numel():
             return (-1, 0.0, 0)
         top = values.mode().values  # no array sized by the largest label (ids can be huge)
-        return (int(top), float((values == top).sum()) / values.numel(), int(values.numel()))
+        # The label and its count in one copy to the host (on a GPU each read is a synchronisation).
+        label, count = torch.stack((top, (values == top).sum().to(top.dtype))).tolist()
+        return (int(label), float(count) / values.numel(), int(values.numel()))
 
 
 class LabelOrder:
