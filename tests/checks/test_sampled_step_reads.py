@@ -68,6 +68,8 @@ def test_d105_reads_a_batch_label_summary_in_one_copy(monkeypatch):
     # The mask's size (nonzero on a GPU) is read by the boolean indexing, as before; then one copy.
     assert reads.syncs == [] and reads.copies == 1
     assert summary == (3, 4 / 7, 7)
+    many = torch.zeros(300, dtype=torch.uint8)  # a count above the labels' own type's range
+    assert batch_label_summary(many) == (0, 1.0, 300)
 
 
 def test_l108_reads_the_ledger_rows_and_the_class_counts_in_one_copy(monkeypatch):

@@ -175,17 +175,10 @@ class GradFingerprint:
     values: torch.Tensor | None
 
 
-def fingerprint(p: torch.Tensor, *, with_values: bool) -> GradFingerprint | None:
-    g = grad_slice(p)
-    if g is None:
-        return None
-    return GradFingerprint(weakref.ref(p), g, id(p.grad), bool(g.any()), p._version,
-                           value_slice(p) if with_values else None)
-
-
 def fingerprints(params: list[torch.Tensor], *, with_values: bool) -> list[GradFingerprint]:
-    """``fingerprint`` of each parameter that has a dense gradient, their ``nonzero`` flags read
-    in one copy to the host per device (on a GPU each ``bool()`` would be a synchronisation)."""
+    """The fingerprint of each parameter that has a dense gradient; their ``nonzero`` flags
+    (``g.any()``) read in one copy to the host per device (on a GPU each ``bool()`` of its own
+    would be a synchronisation)."""
     slices = [(p, g) for p in params if (g := grad_slice(p)) is not None]
     by_device: dict[torch.device, list[int]] = {}
     for i, (_, g) in enumerate(slices):

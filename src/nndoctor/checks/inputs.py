@@ -253,8 +253,10 @@ def batch_label_summary(labels: torch.Tensor) -> tuple[int, float, int]:
         if not values.numel():
             return (-1, 0.0, 0)
         top = values.mode().values  # no array sized by the largest label (ids can be huge)
-        # The label and its count in one copy to the host (on a GPU each read is a synchronisation).
-        label, count = torch.stack((top, (values == top).sum().to(top.dtype))).tolist()
+        # The label and its count in one copy to the host (on a GPU each read is a synchronisation),
+        # in a type that holds both exactly (not the labels' own: a uint8 count would wrap).
+        wide = torch.float64 if top.is_floating_point() else torch.int64
+        label, count = torch.stack((top.to(wide), (values == top).sum().to(wide))).tolist()
         return (int(label), float(count) / values.numel(), int(values.numel()))
 
 
