@@ -174,12 +174,14 @@ def pytest_collection_finish(session):
 # call + teardown seconds in tests/durations.json; a test over SLOW_S there is marked ``slow``, and
 # so is every test of a module where one setup took over SLOW_MODULE_SETUP_S (a module-scoped
 # subprocess or model: whichever of its tests runs first pays it). Tests missing from the file are
-# not marked. SLOW_S is 1 s, not 5: the 46 tests of 1 to 5 s (mostly CLI and hostile end-to-end
+# not marked. SLOW_S is 0.6 s, not 5: the 46 tests of 1 to 5 s (mostly CLI and hostile end-to-end
 # runs in subprocesses; 2.7% of the inner loop's tests) recorded 126 of its tests' 244 s, and
-# without them the inner loop takes half the CPU time (CONTRIBUTING.md). Marked by hand
-# (tests/durations.json does not know a new test yet): a test over ~5 s.
+# without them the inner loop took half the CPU time (CONTRIBUTING.md); at 1 s the inner loop
+# had grown back to 197 s in one process (session 29: 1,817 tests), and the ~100 tests of 0.6 to
+# 1 s (-n 2 seconds) held about a quarter of it. Marked by hand (tests/durations.json does not
+# know a new test yet): a test over ~5 s.
 DURATIONS = Path(__file__).parent / "durations.json"
-SLOW_S = 1.0
+SLOW_S = 0.6
 SLOW_MODULE_SETUP_S = 5.0
 _recorded: dict[str, dict[str, float]] = {}
 
