@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nndoctor.checks import _chance_ledger as chance_ledger
 from nndoctor.checks._chance_ledger import BatchLedger
 from nndoctor.instrument.loss_ledger import LossLedger
+from tests.aten_ops import RecordOps
 
 CLASSES = 5
 
@@ -62,16 +62,6 @@ def test_the_ledger_gives_the_per_step_numbers(monkeypatch, max_width):
     assert len(ledger) == 0 and ledger.read(CLASSES, counts) == []
 
 
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_step_costs_three_ops_with_the_loss_and_keeps_no_reference():
     ledger = BatchLedger(8, torch.device("cpu"), LossLedger())
     logits, target = torch.randn(6, CLASSES), torch.randint(0, CLASSES, (6,))
@@ -79,14 +69,14 @@ def test_a_step_costs_three_ops_with_the_loss_and_keeps_no_reference():
     ledger.record(logits, target, torch.tensor(1.0), -100, summed=False, counts=counts)  # allocates the columns
     logits = torch.randn(6, CLASSES, requires_grad=True) * 1  # as in training: part of the graph
     loss = torch.tensor(0.5, requires_grad=True) * 2
-    with _CountOps() as counted:
+    with RecordOps() as counted:
         ledger.record(logits, target, loss, -100, summed=False, counts=counts)
     assert torch.is_grad_enabled()  # restored
     assert not ledger._targets.requires_grad and not ledger._predicted.requires_grad  # no graph kept
     writes = [op for op in counted.ops if "copy_" in op or "argmax" in op or "_local_scalar_dense" in op]
     assert len(writes) == 3 and len(counted.ops) <= 4, counted.ops  # a narrowing view at most besides
     # the loss was read by the loss ledger: a second reader of the same loss costs no op
-    with _CountOps() as again:
+    with RecordOps() as again:
         assert ledger._losses.record(loss) == len(ledger._losses) - 1
     assert again.ops == []
     import sys

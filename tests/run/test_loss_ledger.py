@@ -20,16 +20,7 @@ from nndoctor.core.engine import Session
 from nndoctor.instrument.extensions import install
 from nndoctor.instrument.loss_ledger import LOSS_LEDGER, LossLedger, loss_ledger
 from nndoctor.run.end import finish
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
+from tests.aten_ops import RecordOps
 
 
 class _LateEvent:
@@ -72,7 +63,7 @@ def _late_slots(delay: int):
 def test_a_loss_is_read_once_however_many_ask():
     ledger = LossLedger()
     loss = torch.tensor(2.5, requires_grad=True) * 2
-    with _CountOps() as counted:
+    with RecordOps() as counted:
         serials = {ledger.record(loss) for _ in range(4)}
     assert serials == {0} and counted.ops == ["aten._local_scalar_dense.default"]
     assert ledger.landed(0) == ledger.value(0) == 5.0
