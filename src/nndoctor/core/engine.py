@@ -255,7 +255,9 @@ class Session:
     @property
     def sampled(self) -> bool:
         """Is the current step fully instrumented?"""
-        step = self.step  # is_sampled inlined: asked several times on every step
+        # is_sampled inlined: asked several times on every step (and this expression is inlined
+        # in turn in ``torch_hooks``' ``Module.__call__`` wrapper: keep the two the same).
+        step = self.step
         return step < self.full_window or step % self.sample_every == 0 or self._phase_sampled
 
     def is_sampled(self, step: int) -> bool:

@@ -46,7 +46,16 @@ from nndoctor.run.crash_context import crash_context
 # function then, and Python side effects there (lists, sys._getframe, events) either break the
 # trace ("already tracked for mutation") or would be baked into the graph. They step aside; the
 # compiled module is still observed from outside, as a top-level call that dynamo does not trace.
-_compiling = torch.compiler.is_compiling
+# The test is spelled out at each use, ``_dynamo_compiling() or _compiler._is_compiling_flag``:
+# one Python call on every module call instead of ``torch.compiler.is_compiling``'s two (it calls
+# ``torch.jit.is_scripting``, always False for this never-scripted code, then reads the flag).
+# Same answer in every case: while dynamo traces, it replaces ``is_dynamo_compiling`` by the
+# constant True (as it does ``is_compiling``), so the flag is never read inside a traced frame (a
+# read there would be guarded on, and the flag is False again at run time); outside a traced
+# frame ``is_dynamo_compiling`` returns False, and the flag is what ``is_compiling`` returns: True
+# in torch.export and for code run by the compiler without being traced (AOTAutograd, make_fx).
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_compiler = torch.compiler
 
 # Functional losses observed when called from user code (not from inside a loss module).
 LOSS_FUNCTIONS = (
@@ -126,7 +135,7 @@ class Installation:
         def module_call(self, *args, **kwargs):
             # ``self``, as torch names it: crash explanations look for the user's name of the
             # model in the traceback's locals, and skip ``self``.
-            if not session.active or _compiling():
+            if not session.active or _dynamo_compiling() or _compiler._is_compiling_flag:
                 return original(self, *args, **kwargs)
             stack.append(self)
             try:  # per class, a subscript: no isinstance call on every module call
@@ -146,7 +155,10 @@ class Installation:
                 inst._pop(self)
             if is_loss and inst._in_loss:
                 inst._in_loss -= 1
-            if not stack or is_loss or session.sampled:
+            # ``session.sampled`` inlined (a property: a call on every inner module call of
+            # every unsampled step); the same expression as ``Session.sampled``.
+            if not stack or is_loss or (session.step < session.full_window
+                                        or session.step % session.sample_every == 0 or session._phase_sampled):
                 inst._forward_returned(self, args, kwargs, output, is_loss)
             return output
 
@@ -194,7 +206,7 @@ class Installation:
                 if is_loss and not self._in_loss and not _without_values(output):
                     # A loss module the model calls inside its own forward (Hugging Face models
                     # compute CrossEntropyLoss()(logits, labels) in forward when given labels).
-                    self._loss_module_called(module, args, output, sys._getframe(2))
+                    self._loss_module_called(module, args, output, sys._getframe(2), session.sampled)
                 if session.sampled and session.wants("module_output") and not _without_values(output):
                     root = stack[0]
                     session.emit(ev.ModuleOutput(
@@ -225,11 +237,10 @@ class Installation:
                 inference_mode=torch.is_inference_mode_enabled(), is_loss=is_loss,
             ), route)
         if is_loss:
-            self._loss_module_called(module, args, output, sys._getframe(2))
+            self._loss_module_called(module, args, output, sys._getframe(2), sampled)
 
-    def _loss_module_called(self, module: Any, args: tuple, output: Any, frame: Any) -> None:
+    def _loss_module_called(self, module: Any, args: tuple, output: Any, frame: Any, sampled: bool) -> None:
         session = self.session
-        sampled = session.sampled
         if "loss" not in (session._handlers if sampled else session._every_step):
             return
         name, options = _loss_module_options(module)
@@ -358,7 +369,7 @@ class Installation:
         @functools.wraps(original)
         def train(module, mode: bool = True):
             session = inst.session
-            if not session.active or inst._in_train or _compiling():
+            if not session.active or inst._in_train or _dynamo_compiling() or _compiler._is_compiling_flag:
                 return original(module, mode)
             inst._in_train += 1
             try:
@@ -644,7 +655,7 @@ def _not_a_compiled_frame(function: Any, *, callees: bool = True) -> None:
     (the user's ``forward``) are compiled as before, without, they are skipped too (nndoctor's
     own handlers: compiled, they fail inside dynamo — a dataclass event built while tracing a
     compiled model — and cost compile time for nothing). Where dynamo inlines the wrapper, the
-    wrapper steps aside (``_compiling``)."""
+    wrapper steps aside (``_dynamo_compiling``)."""
     try:
         from torch._C._dynamo.eval_frame import (
             _FrameAction,
@@ -716,7 +727,7 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
     @functools.wraps(original)
     def loss_function(input, target, *args, **kwargs):
         session = inst.session
-        if not session.active or inst._in_loss or _compiling():
+        if not session.active or inst._in_loss or _dynamo_compiling() or _compiler._is_compiling_flag:
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
         sampled = session.sampled
