@@ -212,10 +212,13 @@ class LossAtChance(Check):
         classes = int(logits.shape[1])
         if classes > MAX_CLASSES or (self._classes and classes != self._classes):
             return
-        try:  # cross_entropy / nll_loss take an int (or what converts to one: a NumPy integer)
-            ignore = operator.index(event.options.get("ignore_index", -100))
-        except TypeError:
-            return
+        options = event.options  # ``in`` and a subscript, no .get calls (asked on every step)
+        ignore = options["ignore_index"] if "ignore_index" in options else -100
+        if type(ignore) is not int:
+            try:  # cross_entropy / nll_loss take an int (or what converts to one: a NumPy integer)
+                ignore = operator.index(ignore)
+            except TypeError:
+                return
         ledger = self._ledger
         if ledger is None or ledger.device != output.device:
             self._flush()
@@ -238,7 +241,7 @@ class LossAtChance(Check):
         if self._counts is None:
             return
         self._counts_read = None  # record may add to the counts (a batch too wide to keep)
-        ledger.record(logits, target, output, ignore, summed=event.options.get("reduction", "mean") == "sum",
+        ledger.record(logits, target, output, ignore, summed="reduction" in options and options["reduction"] == "sum",
                       counts=self._counts)
         self._last_step = event.step
         self._steps.append((event.step, self._training_pass() if self._source is not None else -1))
@@ -355,11 +358,15 @@ def _plain_classification(event: LossComputed) -> bool:
                 return False
     elif not (has_plain_values(logits) and has_plain_values(target) and has_plain_values(output)):
         return False
-    if logits.dim() != 2 or target.dim() != 1 or logits.shape[0] != target.shape[0] or logits.shape[1] < 2:
+    # Attributes, not methods (asked on every step): ndim for dim(), the dtype's flag for
+    # is_floating_point(); a 0-d loss has one element without asking numel().
+    if logits.ndim != 2 or target.ndim != 1 or logits.shape[0] != target.shape[0] or logits.shape[1] < 2:
         return False
-    if target.is_floating_point() or target.dtype == torch.bool or output.numel() != 1:
+    target_dtype = target.dtype
+    if target_dtype.is_floating_point or target_dtype == torch.bool or (output.ndim and output.numel() != 1):
         return False
-    options = event.options
-    if options.get("reduction", "mean") not in ("mean", "sum") or options.get("weight") is not None:
+    options = event.options  # ``in`` and a subscript, no .get calls: a loss module passes all its options
+    if ("reduction" in options and options["reduction"] not in ("mean", "sum")) \
+            or ("weight" in options and options["weight"] is not None):
         return False
-    return not options.get("label_smoothing")
+    return not ("label_smoothing" in options and options["label_smoothing"])

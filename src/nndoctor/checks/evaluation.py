@@ -258,7 +258,7 @@ class Overfitting(Check):
     def on_loss(self, event: LossComputed) -> None:
         loss = event.output
         if self._reported or (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) \
-                or loss.numel() != 1 or not loss.is_floating_point():
+                or (loss.ndim and loss.numel() != 1) or not loss.dtype.is_floating_point:  # a 0-d loss: no calls
             return
         if loss.requires_grad:
             if self._eval.count:

@@ -603,8 +603,9 @@ class LossNotDecreasing(Check):
             # steps (and at the end): a second optimizer that trains lives through them.
             self._count_optimizers()
         loss = event.tensor
-        if (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) or loss.numel() != 1 \
-                or not loss.is_floating_point():
+        # Attributes, not methods (every step): a 0-d loss has one element without asking numel().
+        if (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) \
+                or (loss.ndim and loss.numel() != 1) or not loss.dtype.is_floating_point:
             return
         if self._location is None:
             self._location, self._first_step = event.location, event.step

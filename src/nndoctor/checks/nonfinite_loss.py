@@ -250,7 +250,9 @@ class NonfiniteLoss(Check):
             return
         tensor = event.tensor
         finite: bool | None
-        if type(tensor) is torch.Tensor and tensor.numel() == 1 and tensor.is_floating_point():
+        # Attributes, not methods (every step): a 0-d loss has one element without asking numel().
+        if type(tensor) is torch.Tensor and (not tensor.ndim or tensor.numel() == 1) \
+                and tensor.dtype.is_floating_point:
             value = self._ledger.read(tensor)[1]
             # a CPU loss: read already (the usual step); a CUDA loss: in flight, or read now
             finite = math.isfinite(value) if value is not None else self._scalar_finite(event, tensor)

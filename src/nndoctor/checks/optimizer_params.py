@@ -422,12 +422,22 @@ class ModelNotUpdating(Check):
         if versions_before is None:
             untouched = True  # torch optimizers skip parameters without a gradient
         elif versions_before:
-            wrote = any((p := ref()) is not None and p._version != version for ref, version in versions_before)
+            wrote = False  # a loop, not any() over a generator: no calls on every step
+            for ref, version in versions_before:
+                if (p := ref()) is not None and p._version != version:
+                    wrote = True
+                    break
             if wrote and key not in self._writes_bump_versions:
                 self._writes_bump_versions.add(key)
             untouched = not wrote and key in self._writes_bump_versions
         else:
             untouched = False  # only unwatched parameters had gradients: not known here
+        groups = event.optimizer.param_groups
+        if not untouched and groups:  # all_learning_rates_zero's usual case inlined (every step)
+            lr = groups[0]["lr"] if "lr" in groups[0] else None
+            if type(lr) is float and lr:  # a non-zero float lr: the step wrote the parameters
+                self._untouched[key] = 0
+                return
         certain = untouched or all_learning_rates_zero(event.optimizer)
         if not certain:  # the usual step: it wrote the parameters
             self._untouched[key] = 0
