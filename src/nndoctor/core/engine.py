@@ -344,7 +344,8 @@ class Session:
             optimizer = self._unwrap(optimizer)
         counts = self.state.step_counts
         before = counts.get(optimizer, 0)
-        sampled = self.is_sampled(self.step) or before < self.full_window
+        step = self.step  # is_sampled(step) inlined, here and in step_sampled: every step
+        sampled = step < self.full_window or step % self.sample_every == 0 or before < self.full_window
         counts[optimizer] = own = before + 1
         self._count_round(id(optimizer))
         self._phase_sampled = own < self.full_window
@@ -369,7 +370,8 @@ class Session:
         if self._plain_optimizer() is not optimizer:
             optimizer = self._unwrap(optimizer)
         own = self.state.step_counts.get(optimizer, 0)
-        return self.is_sampled(self.step) or own < self.full_window
+        step = self.step
+        return step < self.full_window or step % self.sample_every == 0 or own < self.full_window
 
     def _unwrap(self, optimizer: Any) -> Any:
         """``unwrap_optimizer``, remembering an optimizer that is no wrapper: the hooks of every

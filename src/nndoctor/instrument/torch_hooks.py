@@ -155,11 +155,12 @@ class Installation:
                 inst._pop(self)
             if is_loss and inst._in_loss:
                 inst._in_loss -= 1
-            # ``session.sampled`` inlined (a property: a call on every inner module call of
-            # every unsampled step); the same expression as ``Session.sampled``.
-            if not stack or is_loss or (session.step < session.full_window
-                                        or session.step % session.sample_every == 0 or session._phase_sampled):
-                inst._forward_returned(self, args, kwargs, output, is_loss)
+            # ``session.sampled`` inlined (a property: a call on every module call of every
+            # step), the same expression as ``Session.sampled``, and passed on.
+            step = session.step
+            sampled = step < session.full_window or step % session.sample_every == 0 or session._phase_sampled
+            if not stack or is_loss or sampled:
+                inst._forward_returned(self, args, kwargs, output, is_loss, sampled)
             return output
 
         _not_a_compiled_frame(module_call)
@@ -194,20 +195,21 @@ class Installation:
             self.session.internal_error("forward hook", failure)
 
     def _forward_returned(self, module: Any, args: tuple, kwargs: dict[str, Any] | None, output: Any,
-                          is_loss: bool) -> None:
-        """A top-level call, a loss module, or a submodule on a sampled step returned."""
+                          is_loss: bool, sampled: bool) -> None:
+        """A top-level call, a loss module, or a submodule on a sampled step returned
+        (``sampled``: ``session.sampled``, which the wrapper has read)."""
         session = self.session
         stack = self._stack
         try:
             if not stack:  # a top-level call from user code
                 if (type(output) is torch.Tensor and not output.is_meta) or not _without_values(output):
-                    self._root_forward(module, args, kwargs, output, is_loss)
+                    self._root_forward(module, args, kwargs, output, is_loss, sampled)
             else:
                 if is_loss and not self._in_loss and not _without_values(output):
                     # A loss module the model calls inside its own forward (Hugging Face models
                     # compute CrossEntropyLoss()(logits, labels) in forward when given labels).
-                    self._loss_module_called(module, args, output, sys._getframe(2), session.sampled)
-                if session.sampled and session.wants("module_output") and not _without_values(output):
+                    self._loss_module_called(module, args, output, sys._getframe(2), sampled)
+                if sampled and session.wants("module_output") and not _without_values(output):
                     root = stack[0]
                     session.emit(ev.ModuleOutput(
                         step=session.step, sampled=True, module=module,
@@ -219,14 +221,13 @@ class Installation:
             session.internal_error("forward hook", error)
 
     def _root_forward(self, module: Any, args: tuple, kwargs: dict[str, Any] | None, output: Any,
-                      is_loss: bool) -> None:
+                      is_loss: bool, sampled: bool) -> None:
         session = self.session
         grad_enabled = torch.is_grad_enabled()
         if not is_loss and grad_enabled and self._last_root() is not module:
             # WeakSet.add costs three calls and a new weak reference: once per model, not per step.
             session.state.roots.add(module)
             self._last_root = weakref.ref(module)
-        sampled = session.sampled
         route = LOSS_FORWARD if is_loss else "forward"
         # ``session.wants_now(route, sampled)`` inlined here and in every hook of the hot path: a
         # call fewer per event (the tables are replaced, never changed, so reading them is safe).
@@ -312,7 +313,7 @@ class Installation:
         if "step_start" in (session._handlers if sampled else session._every_step) and not self._last_stepped_without_values:
             session.emit(ev.StepStart(
                 step=session.step, sampled=sampled, frame=sys._getframe(1),
-                optimizer=optimizer, has_closure=_has_closure(args, kwargs),
+                optimizer=optimizer, has_closure=bool(args[1:] or kwargs) and _has_closure(args, kwargs),
                 backwards_since_step=session.state.backwards_since_step,
                 zero_grads_since_backward=session.state.zero_grads_since_backward,
             ))
@@ -329,8 +330,9 @@ class Installation:
                 self._last_stepped_without_values if self._last_stepped() is optimizer
                 else _optimizer_without_values(optimizer)):
             session.emit(ev.StepEnd(step=session.step, sampled=sampled, frame=sys._getframe(1),
-                                    optimizer=optimizer, has_closure=_has_closure(args, kwargs)))
-        if session.should_stop():
+                                    optimizer=optimizer,
+                                    has_closure=bool(args[1:] or kwargs) and _has_closure(args, kwargs)))
+        if session.max_steps is not None and session.step >= session.max_steps:  # should_stop(), inlined
             raise StopRun(f"--max-steps {session.max_steps} reached")
         return None
 
@@ -692,7 +694,8 @@ def _optimizer_without_values(optimizer: Any) -> bool:
 
 def _has_closure(args: tuple, kwargs: dict) -> bool:
     """Was ``step`` given a closure (L-BFGS)? torch's step hooks get ``args`` *with* the
-    optimizer itself first, so a positional closure is ``args[1]``."""
+    optimizer itself first, so a positional closure is ``args[1]``. The hooks ask only when
+    there is more than the optimizer (``args[1:] or kwargs``, no calls): the usual step."""
     if len(args) > 1 and callable(args[1]):
         return True
     return bool(kwargs) and callable(kwargs.get("closure"))
@@ -720,7 +723,18 @@ def _loss_module_options(module: Any) -> tuple[str, dict[str, Any]]:
                 tuple(k for k in _LOSS_OPTION_NAMES if hasattr(module, k)))
         if cls.__module__ == "torch.nn.modules.loss":
             _LOSS_MODULE_KINDS[cls] = kind
-    return kind[0], {k: getattr(module, k) for k in kind[1]}
+    # A loop over the instance's __dict__ (torch's losses keep these options there, ``weight``
+    # aside: a buffer), no comprehension and no getattr per option: asked on every step. Only
+    # for torch's own classes: a user's class may define an option as a property.
+    options: dict[str, Any] = {}
+    if cls in _LOSS_MODULE_KINDS:
+        attributes = module.__dict__
+        for k in kind[1]:
+            options[k] = attributes[k] if k in attributes else getattr(module, k)
+    else:
+        for k in kind[1]:
+            options[k] = getattr(module, k)
+    return kind[0], options
 
 
 def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
