@@ -433,7 +433,10 @@ class Installation:
         def after(tensor, frame) -> None:
             session = inst.session
             session.state.zero_grads_since_backward = 0
-            sampled = session.sampled
+            # ``session.sampled`` inlined (every step), as in the Module.__call__ wrapper; read
+            # anew, not kept from ``before``: a backward hook may step an optimizer.
+            step = session.step
+            sampled = step < session.full_window or step % session.sample_every == 0 or session._phase_sampled
             if "backward_done" in (session._handlers if sampled else session._every_step) and not (
                     _without_values(tensor) if type(tensor) is not torch.Tensor else tensor.is_meta):
                 session.emit(ev.BackwardDone(step=session.step, sampled=sampled,
