@@ -50,7 +50,13 @@ class StoreTransport:
         return f"{self.prefix}/{kind}/{rank}"
 
     def put(self, kind: str, rank: int, part: dict[str, Any]) -> None:
-        self.store.set(self._key(kind, rank), json.dumps(part, ensure_ascii=False))
+        key = self._key(kind, rank)
+        self.store.set(key, json.dumps(part, ensure_ascii=False))
+        # A TCPStore client's set() sends without waiting for the server; a request answered on
+        # the same connection returns only once the set before it is stored. Without it the
+        # merging rank could look (on its own connection) before the part arrived, and a rank
+        # that dies right after putting its record could lose it.
+        self.store.check([key])
 
     def get(self, kind: str, rank: int) -> dict[str, Any] | None:
         key = self._key(kind, rank)
