@@ -52,6 +52,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 _MARK = "DDP_STEP_RESULT "
 # Per model: (warm-up steps, timed steps, rounds) that resolve ~1% within ~4 minutes on H100s.
+_PROFILE_OUT = "STEP_PROFILE_OUT"
 DEFAULTS = {"resnet50": (30, 400, 3), "resnet18": (30, 400, 3), "smallcnn": (20, 300, 3), "mlp": (50, 5000, 4)}
 
 
@@ -147,11 +148,15 @@ def train(args: argparse.Namespace) -> None:
     for _ in range(args.warmup):  # past nndoctor's 16-step full-instrumentation window
         step()
     sync()
+    profiler = _loop_profiler()
     began = time.perf_counter()
     for _ in range(args.steps):
         step()
     sync()
     seconds = time.perf_counter() - began
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(os.environ[_PROFILE_OUT])
     if rank == 0:
         card = torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or platform.machine()})"
         print(_MARK + json.dumps({"seconds": seconds, "steps": args.steps, "device": card,
@@ -159,6 +164,17 @@ def train(args: argparse.Namespace) -> None:
                                   "world_size": dist.get_world_size() if distributed else 1}), flush=True)
     if distributed:
         dist.destroy_process_group()
+
+
+def _loop_profiler():
+    """cProfile of the timed steps only, into $STEP_PROFILE_OUT when set (benchmarks/step_profile.py)."""
+    if not os.environ.get(_PROFILE_OUT):
+        return None
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
 
 
 def launch(args: argparse.Namespace, doctored: bool, workdir: str) -> tuple[dict, dict | None]:

@@ -33,6 +33,11 @@ with contextlib.suppress(ImportError):
 
     torch.set_num_threads(int(TEST_THREADS))
 
+    # mp.spawn fixtures run in the test process start their ranks from a warm fork server.
+    from tests import warm_spawn
+
+    warm_spawn.install()
+
 # dynamo's recompile limits as torch ships them: a library may change them at import (timm's
 # optimizers set cache_size_limit to 1,000,000), which would change what P113 reports for every
 # later fixture in the same worker.

@@ -34,6 +34,21 @@ class FakeReRuns:
                 "applied": list(changes) or ["baseline"], "samples_per_step": 8}
 
 
+def scripted_step_times(monkeypatch, seconds: dict[str, float]) -> list[float]:
+    """The copies still step the captured batch (losses compared, memory used), but each timing
+    reports ``seconds[variant]``: the decisions that follow the measurement are what these tests
+    check, and a real speedup measured on a loaded 2-core machine is noise (the fused copy's
+    ~2× measured 0.92× once under ``pytest -n 3``). Returns the real seconds, to show they ran."""
+    real_time_steps, measured = captured_trials._time_steps, []
+
+    def time_steps(runner, steps):
+        measured.append(real_time_steps(runner, steps))
+        return seconds[runner.variant]
+
+    monkeypatch.setattr(captured_trials, "_time_steps", time_steps)
+    return measured
+
+
 def _perf(script: str, tries: tuple[str, ...]):
     from nndoctor.commands.perf.config import PerfConfig
     from nndoctor.commands.perf.session import run_perf
@@ -52,6 +67,7 @@ def test_the_fused_optimizer_is_timed_in_process_and_joins_the_together_re_run(m
     from nndoctor.commands.perf.torch.diagnosis import advice
 
     fake = FakeReRuns(monkeypatch, {"": 0.020, "amp": 0.015, "amp,fused-optimizer": 0.010})
+    measured = scripted_step_times(monkeypatch, {"baseline": 0.020, "fused-optimizer": 0.010})
     result, lines = _perf("many_params_adam.py", ("fused-optimizer", "amp"))
     trials = result.trials
     # No re-run of the script for fused-optimizer alone: the baseline, amp, then the set (the
@@ -60,7 +76,8 @@ def test_the_fused_optimizer_is_timed_in_process_and_joins_the_together_re_run(m
     assert {tuple(changes) for changes in fake.calls} == {(), ("amp",), ("amp", "fused-optimizer")}
     fused = trials["fused-optimizer"]
     assert fused["measure"] == "captured batch" and fused["runs"] == captured_trials.REPEATS
-    assert fused["speedup"] > 1.3, fused
+    assert fused["speedup"] == pytest.approx(2.0), fused
+    assert len(measured) == 2 * captured_trials.REPEATS and all(t > 0 for t in measured)
     # The loss compared on the same batch after the warm-up steps (before any, it cannot differ).
     assert fused["loss_after_steps"] == captured_trials.WARMUP and fused["loss_baseline"] > 0
     assert fused["loss_ok"] and fused["loss_change"] < 1e-3
@@ -82,13 +99,14 @@ def test_the_fused_optimizer_is_timed_in_process_and_joins_the_together_re_run(m
 @pytest.mark.slow
 def test_a_change_decided_in_process_alone_needs_no_re_run_at_all(monkeypatch):
     fake = FakeReRuns(monkeypatch, {})
+    scripted_step_times(monkeypatch, {"baseline": 0.020, "fused-optimizer": 0.010})
     result, _ = _perf("many_params_adam.py", ("fused-optimizer",))
     trials = result.trials
     assert fake.calls == [] and "baseline" not in trials
     assert trials["fused-optimizer"]["measure"] == "captured batch" and trials["fused-optimizer"]["speedup"] > 1.3
-    if trials["fused-optimizer"]["pays_off"]:
-        assert trials["best"]["changes"] == ["fused-optimizer"]
-        assert trials["best"]["measured_as"].startswith("alone, on the captured batch in this process")
+    assert trials["fused-optimizer"]["pays_off"]
+    assert trials["best"]["changes"] == ["fused-optimizer"]
+    assert trials["best"]["measured_as"].startswith("alone, on the captured batch in this process")
     assert trials["budget"]["used_s"] <= 120.0
 
 

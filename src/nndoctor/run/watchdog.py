@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from nndoctor.instrument.installation import InstallationProtocol
 
 DEFAULT_STALL_SECONDS = 300.0
+# How long a stopping child of mp.spawn waits for its peers' stall snapshots (bounded: a peer that
+# is not stalled never writes one).
+PEER_STALL_WAIT_S = 10.0
 EXIT_STALLED = 124  # like timeout(1): stopped by --stall-action stop
 # How long the interrupted main thread gets to end the run before the process is ended: the
 # run's end (report, a garbage collection once TensorFlow is loaded) takes seconds on a loaded
@@ -260,7 +263,10 @@ def _wait_for_peers(session: Any) -> None:
         return
     folder = child[0] if child else None
     if folder and world and world > 1:
-        wait_for_stalls(folder, int(world), timeout_s=min(10.0, 2 * stall_seconds()))
+        # The peers' watchdogs fire when their own last progress is stall_seconds old: ranks
+        # that started apart, or a loaded machine, put seconds between them (with a 2 s
+        # threshold, twice the threshold was too short once in five loaded test runs).
+        wait_for_stalls(folder, int(world), timeout_s=PEER_STALL_WAIT_S)
 
 
 def _rank(session: Any) -> int | None:
