@@ -16,16 +16,19 @@ child inherits the parent's at spawn time (fixtures and tests set ``NNDOCTOR_*``
 before spawning); the parent's environment travels with the preparation data and replaces the
 child's before its target runs.
 
-The real spawn path (fresh interpreters started by ``python -m nndoctor run`` and by torchrun)
-stays covered by the tests that run the CLI in a subprocess (tests/distributed).
+The real spawn path stays covered: ``cold()`` gives torch's own start method back for a test
+(tests/distributed/test_children.py runs an ``mp.spawn`` fixture so), ``multiprocessing``'s own
+spawn context is untouched, and torchrun's ranks are fresh interpreters.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.spawn as mp_spawn
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 _PRELOAD = [
@@ -57,8 +60,24 @@ def install() -> None:
         return start_processes(fn, args, nprocs, join, daemon, start_method)
 
     start_processes_warm._warm = True  # type: ignore[attr-defined]
+    start_processes_warm._cold = start_processes  # type: ignore[attr-defined]
     torch_spawn.start_processes = start_processes_warm
     _send_environment()
+
+
+@contextlib.contextmanager
+def cold() -> Iterator[None]:
+    """torch's own spawn start method for the duration (a fresh interpreter per rank)."""
+    torch_spawn = sys.modules.get("torch.multiprocessing.spawn")
+    warm = getattr(torch_spawn, "start_processes", None)
+    if warm is None or not getattr(warm, "_warm", False):
+        yield
+        return
+    torch_spawn.start_processes = warm._cold  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        torch_spawn.start_processes = warm  # type: ignore[union-attr]
 
 
 def _send_environment() -> None:

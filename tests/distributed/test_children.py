@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from tests.conftest import run_script
+from tests.conftest import BUGGY, expected_lines, run_script
 
 HOGWILD = textwrap.dedent('''
     import multiprocessing as mp
@@ -64,3 +64,17 @@ def test_a_launcher_that_trains_in_other_processes_is_not_reported_clean(tmp_pat
     assert "No problems found" not in text
     assert "Nothing was observed" in text and "-m nndoctor run" in text
     assert report.extra["not_observed"]
+
+
+def test_mp_spawn_ranks_in_fresh_interpreters_report_back_to_the_parent():
+    """The other in-process ``mp.spawn`` fixtures start their ranks from a warm fork server
+    (tests/warm_spawn.py); this one goes through torch's own spawn start method, a fresh
+    interpreter per rank, as users run it."""
+    from tests import warm_spawn
+
+    with warm_spawn.cold():
+        report = run_script(BUGGY / "X111_unreduced_accuracy.py", select=["X111"])
+    assert report.status == "completed" and not report.internal_errors, report.internal_errors
+    assert [f.location.line for f in report.by_code("X111") if f.location] == sorted(
+        expected_lines(BUGGY / "X111_unreduced_accuracy.py")["X111"])
+
