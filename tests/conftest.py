@@ -7,12 +7,21 @@ import gc
 import importlib.util
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
+
+# Tests run as from a terminal: a background command of a shell without job control (`cmd &` in
+# a script, some CI runners) starts with SIGINT ignored, and Python keeps it ignored. The stall
+# watchdog's --stall-action stop then cannot interrupt the fixtures run in the test process (R104,
+# X110) and ends the process instead, which takes the xdist worker with it. (What a user's run
+# does in that case is tested in tests/distributed/test_watchdog.py.)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # One intra-op thread in every test process and the processes it starts. A float reduction split
 # over N threads adds its partial sums in an order that depends on N (and on the machine's core

@@ -13,10 +13,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_both_ranks_stopped_in_native_code_still_give_one_merged_report(tmp_path):
-    # The script ignores SIGINT: the watchdog must end each rank with os._exit(124).
-    # Stuck in native code, a rank waits the watchdog's whole grace for its main thread (10 s by
-    # default) before it ends itself: 4 s, scaled to the machine's load, leave both ranks the
-    # time to post their snapshots (the merge needs them) and save ~6 s of the suite.
+    # The script ignores SIGINT, so the watchdog cannot interrupt the ranks' main threads (as in
+    # native code under NCCL): it must end each rank with os._exit(124). Were SIGINT handled, a
+    # rank would wait the watchdog's whole grace for its main thread (10 s by default) first:
+    # 4 s, scaled to the machine's load, bound that.
     grace = {"NNDOCTOR_STOP_GRACE": f"{childproc.scaled(4.0):.1f}"}
     result, report = torchrun(tmp_path, "rank_conditional_all_reduce_hang.py", "--stall-seconds", "2",
                               "--stall-action", "stop", script_args=["ignore-sigint"], env_extra=grace)
@@ -34,4 +34,4 @@ def test_both_ranks_stopped_in_native_code_still_give_one_merged_report(tmp_path
     assert "rank_conditional_all_reduce_hang.py:31 (step 3)" in mismatch["message"]
     # Printed once, by rank 0, before the ranks stopped.
     assert result.stderr.count("X110 collective-mismatch") == 1
-    assert "stuck in native code; stopping it" in result.stderr  # the other may be stopped by torchrun
+    assert "SIGINT is ignored in this process" in result.stderr  # the other may be stopped by torchrun

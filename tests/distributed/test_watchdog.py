@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -57,3 +58,50 @@ def test_stall_is_reported_and_the_run_goes_on(tmp_path):
     assert "stalled after 3 optimizer steps" in result.stderr  # the snapshot report, printed at once
     assert ">> pausing.py:15 in <module>" in result.stderr
     assert result.returncode == 1  # R104 is an error (--fail-on error)
+
+
+WAITING_FOREVER = textwrap.dedent('''
+    import threading
+
+    import torch
+    from torch import nn
+
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step == 2:
+            threading.Event().wait()
+''')
+
+
+@pytest.mark.e2e
+def test_stop_with_sigint_ignored_ends_the_run_at_once_and_says_why(tmp_path):
+    # A background job of a shell without job control starts with SIGINT ignored, and Python
+    # keeps it ignored: the watchdog's SIGINT cannot wake the main thread. It must say so and end
+    # the process at once (not after the 60 s grace set here), with the report and exit 124.
+    import signal
+
+    script = tmp_path / "waiting.py"
+    script.write_text(WAITING_FOREVER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NNDOCTOR_STALL")}
+    env["NNDOCTOR_STOP_GRACE"] = "60"
+
+    def ignore_sigint():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    started = time.monotonic()
+    result = childproc.run(
+        [sys.executable, "-m", "nndoctor", "run", "--stall-seconds", "1.5", "--stall-action", "stop",
+         "--select", "R104", "--json", str(tmp_path / "r.json"), str(script)],
+        cwd=tmp_path, env=env, timeout=50, preexec_fn=ignore_sigint)
+    assert result.returncode == 124, result.stderr[-2000:]
+    assert time.monotonic() - started < 55  # the grace (60 s) was not waited
+    assert "SIGINT is ignored in this process" in result.stderr
+    assert "stuck in native code" not in result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    (stall,) = report["findings"]
+    assert stall["code"] == "R104" and stall["location"]["line"] == 15 and report["status"] == "stalled"

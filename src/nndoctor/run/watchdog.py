@@ -342,29 +342,46 @@ def _deliver(report: Any, output: StallOutput) -> None:
         print_report(report, sys.stderr, json_path=output.json if output.json != "-" else None)
 
 
-def _stop(session: Any, snapshot: Any) -> None:
-    """Interrupt the main thread; if it is stuck in native code, end the process."""
+def _interruptible() -> bool:
+    """Can a SIGINT reach the main thread as ``KeyboardInterrupt``? Not when the process
+    ignores it: a shell without job control starts background commands (``cmd &`` in a
+    script, CI steps) with SIGINT ignored, and Python then leaves it ignored
+    (https://docs.python.org/3/library/signal.html#note-on-signal-handlers-and-exceptions);
+    nor when it is ``SIG_DFL``, where the signal would kill the process before any report."""
     import signal
 
-    main = threading.main_thread().ident
-    try:  # a real signal also interrupts a blocking wait (lock, sleep, queue)
-        if main is None:  # never for a running main thread; the fallback below then
-            raise ValueError("main thread not started")
-        signal.pthread_kill(main, signal.SIGINT)
-    except (AttributeError, OSError, ValueError):
-        import _thread
+    return callable(signal.getsignal(signal.SIGINT))
 
-        _thread.interrupt_main()
-    deadline = time.monotonic() + stop_grace_seconds()
-    while session.active and time.monotonic() < deadline:
-        time.sleep(0.1)
+
+def _stop(session: Any, snapshot: Any) -> None:
+    """Interrupt the main thread; if it is stuck in native code, or SIGINT cannot reach it,
+    end the process."""
+    import signal
+
+    interruptible = _interruptible()
+    if interruptible:
+        main = threading.main_thread().ident
+        try:  # a real signal also interrupts a blocking wait (lock, sleep, queue)
+            if main is None:  # never for a running main thread; the fallback below then
+                raise ValueError("main thread not started")
+            signal.pthread_kill(main, signal.SIGINT)
+        except (AttributeError, OSError, ValueError):
+            import _thread
+
+            _thread.interrupt_main()
+        deadline = time.monotonic() + stop_grace_seconds()
+        while session.active and time.monotonic() < deadline:
+            time.sleep(0.1)
     if session.active:
         from nndoctor.run.distributed.parts import child_part
 
         if child_part(session) is not None:
             time.sleep(2.0)  # let sibling ranks leave their snapshots before the parent reacts
-        print("nndoctor: the run is stuck in native code; stopping it (--stall-action stop)",
-              file=sys.stderr, flush=True)
+        why = ("the run is stuck in native code" if interruptible else
+               f"SIGINT is {'ignored' if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else 'not handled by Python'} "
+               "in this process (a background job of a shell without job control ignores it), "
+               "so the main thread cannot be interrupted")
+        print(f"nndoctor: {why}; stopping it (--stall-action stop)", file=sys.stderr, flush=True)
         output = session.stash.get(STALL_OUTPUT, StallOutput())
         if snapshot is not None and not output.quiet:
             from nndoctor.report import print_report
