@@ -46,6 +46,8 @@ KEYS: dict[str, _Key] = {
     # Sampling: every step of the first ``full-window`` steps is fully instrumented, then
     # one step in ``sample-every``.
     "sample-every": _Key("int", None),
+    # The share of the run's time sampled steps may cost before the interval widens (0: never).
+    "sample-budget": _Key("float", None),
     "full-window": _Key("int", None),
     "stall-seconds": _Key("float", "stall_seconds"),
     "output-format": _Key("choice", "output_format", OUTPUT_FORMATS),
@@ -271,10 +273,12 @@ def apply(args: argparse.Namespace, argv: list[str]) -> Config:
 def session_options(args: argparse.Namespace) -> dict[str, Any]:
     """Sampling options for ``Session`` from the configuration (empty: the defaults)."""
     config = getattr(args, "config_file", None)
-    options: dict[str, int] = {}
+    options: dict[str, Any] = {}
     if config is not None:
         if config.get("sample-every"):
             options["sample_every"] = config.get("sample-every")
+        if config.get("sample-budget") is not None:
+            options["sample_budget"] = config.get("sample-budget")
         if config.get("full-window"):
             options["full_window"] = config.get("full-window")
     return options

@@ -18,6 +18,7 @@ from nndoctor.core.events import RELEASED, Event, released_nones
 from nndoctor.core.findings import Finding, InternalError, Report
 from nndoctor.core.optimizers import unwrap_optimizer
 from nndoctor.core.registry import Check, enabled_checks
+from nndoctor.core.sample_budget import SampleBudget, budget_from_env
 from nndoctor.core.stash import Stash
 from nndoctor.core.subscribers import (
     LOSS_FORWARD,
@@ -144,7 +145,8 @@ class Session:
         command: list[str] | None = None,
         max_steps: int | None = None,
         full_window: int = DEFAULT_FULL_WINDOW,
-        sample_every: int = DEFAULT_SAMPLE_EVERY,
+        sample_every: int | None = None,
+        sample_budget: float | None = None,
         checks: Iterable[type[Check]] | None = None,
     ) -> None:
         self.report = Report(command=list(command or []))
@@ -152,7 +154,14 @@ class Session:
         self.select, self.ignore = list(select), list(ignore)
         self.max_steps = max_steps
         self.full_window = full_window
-        self.sample_every = max(1, sample_every)
+        self.sample_every = max(1, DEFAULT_SAMPLE_EVERY if sample_every is None else sample_every)
+        # The interval widens when sampled steps cost more than the budget's share of the run
+        # (``sample_budget``), unless the user chose one (argument, configuration, environment).
+        if sample_budget is None:
+            chosen = sample_every is not None or "NNDOCTOR_SAMPLE_EVERY" in os.environ
+            sample_budget = 0.0 if chosen else budget_from_env()
+        self.sample_budget: SampleBudget | None = (
+            SampleBudget(self, sample_budget) if sample_budget > 0 else None)
         self.pid = os.getpid()
         self.state = RunState()
         # Per-run records of instrumentation and features, each under its module's StashKey.
@@ -349,6 +358,9 @@ class Session:
         counts[optimizer] = own = before + 1
         self._count_round(id(optimizer))
         self._phase_sampled = own < self.full_window
+        budget = self.sample_budget
+        if budget is not None:
+            budget.step_ended(step, sampled)
         return sampled
 
     def count_manual_step(self) -> None:

@@ -117,8 +117,26 @@ def render_to(console: Console, report: Report, *, json_path: str | None = None)
             console.print(Text(f"internal error in {err.where}: {_first_sentence(err.error)}", style="magenta"))
     if json_path:
         tail += f" · JSON: {json_path}"
+    sampling = report.extra.get("sampling")
+    if sampling and sampling.get("changes"):
+        console.print(Text(sampling_note(sampling), style="dim"))
     console.print(Text(tail, style="bold"))
     console.print(Text("Details: nndoctor checks CODE", style="dim"))
+
+
+def sampling_note(sampling: dict) -> str:
+    """One line saying that the checks' full instrumentation ran less often than configured,
+    and why (the sampling budget)."""
+    costs = sampling.get("sampled_step_cost_ms") or [0.0]
+    changes = sampling["changes"]
+    widest = max(change["sample_every"] for change in changes)
+    final = sampling["sample_every"]
+    return (f"Sampled steps were spread out from step {changes[0]['step']:,} (1 in "
+            f"{sampling.get('configured', 100):,} configured, 1 in {widest:,} at most"
+            + (f", 1 in {final:,} at the end" if final != widest else "")
+            + f"): a sampled step cost ≈ {min(costs[-2:]):.1f} ms more than an ordinary one, and "
+            f"sampled steps may take {sampling['budget']:.0%} of the run (NNDOCTOR_SAMPLE_BUDGET; "
+            "an interval set by sample-every or NNDOCTOR_SAMPLE_EVERY is kept).")
 
 
 def _first_sentence(text: str, limit: int = 160) -> str:

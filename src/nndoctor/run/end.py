@@ -36,6 +36,9 @@ def finish(session: Session, installation: InstallationProtocol, status: str, cr
     finally:
         installation.uninstall()
         report.steps = session.step
+        budget = session.sample_budget
+        if budget is not None and budget.changes:
+            report.extra["sampling"] = budget.summary()
         # The crash context describes this run's end only; drop it with the hooks.
         if CRASH_CONTEXT in session.stash:
             del session.stash[CRASH_CONTEXT]

@@ -57,7 +57,7 @@ def run_child(fn: Any, args: tuple, kwargs: dict, config: dict[str, Any], index:
         inherited.uninstall()  # forked: the parent's hooks would only see a foreign session
     session = Session(select=config["select"], ignore=config["ignore"], command=config["command"],
                       max_steps=config.get("max_steps"), full_window=config["full_window"],
-                      sample_every=config["sample_every"])
+                      sample_every=config["sample_every"], sample_budget=config.get("sample_budget", 0.0))
     session.stash[CHILD_PART] = (config["folder"], index)  # for the stall watchdog
     # The parent's features (functions, pickled by reference for a spawned child): importing
     # instrument.extensions here would make this module import itself through that list.
@@ -111,6 +111,7 @@ def install(installation: InstallationProtocol) -> None:
             "folder": state["folder"], "select": list(session.select), "ignore": list(session.ignore),
             "command": list(session.report.command), "max_steps": session.max_steps,
             "full_window": session.full_window, "sample_every": session.sample_every,
+            "sample_budget": session.sample_budget.budget if session.sample_budget is not None else 0.0,
             "features": installation.features,
         }
 
