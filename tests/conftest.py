@@ -269,6 +269,23 @@ def pytest_sessionfinish(session):
     DURATIONS.write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
 
+def _refuse_ungrouped_loadgroup() -> None:
+    """pytest-xdist 3.8 groups by suffixing ``item._nodeid``, which pytest 9.2's structured node
+    ids no longer read (pytest-dev/pytest-xdist#1386): ``xdist_group`` marks are then silently
+    ignored, the TensorFlow modules start their shared child on both workers, and the suite takes
+    ~2.5 minutes longer. The dev extra pins ``pytest<9.2``; this says why if that pin is lifted
+    before xdist has the fix."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(version("pytest")) >= Version("9.2") and Version(version("pytest-xdist")) < Version("3.9"):
+        raise pytest.UsageError(
+            f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')} ignores xdist_group "
+            "marks under --dist loadgroup (pytest-dev/pytest-xdist#1386): install the dev extra's pytest "
+            "(pip install -e '.[dev]', pytest<9.2)")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     node.workerinput["nndoctor_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
@@ -282,6 +299,8 @@ def pytest_configure(config):
     option = getattr(config, "option", None)
     if getattr(option, "dist", None) == "load":
         option.dist = "loadgroup"
+    if getattr(option, "dist", None) == "loadgroup" and not hasattr(config, "workerinput"):
+        _refuse_ungrouped_loadgroup()
     if getattr(config, "workerinput", {}).get("nndoctor_loadgroup"):
         option.loadgroup = True  # what xdist sets in a worker started with --dist loadgroup
     # A worker that dies (a segfault, the OOM killer) ends the run, naming the test it was running.
