@@ -13,8 +13,10 @@ import pytest
 from nndoctor.run.watchdog import format_stack
 from tests import childproc
 
-PAUSING = textwrap.dedent('''
-    import time
+# Six steps of training that stop after the third (line 15: the pause): ``time.sleep(4)`` waits
+# and goes on, ``threading.Event().wait()`` waits forever.
+SIX_STEPS_WITH_A_PAUSE = textwrap.dedent('''
+    import {module}
 
     import torch
     from torch import nn
@@ -27,8 +29,10 @@ PAUSING = textwrap.dedent('''
         loss.backward()
         optimizer.step()
         if step == 2:
-            time.sleep(4)
+            {pause}
 ''')
+PAUSING = SIX_STEPS_WITH_A_PAUSE.format(module="time", pause="time.sleep(4)")
+WAITING_FOREVER = SIX_STEPS_WITH_A_PAUSE.format(module="threading", pause="threading.Event().wait()")
 
 
 def _here():
@@ -58,24 +62,6 @@ def test_stall_is_reported_and_the_run_goes_on(tmp_path):
     assert "stalled after 3 optimizer steps" in result.stderr  # the snapshot report, printed at once
     assert ">> pausing.py:15 in <module>" in result.stderr
     assert result.returncode == 1  # R104 is an error (--fail-on error)
-
-
-WAITING_FOREVER = textwrap.dedent('''
-    import threading
-
-    import torch
-    from torch import nn
-
-    model = nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(6):
-        loss = model(torch.randn(8, 4)).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step == 2:
-            threading.Event().wait()
-''')
 
 
 @pytest.mark.e2e
