@@ -14,7 +14,7 @@ a step that is a multiple of it: ranks that decide differently still share every
 coarsest of them sampled (the cross-rank checks compare the steps all ranks recorded). It
 narrows again, one halving at a time, when sampled steps become cheap enough with a margin
 of 2 (the first ones pay one-time costs: allocations, first calls). The first ``full_window`` steps are
-always fully observed. An interval set by the user (``--sample-every`` in the configuration,
+always fully observed. An interval set by the user (``sample-every`` in the configuration,
 ``NNDOCTOR_SAMPLE_EVERY``) is kept as it is.
 """
 
@@ -29,6 +29,7 @@ from typing import Any
 DEFAULT_BUDGET = 0.01
 MAX_FACTOR = 16  # at most 1 step in 1,600 with the default interval of 100
 _BASELINE_STEPS = 6  # unsampled steps timed before each periodic sampled step
+_KEPT_COSTS = 8  # the last sampled steps' costs: the decisions read 3, the report all
 _ENV = "NNDOCTOR_SAMPLE_BUDGET"
 
 
@@ -58,14 +59,18 @@ class SampleBudget:
         self.clock = time.perf_counter
 
     def step_ended(self, step: int, sampled: bool) -> None:
-        """After ``optimizer.step()`` of ``step`` (0-based) returned: every step, so cheap."""
-        now = self.clock()
-        last, self._last_end = self._last_end, now
+        """After ``optimizer.step()`` of ``step`` (0-based) returned: every step, so cheap. Only
+        the steps around a periodic sample are timed: the baseline before it (and the step that
+        starts the baseline's first interval), the sampled step and the one after."""
         session = self.session
-        if last is None or step < session.full_window:
-            return
         every = session.sample_every
         phase = step % every
+        if 1 < phase < every - _BASELINE_STEPS - 1 or step < session.full_window:
+            return  # most steps: nothing to time
+        now = self.clock()
+        last, self._last_end = self._last_end, now
+        if last is None:
+            return
         if phase >= every - _BASELINE_STEPS and not sampled:
             if phase == every - _BASELINE_STEPS:
                 self._baseline.clear()
@@ -82,6 +87,7 @@ class SampleBudget:
         typical = statistics.median(self._baseline)
         self._baseline.clear()
         self.costs.append(max(0.0, two_steps - 2 * typical))
+        del self.costs[:-_KEPT_COSTS]
         session = self.session
         every = session.sample_every
         if typical > 0 and len(self.costs) >= 2:
@@ -91,16 +97,17 @@ class SampleBudget:
             target = self.base
             while target < self.limit and cost > self.budget * target * typical:
                 target *= 2
-            if target > every:
+            if target >= every:
                 self._target = target
-            elif (target < every and len(self.costs) >= 3
-                  and 2 * max(self.costs[-3:]) <= self.budget * (every // 2) * typical):
+            elif len(self.costs) >= 3 and 2 * max(self.costs[-3:]) <= self.budget * (every // 2) * typical:
                 # Cheaper now (the first sampled steps pay one-time costs): narrow again when
                 # the last three all fit twice over, so that noise does not swing the interval.
                 self._target = every // 2
                 session.sample_every = every // 2
                 self.changes.append((sampled_step, every // 2))
                 return
+            else:
+                self._target = every  # cheaper, not yet by a margin: neither wider nor narrower
         # Widen step by step, each new interval starting at a step that is its multiple
         # (100, 200, 400, ...): the sampled steps thin out gradually, log-spaced.
         while every < self._target and sampled_step % (every * 2) == 0:
@@ -116,5 +123,5 @@ class SampleBudget:
             "configured": self.base,
             "sample_every": self.session.sample_every,
             "changes": [{"step": step, "sample_every": every} for step, every in self.changes],
-            "sampled_step_cost_ms": [round(cost * 1000, 3) for cost in self.costs[-8:]],
+            "sampled_step_cost_ms": [round(cost * 1000, 3) for cost in self.costs],
         }

@@ -132,7 +132,7 @@ def sampling_note(sampling: dict) -> str:
     widest = max(change["sample_every"] for change in changes)
     final = sampling["sample_every"]
     return (f"Sampled steps were spread out from step {changes[0]['step']:,} (1 in "
-            f"{sampling.get('configured', 100):,} configured, 1 in {widest:,} at most"
+            f"{sampling['configured']:,} configured, 1 in {widest:,} at most"
             + (f", 1 in {final:,} at the end" if final != widest else "")
             + f"): a sampled step cost ≈ {min(costs[-2:]):.1f} ms more than an ordinary one, and "
             f"sampled steps may take {sampling['budget']:.0%} of the run (NNDOCTOR_SAMPLE_BUDGET; "

@@ -342,23 +342,17 @@ def _deliver(report: Any, output: StallOutput) -> None:
         print_report(report, sys.stderr, json_path=output.json if output.json != "-" else None)
 
 
-def _interruptible() -> bool:
-    """Can a SIGINT reach the main thread as ``KeyboardInterrupt``? Not when the process
-    ignores it: a shell without job control starts background commands (``cmd &`` in a
-    script, CI steps) with SIGINT ignored, and Python then leaves it ignored
-    (https://docs.python.org/3/library/signal.html#note-on-signal-handlers-and-exceptions);
-    nor when it is ``SIG_DFL``, where the signal would kill the process before any report."""
-    import signal
-
-    return callable(signal.getsignal(signal.SIGINT))
-
-
 def _stop(session: Any, snapshot: Any) -> None:
     """Interrupt the main thread; if it is stuck in native code, or SIGINT cannot reach it,
     end the process."""
     import signal
 
-    interruptible = _interruptible()
+    # SIGINT reaches the main thread as KeyboardInterrupt only when Python handles it: a shell
+    # without job control starts background commands (`cmd &` in a script, CI steps) with it
+    # ignored, and Python leaves it ignored (https://docs.python.org/3/library/signal.html#note-
+    # on-signal-handlers-and-exceptions); SIG_DFL would kill the process before any report.
+    handler = signal.getsignal(signal.SIGINT)
+    interruptible = callable(handler)
     if interruptible:
         main = threading.main_thread().ident
         try:  # a real signal also interrupts a blocking wait (lock, sleep, queue)
@@ -378,7 +372,7 @@ def _stop(session: Any, snapshot: Any) -> None:
         if child_part(session) is not None:
             time.sleep(2.0)  # let sibling ranks leave their snapshots before the parent reacts
         why = ("the run is stuck in native code" if interruptible else
-               f"SIGINT is {'ignored' if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else 'not handled by Python'} "
+               f"SIGINT is {'ignored' if handler == signal.SIG_IGN else 'not handled by Python'} "
                "in this process (a background job of a shell without job control ignores it), "
                "so the main thread cannot be interrupted")
         print(f"nndoctor: {why}; stopping it (--stall-action stop)", file=sys.stderr, flush=True)
