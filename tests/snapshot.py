@@ -5,7 +5,7 @@ reporter's finding blocks: severity, code, name, ``file:line``, message, evidenc
 off, 100 columns, and compared with a file under ``tests/snapshots/<family>/``. A changed word
 fails the test with a unified diff; accepting the change is one command::
 
-    NNDOCTOR_UPDATE_SNAPSHOTS=1 python -m pytest -n 2 -p no:cacheprovider -q
+    NNDOCTOR_UPDATE_SNAPSHOTS=1 python -m pytest -n 3 -p no:cacheprovider -q
     # or: python -m pytest --snapshot-update ...
 
 A missing snapshot is written (with a warning) on a developer's machine and fails under CI
@@ -51,7 +51,7 @@ SNAPSHOTS = Path(__file__).parent / "snapshots"
 REPO = Path(__file__).resolve().parent.parent
 WIDTH = 100
 UPDATE_ENV = "NNDOCTOR_UPDATE_SNAPSHOTS"
-UPDATE_COMMAND = f"{UPDATE_ENV}=1 python -m pytest -n 2 -p no:cacheprovider -q  (or add --snapshot-update)"
+UPDATE_COMMAND = f"{UPDATE_ENV}=1 python -m pytest -n 3 -p no:cacheprovider -q  (or add --snapshot-update)"
 
 Mask = tuple[str, str]  # (regular expression, replacement)
 
