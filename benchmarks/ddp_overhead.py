@@ -149,11 +149,14 @@ def train(args: argparse.Namespace) -> None:
         step()
     sync()
     profiler = _loop_profiler()
+    audit = _SyncAudit.start(rank) if cuda and os.environ.get(_SYNC_AUDIT_OUT) else None
     began = time.perf_counter()
     for _ in range(args.steps):
         step()
     sync()
     seconds = time.perf_counter() - began
+    if audit is not None:
+        audit.finish(args.steps)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(os.environ[_PROFILE_OUT])
@@ -164,6 +167,54 @@ def train(args: argparse.Namespace) -> None:
                                   "world_size": dist.get_world_size() if distributed else 1}), flush=True)
     if distributed:
         dist.destroy_process_group()
+
+
+_SYNC_AUDIT_OUT = "SYNC_AUDIT_OUT"
+
+
+class _SyncAudit:
+    """Which calls synchronise the host with the GPU during the timed steps, and how often:
+    ``torch.cuda.set_sync_debug_mode("warn")`` flags each synchronising operation (``item``,
+    ``tolist``, a blocking device-to-host copy, ``nonzero`` …); the call site is the innermost
+    frame outside torch. A plain launch lists the patient's own (the MLP's ``loss.item()``);
+    anything more under nndoctor is a pipeline stall that nndoctor added. Written as JSON to
+    ``$SYNC_AUDIT_OUT.rank<N>.json`` (``benchmarks/ddp_overhead.py --sync-audit``)."""
+
+    def __init__(self, rank: int) -> None:
+        import collections
+        import warnings
+
+        self.rank, self.counts = rank, collections.Counter()
+        self._warnings, self._previous = warnings, warnings.showwarning
+
+    @classmethod
+    def start(cls, rank: int) -> _SyncAudit:
+        import torch
+
+        audit = cls(rank)
+        audit._warnings.showwarning = audit._seen
+        audit._warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        return audit
+
+    def _seen(self, message, category, filename, lineno, file=None, line=None) -> None:
+        import traceback
+
+        if "synchronizing" not in str(message):
+            return self._previous(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
+                  and "warnings" not in f.filename and f.filename != __file__]
+        site = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}({f.name})" for f in frames[-3:][::-1])
+        self.counts[site or f"{os.path.basename(filename)}:{lineno}"] += 1
+
+    def finish(self, steps: int) -> None:
+        import torch
+
+        torch.cuda.set_sync_debug_mode(0)
+        self._warnings.showwarning = self._previous
+        with open(f"{os.environ[_SYNC_AUDIT_OUT]}.rank{self.rank}.json", "w") as handle:
+            json.dump({"steps": steps, "syncs_per_step": sum(self.counts.values()) / steps,
+                       "sites": {site: n / steps for site, n in self.counts.most_common()}}, handle, indent=2)
 
 
 def _loop_profiler():

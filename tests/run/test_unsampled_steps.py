@@ -17,11 +17,13 @@ from nndoctor.core.events import Forward, StepEnd
 from nndoctor.core.registry import all_checks
 from nndoctor.core.subscribers import (
     LOSS_FORWARD,
+    TRAINING_FORWARD,
     handler_names,
     is_model_forwards_only,
     is_sampled_only,
     model_forwards_only,
     sampled_only,
+    sampled_training_forwards,
 )
 from nndoctor.instrument.extensions import install
 from nndoctor.run.end import finish
@@ -357,9 +359,12 @@ def test_the_step_ledger_counts_backward_calls_on_tensors_with_values():
 
 # Every-step handlers turned into sampled-step ones (session 28, issue 30): each acted only on
 # sampled steps, so an unsampled step must not call it.
+# Session 32: the step_start handlers that look at an optimizer's first step only (its first
+# steps are always sampled: X114, O109), or at records that sampled steps fill (X109, O108).
 _SAMPLED_NOW = {("O102", "on_step_start"), ("O106", "on_step_end"), ("P113", "on_step_end"),
                 ("X109", "on_backward"), ("X109", "on_backward_done"), ("O108", "on_loss"),
-                ("O108", "on_backward")}
+                ("O108", "on_backward"), ("X109", "on_step_start"), ("X114", "on_step_start"),
+                ("O108", "on_step_start"), ("O109", "on_step_start"), ("D109", "on_batch")}
 
 
 def test_converted_handlers_are_not_called_on_unsampled_steps():
@@ -387,7 +392,8 @@ def test_converted_handlers_are_not_called_on_unsampled_steps():
     called = {(code, name) for code, name, _ in calls}
     # X109's backward handlers are reached only under DDP (no sampled DDP forward here).
     assert called >= {("O102", "on_step_start"), ("O106", "on_step_end"), ("P113", "on_step_end"),
-                      ("O108", "on_loss"), ("O108", "on_backward")}
+                      ("O108", "on_loss"), ("O108", "on_backward"), ("X114", "on_step_start"),
+                      ("O108", "on_step_start"), ("O109", "on_step_start"), ("X109", "on_step_start")}
     assert "backward" not in {kind for kind, handlers in session._every_step.items()
                               for subscriber, _ in handlers if getattr(subscriber, "code", "") == "O103"}
 
@@ -471,3 +477,116 @@ def test_a_failed_subscriber_is_not_armed_again():
     session.arm(broken, "step_end")  # e.g. from a probe's callback: ignored
     session.emit(StepEnd(sampled=False))
     assert Broken.calls == 1 and len(session.report.internal_errors) == 1
+
+
+def test_a_training_forward_of_an_unsampled_step_reaches_only_handlers_that_want_it():
+    """``sampled_training_forwards`` handlers get a model's training forwards (autograd on,
+    ``train()`` mode) on sampled steps only; evaluation forwards reach them on every step, and
+    unmarked handlers get everything."""
+    session = Session(checks=[])
+    calls: Counter[str] = Counter()
+
+    class Everything:
+        subscriber_name = "everything"
+
+        @model_forwards_only
+        def on_forward(self, event: Forward) -> None:
+            if event.is_loss:
+                return
+            calls[f"everything sampled={event.sampled} training={event.training}"] += 1
+
+    class EvaluationWatcher:
+        subscriber_name = "evaluation watcher"
+
+        @sampled_training_forwards
+        @model_forwards_only
+        def on_forward(self, event: Forward) -> None:
+            if event.is_loss:
+                return
+            calls[f"watcher sampled={event.sampled} training={event.training}"] += 1
+
+    session.subscribe(Everything())
+    session.subscribe(EvaluationWatcher())
+    session.emit(Forward(sampled=False, training=True, grad_enabled=True), TRAINING_FORWARD)
+    session.emit(Forward(sampled=False, training=False, grad_enabled=False))
+    session.emit(Forward(sampled=True, training=True, grad_enabled=True))
+    assert calls == {"everything sampled=False training=True": 1, "everything sampled=False training=False": 1,
+                     "everything sampled=True training=True": 1, "watcher sampled=False training=False": 1,
+                     "watcher sampled=True training=True": 1}
+    session.unsubscribe(session._every_step[TRAINING_FORWARD][0][0], "forward")
+    assert TRAINING_FORWARD not in session._every_step  # unsubscribing "forward" drops every route
+
+
+def _handler_calls_per_unsampled_step(session: Session, steps: int, warm: int) -> tuple[Counter, int]:
+    """Train the MLP patient of benchmarks/ddp_overhead.py (a DataLoader over a BatchSampler,
+    Adam, cross-entropy, ``loss.item()``) under ``session``; count the handler calls and the
+    events built on its unsampled steps after ``warm`` steps."""
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    data = TensorDataset(torch.randn(4096, 16), torch.randint(0, 4, (4096,)))
+    loader = DataLoader(data, sampler=BatchSampler(RandomSampler(data), batch_size=32, drop_last=True), batch_size=None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    criterion = nn.CrossEntropyLoss()
+    calls: Counter[str] = Counter()
+    original = Session.emit
+
+    def counting(self, event, route=None):
+        if not event.sampled and self.step >= warm:
+            calls[f"event {event.kind}"] += 1
+            for subscriber, handler in self._every_step.get(route or event.kind, ()):
+                calls[f"{getattr(subscriber, 'code', '?')}.{handler.__name__}"] += 1
+        return original(self, event, route)
+
+    installation = install(session)
+    try:
+        Session.emit = counting  # type: ignore[method-assign]
+        batches = iter(())
+        for _ in range(steps):
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                x, y = next(batches)
+            optimizer.zero_grad(set_to_none=True)
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            loss.item()
+    finally:
+        Session.emit = original  # type: ignore[method-assign]
+        finish(session, installation, "completed", None)
+    assert not session.report.internal_errors
+    unsampled = sum(1 for step in range(warm, steps) if not session.is_sampled(step))
+    return calls, unsampled
+
+
+def test_an_unsampled_training_step_calls_few_handlers_with_every_check_on():
+    """The launch-bound GPU step pays every handler call of an unsampled step (issue 30):
+    session 31 made 42 calls and 7 events a step on this loop, session 32 makes 21 and 6
+    (the stall watchdog reads counters, the training forward reaches no check, checks that
+    wait for a rare fact are armed by it). More means a new every-step handler: make it
+    ``sampled_only``, ``sampled_training_forwards`` or armed on demand if it can be."""
+    session = Session(sample_every=10_000, sample_budget=0)
+    calls, unsampled = _handler_calls_per_unsampled_step(session, steps=2_150, warm=2_050)
+    per_step = {name: count / unsampled for name, count in calls.items()}
+    handlers = sum(v for k, v in per_step.items() if not k.startswith("event "))
+    events = sum(v for k, v in per_step.items() if k.startswith("event "))
+    assert per_step.get("event forward", 0) == 0  # the training forward builds no event
+    assert not [k for k in per_step if k.startswith("R104.")]
+    # (a pass over the loader starts every 128 steps: its epoch_start handlers add a few calls)
+    assert handlers <= 21.1 and events <= 6.1, sorted(per_step.items())
+
+
+def test_the_stall_watchdog_counts_progress_without_a_handler():
+    """R104's progress is the run state's counters: batches, root forwards, finished
+    backward passes and optimizer steps, and the last of them, with no event built for it."""
+    session = Session(select=["R104"], full_window=1, sample_every=1000)
+    check = next(c for c in session.checks if c.code == "R104")
+    assert not check.armed and check.last_kind == "start"
+    _handler_calls_per_unsampled_step(session, steps=5, warm=0)
+    assert not [kind for kind, handlers in session._handlers.items() for s, _ in handlers if s is check]
+    state = session.state
+    assert (state.batches_fetched, state.forwards, state.backwards_done, state.total_steps) == (5, 5, 5, 5)
+    assert check.beats == 20 and check.armed and check.last_kind == "optimizer step"

@@ -321,7 +321,7 @@ class LossAtChance(Check):
                     step=found["from_step"])
 
     def _stop(self) -> None:
-        self.session.unsubscribe(self, "loss")  # decided: no per-step work left
+        self.session.unsubscribe(self, "loss", "batch", "epoch_start")  # decided: no per-step work left
         self._decided = True
         self._found = None
         self._ledger = self._counts = None

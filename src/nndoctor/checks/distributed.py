@@ -144,6 +144,9 @@ class MissingDistributedSampler(CrossRankCheck):
     summary = "every rank reads the same samples"
     fix = "give the DataLoader a DistributedSampler(dataset) (and call sampler.set_epoch(epoch) each epoch)"
 
+    # Armed by a fingerprinted batch (sampled steps), disarmed by the backward that trains on it.
+    idle_handlers = ("backward",)
+
     def __init__(self, session: Any) -> None:
         super().__init__(session)
         self._last_key: str | None = None
@@ -173,10 +176,12 @@ class MissingDistributedSampler(CrossRankCheck):
             "location": _location_json(location), "sampler": type(sampler).__name__,
         }
         self._last_key = key
+        self.session.arm(self, "backward")
 
     def on_backward(self, event: Any) -> None:
         # Only batches that were trained on count: evaluating the whole validation set on
         # every rank is wasteful but not this bug.
+        self.session.disarm(self, "backward")
         if self._last_key is not None:
             rank_data(self.session).setdefault("trained_batches", []).append(self._last_key)
             self._last_key = None
@@ -763,6 +768,7 @@ class AccumulationWithoutNoSync(Check):
     def __init__(self, session: Any) -> None:
         super().__init__(session)
         self._forwards: list[bool] = []  # synced? per DDP training forward since the last step
+        self._forwards_step = -1  # the step they belong to
         self._backward_started: float | None = None
         self._backward_s: list[float] = []
         self._location: Location | None = None
@@ -773,6 +779,9 @@ class AccumulationWithoutNoSync(Check):
         module = event.module
         if not (event.sampled and event.training and event.grad_enabled) or not _is_ddp(module):
             return
+        if event.step != self._forwards_step:  # a sampled step whose optimizer never stepped left some
+            self._forwards, self._backward_s, self._location = [], [], None
+            self._forwards_step = event.step
         self._forwards.append(bool(getattr(module, "require_backward_grad_sync", True)))
         if not self._grad_bytes:
             self._grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
@@ -796,10 +805,15 @@ class AccumulationWithoutNoSync(Check):
             self._backward_s.append(time.perf_counter() - self._backward_started)
             self._backward_started = None
 
+    # The lists fill on sampled steps only, and a step's forwards, backwards and step_start
+    # share its step number: an unsampled step_start has nothing to read or clear.
+    @sampled_only
     def on_step_start(self, event: Any) -> None:
+        if not event.sampled:
+            return
         forwards, backward_s, location = self._forwards, self._backward_s, self._location
         self._forwards, self._backward_s, self._location = [], [], None
-        if not event.sampled or event.backwards_since_step < 2 or len(forwards) < 2:
+        if event.backwards_since_step < 2 or len(forwards) < 2:
             return
         if not all(forwards):
             return

@@ -11,7 +11,7 @@ import torch
 from nndoctor.core.events import Forward
 from nndoctor.core.findings import Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only
+from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
 from nndoctor.instrument.dropout_probe import dropout_records
 
 # The stored power-iteration estimate is stale when it is below this share of the true
@@ -122,6 +122,7 @@ class SpectralNormNeverUpdated(Check):
         self._last = (weakref.ref(root), refs)
         return refs
 
+    @sampled_training_forwards
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss:

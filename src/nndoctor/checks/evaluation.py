@@ -10,7 +10,7 @@ import torch
 from nndoctor.core.events import Backward, EpochStart, Forward, LossComputed, ModeChange, RunEnd
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only
+from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
 from nndoctor.instrument.loss_ledger import LossLedger, loss_ledger
 from nndoctor.instrument.stats import first_tensor
 
@@ -64,6 +64,8 @@ class EvalBuildsGraphs(Check):
     summary = "evaluation forwards with grad enabled (no no_grad/inference_mode)"
     fix = "wrap evaluation in `with torch.inference_mode():` (or torch.no_grad())"
     MIN_FORWARDS = 4
+    # Armed while eval-mode forwards with grad wait for the verdict: a backward clears them.
+    idle_handlers = ("backward",)
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -72,6 +74,7 @@ class EvalBuildsGraphs(Check):
         self._without_grad = 0
         self._reported = False
 
+    @sampled_training_forwards
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if self._reported or event.is_loss or event.training:
@@ -84,11 +87,14 @@ class EvalBuildsGraphs(Check):
             return  # a frozen model: nothing recorded
         self._pending.append((event.step, event.location, out.numel() * out.element_size(),
                               type(event.module).__name__))
+        if len(self._pending) == 1:
+            self.session.arm(self, "backward")
         if len(self._pending) > 10_000:
             del self._pending[:5_000]
 
     def on_backward(self, event: Backward) -> None:
         self._pending.clear()  # the eval-mode forwards fed a backward: training
+        self.session.disarm(self, "backward")
 
     def on_mode_change(self, event: ModeChange) -> None:
         if event.training:

@@ -13,6 +13,7 @@ from typing import Any
 from nndoctor.checks._params import optimizer_params
 from nndoctor.core.findings import Severity
 from nndoctor.core.registry import Check, register
+from nndoctor.core.subscribers import sampled_only
 from nndoctor.util.dtensor import is_dtensor
 
 
@@ -88,7 +89,12 @@ class OptimizerBeforeSharding(Check):
         super().__init__(session)
         self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    # The first steps of every optimizer are sampled (``Session.step_sampled``): its first
+    # step, the one this looks at, is never an unsampled one.
+    @sampled_only
     def on_step_start(self, event: Any) -> None:
+        if not event.sampled:
+            return
         optimizer = event.optimizer
         if optimizer in self._seen:
             return

@@ -494,8 +494,9 @@ class UnscaledGradientAccumulation(Check):
             return len(nexts) == 1 and nexts[0] is loss.grad_fn
         return False
 
+    @sampled_only  # a step's backwards and its step_start share its step number
     def on_step_start(self, event: StepStart) -> None:
-        if not self._backwards:  # the usual step: nothing recorded (unsampled)
+        if not event.sampled or not self._backwards:
             return
         records, self._backwards = self._backwards, []
         k = len(records)

@@ -406,7 +406,12 @@ class AdamWithL2(Check):
         super().__init__(session)
         self._seen: weakref.WeakSet = weakref.WeakSet()
 
+    # The first steps of every optimizer are sampled (``Session.step_sampled``): its first
+    # step, the one this looks at, is never an unsampled one.
+    @sampled_only
     def on_step_start(self, event: StepStart) -> None:
+        if not event.sampled:
+            return
         optimizer = event.optimizer
         if optimizer in self._seen:
             return

@@ -1188,7 +1188,11 @@ class TrainEvalOverlap(Check):
         self._location: Location | None = None
         self._first_step: int | None = None
 
+    # Read by the sampled forward that consumes the batch: a batch and its forward share a step.
+    @sampled_only
     def on_batch(self, event: BatchFetched) -> None:
+        if not event.sampled:
+            return
         self._last_loader = id(event.loader) if event.loader is not None else None
 
     @sampled_only

@@ -133,10 +133,15 @@ class LossSumAcrossDevices(Check):
     fix = ("average the per-device losses: loss.mean() on DataParallel's output; under DDP back-propagate the "
            "local loss and divide an all-reduced copy by dist.get_world_size() for logging")
 
+    # A backward needs a look only once a loss was gathered from several devices or summed
+    # across ranks: the instrumentation's facts arm the handler (``LossSumFacts.changed``).
+    idle_handlers = ("backward",)
+
     def __init__(self, session: Any) -> None:
         super().__init__(session)
         self._reported_dp = False
         self._facts: Any = None  # the session's loss-sum facts, looked up once (every backward asks)
+        facts(session).listeners.append(lambda: session.arm(self, "backward"))
 
     def on_backward(self, event: Any) -> None:
         tensor = event.tensor

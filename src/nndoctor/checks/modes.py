@@ -8,7 +8,7 @@ from nndoctor.checks._layers import ModeCache, mode_summary
 from nndoctor.core.events import Forward
 from nndoctor.core.findings import Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only
+from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
 from nndoctor.instrument.location import called_from_framework
 
 
@@ -66,6 +66,7 @@ class EvalInTrainMode(Check):
         super().__init__(session)
         self._modes = ModeCache()
 
+    @sampled_training_forwards
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or (event.grad_enabled and not event.inference_mode):
@@ -143,6 +144,7 @@ class TrainInEvalMode(Check):
         self._modes = ModeCache()
         self._trained_in_train_mode: weakref.WeakSet = weakref.WeakSet()
 
+    @sampled_training_forwards
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or not event.grad_enabled or event.inference_mode:

@@ -448,6 +448,9 @@ class Fp16WithoutGradScaler(Check):
     summary = "float16 autocast training with no GradScaler"
     fix = "use torch.amp.GradScaler: scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update() — or autocast to bfloat16"
 
+    # Armed once a float16 training forward was seen (sampled steps): the next step decides.
+    idle_handlers = ("step_start",)
+
     def __init__(self, session) -> None:
         super().__init__(session)
         self._seen: tuple[str, Location | None, int] | None = None
@@ -466,6 +469,7 @@ class Fp16WithoutGradScaler(Check):
                 how = "float16 parameters (model.half())"
         if how is not None and self.session.state.is_trained(event.module):
             self._seen = (how, event.location, event.step)
+            self.session.arm(self, "step_start")
 
     def on_step_start(self, event: StepStart) -> None:
         if self._done or self._seen is None:

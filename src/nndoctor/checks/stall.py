@@ -12,7 +12,6 @@ from typing import Any
 from nndoctor.checks.distributed import CrossRankCheck
 from nndoctor.core.findings import Finding, Location, Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only
 
 
 @register
@@ -57,38 +56,27 @@ class TrainingStalled(Check):
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
-        # Progress is counted, not timed: the watchdog thread notes when the count last moved
-        # (``run/watchdog.py``), so a step costs no clock read here.
-        self.beats = 0
-        self.last_kind = "start"
-        self.armed = False
+        self._state = session.state
         # Installed for X110 alone: the watchdog runs and notes progress, R104 reports nothing.
         self.silent = False
 
-    # The every-step handlers below write the three fields themselves (the count, then the
-    # kind, then armed): no call, three times a step.
-    def on_batch(self, event: Any) -> None:
-        self.beats += 1
-        self.last_kind = "batch"
-        self.armed = True
+    # Progress is counted by the instrumentation in the run state (batches fetched, root
+    # forwards, finished backward passes, optimizer steps): no handler call on any step. The
+    # watchdog thread notes when the count last moved, so a stall is seen at most one poll
+    # interval late, and no clock is read on the training thread.
+    @property
+    def beats(self) -> int:
+        state = self._state
+        return state.batches_fetched + state.forwards + state.backwards_done + state.total_steps
 
-    @model_forwards_only  # the loss module's forward follows the model's within microseconds
-    def on_forward(self, event: Any) -> None:
-        if event.is_loss:
-            return
-        self.beats += 1
-        self.last_kind = "forward"
-        self.armed = True
+    @property
+    def last_kind(self) -> str:
+        return self._state.last_progress
 
-    def on_backward_done(self, event: Any) -> None:
-        self.beats += 1
-        self.last_kind = "backward"
-        self.armed = True
-
-    def on_step_end(self, event: Any) -> None:
-        self.beats += 1
-        self.last_kind = "optimizer step"
-        self.armed = True
+    @property
+    def armed(self) -> bool:
+        """Armed at the first batch, forward, backward or step: long setup is not a stall."""
+        return self.beats > 0
 
 
 def _where(record: dict[str, Any]) -> str:

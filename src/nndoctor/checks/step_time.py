@@ -6,10 +6,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from nndoctor.core.events import BatchFetched, CheckpointSave, Forward, RunEnd, StepEnd
+from nndoctor.core.events import CheckpointSave, Forward, RunEnd, StepEnd
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only
+from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
 from nndoctor.instrument.training_probe import GcClock, gc_clock
 
 
@@ -138,6 +138,8 @@ class StepTimeOutliers(Check):
         self._last_end: float | None = None
         self._current = StepRecord(step=0, seconds=0.0)
         self._gc_at_last_end = 0.0
+        self._state = session.state
+        self._wait_at_last_end = 0.0  # the run state's data wait (seconds) at the last step end
         self._step_at: Location | None = None
         self._gc_clock: GcClock | None = None  # the session's, looked up until found (not every step)
 
@@ -146,6 +148,7 @@ class StepTimeOutliers(Check):
         if self._current.checkpoint_at is None:
             self._current.checkpoint_at = event.location
 
+    @sampled_training_forwards
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or (event.grad_enabled and event.training):
@@ -153,9 +156,6 @@ class StepTimeOutliers(Check):
         self._current.eval_forwards += 1
         if self._current.eval_at is None:
             self._current.eval_at = event.location
-
-    def on_batch(self, event: BatchFetched) -> None:
-        self._current.wait_s += event.wait_s
 
     def on_step_end(self, event: StepEnd) -> None:
         now = time.perf_counter()
@@ -169,14 +169,17 @@ class StepTimeOutliers(Check):
         instrumented = event.sampled or before < session.full_window or before % session.sample_every == 0  # is_sampled
         if self._step_at is None and len(self._records) < 4:
             self._step_at = event.location  # the user's optimizer.step() (resolved for a few steps only)
+        waited = self._state.data_wait_s  # the DataLoader waits, summed by the instrumentation
         if self._last_end is not None and not instrumented and len(self._records) < self.MAX_RECORDS:
             record.step = event.step - 1
             record.seconds = now - self._last_end
             record.gc_s = gc_total - self._gc_at_last_end
+            record.wait_s = waited - self._wait_at_last_end
             self._records.append(record)
         self._current = StepRecord(step=event.step, seconds=0.0)
         self._last_end = now
         self._gc_at_last_end = gc_total
+        self._wait_at_last_end = waited
 
     def on_run_end(self, event: RunEnd) -> None:
         slow, median, sigma = outlier_steps(self._records)

@@ -22,11 +22,13 @@ from nndoctor.core.sample_budget import SampleBudget, budget_from_env
 from nndoctor.core.stash import Stash
 from nndoctor.core.subscribers import (
     LOSS_FORWARD,
+    TRAINING_FORWARD,
     Subscriber,
     describe,
     handler_names,
     is_model_forwards_only,
     is_sampled_only,
+    is_sampled_training_forwards,
 )
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
@@ -93,6 +95,12 @@ class RunState:
         self.manual_steps = 0  # updates without torch.optim, recognised by version counters
         self.batches_fetched = 0
         self.batches_at_last_backward = 0
+        # Progress, for the stall watchdog (R104): the instrumentation counts root forwards and
+        # finished backward passes and names the last kind of progress, with no event a step.
+        self.forwards = 0
+        self.backwards_done = 0
+        self.data_wait_s = 0.0  # seconds the loop waited in DataLoader iterators (P114 reads it per step)
+        self.last_progress = "start"  # "batch", "forward", "backward" or "optimizer step"
         self.scaler: weakref.ref[Any] | None = None
         self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
         self._param_owner_cache: (
@@ -216,9 +224,14 @@ class Session:
 
     @staticmethod
     def _routes(kind: str, handler: Any) -> tuple[str, ...]:
-        if kind == "forward" and not is_model_forwards_only(handler):
-            return (kind, LOSS_FORWARD)
-        return (kind,)
+        if kind != "forward":
+            return (kind,)
+        routes = [kind]
+        if not is_model_forwards_only(handler):
+            routes.append(LOSS_FORWARD)
+        if not is_sampled_training_forwards(handler):
+            routes.append(TRAINING_FORWARD)
+        return tuple(routes)
 
     def _add(self, subscriber: Subscriber, handler: Any, route: str) -> None:
         """Add a handler to the dispatch tables in subscription order. New lists (copy on
@@ -306,7 +319,7 @@ class Session:
         """Stop dispatching these kinds to ``subscriber``: a check whose handler has nothing
         left to do (decided, reported once) stops costing a call on every step. Safe during
         dispatch: the tables are replaced, not changed."""
-        routes = (*kinds, LOSS_FORWARD) if "forward" in kinds else kinds
+        routes = (*kinds, LOSS_FORWARD, TRAINING_FORWARD) if "forward" in kinds else kinds
         self._handlers = _without(self._handlers, subscriber, routes)
         self._every_step = _without(self._every_step, subscriber, routes)
 
@@ -366,6 +379,7 @@ class Session:
     def count_manual_step(self) -> None:
         """An update of the parameters without torch.optim (``p -= lr * p.grad``)."""
         self.state.manual_steps += 1
+        self.state.last_progress = "parameter update"
         self._count_round(0)
         self._phase_sampled = False
 

@@ -61,6 +61,29 @@ def is_model_forwards_only(handler: Any) -> bool:
     return bool(getattr(getattr(handler, "__func__", handler), _MODEL_FORWARDS_ONLY, False))
 
 
+_SAMPLED_TRAINING_FORWARDS = "__nndoctor_sampled_training_forwards__"
+# The route of the usual forward of an unsampled step: a model's (not a loss module's), with
+# autograd recording and the model in training mode. It reaches only the ``on_forward``
+# handlers not marked ``sampled_training_forwards``; when none is left, the step's forward
+# builds no event at all.
+TRAINING_FORWARD = "forward/training"
+
+
+def sampled_training_forwards(handler: _Handler) -> _Handler:
+    """Mark an ``on_forward`` handler that needs a model's training forwards (autograd on, the
+    model in ``train()`` mode) of sampled steps only: it does nothing with them otherwise, or
+    what it learns from them, the sampled steps teach it too. Its other forwards (evaluation
+    under ``no_grad``, a model in ``eval()`` mode, any forward of a sampled step) still reach
+    it on every step. A validation pass runs at one step number, sampled or not, so a handler
+    that watches evaluation must not rely on sampled steps for it."""
+    setattr(handler, _SAMPLED_TRAINING_FORWARDS, True)
+    return handler
+
+
+def is_sampled_training_forwards(handler: Any) -> bool:
+    return bool(getattr(getattr(handler, "__func__", handler), _SAMPLED_TRAINING_FORWARDS, False))
+
+
 def handler_names(cls: type) -> dict[str, str]:
     """Event kind -> method name, for every ``on_<kind>`` the class defines."""
     found = {}

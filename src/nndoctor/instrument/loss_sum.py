@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,12 @@ class LossSumFacts:
     # Per-device loss vectors annotated so far: without one, no backward graph can reach one,
     # and X106 need not walk the graph on every step.
     gathered: int = 0
+    # Called at each new fact (X106 arms its backward handler: until then no backward needs it).
+    listeners: list[Callable[[], None]] = field(default_factory=list)
+
+    def changed(self) -> None:
+        for listener in self.listeners:
+            listener()
 
 
 LOSS_SUM_FACTS = StashKey[LossSumFacts]("losses summed across devices or ranks")
@@ -115,6 +122,7 @@ def install(installation: InstallationProtocol) -> None:
                             "devices": len(outputs), "shape": list(vector.shape),
                             "path": where.path if where else None, "line": where.line if where else None}
                         state.gathered += 1
+                        state.changed()
             except Exception as error:  # noqa: BLE001 - observer rule
                 session.internal_error("DataParallel gather record", error)
         return result
@@ -201,6 +209,7 @@ def _record_sum(session: Any, state: LossSumFacts, source: Any, summed: Any, can
         tensor=weakref.ref(summed), version=summed._version, world_size=world, local=local,
         reduced=float(summed.detach().reshape(()).item()), location=user_location(frame), step=session.step,
         differentiable=differentiable))
+    state.changed()
 
 
 def pending_for(state: LossSumFacts, tensor: Any) -> SummedLoss | None:

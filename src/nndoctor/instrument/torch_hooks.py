@@ -37,7 +37,7 @@ from torch.optim.optimizer import (
 
 from nndoctor.core import events as ev
 from nndoctor.core.engine import Session, StopRun
-from nndoctor.core.subscribers import LOSS_FORWARD
+from nndoctor.core.subscribers import LOSS_FORWARD, TRAINING_FORWARD
 from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
 from nndoctor.run.crash_context import crash_context
@@ -223,12 +223,21 @@ class Installation:
     def _root_forward(self, module: Any, args: tuple, kwargs: dict[str, Any] | None, output: Any,
                       is_loss: bool, sampled: bool) -> None:
         session = self.session
+        state = session.state
         grad_enabled = torch.is_grad_enabled()
-        if not is_loss and grad_enabled and self._last_root() is not module:
-            # WeakSet.add costs three calls and a new weak reference: once per model, not per step.
-            session.state.roots.add(module)
-            self._last_root = weakref.ref(module)
-        route = LOSS_FORWARD if is_loss else "forward"
+        if not is_loss:
+            state.forwards += 1  # progress, for the stall watchdog
+            state.last_progress = "forward"
+            if grad_enabled and self._last_root() is not module:
+                # WeakSet.add costs three calls and a new weak reference: once per model, not per step.
+                state.roots.add(module)
+                self._last_root = weakref.ref(module)
+        if is_loss:
+            route = LOSS_FORWARD
+        elif not sampled and grad_enabled and module.training:
+            route = TRAINING_FORWARD  # the usual forward of an unsampled step: few handlers, often none
+        else:
+            route = "forward"
         # ``session.wants_now(route, sampled)`` inlined here and in every hook of the hot path: a
         # call fewer per event (the tables are replaced, never changed, so reading them is safe).
         if route in (session._handlers if sampled else session._every_step):
@@ -326,6 +335,7 @@ class Installation:
         state = session.state
         sampled = session.end_step(optimizer)  # step_sampled, then count_step
         state.backwards_since_step = 0
+        state.last_progress = "optimizer step"
         if "step_end" in (session._handlers if sampled else session._every_step) and not (
                 self._last_stepped_without_values if self._last_stepped() is optimizer
                 else _optimizer_without_values(optimizer)):
@@ -432,7 +442,10 @@ class Installation:
 
         def after(tensor, frame) -> None:
             session = inst.session
-            session.state.zero_grads_since_backward = 0
+            state = session.state
+            state.zero_grads_since_backward = 0
+            state.backwards_done += 1  # progress, for the stall watchdog
+            state.last_progress = "backward"
             # ``session.sampled`` inlined (every step), as in the Module.__call__ wrapper; read
             # anew, not kept from ``before``: a backward hook may step an optimizer.
             step = session.step
@@ -542,12 +555,15 @@ class Installation:
 
     def _batch_fetched(self, iterator: Any, batch: Any, waited: float) -> None:
         session = self.session
-        session.state.batches_fetched += 1
+        state = session.state
+        state.batches_fetched += 1
+        state.last_progress = "batch"
         info = self._iterators.get(iterator)
         if info is None:
             return
         index = info["index"]
         info["index"] = index + 1
+        state.data_wait_s += waited
         sampled = session.sampled
         if "batch" in (session._handlers if sampled else session._every_step):
             session.emit(ev.BatchFetched(step=session.step, sampled=sampled,

@@ -15,7 +15,7 @@ from nndoctor.commands.perf.detection import (
 )
 from nndoctor.core.findings import Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only
+from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
 
 
 def trains_on_accelerator(optimizer: Any) -> bool:
@@ -191,6 +191,7 @@ class DataParallelInUse(Check):
     summary = "nn.DataParallel instead of DistributedDataParallel"
     fix = "use DistributedDataParallel (one process per GPU, launched with torchrun), or a single GPU"
 
+    @sampled_training_forwards
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss:
