@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nndoctor.checks._chance_ledger import BatchLedger
 from nndoctor.checks.gradient_flow import fingerprints
-from nndoctor.checks.inputs import batch_label_summary
+from nndoctor.checks.inputs import batch_label_summary, device_label_summary
 from nndoctor.instrument.loss_ledger import LossLedger
 
 # ATen operations that make the host wait for the device (on the CPU they dispatch too).
@@ -62,14 +62,27 @@ def test_o101_reads_the_nonzero_flags_of_its_sampled_gradients_in_one_copy(monke
 
 
 def test_d105_reads_a_batch_label_summary_in_one_copy(monkeypatch):
+    """The accelerator path (run here on CPU tensors): one copy to the host. Labels on the CPU
+    are counted by NumPy on the tensor's memory: no torch op at all, the same summary."""
     labels = torch.tensor([3, 3, -100, 1, 3, 0, 3, 2])
     with counting_reads(monkeypatch) as reads:
-        summary = batch_label_summary(labels)
+        summary = device_label_summary(labels)
     # The mask's size (nonzero on a GPU) is read by the boolean indexing, as before; then one copy.
     assert reads.syncs == [] and reads.copies == 1
     assert summary == (3, 4 / 7, 7)
+    with counting_reads(monkeypatch) as reads:
+        assert batch_label_summary(labels) == summary
+    assert reads.syncs == [] and reads.copies == 0
     many = torch.zeros(300, dtype=torch.uint8)  # a count above the labels' own type's range
-    assert batch_label_summary(many) == (0, 1.0, 300)
+    assert batch_label_summary(many) == device_label_summary(many) == (0, 1.0, 300)
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):  # ties: the smallest label, as torch.mode
+        for _ in range(200):
+            batch = torch.randint(0, 5, (int(torch.randint(1, 20, (1,), generator=generator)),),
+                                  generator=generator).to(dtype)
+            assert batch_label_summary(batch) == device_label_summary(batch), batch
+    huge = torch.tensor([10**9, 2, 10**9, -1])  # past the bincount limit: sorted unique values
+    assert batch_label_summary(huge) == device_label_summary(huge) == (10**9, 2 / 3, 3)
 
 
 def test_l108_reads_the_ledger_rows_and_the_class_counts_in_one_copy(monkeypatch):

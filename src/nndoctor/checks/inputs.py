@@ -246,7 +246,39 @@ def unshuffled_evidence(batches: Sequence[tuple[int, float, int]]) -> tuple[int,
 
 
 def batch_label_summary(labels: torch.Tensor) -> tuple[int, float, int]:
-    """(dominant label, its share, batch size) of a batch's class labels (one bincount)."""
+    """(dominant label, its share, batch size) of a batch's class labels.
+
+    Labels on the CPU (a DataLoader's own output: read on every batch) are counted by NumPy
+    on the tensor's memory, ~10 µs for a batch where torch's ``mode``, comparison, ``sum``,
+    ``stack`` and ``tolist`` took ~60; labels on an accelerator by torch, in one copy to the
+    host. Both give the smallest label on a tie, as ``torch.mode`` does on the CPU."""
+    if labels.device.type == "cpu":
+        return _host_label_summary(labels.detach().reshape(-1).numpy())
+    return device_label_summary(labels)
+
+
+def _host_label_summary(values: Any) -> tuple[int, float, int]:
+    import numpy as np
+
+    values = values[values >= 0]  # ignore_index and other negative markers
+    if not values.size:
+        return (-1, 0.0, 0)
+    if values.max() < _BINCOUNT_LIMIT:
+        counts = np.bincount(values.astype(np.intp, copy=False))  # (uint64 does not cast safely)
+        label = int(counts.argmax())  # the first of the largest counts: the smallest label
+        count = int(counts[label])
+    else:  # ids too large for an array of counts (hashed ids): sorted unique values instead
+        unique, counts = np.unique(values, return_counts=True)
+        best = int(counts.argmax())
+        label, count = int(unique[best]), int(counts[best])
+    return (label, count / values.size, int(values.size))
+
+
+_BINCOUNT_LIMIT = 1 << 16
+
+
+def device_label_summary(labels: torch.Tensor) -> tuple[int, float, int]:
+    """``batch_label_summary`` in torch ops, for labels on an accelerator (one copy to the host)."""
     with torch.no_grad():
         values = labels.detach().reshape(-1)
         values = values[values >= 0]  # ignore_index and other negative markers

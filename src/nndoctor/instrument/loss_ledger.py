@@ -52,10 +52,24 @@ class _CudaSlots:
         self.array = self.host.numpy()  # read without an op per value
         self.events: list[Any] = [torch.cuda.Event() for _ in range(size)]
         self.serials = [-1] * size  # which serial each slot holds (-1: none, or harvested)
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._raw: int | None = None  # the current stream's handle when ``_stream`` was made
+        self._stream: Any = None
 
     def stream(self) -> Any:
-        """Where the copy was queued: the event is recorded behind it."""
-        return torch.cuda.current_stream(self.device)
+        """Where the copy was queued: the event is recorded behind it. The Stream object is
+        made again only when the current stream changed: ``torch.cuda.current_stream`` builds
+        a new one on every call (~10 µs a step), its raw handle is one C call."""
+        raw = _raw_stream(self._index)
+        if raw is None or raw != self._raw:
+            self._stream, self._raw = torch.cuda.current_stream(self.device), raw
+        return self._stream
+
+
+def _raw_stream(index: int) -> int | None:
+    """The current stream's handle on device ``index`` (None: this torch cannot tell)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else None
 
 
 class LossLedger:
@@ -118,7 +132,10 @@ class LossLedger:
         if version >= 0 and version == self._last_version and self._last_ref() is tensor:
             serial = self._last_serial
         else:
+            # Copied just now: on CUDA it has not landed yet (no event to ask); on the CPU it
+            # was read. Earlier copies are harvested when a reader polls (``landed``).
             serial = self.record(tensor)
+            return serial, self._values[serial - self._base]
         value = self._values[serial - self._base]
         if value is None and self._in_flight:
             self._harvest(wait=False)
