@@ -134,3 +134,51 @@ def test_adam_finding_points_at_the_optimizer_construction(tmp_path):
     """))
     (finding,) = run_script(script, select=["O109"]).by_code("O109")
     assert finding.location.line in (5, 6) and finding.count == 1
+
+
+
+def test_m105_names_unused_layers_not_steps_that_had_no_gradient_at_all(tmp_path):
+    """M105 reports parameters that never got a gradient while others did (an unused layer).
+    When no parameter ever had one at step time (zero_grad() between backward and step), every
+    parameter would be "unused": the cause is O102's (or O103's), and M105 stays silent — also
+    when the script's model is still alive at the end of the run, so the verdict does not
+    depend on when the garbage collector freed it."""
+    import runpy
+
+    from nndoctor.core.engine import Session
+    from nndoctor.instrument.extensions import install
+    from nndoctor.run.end import finish
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport torch.nn as nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.body, self.extra = nn.Linear(8, 2), nn.Linear(4, 4)  # extra: never called\n"
+        "    def forward(self, x):\n"
+        "        return self.body(x)\n"
+        "torch.manual_seed(0)\n"
+        "model = Net()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))\n"
+        "for step in range(5):\n"
+        "    loss = nn.functional.cross_entropy(model(x), y)\n"
+        "    loss.backward()\n"
+        "    if CLEAR_BEFORE_STEP:\n"
+        "        optimizer.zero_grad()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n")
+    found = {}
+    for clear in (False, True):
+        session = Session(select=["M105"])
+        installation = install(session)
+        try:
+            kept = runpy.run_path(str(script), init_globals={"CLEAR_BEFORE_STEP": clear}, run_name="__main__")
+            finish(session, installation, "completed", None)  # the model still alive here
+        finally:
+            installation.uninstall()
+        del kept
+        found[clear] = [f.evidence["parameters"] for f in session.report.findings if f.code == "M105"]
+    assert found[False] == [["Net.extra.weight", "Net.extra.bias"]]  # the layer forward never calls
+    assert found[True] == []  # no gradient anywhere at step time: not "unused parameters"

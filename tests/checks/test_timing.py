@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nndoctor.checks._timing import share_in_halves, timing_severity
+from nndoctor.checks._timing import TimeBuckets, share_in_halves, timing_severity
 from nndoctor.core.findings import Severity
 from tests.conftest import run_script
 
@@ -13,6 +13,26 @@ def test_share_in_halves():
     events = [(1.0, 0.5), (2.0, 0.5), (3.0, 0.1), (4.0, 0.1)]
     assert share_in_halves(events, 0.0, 4.0) == pytest.approx((0.5, 0.1))
     assert share_in_halves(events, 2.0, 2.0) is None
+
+
+def test_time_buckets_give_the_halves_in_constant_memory():
+    """P102 keeps when each DataLoader wait ended in buckets that merge as the run grows, not a
+    list of every batch: the halves agree with the exact ones within one bucket (1/64 of the run)."""
+    import random
+
+    rng = random.Random(0)
+    for duration in (0.5, 30.0, 5_000.0):  # shorter than the first buckets, a few merges, many
+        start = 100.0
+        events = sorted((start + rng.random() * duration, rng.random() * 0.01) for _ in range(20_000))
+        buckets = TimeBuckets(start)
+        for at, seconds in events:
+            buckets.add(at, seconds)
+        exact = share_in_halves(events, start, start + duration)
+        approx = buckets.halves(start, start + duration)
+        assert len(buckets.sums) == 64
+        largest = max(buckets.sums) / (duration / 2)  # a half may gain or lose one bucket
+        assert all(abs(a - e) <= largest + 1e-9 for a, e in zip(approx, exact, strict=True)), (approx, exact)
+    assert TimeBuckets(0.0).halves(5.0, 5.0) is None
 
 
 @pytest.mark.parametrize("overall, halves, expected", [

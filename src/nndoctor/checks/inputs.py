@@ -907,7 +907,10 @@ class UnshuffledTrainingData(Check):
         # already on an accelerator are read on sampled steps only (reading them synchronises).
         if labels is None or (labels.device.type != "cpu" and not event.sampled):
             return
-        self._pending = (weakref.ref(event.loader), batch_label_summary(labels), event.location)
+        # The user's line is looked up (a walk of the stack) until a training batch of this
+        # loader recorded it, not on every batch.
+        location = None if id(event.loader) in self._locations else event.location
+        self._pending = (weakref.ref(event.loader), batch_label_summary(labels), location)
 
     def on_backward(self, event: Backward) -> None:
         pending, self._pending = self._pending, None
@@ -920,9 +923,12 @@ class UnshuffledTrainingData(Check):
         key = id(loader)
         if key in self._reported:
             return
-        order = self._orders.setdefault(key, LabelOrder())
+        order = self._orders.get(key)
+        if order is None:
+            order = self._orders[key] = LabelOrder()
         order.add(summary)
-        self._locations.setdefault(key, location)
+        if key not in self._locations:
+            self._locations[key] = location
         found = order.evidence()
         if found is None:
             return

@@ -162,7 +162,8 @@ class UnusedParameters(Check):
     ## What it does
     Records which trainable parameters of a trained model (``requires_grad=True`` and in an
     optimizer) hold a gradient at sampled optimizer steps; at the end of the run, reports
-    those that never did over at least three sampled steps.
+    those that never did over at least three sampled steps, when others did (no gradient on
+    any parameter at any step is another problem: O102, O103).
 
     ## Why is this bad?
     A layer defined but never called in ``forward`` (or whose output is discarded) wastes
@@ -216,6 +217,11 @@ class UnusedParameters(Check):
 
     def on_run_end(self, event: RunEnd) -> None:
         if self._sampled_steps < self.MIN_SAMPLED_STEPS:
+            return
+        if not self._used:
+            # No parameter had a gradient at any sampled step: not unused layers but steps
+            # without gradients (O103), zero_grad() between backward and step (O102), or no
+            # training at all. Reporting every parameter as unused would name the wrong cause.
             return
         owners = self.session.state.optimizer_param_ids()
         unused, numel, where = [], 0, None

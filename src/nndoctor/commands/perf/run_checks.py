@@ -7,7 +7,7 @@ import time
 import weakref
 from typing import Any
 
-from nndoctor.checks._timing import share_in_halves, timing_severity
+from nndoctor.checks._timing import TimeBuckets, timing_severity
 from nndoctor.commands.perf.detection import (
     DATA_BOUND_FRACTION,
     dataparallel_severity,
@@ -103,7 +103,12 @@ class LoaderConfig(Check):
         if info is not None and self._first_step_end is not None:
             info["wait"] += event.wait_s
             info["batches"] += 1
-            info.setdefault("waits", []).append((time.perf_counter(), event.wait_s))
+            # When each wait ended, for the halves of the run, in constant memory (a list of
+            # every batch's wait grew by ~120 bytes a batch for the whole run).
+            buckets = info.get("waits")
+            if buckets is None:
+                buckets = info["waits"] = TimeBuckets(self._first_step_end)
+            buckets.add(time.perf_counter(), event.wait_s)
 
     def on_step_end(self, event: Any) -> None:
         if not self._accelerated and self._devices_checked < 3:
@@ -124,7 +129,9 @@ class LoaderConfig(Check):
             found = loader_costs_time(info["num_workers"], info["wait"], wall, info["batches"], self._steps)
             if found is None:
                 continue
-            halves = share_in_halves(info.get("waits", []), self._first_step_end, self._last_step_end)
+            buckets = info.get("waits")
+            halves = (buckets.halves(self._first_step_end, self._last_step_end) if buckets is not None
+                      else (0.0, 0.0) if self._last_step_end > self._first_step_end else None)
             severity = timing_severity(found["data_wait_fraction"], halves, DATA_BOUND_FRACTION)
             found["halves"] = [round(h, 4) for h in halves] if halves else None
             found["accelerator"] = self._accelerated
