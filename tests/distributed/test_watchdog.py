@@ -91,3 +91,43 @@ def test_stop_with_sigint_ignored_ends_the_run_at_once_and_says_why(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     (stall,) = report["findings"]
     assert stall["code"] == "R104" and stall["location"]["line"] == 15 and report["status"] == "stalled"
+
+
+def test_the_watchdogs_late_sigint_does_not_cut_the_closing_of_a_stopped_run():
+    """A rank blocked in a collective gets the watchdog's SIGINT only when the collective
+    returns — with its own error when the peer was stopped too — so the KeyboardInterrupt used
+    to surface inside ``finish`` and end as nndoctor's internal error ("finish:
+    KeyboardInterrupt"), the rank's report cut short. Once the watchdog stopped the run, the
+    closing code absorbs it; a user's SIGINT with no stop under way still interrupts."""
+    import signal
+
+    from nndoctor.core.engine import Session
+    from nndoctor.run.distributed.stall_merge import STALL_STOPPED
+    from nndoctor.run.end import finish
+
+    class LateSignal:
+        subscriber_name = "late signal"
+        finished = False
+
+        def on_run_end(self, event):
+            signal.raise_signal(signal.SIGINT)  # delivered now, handled at the next bytecode
+            LateSignal.finished = True
+
+    class NoInstallation:
+        def uninstall(self):
+            pass
+
+    before = signal.getsignal(signal.SIGINT)
+    for stopped in (True, False):
+        LateSignal.finished = False
+        session = Session(checks=[])
+        session.subscribe(LateSignal())
+        if stopped:
+            session.stash[STALL_STOPPED] = True
+        finish(session, NoInstallation(), "crashed", None)
+        errors = [e.error for e in session.report.internal_errors]
+        if stopped:
+            assert errors == [] and LateSignal.finished
+        else:
+            assert errors == ["KeyboardInterrupt: "] and not LateSignal.finished
+        assert signal.getsignal(signal.SIGINT) is before  # restored

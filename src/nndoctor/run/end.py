@@ -6,7 +6,11 @@ Every way a session ends goes through ``finish``: a script run (``runner``), a c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from nndoctor.core import events as ev
 from nndoctor.core.engine import Session
@@ -21,6 +25,12 @@ def finish(session: Session, installation: InstallationProtocol, status: str, cr
     """Close a run: explain a crash, let checks conclude, remove every hook and patch."""
     report = session.report
     report.status = status
+    with _late_stop_signal_absorbed(session):
+        _conclude(session, installation, status, crash)
+
+
+def _conclude(session: Session, installation: InstallationProtocol, status: str, crash: BaseException | None) -> None:
+    report = session.report
     try:
         if crash is not None:
             report.traceback = user_traceback(crash)
@@ -42,6 +52,38 @@ def finish(session: Session, installation: InstallationProtocol, status: str, cr
         # The crash context describes this run's end only; drop it with the hooks.
         if CRASH_CONTEXT in session.stash:
             del session.stash[CRASH_CONTEXT]
+
+
+@contextlib.contextmanager
+def _late_stop_signal_absorbed(session: Session) -> Iterator[None]:
+    """While a run the stall watchdog stopped (``--stall-action stop``) is being closed, its
+    SIGINT is absorbed. The watchdog interrupts a main thread blocked in native code (a gloo or
+    NCCL collective); Python runs the handler only once that call returns, and when the call
+    returns with its own error (the peer rank was stopped too), the KeyboardInterrupt surfaces
+    wherever the closing code happens to be: it used to cut a rank's report short and show as an
+    internal error of nndoctor's ("finish: KeyboardInterrupt"). A SIGINT of the user's own
+    (no stop under way) still interrupts as before."""
+    from nndoctor.run.distributed.stall_merge import STALL_STOPPED
+
+    stopped = session.stash.get(STALL_STOPPED, False)
+    if not stopped or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: Any = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, _absorb)
+    except (ValueError, OSError):  # not settable here: close as before
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(signal.SIGINT, previous)
+
+
+def _absorb(signum: int, frame: Any) -> None:
+    """The stall watchdog's SIGINT, arriving after the run already ended: nothing left to stop."""
 
 
 def explain_crash(session: Session, error: BaseException) -> None:
