@@ -4,7 +4,8 @@ The correct fixture programs (tests/fixtures/correct, the Keras ones on the Tens
 the DDP one under torchrun) ran as users run them, without nndoctor; their stdout and stderr are recorded in
 tests/explain/correct_outputs/ by ``record_correct_outputs.py``. A correct run's output holds
 start-up lines, framework warnings, progress and metrics, and no cause: ``explain`` must find
-no error and name no code in any of them. One program of each kind is also run live (slow).
+no error and name no code in any of them. A Keras program is also run live (slow), and the DDP one's
+output under nndoctor is explained in tests/distributed/test_torchrun.py.
 """
 
 from __future__ import annotations
@@ -48,14 +49,15 @@ def test_explain_finds_nothing_in_a_correct_programs_output(path):
     assert result.tracebacks == 0, program
 
 
-LIVE = ("tests/fixtures/keras/correct_fit_validation.py", "tests/fixtures/distributed/ddp_correct.py")
+# The DDP program's live check is in tests/distributed/test_torchrun.py (its clean run's output).
+LIVE = ("tests/fixtures/keras/correct_fit_validation.py",)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("relative", LIVE, ids=lambda p: Path(p).stem)
 def test_explain_finds_nothing_in_a_live_correct_run(relative):
     # The recordings could go stale; one Keras-on-TensorFlow program (TensorFlow's start-up log
-    # lines) and the DDP one (gloo's) run again here, as the recorder runs them.
+    # lines) runs again here, as the recorder runs it (the DDP one: tests/distributed/test_torchrun.py).
     program = ROOT / relative
     assert program in correct_programs() and (OUTPUTS / recording_name(program)).is_file()
     done = run(program)

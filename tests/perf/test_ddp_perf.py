@@ -251,10 +251,12 @@ def test_torchrun_perf_reports_all_reduce_and_measures_ddp_changes_in_one_report
     # machine; 6 s at load 4). It was 130 s: with noisy verdicts the scheduler then spent up to
     # 10 re-runs on both changes' repeats and the pair (~100 s of the suite); 45 s caps that, and
     # when it cuts the trials short the measure-alone torchrun command below is checked too.
+    # One change, not two: ddp-static-graph's injection and prediction are tested above without
+    # a launch; its two re-runs here cost ~12 CPU-seconds of the suite and checked nothing more.
     budget = round(45 * childproc.slowdown())
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "nndoctor", "perf", "--steps", "5", "--try", "ddp-no-sync,ddp-static-graph",
+               "-m", "nndoctor", "perf", "--steps", "5", "--try", "ddp-no-sync",
                "--try-repeats", "2", "--budget", str(budget), "--json", str(tmp_path / "report.json"),
                str(SCRIPTS / "ddp_accumulate.py"), "2"]
     result = childproc.run(command, cwd=tmp_path, env=env, timeout=600)
@@ -272,19 +274,15 @@ def test_torchrun_perf_reports_all_reduce_and_measures_ddp_changes_in_one_report
     assert [r["rank"] for r in perf["ranks"]] == [0, 1] and perf["slowest_rank"] in (0, 1)
     assert all(r["communication"]["all_reduce_s_per_step"] > 0 for r in perf["ranks"])
     trials = perf["trials"]
-    measured = [name for name in ("ddp-no-sync", "ddp-static-graph") if "speedup" in trials[name]]
-    assert measured, trials  # the budget fits a baseline and one change at least
-    for name in measured:
-        assert len(trials[name]["rank_seconds_per_step"]) == 2
-    for name in ("ddp-no-sync", "ddp-static-graph"):
-        assert "speedup" in trials[name] or trials[name].get("not_measured") == "budget"
-    if "speedup" in trials["ddp-no-sync"]:
-        assert trials["ddp-no-sync"]["applied"][0].startswith("no_sync() on 1 of every 2")
-        assert trials["ddp-no-sync"]["loss_ok"]  # the same gradients, synchronised once
+    trial = trials["ddp-no-sync"]
+    assert "speedup" in trial or trial.get("not_measured") == "budget", trials
+    if "speedup" in trial:
+        assert len(trial["rank_seconds_per_step"]) == 2
+        assert trial["applied"][0].startswith("no_sync() on 1 of every 2")
+        assert trial["loss_ok"]  # the same gradients, synchronised once
+    else:
+        assert trial["command"].startswith("torchrun --nproc_per_node 2 -m nndoctor perf --try ddp-no-sync ")
     assert trials["budget"]["used_s"] <= budget + trials["budget"]["longest_re_run_s"]
-    for name in ("ddp-no-sync", "ddp-static-graph"):
-        if trials[name].get("not_measured"):
-            assert trials[name]["command"].startswith(f"torchrun --nproc_per_node 2 -m nndoctor perf --try {name} ")
 
 
 def test_cuda_kernels_that_run_after_the_hosts_last_step_still_count():
