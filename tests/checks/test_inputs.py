@@ -222,6 +222,68 @@ def test_label_order_judges_the_whole_run_in_constant_memory():
     assert balanced.evidence() is None
 
 
+def test_label_order_settles_on_a_shuffled_loader_and_never_on_a_sorted_one():
+    generator = torch.Generator().manual_seed(0)
+    shuffled = d.LabelOrder()
+    for i in range(d.LabelOrder.SETTLE_BATCHES):
+        assert not shuffled.settled, i
+        shuffled.add(d.batch_label_summary(torch.randint(0, 10, (32,), generator=generator)))
+    assert shuffled.settled
+    sorted_run = d.LabelOrder()
+    for label in range(3):
+        for _ in range(200):
+            sorted_run.add((label, 1.0, 32))
+    assert not sorted_run.settled and sorted_run.evidence() is not None
+    # Imbalanced (mostly single-class batches of one label): not settled, still read every batch.
+    imbalanced = d.LabelOrder()
+    for _ in range(400):
+        imbalanced.add(d.batch_label_summary((torch.rand(16, generator=generator) < 0.03).long()))
+    assert not imbalanced.settled
+
+
+def test_d105_reads_a_settled_loaders_labels_on_sampled_steps_only(monkeypatch):
+    """Labels on the CPU are counted on every batch (~10 µs) until the loader has shown
+    hundreds of shuffled batches; then only on sampled steps (the handlers leave the usual
+    step), and a sorted loader started after it is read on every batch again and reported."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from nndoctor.core.engine import Session
+    from nndoctor.instrument.extensions import install
+    from nndoctor.run.end import finish
+
+    counted = []
+    original = d.batch_label_summary
+    monkeypatch.setattr(d, "batch_label_summary", lambda labels: counted.append(1) or original(labels))
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(32 * 500, 4), torch.arange(32 * 500) % 10)
+    model = torch.nn.Linear(4, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    session = Session(select=["D105"], sample_every=100, sample_budget=0)
+    installation = install(session)
+    try:
+        shuffled = DataLoader(data, batch_size=32, shuffle=True)
+        for x, y in shuffled:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        shuffled_reads = len(counted)
+        check = next(c for c in session.checks if c.code == "D105")
+        # Settled, and no other loader to read on every batch: no call on the usual batch.
+        assert all(s is not check for s, _ in session._every_step.get("batch", ()))
+        assert any(s is check for s, _ in session._handlers["batch"])
+        sorted_data = TensorDataset(torch.randn(32 * 300, 4), torch.arange(32 * 300) // (32 * 100))
+        in_order = DataLoader(sorted_data, batch_size=32)
+        for x, y in in_order:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    finally:
+        finish(session, installation, "completed", None)
+    # 500 batches: every one of the first 256, then the sampled ones (steps 300 and 400).
+    assert shuffled_reads == d.LabelOrder.SETTLE_BATCHES + 2
+    assert [f.code for f in session.report.findings] == ["D105"]
+
+
 def test_batch_label_summary_skips_negative_labels():
     assert d.batch_label_summary(torch.tensor([3, 3, 3, -100])) == (3, 1.0, 3)
     assert d.batch_label_summary(torch.tensor([10**9, 10**9, 2, 10**9])) == (10**9, 0.75, 4)

@@ -325,3 +325,40 @@ def test_batchnorm_whose_parameters_an_ema_overwrites_is_not_frozen():
         teacher.weight.mul_(0.999).add_(torch.full((4,), 1.5), alpha=0.001)
     assert affine_changed(teacher, copy)
     assert not affine_changed(nn.BatchNorm1d(4, affine=False), [])
+
+
+def test_p116_goes_quiet_between_sampled_steps_and_wakes_when_a_debug_mode_starts():
+    """After MAX_OFF_TIMES steps with nothing on, P116's step handler runs on sampled steps
+    only (one call fewer on every other step); anomaly detection switched on later wakes it,
+    and its steps are all counted."""
+    from nndoctor.checks.debug_modes import DebugModeLeftOn
+    from nndoctor.core.engine import Session
+    from nndoctor.instrument.extensions import install
+    from nndoctor.run.end import finish
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    session = Session(select=["P116"], sample_every=100, sample_budget=0)
+    check = next(c for c in session.checks if c.code == "P116")
+    installation = install(session)
+    quiet_at = None
+    try:
+        for step in range(DebugModeLeftOn.MAX_OFF_TIMES + 150):
+            if step == DebugModeLeftOn.MAX_OFF_TIMES + 100:
+                torch.autograd.set_detect_anomaly(True)
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+            every_step = [s for s, _ in session._every_step.get("step_end", ())]
+            if quiet_at is None and check not in every_step:
+                quiet_at = step
+                assert check in [s for s, _ in session._handlers["step_end"]]  # still on sampled steps
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+        finish(session, installation, "completed", None)
+    assert quiet_at == DebugModeLeftOn.MAX_OFF_TIMES  # the first step ends no time (nothing before it)
+    assert check in [s for s, _ in session._every_step["step_end"]]  # woken by set_detect_anomaly
+    [finding] = session.report.by_code("P116")
+    assert "was on for 50 optimizer" in finding.message, finding.message
+    assert not session.report.internal_errors

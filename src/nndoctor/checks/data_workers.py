@@ -131,11 +131,15 @@ class IterableDatasetWorkerDuplicates(Check):
     summary = "an IterableDataset read by several workers without sharding: every sample repeats per worker"
     fix = "shard in __iter__ with torch.utils.data.get_worker_info() (each worker takes its id-th slice)"
     MAX_BATCHES = 256
+    # Batches are looked at only while a pass over an eligible loader (an IterableDataset, two
+    # workers or more) has batches left to fingerprint: the usual loader costs no call a batch.
+    idle_handlers = ("batch",)
 
     def __init__(self, session) -> None:
         super().__init__(session)
         self._passes: weakref.WeakKeyDictionary[Any, WorkerDuplicates | None] = weakref.WeakKeyDictionary()
         self._reported: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._watching = False
 
     def on_epoch_start(self, event: EpochStart) -> None:
         loader = event.loader
@@ -144,6 +148,15 @@ class IterableDatasetWorkerDuplicates(Check):
         workers = getattr(loader, "num_workers", 0) or 0
         eligible = workers >= 2 and isinstance(getattr(loader, "dataset", None), IterableDataset)
         self._passes[loader] = WorkerDuplicates(workers) if eligible else None
+        self._watch_while_needed()
+
+    def _watch_while_needed(self) -> None:
+        needed = any(record is not None and record.batches < self.MAX_BATCHES for record in self._passes.values())
+        if needed and not self._watching:
+            self.session.arm(self, "batch")
+        elif not needed and self._watching:
+            self.session.disarm(self, "batch")
+        self._watching = needed
 
     def on_batch(self, event: BatchFetched) -> None:
         loader = event.loader
@@ -151,6 +164,7 @@ class IterableDatasetWorkerDuplicates(Check):
             return
         record = self._passes.get(loader)
         if record is None or record.batches >= self.MAX_BATCHES:
+            self._watch_while_needed()
             return
         fingerprint = batch_fingerprint(event.batch)
         if fingerprint is None:
@@ -160,6 +174,7 @@ class IterableDatasetWorkerDuplicates(Check):
             return
         self._passes[loader] = None
         self._reported.add(loader)
+        self._watch_while_needed()
         dataset = loader.dataset
         self.report(
             f"{type(dataset).__name__} (an IterableDataset) is read by {record.workers} DataLoader workers "

@@ -87,6 +87,10 @@ class DebugModeLeftOn(Check):
     MIN_STEPS = 5
     PROFILER_MIN_STEPS = 50
     MAX_TIMES = 2000
+    # Steps timed without anomaly detection, the baseline of the slowdown in the message. Once
+    # this many are in and nothing is on, the handler runs on sampled steps only (a legacy
+    # profiler is seen there; anomaly detection and torch.profiler announce themselves).
+    MAX_OFF_TIMES = 256
     GRADCHECK_MIN_STEPS = 3
 
     def __init__(self, session) -> None:
@@ -102,8 +106,17 @@ class DebugModeLeftOn(Check):
         self._profiled_longest: tuple[int, int] = (0, 0)  # (steps, first step)
         self._started = time.perf_counter()
         self._gradchecks: list[tuple[int, float, Location | None]] = []  # (step, seconds, where)
+        self._quiet = False  # on_step_end on sampled steps only (``sampled_steps_only``)
+
+    def _wake(self) -> None:
+        if self._quiet:
+            self._quiet = False
+            self._last_end = None  # the time since the last sampled step is no step's time
+            self.session.arm(self, "step_end")
 
     def on_debug_mode(self, event: DebugModeSet) -> None:
+        if event.enabled:
+            self._wake()
         if event.enabled and event.mode == "anomaly" and self._where is None:
             self._where = event.location
         elif event.enabled and event.mode == "profiler" and self._profiler_where is None:
@@ -114,9 +127,14 @@ class DebugModeLeftOn(Check):
     def on_step_end(self, event: StepEnd) -> None:
         now = time.perf_counter()
         enabled = torch.is_anomaly_enabled()
+        if self._quiet:
+            if not enabled and not self._profiler_enabled():
+                self._last_end = now
+                return
+            self._wake()  # switched on without an event (a legacy profiler): every step again
         if self._last_end is not None:
             times = self._on if enabled else self._off
-            if len(times) < self.MAX_TIMES:
+            if len(times) < (self.MAX_TIMES if enabled else self.MAX_OFF_TIMES):
                 times.append((event.sampled, now - self._last_end))
         self._steps_on += enabled
         if self._profiled_run or self._profiler_enabled():  # _count_profiled, its usual case inlined
@@ -124,6 +142,9 @@ class DebugModeLeftOn(Check):
         if enabled and self._first_step is None:
             self._first_step = event.step - 1  # step_end counts the step that just ran
         self._last_end = now
+        if not enabled and not self._profiled_run and len(self._off) >= self.MAX_OFF_TIMES:
+            self._quiet = True
+            self.session.sampled_steps_only(self, "step_end")
 
     # Looked up once (asked on every step); None where this torch has no such probe.
     _profiler_enabled = staticmethod(getattr(torch._C._autograd, "_profiler_enabled", None) or (lambda: False))

@@ -85,6 +85,21 @@ class MissingZeroGrad(Check):
         self._snapshots: dict[int, list[GradFingerprint]] = {}
         self._stale_at: dict[int, tuple[Location | None, int]] = {}
         self._owners: dict[int, weakref.ref] = {}
+        # With no fingerprint to compare (every step but a sampled one and the next), the
+        # handlers below run on sampled steps only: three calls fewer on the usual step.
+        self._quiet = False
+
+    _WATCHERS = ("zero_grad", "backward", "step_start")
+
+    def _follow_fingerprints(self) -> None:
+        """Every step while a fingerprint waits for the next backward and step; sampled steps only otherwise."""
+        idle = not self._snapshots and not self._stale_at
+        if idle and not self._quiet:
+            self._quiet = True
+            self.session.sampled_steps_only(self, *self._WATCHERS)
+        elif not idle and self._quiet:
+            self._quiet = False
+            self.session.arm(self, *self._WATCHERS)
 
     def on_step_start(self, event: StepStart) -> None:
         if not self._snapshots and not event.sampled:
@@ -134,6 +149,7 @@ class MissingZeroGrad(Check):
                 step=step,
             )
         if not event.sampled or not sample:
+            self._follow_fingerprints()
             return
         with_grads = [p for p in params() if p.grad is not None]
         fresh = fingerprints(spread_sample(with_grads), with_values=manual)
@@ -142,6 +158,7 @@ class MissingZeroGrad(Check):
         if any(snap.nonzero for snap in fresh):
             self._snapshots[key] = fresh
             self._owners[key] = weakref.ref(owner)
+        self._follow_fingerprints()
 
     def on_backward(self, event: Backward) -> None:
         for key, snaps in self._snapshots.items():
@@ -281,7 +298,10 @@ class ZeroGradBeforeStep(Check):
         # count and the version counters of a sample of its parameters.
         self._cleared: dict[int, tuple[weakref.ref, int, list[tuple[weakref.ref, int]]]] = {}
 
+    @sampled_only  # on_manual_step reports a sampled update only, and its zero_grad() is in the same step
     def on_zero_grad(self, event: ZeroGrad) -> None:
+        if not event.sampled:
+            return
         owner = event.owner
         if isinstance(owner, torch.optim.Optimizer) or len(self.session.state.optimizers) or event.set_to_none:
             return
@@ -368,6 +388,7 @@ class StepWithoutGradients(Check):
     """
 
     code = "O103"
+    idle_handlers = ("step_end",)  # armed by a step with a closure (L-BFGS): the usual step has none
     name = "step-without-gradients"
     severity = Severity.WARNING
     summary = "optimizer.step() while none of its parameters has a gradient"
@@ -382,6 +403,7 @@ class StepWithoutGradients(Check):
     def on_step_start(self, event: StepStart) -> None:
         if event.has_closure:
             self._at_step_start[id(event.optimizer)] = self.session.state.backwards_with_values
+            self.session.arm(self, "step_end")  # a closure's gradients are judged when its step ends
             return
         if event.backwards_since_step and event.zero_grads_since_backward:
             return  # O102's case

@@ -266,7 +266,10 @@ class SigmoidBeforeLogitsLoss(Check):
     summary = "BCEWithLogitsLoss receives sigmoid outputs"
     fix = "pass raw logits to BCEWithLogitsLoss (remove the sigmoid), or use BCELoss on probabilities"
 
+    @sampled_only  # the input's producer is the same on every step of a loop
     def on_loss(self, event: LossComputed) -> None:
+        if not event.sampled:
+            return
         if event.function != "binary_cross_entropy_with_logits" or not isinstance(event.input, torch.Tensor):
             return
         producer = grad_fn_name(event.input)
@@ -390,7 +393,10 @@ class BroadcastInLoss(Check):
     summary = "prediction/target shapes broadcast into a larger tensor inside the loss ((N,1) vs (N,) → (N,N))"
     fix = "give prediction and target the same shape (pred.squeeze(1) or target.unsqueeze(1))"
 
+    @sampled_only  # the shapes are the same on every step of a loop
     def on_loss(self, event: LossComputed) -> None:
+        if not event.sampled:
+            return
         if event.function not in BROADCASTING_LOSSES:
             return
         inp, target = event.input, event.target

@@ -233,7 +233,7 @@ class Session:
             routes.append(TRAINING_FORWARD)
         return tuple(routes)
 
-    def _add(self, subscriber: Subscriber, handler: Any, route: str) -> None:
+    def _add(self, subscriber: Subscriber, handler: Any, route: str, *, every_step_only: bool = False) -> None:
         """Add a handler to the dispatch tables in subscription order. New lists (copy on
         write): a dispatch in progress iterates the old ones."""
         order = self._order
@@ -241,13 +241,17 @@ class Session:
         def position(pair: tuple[Subscriber, Any]) -> int:
             return order.get((id(pair[0]), route), len(order))
 
-        tables = (self._handlers,) if is_sampled_only(handler) else (self._handlers, self._every_step)
+        if every_step_only:
+            tables: tuple[dict[str, list[tuple[Subscriber, Any]]], ...] = (self._every_step,)
+        else:
+            tables = (self._handlers,) if is_sampled_only(handler) else (self._handlers, self._every_step)
         for table in tables:
             table[route] = sorted([*table.get(route, ()), (subscriber, handler)], key=position)
 
     def arm(self, subscriber: Subscriber, *kinds: str) -> None:
-        """Dispatch these kinds (listed in the subscriber's ``idle_handlers``) to it again,
-        in its subscription order; armed already: nothing changes."""
+        """Dispatch these kinds (listed in the subscriber's ``idle_handlers``, or turned to
+        sampled steps by ``sampled_steps_only``) to it again on every step, in its subscription
+        order; armed already: nothing changes."""
         if id(subscriber) in self._disabled:
             return  # failed once: never dispatched again
         for kind in kinds:
@@ -255,10 +259,19 @@ class Session:
             for route in self._routes(kind, handler):
                 if all(s is not subscriber for s, _ in self._handlers.get(route, ())):
                     self._add(subscriber, handler, route)
+                elif not is_sampled_only(handler) and \
+                        all(s is not subscriber for s, _ in self._every_step.get(route, ())):
+                    self._add(subscriber, handler, route, every_step_only=True)
 
     def disarm(self, subscriber: Subscriber, *kinds: str) -> None:
         """Stop dispatching these kinds to it until ``arm`` (``unsubscribe``, re-armable)."""
         self.unsubscribe(subscriber, *kinds)
+
+    def sampled_steps_only(self, subscriber: Subscriber, *kinds: str) -> None:
+        """Dispatch these kinds to it on sampled steps only, until ``arm``: a handler with
+        nothing to do between sampled steps for now (what would give it work again, it sees
+        on a sampled step or through another event) stops costing a call on the others."""
+        self._every_step = _without(self._every_step, subscriber, kinds)
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
