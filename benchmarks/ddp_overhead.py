@@ -18,7 +18,11 @@ Two patients:
 - ``--model mlp``: the launch-bound small MLP of ``perf_patients.py`` (64 → 4×256 → 10, batch
   32 from a DataLoader over a BatchSampler of device-resident data, Adam, ``loss.item()``
   every step): ≈ 2 ms a step on one GPU, dominated by the host's kernel launches, so every
-  microsecond nndoctor spends per step shows.
+  microsecond nndoctor spends per step shows. Its labels are a fixed random teacher's
+  (``argmax(x @ W)``): a task the model learns, as in a correct program. Until session 33 they
+  were random (``--labels random``): chance-level labels, which nndoctor reports (L108) after
+  watching predictions on each of the first 2,000 steps (two kernels a step) — a bug's cost,
+  not a correct program's.
 
 Commands the benchmarks/README.md numbers come from (each ≤ 4 minutes on H100s)::
 
@@ -69,8 +73,12 @@ def _model_and_batches(args, device, rank: int):
             layers += [nn.Linear(width, 256), nn.ReLU()]
             width = 256
         model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
-        x = torch.randn(65536, 64, generator=g).to(device)
-        y = torch.randint(0, 10, (65536,), generator=g).to(device)
+        x = torch.randn(65536, 64, generator=g)
+        if args.labels == "random":  # noise: nndoctor rightly reports L108 and watches 2,000 steps for it
+            y = torch.randint(0, 10, (65536,), generator=g)
+        else:  # a teacher's labels: a task the model learns, as a correct program's is
+            y = (x @ torch.randn(64, 10, generator=g)).argmax(1)
+        x, y = x.to(device), y.to(device)
         dataset = TensorDataset(x, y)
         sampler = BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(1 + rank)),
                                batch_size=args.batch, drop_last=True)
@@ -231,7 +239,7 @@ def _loop_profiler():
 def launch(args: argparse.Namespace, doctored: bool, workdir: str) -> tuple[dict, dict | None]:
     script_args = ["--train", "--device", args.device, "--model", args.model, "--batch", str(args.batch),
                    "--image-size", str(args.image_size), "--amp", args.amp, "--warmup", str(args.warmup),
-                   "--steps", str(args.steps)] + (["--channels-last"] if args.channels_last else [])
+                   "--steps", str(args.steps), "--labels", args.labels] + (["--channels-last"] if args.channels_last else [])
     report_path = os.path.join(workdir, "report.json")
     if os.path.exists(report_path):
         os.unlink(report_path)
@@ -264,6 +272,7 @@ def summarize(args: argparse.Namespace, plain: list[dict], doctored: list[dict],
         "device": plain[-1].get("device"), "torch": plain[-1].get("torch"), "gpus": args.gpus,
         "launcher": "torchrun" if args.gpus > 1 else "python", "model": args.model,
         "batch_per_rank": args.batch, "amp": args.amp, "channels_last": args.channels_last,
+        "labels": args.labels if args.model == "mlp" else None,
         "warmup_steps": args.warmup, "timed_steps": args.steps, "rounds": args.rounds,
         "nndoctor_args": args.nndoctor_args,
         "plain_ms_per_step": [s / args.steps * 1e3 for s in p],
@@ -293,6 +302,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--steps", type=int, help="timed steps per launch")
     parser.add_argument("--rounds", type=int)
+    parser.add_argument("--labels", choices=("teacher", "random"), default="teacher",
+                        help="mlp: labels a model can learn (a correct program), or random ones (the "
+                             "patient of sessions 26-32: chance-level labels, which L108 reports)")
     parser.add_argument("--nndoctor-args", default="",
                         help="extra options of the nndoctor side, to bisect a cost: '--ignore ALL' (hooks "
                              "and engine alone), '--select X104' …")

@@ -88,14 +88,23 @@ def _replay_loader(monkeypatch, waits: list[float], step_s: float, device: str =
 
     loader = Loader()
     parameter = SimpleNamespace(device=SimpleNamespace(type=device))
-    step_end = SimpleNamespace(optimizer=SimpleNamespace(param_groups=[{"params": [parameter]}]))
+    step_end = SimpleNamespace(optimizer=SimpleNamespace(param_groups=[{"params": [parameter]}]), sampled=True)
+    state = session.state
+
+    def end_step():  # what the hook after optimizer.step() records, then its sampled event
+        state.last_step_end = clock[0]
+        if state.first_step_end is None:
+            state.first_step_end = clock[0]
+        state.step_ends += 1
+        check.on_step_end(step_end)
+
     check.on_epoch_start(SimpleNamespace(loader=loader, location=None))
-    check.on_step_end(step_end)
+    end_step()
     for wait in waits:
         clock[0] += wait
         check.on_batch(SimpleNamespace(loader=loader, wait_s=wait))
         clock[0] += step_s
-        check.on_step_end(step_end)
+        end_step()
     check.on_run_end(SimpleNamespace(step=len(waits)))
     return session.report.by_code("P102")
 

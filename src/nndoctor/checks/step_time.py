@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 from nndoctor.core.events import CheckpointSave, Forward, RunEnd, StepEnd
@@ -158,7 +157,7 @@ class StepTimeOutliers(Check):
             self._current.eval_at = event.location
 
     def on_step_end(self, event: StepEnd) -> None:
-        now = time.perf_counter()
+        now = self._state.last_step_end  # read by the hook just before this event
         clock = self._gc_clock
         if clock is None:
             clock = self._gc_clock = gc_clock(self.session)

@@ -100,6 +100,11 @@ class RunState:
         self.forwards = 0
         self.backwards_done = 0
         self.data_wait_s = 0.0  # seconds the loop waited in DataLoader iterators (P114 reads it per step)
+        # When optimizer steps ended (``perf_counter``), read by the timing checks instead of a
+        # clock call each: the first, the latest, and how many (the hook after every step).
+        self.first_step_end: float | None = None
+        self.last_step_end = 0.0
+        self.step_ends = 0
         self.last_progress = "start"  # "batch", "forward", "backward" or "optimizer step"
         self.scaler: weakref.ref[Any] | None = None
         self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()

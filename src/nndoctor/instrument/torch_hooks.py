@@ -42,6 +42,8 @@ from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
 from nndoctor.run.crash_context import crash_context
 
+_clock = time.perf_counter
+
 # True while dynamo traces (torch.compile): our hooks and wrappers are inlined into the traced
 # function then, and Python side effects there (lists, sys._getframe, events) either break the
 # trace ("already tracked for mutation") or would be baked into the graph. They step aside; the
@@ -336,6 +338,10 @@ class Installation:
         sampled = session.end_step(optimizer)  # step_sampled, then count_step
         state.backwards_since_step = 0
         state.last_progress = "optimizer step"
+        state.last_step_end = now = _clock()
+        if state.first_step_end is None:
+            state.first_step_end = now
+        state.step_ends += 1
         if "step_end" in (session._handlers if sampled else session._every_step) and not (
                 self._last_stepped_without_values if self._last_stepped() is optimizer
                 else _optimizer_without_values(optimizer)):

@@ -15,7 +15,7 @@ from nndoctor.commands.perf.detection import (
 )
 from nndoctor.core.findings import Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
+from nndoctor.core.subscribers import model_forwards_only, sampled_only, sampled_training_forwards
 
 
 def trains_on_accelerator(optimizer: Any) -> bool:
@@ -77,9 +77,8 @@ class LoaderConfig(Check):
         # gone by the end of the run, its measurements must not go with it.
         self._loaders: dict[int, dict[str, Any]] = {}
         self._latest: int | None = None
-        self._first_step_end: float | None = None
-        self._last_step_end: float | None = None
-        self._steps = 0
+        # When steps ended: the run state's (the hook after every optimizer step writes it).
+        self._state = session.state
         self._accelerated = False  # does a GPU (or another accelerator) train on these batches?
         self._devices_checked = 0
 
@@ -100,38 +99,39 @@ class LoaderConfig(Check):
             info = self._loaders.get(id(event.loader))
             if info is not None and info["ref"]() is not event.loader:
                 info = None
-        if info is not None and self._first_step_end is not None:
+        first_step_end = self._state.first_step_end
+        if info is not None and first_step_end is not None:
             info["wait"] += event.wait_s
             info["batches"] += 1
             # When each wait ended, for the halves of the run, in constant memory (a list of
             # every batch's wait grew by ~120 bytes a batch for the whole run).
             buckets = info.get("waits")
             if buckets is None:
-                buckets = info["waits"] = TimeBuckets(self._first_step_end)
+                buckets = info["waits"] = TimeBuckets(first_step_end)
             buckets.add(time.perf_counter(), event.wait_s)
 
+    @sampled_only  # the first steps are sampled: three looks at the optimizer's device are enough
     def on_step_end(self, event: Any) -> None:
+        if not event.sampled:
+            return
         if not self._accelerated and self._devices_checked < 3:
             self._devices_checked += 1
             self._accelerated = trains_on_accelerator(event.optimizer)
-        now = time.perf_counter()
-        if self._first_step_end is None:
-            self._first_step_end = now
-        else:
-            self._steps += 1
-        self._last_step_end = now
 
     def on_run_end(self, event: Any) -> None:
-        if self._first_step_end is None or self._last_step_end is None:
+        state = self._state
+        first, last = state.first_step_end, state.last_step_end
+        if first is None:
             return
-        wall = self._last_step_end - self._first_step_end
+        wall = last - first
+        steps = state.step_ends - 1  # the steps after the first one's end
         for info in list(self._loaders.values()):
-            found = loader_costs_time(info["num_workers"], info["wait"], wall, info["batches"], self._steps)
+            found = loader_costs_time(info["num_workers"], info["wait"], wall, info["batches"], steps)
             if found is None:
                 continue
             buckets = info.get("waits")
-            halves = (buckets.halves(self._first_step_end, self._last_step_end) if buckets is not None
-                      else (0.0, 0.0) if self._last_step_end > self._first_step_end else None)
+            halves = (buckets.halves(first, last) if buckets is not None
+                      else (0.0, 0.0) if last > first else None)
             severity = timing_severity(found["data_wait_fraction"], halves, DATA_BOUND_FRACTION)
             found["halves"] = [round(h, 4) for h in halves] if halves else None
             found["accelerator"] = self._accelerated
