@@ -69,11 +69,20 @@ def _spawn(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path]:
     script = tmp_path / "train_until_stopped.py"
     script.write_text(TRAIN_UNTIL_STOPPED)
     out = tmp_path / f"{mode}.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script), mode],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=childproc.child_env(),
-    )
+    # The child starts with the default SIGHUP and SIGTERM, as from a terminal, whatever this
+    # test process inherited: a suite started under nohup ignores SIGHUP, exec keeps SIG_IGN,
+    # and the child then rightly ignores it too (test_ignored_signals_stay_ignored_for_the_programs_the_script_starts).
+    saved = {signum: signal.signal(signum, signal.SIG_DFL) for signum in (signal.SIGHUP, signal.SIGTERM)
+             if signal.getsignal(signum) is signal.SIG_IGN}
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "nndoctor", "run", "--json", str(out), str(script), mode],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env=childproc.child_env(),
+        )
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
     return process, out
 
 
