@@ -25,23 +25,18 @@ WINDOWS = tuple((int(a), int(b)) for a, b in (w.split("-") for w in os.environ.g
 
 
 def build(device):
+    """The MLP patient of ``ddp_overhead.py``, built by it (the same model, teacher labels and
+    loader), with Adam and cross-entropy as there."""
     import torch
     from torch import nn
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ddp_overhead import _model_and_batches
 
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    layers, width = [], 64
-    for _ in range(4):
-        layers += [nn.Linear(width, 256), nn.ReLU()]
-        width = 256
-    model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
-    x = torch.randn(65536, 64, generator=g)
-    y = (x @ torch.randn(64, 10, generator=g)).argmax(1)  # a teacher's labels, as in ddp_overhead.py
-    data = TensorDataset(x.to(device), y.to(device))
-    sampler = BatchSampler(RandomSampler(data, generator=torch.Generator().manual_seed(1)), batch_size=32, drop_last=True)
-    loader = DataLoader(data, sampler=sampler, batch_size=None)
-    return model, loader, torch.optim.Adam(model.parameters(), lr=1e-3), nn.CrossEntropyLoss()
+    patient = argparse.Namespace(model="mlp", labels="teacher", batch=32)
+    model, batches = _model_and_batches(patient, torch.device(device), 0)
+    return model, batches, torch.optim.Adam(model.parameters(), lr=1e-3), nn.CrossEntropyLoss()
 
 
 def profile_run(doctored: bool, device: str) -> dict:
@@ -55,12 +50,11 @@ def profile_run(doctored: bool, device: str) -> dict:
 
         session = Session()
         installation = install(session)
-    model, loader, optimizer, criterion = build(device)
+    model, batches, optimizer, criterion = build(device)
 
     def sync() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
-    batches = iter(())
     results = {}
     try:
         step = 0
@@ -71,11 +65,7 @@ def profile_run(doctored: bool, device: str) -> dict:
                     prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
                     prof.__enter__()
                     began = time.perf_counter()
-                try:
-                    x, y = next(batches)
-                except StopIteration:
-                    batches = iter(loader)
-                    x, y = next(batches)
+                x, y = next(batches)
                 optimizer.zero_grad(set_to_none=True)
                 loss = criterion(model(x), y)
                 loss.backward()
