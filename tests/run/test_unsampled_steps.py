@@ -572,7 +572,7 @@ def test_an_unsampled_training_step_calls_few_handlers_with_every_check_on():
     O103's closure path and P116 wait for their facts, P102 reads when steps ended from the
     run state). More means a new every-step handler:
     make it ``sampled_only``, ``sampled_training_forwards``, armed on demand or
-    ``sampled_steps_only`` once settled, if it can be."""
+    sent to sampled steps by ``Session.every_step`` once settled, if it can be."""
     session = Session(sample_every=10_000, sample_budget=0)
     calls, unsampled = _handler_calls_per_unsampled_step(session, steps=2_150, warm=2_050)
     per_step = {name: count / unsampled for name, count in calls.items()}

@@ -106,13 +106,13 @@ class DebugModeLeftOn(Check):
         self._profiled_longest: tuple[int, int] = (0, 0)  # (steps, first step)
         self._started = time.perf_counter()
         self._gradchecks: list[tuple[int, float, Location | None]] = []  # (step, seconds, where)
-        self._quiet = False  # on_step_end on sampled steps only (``sampled_steps_only``)
+        self._quiet = False  # on_step_end on sampled steps only (``Session.every_step``)
 
     def _wake(self) -> None:
         if self._quiet:
             self._quiet = False
             self._last_end = None  # the time since the last sampled step is no step's time
-            self.session.arm(self, "step_end")
+            self.session.every_step(self, True, "step_end")
 
     def on_debug_mode(self, event: DebugModeSet) -> None:
         if event.enabled:
@@ -144,7 +144,7 @@ class DebugModeLeftOn(Check):
         self._last_end = now
         if not enabled and not self._profiled_run and len(self._off) >= self.MAX_OFF_TIMES:
             self._quiet = True
-            self.session.sampled_steps_only(self, "step_end")
+            self.session.every_step(self, False, "step_end")
 
     # Looked up once (asked on every step); None where this torch has no such probe.
     _profiler_enabled = staticmethod(getattr(torch._C._autograd, "_profiler_enabled", None) or (lambda: False))

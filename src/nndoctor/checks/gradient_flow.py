@@ -85,21 +85,12 @@ class MissingZeroGrad(Check):
         self._snapshots: dict[int, list[GradFingerprint]] = {}
         self._stale_at: dict[int, tuple[Location | None, int]] = {}
         self._owners: dict[int, weakref.ref] = {}
-        # With no fingerprint to compare (every step but a sampled one and the next), the
-        # handlers below run on sampled steps only: three calls fewer on the usual step.
-        self._quiet = False
-
-    _WATCHERS = ("zero_grad", "backward", "step_start")
 
     def _follow_fingerprints(self) -> None:
-        """Every step while a fingerprint waits for the next backward and step; sampled steps only otherwise."""
-        idle = not self._snapshots and not self._stale_at
-        if idle and not self._quiet:
-            self._quiet = True
-            self.session.sampled_steps_only(self, *self._WATCHERS)
-        elif not idle and self._quiet:
-            self._quiet = False
-            self.session.arm(self, *self._WATCHERS)
+        """Every step while a fingerprint waits for the next backward and step; with none to
+        compare (every step but a sampled one and the next), sampled steps only: three calls
+        fewer on the usual step."""
+        self.session.every_step(self, bool(self._snapshots or self._stale_at), "zero_grad", "backward", "step_start")
 
     def on_step_start(self, event: StepStart) -> None:
         if not self._snapshots and not event.sampled:

@@ -910,20 +910,14 @@ class UnshuffledTrainingData(Check):
         # none is, the batch and backward handlers run on sampled steps only, until a pass over
         # a loader that may be starts (``on_epoch_start``) or a sampled batch shows one.
         self._every_batch: dict[int, tuple[weakref.ref, bool]] = {}
-        self._quiet = False
 
     def _read_every_batch(self, loader: Any, needed: bool) -> None:
         key = id(loader)
         known = self._every_batch.get(key)
         if known is None or known[1] != needed or known[0]() is not loader:
             self._every_batch[key] = (weakref.ref(loader), needed)
-        if needed and self._quiet:
-            self._quiet = False
-            self.session.arm(self, "batch", "backward")
-        elif not needed and not self._quiet and \
-                not any(wanted and ref() is not None for ref, wanted in self._every_batch.values()):
-            self._quiet = True
-            self.session.sampled_steps_only(self, "batch", "backward")
+        wanted = needed or any(want and ref() is not None for ref, want in self._every_batch.values())
+        self.session.every_step(self, wanted, "batch", "backward")
 
     def on_epoch_start(self, event: EpochStart) -> None:
         loader = event.loader
@@ -938,26 +932,20 @@ class UnshuffledTrainingData(Check):
         loader = event.loader
         if loader is None:
             return
-        if id(loader) in self._reported:
+        order = self._orders.get(id(loader))
+        settled = order is not None and order.settled  # shuffled for hundreds of batches
+        if id(loader) in self._reported or (settled and not event.sampled):
             self._read_every_batch(loader, False)
             return
-        if not event.sampled:
-            order = self._orders.get(id(loader))
-            if order is not None and order.settled:
-                self._read_every_batch(loader, False)
-                return  # shuffled for hundreds of batches: its sampled batches are enough now
         labels = label_tensor(event.batch)
         # Labels still on the CPU (the loader's own output) are read on every batch until the
         # loader is settled (``LabelOrder.settled``): a class block longer than the first window
         # of sampled steps is seen wherever the run stops. Labels already on an accelerator are
         # read on sampled steps only (reading them synchronises).
-        if labels is None or labels.device.type != "cpu":
-            self._read_every_batch(loader, False)
-            if labels is None or not event.sampled:
-                return
-        else:
-            order = self._orders.get(id(loader))
-            self._read_every_batch(loader, order is None or not order.settled)
+        on_host = labels is not None and labels.device.type == "cpu"
+        self._read_every_batch(loader, on_host and not settled)
+        if labels is None or (not on_host and not event.sampled):
+            return
         # The user's line is looked up (a walk of the stack) until a training batch of this
         # loader recorded it, not on every batch.
         location = None if id(loader) in self._locations else event.location

@@ -192,6 +192,7 @@ class Session:
         self._every_step: dict[str, list[tuple[Subscriber, Any]]] = {}
         self._order: dict[tuple[int, str], int] = {}  # (id(subscriber), route) -> subscription rank
         self._disabled: set[int] = set()  # ids of subscribers whose handler raised
+        self._sampled_now: set[tuple[int, str]] = set()  # (id, kind) sent to sampled steps only (``every_step``)
         for cls in classes:
             self._add_check(cls)
 
@@ -255,11 +256,12 @@ class Session:
 
     def arm(self, subscriber: Subscriber, *kinds: str) -> None:
         """Dispatch these kinds (listed in the subscriber's ``idle_handlers``, or turned to
-        sampled steps by ``sampled_steps_only``) to it again on every step, in its subscription
+        sampled steps by ``every_step``) to it again on every step, in its subscription
         order; armed already: nothing changes."""
         if id(subscriber) in self._disabled:
             return  # failed once: never dispatched again
         for kind in kinds:
+            self._sampled_now.discard((id(subscriber), kind))
             handler = getattr(subscriber, f"on_{kind}")
             for route in self._routes(kind, handler):
                 if all(s is not subscriber for s, _ in self._handlers.get(route, ())):
@@ -272,11 +274,18 @@ class Session:
         """Stop dispatching these kinds to it until ``arm`` (``unsubscribe``, re-armable)."""
         self.unsubscribe(subscriber, *kinds)
 
-    def sampled_steps_only(self, subscriber: Subscriber, *kinds: str) -> None:
-        """Dispatch these kinds to it on sampled steps only, until ``arm``: a handler with
-        nothing to do between sampled steps for now (what would give it work again, it sees
-        on a sampled step or through another event) stops costing a call on the others."""
-        self._every_step = _without(self._every_step, subscriber, kinds)
+    def every_step(self, subscriber: Subscriber, wanted: bool, *kinds: str) -> None:
+        """Dispatch these kinds to it on every step (``wanted``), or on sampled steps only: a
+        handler with nothing to do between sampled steps for now (what would give it work
+        again, it sees on a sampled step or through another event) stops costing a call on the
+        others. A call that changes nothing costs a set look-up (asked per batch or step)."""
+        if wanted != ((id(subscriber), kinds[0]) in self._sampled_now):
+            return
+        if wanted:
+            self.arm(subscriber, *kinds)
+        else:
+            self._every_step = _without(self._every_step, subscriber, kinds)
+            self._sampled_now.update((id(subscriber), kind) for kind in kinds)
 
     # -- dispatch ------------------------------------------------------------------------
     def wants(self, kind: str) -> bool:
