@@ -73,7 +73,19 @@ def test_buggy_fixture_fires_at_marked_line(check):
     for path in fixtures:
         name = path.stem if path.stem.startswith(check.code) else f"{path.stem}.{check.code}"
         assert_fires_at_marked_line(path, check.code, snapshot=f"run/{name}", base=BUGGY,
-                                    masks=MEASURED.get(check.code, Masks()))
+                                    masks=CHAOTIC.get(name, MEASURED.get(check.code, Masks())))
+
+
+# Fixtures whose training is chaotic on purpose (Adam at a learning rate 100× too high): after
+# the jump the losses depend on the rounding of the machine's float kernels (from the same
+# seed and torch, this AMD EPYC VM gives a last-third median of 0.0842 where the machine that
+# first recorded the snapshot gave 0.0827: a red suite on a fresh machine), so the
+# numbers measured after it are masked; the verdict, the first losses and the counts stay.
+_JUMP_MASKS = Masks(why="losses after a divergence: the machine's float rounding",
+                    text=((r"ends \S+× above its first value", "ends <x>× above its first value"),
+                          (r"last-third median \S+\)", "last-third median <v>)")),
+                    evidence=("mann_kendall_z", "jump_ratio", "last"))
+CHAOTIC: dict[str, Masks] = {"L106_learning_rate_jump": _JUMP_MASKS, "buggy_learning_rate_jump.L106": _JUMP_MASKS}
 
 
 # Checks whose text reports what they measured (wall-clock time, free memory): those numbers
@@ -164,7 +176,9 @@ def test_every_keras_and_tfdata_check_and_variant_has_a_buggy_fixture():
 def test_keras_buggy_fixture_fires_at_marked_line(path):
     pytest.importorskip("keras")
     for code in expected_lines(path):
-        assert_fires_at_marked_line(path, code, snapshot=f"keras/{path.stem}.{code}", base=KERAS_FIXTURES)
+        name = f"{path.stem}.{code}"
+        assert_fires_at_marked_line(path, code, snapshot=f"keras/{name}", base=KERAS_FIXTURES,
+                                    masks=CHAOTIC.get(name, Masks()))
 
 
 @pytest.mark.parametrize("program", KERAS_CORRECT, ids=lambda p: p.stem)

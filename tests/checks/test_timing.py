@@ -78,6 +78,7 @@ def _replay_loader(monkeypatch, waits: list[float], step_s: float, device: str =
 
     from nndoctor.commands.perf import run_checks
     from nndoctor.core.engine import Session
+    from nndoctor.core.step_log import LoaderTally
 
     clock = [0.0]
     monkeypatch.setattr(run_checks.time, "perf_counter", lambda: clock[0])
@@ -98,11 +99,13 @@ def _replay_loader(monkeypatch, waits: list[float], step_s: float, device: str =
         state.step_ends += 1
         check.on_step_end(step_end)
 
-    check.on_epoch_start(SimpleNamespace(loader=loader, location=None))
+    tally = LoaderTally()  # what the DataLoader hook adds each batch to (no event a batch)
+    check.on_epoch_start(SimpleNamespace(loader=loader, location=None, tally=tally))
     end_step()
     for wait in waits:
         clock[0] += wait
-        check.on_batch(SimpleNamespace(loader=loader, wait_s=wait))
+        tally.wait += wait
+        tally.batches += 1
         clock[0] += step_s
         end_step()
     check.on_run_end(SimpleNamespace(step=len(waits)))

@@ -95,6 +95,23 @@ def test_a_bug_that_starts_at_step_50_is_seen_when_it_starts(bug, code):
     assert not report.internal_errors
 
 
+@pytest.mark.parametrize("bug, code, within", [
+    ("no_backward", "O103", 0),  # the step without backward() wakes the settled check at once
+    ("stale_model", "O103", 0),  # so does the new model's first training forward
+    ("stale_model", "M106", 11),
+    ("lr_zero", "M106", 100 + 11),  # unseen by the hooks: the next sampled step wakes it
+])
+def test_a_bug_that_starts_after_the_checks_settled_is_seen(bug, code, within):
+    """M106 and O103 judge every step only until the loop has settled (64 clean steps), then
+    on sampled steps: a bug that starts at step 300 is still found at once, or within the
+    next sampled interval and M106's streak of 10 when no hook sees the change."""
+    report = run_script(SCRIPTS / "late_bug.py", [bug, "300", "420"], select=[code])
+    found = report.by_code(code)
+    assert found, (bug, code, report.findings, report.internal_errors)
+    assert 300 <= found[0].first_step <= 300 + within, found[0].first_step
+    assert not report.internal_errors
+
+
 def test_no_late_finding_without_the_bug():
     report = run_script(SCRIPTS / "late_bug.py", ["none"], select=["O103", "M106"])
     assert not report.findings and report.steps == 80

@@ -570,7 +570,10 @@ def test_an_unsampled_training_step_calls_few_handlers_with_every_check_on():
     reads device labels on sampled steps, O101 follows a fingerprint for one step only, the
     zero_grad and loss handlers that judge what every step repeats are sampled-only, D110,
     O103's closure path and P116 wait for their facts, P102 reads when steps ended from the
-    run state). More means a new every-step handler:
+    run state), session 34 none at all: the training losses reach L106, L107 and N101 through
+    the loss ledger the backward hook writes, P114's step times and P102's loader waits are
+    written by the hooks, M106 and O103 go to sampled steps once the loop has settled (and
+    come back when it changes). More means a new every-step handler:
     make it ``sampled_only``, ``sampled_training_forwards``, armed on demand or
     sent to sampled steps by ``Session.every_step`` once settled, if it can be."""
     session = Session(sample_every=10_000, sample_budget=0)
@@ -581,7 +584,7 @@ def test_an_unsampled_training_step_calls_few_handlers_with_every_check_on():
     assert per_step.get("event forward", 0) == 0  # the training forward builds no event
     assert not [k for k in per_step if k.startswith("R104.")]
     # (a pass over the loader starts every 128 steps: its epoch_start handlers add a few calls)
-    assert handlers <= 11.1 and events <= 5.1, sorted(per_step.items())
+    assert handlers <= 0.1 and events <= 0.1, sorted(per_step.items())
 
 
 def test_the_stall_watchdog_counts_progress_without_a_handler():

@@ -10,7 +10,11 @@ import torch
 from nndoctor.core.events import Backward, EpochStart, Forward, LossComputed, ModeChange, RunEnd
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
+from nndoctor.core.subscribers import (
+    model_forwards_only,
+    sampled_training_forwards,
+    sampled_training_losses,
+)
 from nndoctor.instrument.loss_ledger import LossLedger, loss_ledger
 from nndoctor.instrument.stats import first_tensor
 
@@ -207,8 +211,9 @@ class _LossSum:
 class Overfitting(Check):
     """
     ## What it does
-    Averages the scalar losses computed **with** gradients (training) and **without** them
-    (evaluation, under ``no_grad``/``inference_mode``) between evaluations: each run of at
+    Averages the losses given to ``backward()`` (training) and the scalar losses computed
+    **without** gradients (evaluation, under ``no_grad``/``inference_mode``) between
+    evaluations: each run of at
     least 2 consecutive evaluation losses is one evaluation (a single loss computed under
     ``no_grad`` between training steps is a logged metric, not an evaluation). A GPU loss reaches the
     host without a synchronisation; the sums are read once per evaluation. It reports when the evaluation loss rose at each of the last
@@ -251,42 +256,65 @@ class Overfitting(Check):
     MAX_HISTORY = 1000
     MIN_EVAL_LOSSES = 2
 
+    idle_handlers = ("backward",)  # armed by an evaluation's losses: the next backward() ends it
+
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._ledger = loss_ledger(session)
-        self._train = _LossSum(self._ledger)
+        # The training losses are the losses given to backward(): the backward hook records
+        # each of them in the loss ledger (no handler call a step), read when an evaluation ends.
+        self._ledger = loss_ledger(session, follow_backward=True)
+        self._train_cursor = self._ledger.backward_count
         self._eval = _LossSum(self._ledger)
         self._eval_where: Location | None = None
         self._history: list[tuple[float, float]] = []
         self._last_train: float | None = None
         self._reported = False
 
+    @sampled_training_losses
     def on_loss(self, event: LossComputed) -> None:
         loss = event.output
         if self._reported or (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) \
                 or (loss.ndim and loss.numel() != 1) or not loss.dtype.is_floating_point:  # a 0-d loss: no calls
             return
-        if loss.requires_grad:
+        if loss.requires_grad:  # a training loss (a sampled step's): an evaluation before it has ended
             if self._eval.count:
                 self._conclude_evaluation(event.step)
-            self._train.add(loss)
         elif not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             if self._eval.count == 0:
                 self._eval_where = event.location
+                self.session.arm(self, "backward")
             self._eval.add(loss)
+
+    def on_backward(self, event: Backward) -> None:
+        """The first backward() after an evaluation's losses: the evaluation has ended."""
+        self.session.disarm(self, "backward")
+        if self._eval.count and not self._reported:
+            self._conclude_evaluation(event.step, training_until=self._ledger.backward_count - 1)
 
     def on_run_end(self, event: RunEnd) -> None:
         if self._eval.count and not self._reported:
             self._conclude_evaluation(event.step)
 
-    def _conclude_evaluation(self, step: int) -> None:
+    def _training_mean(self, until: int | None) -> float | None:
+        """The mean of the losses given to backward() since the last evaluation ended (up to
+        the ``until``-th: the one this backward() call brought is the next period's)."""
+        ledger = self._ledger
+        end = ledger.backward_count if until is None else until
+        cursor, values = ledger.backward_values(self._train_cursor)
+        if cursor > end:  # the loss of the backward() that ended the evaluation: the next period's
+            values = values[:len(values) - (cursor - end)] if len(values) >= cursor - end else []
+            cursor = end
+        self._train_cursor = cursor
+        return sum(values) / len(values) if values else None
+
+    def _conclude_evaluation(self, step: int, training_until: int | None = None) -> None:
         if self._eval.count < self.MIN_EVAL_LOSSES:
             # One loss without gradients between training steps is a metric logged under
             # no_grad (or a teacher's loss), not an evaluation pass.
             self._eval = _LossSum(self._ledger)
             return
         eval_mean = self._eval.mean_and_reset()
-        train_mean = self._train.mean_and_reset()
+        train_mean = self._training_mean(training_until)
         if train_mean is None:
             train_mean = self._last_train  # two evaluations in a row: same training loss
         if eval_mean is None or train_mean is None:

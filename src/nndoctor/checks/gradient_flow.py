@@ -367,8 +367,12 @@ class StepWithoutGradients(Check):
     loss.backward()
     optimizer.step()
     ```
-    Runs on every step, not only on sampled ones (testing ``p.grad is None`` reads no
-    tensor data), so a bug that starts late in a run is seen when it starts.
+    Runs on every step until the loop has settled (64 steps in a row with a backward() and
+    gradients), then on sampled steps, and on every step again from the moment the loop
+    changes: an optimizer step with no ``backward()`` since the last one, or another model
+    trained than the last one (a copy swapped in). A bug that starts late in a run is seen
+    on the step it starts; a ``backward()`` that stops reaching the parameters for another
+    reason, on the next sampled step.
     Closure-based optimizers (L-BFGS: ``optimizer.step(closure)``) compute their gradients
     inside ``step``: for them the closure's ``backward()`` counts, and the check looks at
     the end of the step whether the closure produced any gradient.
@@ -385,21 +389,37 @@ class StepWithoutGradients(Check):
     summary = "optimizer.step() while none of its parameters has a gradient"
     fix = "call loss.backward() before optimizer.step(), on a loss computed from these parameters"
 
+    SETTLE_STEPS = 64  # steps in a row with a backward() and gradients: on sampled steps from then
+
     def __init__(self, session) -> None:
         super().__init__(session)
         # backward() calls so far, from the session's step ledger (not a handler on every
         # backward): a closure's run inside step() is the difference across the step.
         self._at_step_start: dict[int, int] = {}
+        self._clean = 0  # steps in a row that had gradients
+        session.state.on_loop_change.append(self._loop_changed)
+
+    def _loop_changed(self) -> None:
+        """A step without backward() (called before its step_start) or a new model trained."""
+        if self._clean >= self.SETTLE_STEPS:
+            self._clean = 0
+            self.session.every_step(self, True, "step_start")
 
     def on_step_start(self, event: StepStart) -> None:
         if event.has_closure:
+            self._clean = 0
             self._at_step_start[id(event.optimizer)] = self.session.state.backwards_with_values
             self.session.arm(self, "step_end")  # a closure's gradients are judged when its step ends
             return
         if event.backwards_since_step and event.zero_grads_since_backward:
+            self._clean = 0
             return  # O102's case
         if has_any_grad(event.optimizer):
+            self._clean += 1
+            if self._clean >= self.SETTLE_STEPS and not event.sampled:
+                self.session.every_step(self, False, "step_start")
             return
+        self._clean = 0
         why = ("no backward() ran since the previous step" if event.backwards_since_step == 0
                else "the backward() did not reach them")
         self._report(event, why, event.backwards_since_step)

@@ -594,51 +594,39 @@ class LossNotDecreasing(Check):
     def __init__(self, session) -> None:
         super().__init__(session)
         # The session's loss ledger reads each loss once for L106, L107, L108 and N101 (one
-        # item() on the CPU, one copy to pinned host memory on CUDA); the values are read back
-        # on sampled steps.
-        self._ledger = loss_ledger(session)
-        self._serials: list[int] = []  # losses recorded since the last read
+        # item() on the CPU, one copy to pinned host memory on CUDA). The backward hook records
+        # every loss given to backward() there (no handler call a step); the values are read
+        # back on sampled steps and at the end, from this check's place in that sequence.
+        self._ledger = loss_ledger(session, follow_backward=True)
+        self._cursor = self._ledger.backward_count
         self._values: list[float] = []
         self._location: Location | None = None
         self._first_step: int | None = None
         self._most_optimizers = 0
 
+    @sampled_only
     def on_backward(self, event: Backward) -> None:
-        if event.sampled:
-            # Several optimizers (a GAN's) make the loss curve meaningless; counted on sampled
-            # steps (and at the end): a second optimizer that trains lives through them.
-            self._count_optimizers()
-        loss = event.tensor
-        # Attributes, not methods (every step): a 0-d loss has one element without asking numel().
-        if (type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor)) \
-                or (loss.ndim and loss.numel() != 1) or not loss.dtype.is_floating_point:
+        if not event.sampled:
             return
+        # Several optimizers (a GAN's) make the loss curve meaningless; counted on sampled
+        # steps (and at the end): a second optimizer that trains lives through them.
+        self._count_optimizers()
         if self._location is None:
-            self._location, self._first_step = event.location, event.step
-        serial, value = self._ledger.read(loss)
-        if value is not None and not self._serials:  # a CPU loss: read already
-            self._values.append(value)
-            if len(self._values) > self._MAX_VALUES:
-                self._halve_if_long()
-            return
-        self._serials.append(serial)  # a CUDA loss: its copy lands later
-        if event.sampled:
-            self._flush()
+            first = self._ledger.backward_step(self._cursor)
+            if first is not None:  # the first loss followed: its step, and this backward() call's place
+                self._location, self._first_step = event.location, first
+        self._flush()
 
     def _count_optimizers(self) -> None:
         self._most_optimizers = max(self._most_optimizers, len(self.session.state.optimizers))
 
     def _flush(self) -> None:
-        if not self._serials:
-            return
-        # The only wait, on sampled steps (CUDA); a value is None only if the ledger dropped it.
-        self._values.extend(v for v in self._ledger.values(self._serials) if v is not None)
-        self._serials.clear()
-        self._halve_if_long()
-
-    def _halve_if_long(self) -> None:
-        if len(self._values) > self._MAX_VALUES:  # halve the resolution, keep the whole window
-            self._values = halved(self._values)
+        # The only wait, on sampled steps (CUDA); a value the ledger dropped is left out.
+        self._cursor, values = self._ledger.backward_values(self._cursor)
+        for value in values:  # one at a time: the halving keeps the same pairs as on every step
+            self._values.append(value)
+            if len(self._values) > self._MAX_VALUES:  # halve the resolution, keep the whole window
+                self._values = halved(self._values)
 
     def on_run_end(self, event: RunEnd) -> None:
         self._count_optimizers()

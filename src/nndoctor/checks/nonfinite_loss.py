@@ -97,10 +97,12 @@ class NonfiniteLoss(Check):
 
     Method and cost (the trade-off):
 
-    - The loss is checked on **every** step. On CPU that is one ``.item()`` (about 2 µs);
-      on CUDA the loss is copied to pinned host memory without waiting and read a step or
-      two later — no synchronisation. The same read serves the other checks of the loss
-      curve (L106, L107, L108): one read a step for all of them.
+    - The loss is checked on **every** step, by the hook on ``backward()`` itself (no event
+      is built for it). On CPU that is one ``.item()`` (about 2 µs) and the step is known
+      at once; on CUDA the loss is copied to pinned host memory without waiting and looked
+      at when the copies are next read (the next sampled step at the latest) — no
+      synchronisation. The same read serves the other checks of the loss curve (L106,
+      L107, L108): one read a step for all of them.
     - During the **full-instrumentation window** (the first 16 steps, where most NaN bugs of
       a new script show up: a ``log`` of 0 on the first batch, a bad initialisation, NaN in
       the data) every submodule's output gets one reduction as it completes (its float sum:
@@ -188,9 +190,12 @@ class NonfiniteLoss(Check):
         self._records: list[ModuleRecord] = []
         self._modules: list[weakref.ref] = []
         self._records_step: int | None = None
-        # The session's loss ledger reads a scalar loss once for N101, L106, L107 and L108.
-        self._ledger = loss_ledger(session)
-        self._pending_losses: deque[tuple[int, int]] = deque()  # (ledger serial, step) of CUDA losses in flight
+        # The session's loss ledger reads a scalar loss once for N101, L106, L107 and L108; the
+        # backward hook records each training loss there and it announces a non-finite one.
+        self._ledger = loss_ledger(session, follow_backward=True)
+        self._ledger.on_nonfinite(self._nonfinite_loss)
+        self._frame_hint: Any = None  # the backward() call of a sampled step that waits for its loss
+        self._armed_at = 0  # backward() calls counted when the trace was armed
         self._pending: deque[PendingFlag] = deque()  # flags of CUDA losses of more than one element
         self._ring: FlagRing | None = None
         self._site_key: tuple[int, int] | None = None
@@ -245,29 +250,56 @@ class NonfiniteLoss(Check):
         self._record(session.step, qualname, module, inputs, output, root, user_location)
 
     # -- the loss ------------------------------------------------------------------------------
+    # A one-element loss reaches N101 through the loss ledger, with no handler call a step: the
+    # backward hook records it, and the ledger announces a NaN/Inf value as soon as it is on the
+    # host (``_nonfinite_loss``: at once on the CPU, when its copy lands on CUDA). ``on_backward``
+    # runs on sampled steps (and on every step while a trace is armed): a loss of several
+    # elements is flagged there, and an armed trace concludes at the next backward.
     def on_backward(self, event: Backward) -> None:
         if self._done:
             return
+        if not event.sampled and not self._awaiting_trace and not self._pending:
+            self.session.every_step(self, False, "backward")  # the trace concluded since
+            return
         tensor = event.tensor
-        finite: bool | None
-        # Attributes, not methods (every step): a 0-d loss has one element without asking numel().
         if type(tensor) is torch.Tensor and (not tensor.ndim or tensor.numel() == 1) \
                 and tensor.dtype.is_floating_point:
-            value = self._ledger.read(tensor)[1]
-            # a CPU loss: read already (the usual step); a CUDA loss: in flight, or read now
-            finite = math.isfinite(value) if value is not None else self._scalar_finite(event, tensor)
-        else:
+            if tensor.device.type != "cpu" and event.sampled and self._traces_sampled(event.step) \
+                    and self._finding is None and not self._awaiting_trace:
+                # Where this step's modules were recorded, the answer decides the trace: wait
+                # for the copy now (a sampled step may synchronise); a NaN is announced by it.
+                self._frame_hint = event.frame
+                self._ledger.value(self._ledger.record(tensor))
+                self._frame_hint = None
+            finite: bool | None = True
+        elif isinstance(tensor, torch.Tensor):
             finite = scalar_is_finite(tensor)
             if finite is None:
                 finite = self._device_check(event)
+        else:
+            finite = True
         if finite is False:
             self._bad_count += 1
-        if self._awaiting_trace:
-            self._conclude(event.step, event.location)
-        elif finite is False and self._finding is None:
+        if self._awaiting_trace and self.session.state.backwards_with_values > self._armed_at:
+            self._conclude(event.step, event.location)  # the forward after the non-finite loss
+        elif finite is False and self._finding is None and not self._awaiting_trace:
             self._first_bad(event.step, event.location)
-        if self._pending_losses or self._pending:  # CUDA losses in flight: the usual CPU step has none
+        if self._pending:  # flags of CUDA losses of several elements in flight
             self._poll()
+        if event.sampled:
+            self._ledger.poll()  # CUDA losses whose copies landed: a NaN among them is announced
+        if self._finding is not None:
+            self._emit_if_due()
+
+    def _nonfinite_loss(self, serial: int, step: int, frame: Any) -> None:
+        """The ledger's announcement of a NaN/Inf loss given to backward() (``frame``: that
+        call's, when the value was read at once)."""
+        if self._done:
+            return
+        self._bad_count += 1
+        if self._finding is None and not self._awaiting_trace and self._bad_step is None:
+            frame = frame if frame is not None else self._frame_hint
+            self._first_bad(step, user_location(frame) if frame is not None else None)
         if self._finding is not None:
             self._emit_if_due()
 
@@ -290,21 +322,6 @@ class NonfiniteLoss(Check):
         self.report(message, location=location, evidence=evidence, step=step)
         self._done = True
 
-    def _scalar_finite(self, event: Backward, tensor: torch.Tensor) -> bool:
-        """A one-element loss, through the ledger: read now on the CPU; on CUDA read at once
-        where modules were recorded (the answer decides the trace), elsewhere polled later
-        without a synchronisation (``_poll``)."""
-        ledger = self._ledger
-        serial, value = ledger.read(tensor)
-        if value is None:
-            if not (event.sampled and self._traces_sampled(event.step)):
-                self._pending_losses.append((serial, event.step))
-                return True
-            value = ledger.value(serial)
-            if value is None:
-                return True
-        return math.isfinite(value)
-
     def _device_check(self, event: Backward) -> bool:
         tensor = event.tensor.detach()  # detached: the flag records nothing for autograd (no no_grad frames)
         # A loss (one element): isfinite alone is the flag, one kernel where .all() made two.
@@ -321,22 +338,13 @@ class NonfiniteLoss(Check):
         return True
 
     def _poll(self) -> None:
-        ledger = self._ledger
-        while self._pending_losses:
-            serial, step = self._pending_losses[0]
-            value = ledger.landed(serial)
-            if value is None and serial >= ledger.oldest:
-                break  # still in flight
-            self._pending_losses.popleft()
-            if value is not None and not math.isfinite(value):
-                self._nonfinite_later(step)
         while self._pending and self._pending[0].ready():
             pending = self._pending.popleft()
             if not pending.value:
                 self._nonfinite_later(pending.step)
 
     def _nonfinite_later(self, step: int) -> None:
-        """A loss found non-finite after its step (CUDA, polled)."""
+        """A loss of several elements found non-finite after its step (CUDA, polled)."""
         self._bad_count += 1
         if self._bad_step is None:
             self._bad_step = step
@@ -355,6 +363,9 @@ class NonfiniteLoss(Check):
         if tracer is None:
             return
         self._awaiting_trace = True
+        # Concluded at the next backward(), on whatever step it comes.
+        self._armed_at = self.session.state.backwards_with_values
+        self.session.every_step(self, True, "backward")
         self._records, self._modules, self._records_step = [], [], None
         tracer.arm(self._traced)
 
@@ -394,6 +405,8 @@ class NonfiniteLoss(Check):
         self._records, self._modules = [], []
 
     def on_run_end(self, event: RunEnd) -> None:
+        if not self._done:
+            self._ledger.flush()  # the last CUDA losses: a NaN among them is announced
         if self._awaiting_trace and not self._done:
             self._conclude(self._records_step if self._records_step is not None else event.step, None)
         self._emit_if_due()

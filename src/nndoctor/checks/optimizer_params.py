@@ -255,7 +255,11 @@ class ModelNotUpdating(Check):
       step that wrote none of them (for an optimizer whose steps were seen to write before:
       fused optimizers write without bumping versions and are left to the next test), or
       ran with every learning rate at 0, certainly changed nothing. ``10`` such steps in a
-      row are reported.
+      row are reported. Once 64 steps in a row have written the parameters this runs on
+      sampled steps only, and on every step again when the loop changes (a step without
+      ``backward()``, another model trained) or a sampled step finds one that wrote nothing:
+      a learning rate set to 0 late in a run is reported within a sampled interval and 10
+      steps.
     - **on sampled steps**: a spread sample of the parameters' values just before and just
       after the step; ``5`` consecutive sampled steps without any change are reported
       (this also catches all-zero gradients, where the write happens but changes nothing).
@@ -301,6 +305,10 @@ class ModelNotUpdating(Check):
     heuristic = True
     CONSECUTIVE = 5  # sampled steps whose values did not change
     CONSECUTIVE_EVERY_STEP = 10  # steps that certainly wrote nothing (versions / lr 0)
+    # Steps in a row that wrote the parameters, after which the every-step test runs on sampled
+    # steps only; a sampled step that finds one writing nothing (a learning rate scheduled to 0)
+    # brings it back to every step, to count the CONSECUTIVE_EVERY_STEP.
+    SETTLE_STEPS = 64
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -320,6 +328,14 @@ class ModelNotUpdating(Check):
         # taken at the last sampled update, and how many updates in a row changed nothing.
         self._manual_before: dict[int, tuple[weakref.ref, list[tuple[weakref.ref, int, torch.Tensor]]]] = {}
         self._manual_unchanged: dict[int, int] = {}
+        self._writing = 0  # steps in a row that wrote their parameters (any optimizer)
+        session.state.on_loop_change.append(self._loop_changed)
+
+    def _loop_changed(self) -> None:
+        """A step without backward() or a new model trained: judge every step again."""
+        if self._writing >= self.SETTLE_STEPS:
+            self._writing = 0
+            self.session.every_step(self, True, "step_start", "step_end")
 
     def on_manual_step(self, event: ManualStep) -> None:
         module = event.module
@@ -444,14 +460,23 @@ class ModelNotUpdating(Check):
             lr = groups[0]["lr"] if "lr" in groups[0] else None
             if type(lr) is float and lr:  # a non-zero float lr: the step wrote the parameters
                 self._untouched[key] = 0
+                self._wrote(event)
                 return
         certain = untouched or all_learning_rates_zero(event.optimizer)
         if not certain:  # the usual step: it wrote the parameters
             self._untouched[key] = 0
+            self._wrote(event)
             return
+        self._writing = 0
+        self.session.every_step(self, True, "step_start", "step_end")  # count the steps that follow
         count = self._untouched[key] = self._untouched.get(key, 0) + 1
         if count >= self.CONSECUTIVE_EVERY_STEP:
             self._report(event, count, "steps")
+
+    def _wrote(self, event: StepEnd) -> None:
+        self._writing += 1
+        if self._writing >= self.SETTLE_STEPS and not event.sampled:
+            self.session.every_step(self, False, "step_start", "step_end")
 
     def _report(self, event: StepEnd, count: int, unit: str) -> None:
         key = id(event.optimizer)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from nndoctor.core.events import CheckpointSave, Forward, RunEnd, StepEnd
 from nndoctor.core.findings import Location, Severity
 from nndoctor.core.registry import Check, register
-from nndoctor.core.subscribers import model_forwards_only, sampled_training_forwards
-from nndoctor.instrument.training_probe import GcClock, gc_clock
+from nndoctor.core.step_log import StepLog
+from nndoctor.core.subscribers import model_forwards_only, sampled_only, sampled_training_forwards
+from nndoctor.instrument.training_probe import gc_clock
 
 
 @dataclass
@@ -85,8 +86,9 @@ def explain_step(record: StepRecord, median: float,
 class StepTimeOutliers(Check):
     """
     ## What it does
-    Times every optimizer step (from one ``optimizer.step()`` to the next: a clock read,
-    nothing more) together with what ran in between: ``torch.save`` calls, evaluation
+    Times every optimizer step (from one ``optimizer.step()`` to the next: the clock read the
+    step hook makes anyway, written in a row of five numbers, with no event) together with
+    what ran in between: ``torch.save`` calls, evaluation
     forwards (no gradients or eval mode), time in the garbage collector, and time waiting
     for the DataLoader. nndoctor's own fully instrumented steps are left out. At the end of
     the run it reports the steps slower than the **median + 3σ** (σ estimated as 1.4826 × the
@@ -133,59 +135,68 @@ class StepTimeOutliers(Check):
 
     def __init__(self, session) -> None:
         super().__init__(session)
-        self._records: list[StepRecord] = []
-        self._last_end: float | None = None
-        self._current = StepRecord(step=0, seconds=0.0)
-        self._gc_at_last_end = 0.0
-        self._state = session.state
-        self._wait_at_last_end = 0.0  # the run state's data wait (seconds) at the last step end
+        # Every step's end is written by the optimizer hook (``nndoctor.core.step_log``): one
+        # row a step, no event; what ran in a step (saves, evaluation forwards) is marked here.
+        self._log = session.state.step_log = StepLog(self.MAX_RECORDS + 1, lambda: gc_clock(session))
+        self._marks: dict[int, StepRecord] = {}  # step -> what ran in it, for the steps where something did
         self._step_at: Location | None = None
-        self._gc_clock: GcClock | None = None  # the session's, looked up until found (not every step)
+
+    def _mark(self, step: int) -> StepRecord:
+        record = self._marks.get(step)
+        if record is None:
+            if len(self._marks) >= self.MAX_RECORDS:
+                return StepRecord(step=step, seconds=0.0)  # not kept: a run this long has its records already
+            record = self._marks[step] = StepRecord(step=step, seconds=0.0)
+        return record
 
     def on_checkpoint_save(self, event: CheckpointSave) -> None:
-        self._current.checkpoint_s += event.seconds
-        if self._current.checkpoint_at is None:
-            self._current.checkpoint_at = event.location
+        record = self._mark(event.step)
+        record.checkpoint_s += event.seconds
+        if record.checkpoint_at is None:
+            record.checkpoint_at = event.location
 
     @sampled_training_forwards
     @model_forwards_only
     def on_forward(self, event: Forward) -> None:
         if event.is_loss or (event.grad_enabled and event.training):
             return
-        self._current.eval_forwards += 1
-        if self._current.eval_at is None:
-            self._current.eval_at = event.location
+        record = self._mark(event.step)
+        record.eval_forwards += 1
+        if record.eval_at is None:
+            record.eval_at = event.location
 
+    @sampled_only  # the first steps are sampled: the user's optimizer.step() line is known from them
     def on_step_end(self, event: StepEnd) -> None:
-        now = self._state.last_step_end  # read by the hook just before this event
-        clock = self._gc_clock
-        if clock is None:
-            clock = self._gc_clock = gc_clock(self.session)
-        gc_total = clock.seconds if clock is not None else 0.0
-        record = self._current
-        # A sampled step (or the one right after it) carries nndoctor's own instrumentation.
-        session, before = self.session, event.step - 2
-        instrumented = event.sampled or before < session.full_window or before % session.sample_every == 0  # is_sampled
-        if self._step_at is None and len(self._records) < 4:
-            self._step_at = event.location  # the user's optimizer.step() (resolved for a few steps only)
-        waited = self._state.data_wait_s  # the DataLoader waits, summed by the instrumentation
-        if self._last_end is not None and not instrumented and len(self._records) < self.MAX_RECORDS:
-            record.step = event.step - 1
-            record.seconds = now - self._last_end
-            record.gc_s = gc_total - self._gc_at_last_end
-            record.wait_s = waited - self._wait_at_last_end
-            self._records.append(record)
-        self._current = StepRecord(step=event.step, seconds=0.0)
-        self._last_end = now
-        self._gc_at_last_end = gc_total
-        self._wait_at_last_end = waited
+        if not event.sampled or self._step_at is not None:
+            return
+        self._step_at = event.location
+
+    def records(self) -> list[StepRecord]:
+        """The timed steps: each step from the end of the one before, nndoctor's own fully
+        instrumented steps (a sampled step, or the one right after it) left out."""
+        records = []
+        previous = None
+        for row in self._log.rows():
+            end, gc_s, wait_s, step, sampled = row
+            if previous is not None and not (sampled or previous[4]):
+                done = step - 1  # the step that just ended (the row holds the count after it)
+                marked = self._marks.get(done)
+                record = StepRecord(step=done, seconds=end - previous[0], gc_s=gc_s - previous[1],
+                                    wait_s=wait_s - previous[2])
+                if marked is not None:
+                    record.checkpoint_s, record.checkpoint_at = marked.checkpoint_s, marked.checkpoint_at
+                    record.eval_forwards, record.eval_at = marked.eval_forwards, marked.eval_at
+                records.append(record)
+            previous = row
+        return records
 
     def on_run_end(self, event: RunEnd) -> None:
-        slow, median, sigma = outlier_steps(self._records)
+        records = self.records()
+        slow, median, sigma = outlier_steps(records)
         if not slow:
             return
         slow.sort(key=lambda r: -r.seconds)
-        typical = TypicalStep.of(self._records)
+        typical = TypicalStep.of(records)
         explained: list[tuple[StepRecord, str]] = []
         unexplained = 0
         location = None
@@ -198,7 +209,7 @@ class StepTimeOutliers(Check):
             explained.append((record, what))
         if not explained:
             return  # slow steps with no visible cause: machine noise as often as not
-        cost, timed, share = outlier_cost([record for record, _ in explained], median, self._records)
+        cost, timed, share = outlier_cost([record for record, _ in explained], median, records)
         if share < self.MIN_SHARE:
             return  # real but negligible: not worth the user's attention
         described = [f"step {record.step}: {record.seconds * 1000:.0f} ms ({what})" for record, what in explained[:5]]
@@ -206,12 +217,12 @@ class StepTimeOutliers(Check):
             described.append(f"{unexplained} more slow step(s) with nothing nndoctor observes (host code, I/O "
                              "or another process)")
         self.report(
-            f"{len(slow)} of {len(self._records)} timed steps took more than median + 3σ "
+            f"{len(slow)} of {len(records)} timed steps took more than median + 3σ "
             f"({median * 1000:.1f} ms + 3 × {sigma * 1000:.1f} ms, and at least 2× the median); those with a "
             f"visible cause cost {cost:.2f} s beyond the median step, {share:.0%} of the {timed:.2f} s the timed "
             f"steps took: " + "; ".join(described) + ".",
             location=location or self._step_at,
-            evidence={"outliers": len(slow), "timed_steps": len(self._records), "median_ms": round(median * 1000, 3),
+            evidence={"outliers": len(slow), "timed_steps": len(records), "median_ms": round(median * 1000, 3),
                       "sigma_ms": round(sigma * 1000, 3), "cost_s": round(cost, 4), "share_of_timed": round(share, 4),
                       "slowest_steps": [r.step for r in slow[:10]]},
             step=slow[0].step,

@@ -18,17 +18,19 @@ from nndoctor.core.events import RELEASED, Event, released_nones
 from nndoctor.core.findings import Finding, InternalError, Report
 from nndoctor.core.optimizers import unwrap_optimizer
 from nndoctor.core.registry import Check, enabled_checks
-from nndoctor.core.sample_budget import SampleBudget, budget_from_env
+from nndoctor.core.sample_budget import BASELINE_STEPS, SampleBudget, budget_from_env
 from nndoctor.core.stash import Stash
 from nndoctor.core.subscribers import (
     LOSS_FORWARD,
     TRAINING_FORWARD,
+    TRAINING_LOSS,
     Subscriber,
     describe,
     handler_names,
     is_model_forwards_only,
     is_sampled_only,
     is_sampled_training_forwards,
+    is_sampled_training_losses,
 )
 
 DEFAULT_FULL_WINDOW = int(os.environ.get("NNDOCTOR_FULL_WINDOW", "16"))
@@ -75,6 +77,13 @@ def _without(table: dict[str, list[tuple[Subscriber, Any]]], subscriber: Subscri
     return {kind: handlers for kind, handlers in kept.items() if handlers}
 
 
+def _with_routes(kinds: Iterable[str]) -> tuple[str, ...]:
+    """The kinds and the routes that carry events of them to a subset of their handlers."""
+    kinds = tuple(kinds)
+    extra = ((LOSS_FORWARD, TRAINING_FORWARD) if "forward" in kinds else ()) + ((TRAINING_LOSS,) if "loss" in kinds else ())
+    return kinds + extra
+
+
 class RunState:
     """Facts about the run that several checks need, maintained by the instrumentation.
 
@@ -83,7 +92,12 @@ class RunState:
 
     def __init__(self) -> None:
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.step_counts: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._step_counts: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # The count of the optimizer that stepped last, kept apart from the weak dictionary
+        # (whose look-ups and stores are Python calls, a new weak reference per store): the
+        # usual step counts here, and ``step_counts`` writes it back before anyone reads.
+        self._counted: weakref.ref[Any] = _gone
+        self._count = 0
         self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self.mode_generation = 0
         self.backwards_since_step = 0
@@ -106,10 +120,47 @@ class RunState:
         self.last_step_end = 0.0
         self.step_ends = 0
         self.last_progress = "start"  # "batch", "forward", "backward" or "optimizer step"
+        # The loss ledger, once a check follows the losses backward() runs on: the backward
+        # hook records each of them there itself (instrument/loss_ledger.py), with no event.
+        self.loss_feed: Any = None
+        # Called when the training loop changes in a way a check that went quiet must see at
+        # once: an optimizer step with no backward() since the last one, or a model trained
+        # that was not the last one (a copy swapped in). Checks that judge every step only
+        # until the loop has settled (M106, O103) put their re-arming here.
+        self.on_loop_change: list[Any] = []
+        self.steps_without_backward = 0  # optimizer steps with no backward() since the one before
+        # When each optimizer step ended, written by the step hook while P114 times steps
+        # (``nndoctor.core.step_log``): no event a step.
+        self.step_log: Any = None
         self.scaler: weakref.ref[Any] | None = None
         self.loader_lengths: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
         self._param_owner_cache: (
             tuple[tuple[weakref.ref[Any], ...], tuple[int, ...], dict[int, Any]] | None) = None
+
+    # -- optimizer steps ------------------------------------------------------------------
+    @property
+    def step_counts(self) -> weakref.WeakKeyDictionary[Any, int]:
+        """Each optimizer's own steps so far (a weak dictionary: read it, count with ``count``)."""
+        counted = self._counted()
+        if counted is not None:
+            self._step_counts[counted] = self._count
+        return self._step_counts
+
+    def steps_of(self, optimizer: Any) -> int:
+        """``step_counts.get(optimizer, 0)``, without a Python call for the last one to step."""
+        if self._counted() is optimizer:
+            return self._count
+        return self.step_counts.get(optimizer, 0)
+
+    def count(self, optimizer: Any) -> int:
+        """Count a step of ``optimizer``; its steps before this one."""
+        if self._counted() is optimizer:  # the usual step
+            before = self._count
+        else:
+            before = self.step_counts.get(optimizer, 0)  # writes the last one's count back
+            self._counted = weakref.ref(optimizer)
+        self._count = before + 1
+        return before
 
     # -- optimizers and the parameters they own -----------------------------------------
     def optimizer_param_ids(self) -> dict[int, Any]:
@@ -230,6 +281,8 @@ class Session:
 
     @staticmethod
     def _routes(kind: str, handler: Any) -> tuple[str, ...]:
+        if kind == "loss":
+            return (kind,) if is_sampled_training_losses(handler) else (kind, TRAINING_LOSS)
         if kind != "forward":
             return (kind,)
         routes = [kind]
@@ -284,7 +337,7 @@ class Session:
         if wanted:
             self.arm(subscriber, *kinds)
         else:
-            self._every_step = _without(self._every_step, subscriber, kinds)
+            self._every_step = _without(self._every_step, subscriber, _with_routes(kinds))
             self._sampled_now.update((id(subscriber), kind) for kind in kinds)
 
     # -- dispatch ------------------------------------------------------------------------
@@ -346,7 +399,7 @@ class Session:
         """Stop dispatching these kinds to ``subscriber``: a check whose handler has nothing
         left to do (decided, reported once) stops costing a call on every step. Safe during
         dispatch: the tables are replaced, not changed."""
-        routes = (*kinds, LOSS_FORWARD, TRAINING_FORWARD) if "forward" in kinds else kinds
+        routes = _with_routes(kinds)
         self._handlers = _without(self._handlers, subscriber, routes)
         self._every_step = _without(self._every_step, subscriber, routes)
 
@@ -380,8 +433,7 @@ class Session:
     # every update, manual ones included.
     def count_step(self, optimizer: Any) -> None:
         optimizer = unwrap_optimizer(optimizer)
-        counts = self.state.step_counts
-        counts[optimizer] = own = counts.get(optimizer, 0) + 1
+        own = self.state.count(optimizer) + 1
         self._count_round(id(optimizer))
         # The first steps of a new optimizer (the next phase) are fully observed, like the run's.
         self._phase_sampled = own < self.full_window
@@ -391,16 +443,25 @@ class Session:
         one unwrap and one look-up (the hook after every ``optimizer.step()``): was it sampled?"""
         if self._plain_optimizer() is not optimizer:  # the usual step: a torch optimizer, no wrapper
             optimizer = self._unwrap(optimizer)
-        counts = self.state.step_counts
-        before = counts.get(optimizer, 0)
+        before = self.state.count(optimizer)
+        own = before + 1
         step = self.step  # is_sampled(step) inlined, here and in step_sampled: every step
         sampled = step < self.full_window or step % self.sample_every == 0 or before < self.full_window
-        counts[optimizer] = own = before + 1
-        self._count_round(id(optimizer))
+        # _count_round(id(optimizer)), inlined (every step)
+        self.state.total_steps += 1
+        key, round_ = id(optimizer), self._round
+        if not round_ or key in round_:
+            self.step += 1
+            if len(round_) != 1:  # the usual round, one optimizer's, is kept as it is
+                self._round = {key}
+        else:
+            round_.add(key)
         self._phase_sampled = own < self.full_window
         budget = self.sample_budget
         if budget is not None:
-            budget.step_ended(step, sampled)
+            every = self.sample_every  # step_ended's own first test, inlined: most steps time nothing
+            if not 1 < step % every < every - BASELINE_STEPS - 1 or step < self.full_window:
+                budget.step_ended(step, sampled)
         return sampled
 
     def count_manual_step(self) -> None:
@@ -422,7 +483,7 @@ class Session:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""
         if self._plain_optimizer() is not optimizer:
             optimizer = self._unwrap(optimizer)
-        own = self.state.step_counts.get(optimizer, 0)
+        own = self.state.steps_of(optimizer)
         step = self.step
         return step < self.full_window or step % self.sample_every == 0 or own < self.full_window
 

@@ -206,6 +206,7 @@ class EpochStart(Event):
     loader: Any = None
     length: int | None = None
     epoch: int = 0
+    tally: Any = None  # the loader's LoaderTally (nndoctor.core.step_log): batches and waits, all passes
 
 
 @dataclass(eq=False)

@@ -28,7 +28,7 @@ from typing import Any
 # The share of the run's wall time that sampled steps may cost (0 switches the budget off).
 DEFAULT_BUDGET = 0.01
 MAX_FACTOR = 16  # at most 1 step in 1,600 with the default interval of 100
-_BASELINE_STEPS = 6  # unsampled steps timed before each periodic sampled step
+BASELINE_STEPS = 6  # unsampled steps timed before each periodic sampled step
 _KEPT_COSTS = 8  # the last sampled steps' costs: the decisions read 3, the report all
 _ENV = "NNDOCTOR_SAMPLE_BUDGET"
 
@@ -65,14 +65,14 @@ class SampleBudget:
         session = self.session
         every = session.sample_every
         phase = step % every
-        if 1 < phase < every - _BASELINE_STEPS - 1 or step < session.full_window:
+        if 1 < phase < every - BASELINE_STEPS - 1 or step < session.full_window:
             return  # most steps: nothing to time
         now = self.clock()
         last, self._last_end = self._last_end, now
         if last is None:
             return
-        if phase >= every - _BASELINE_STEPS and not sampled:
-            if phase == every - _BASELINE_STEPS:
+        if phase >= every - BASELINE_STEPS and not sampled:
+            if phase == every - BASELINE_STEPS:
                 self._baseline.clear()
             self._baseline.append(now - last)
         elif phase == 0 and sampled:

@@ -84,6 +84,25 @@ def is_sampled_training_forwards(handler: Any) -> bool:
     return bool(getattr(getattr(handler, "__func__", handler), _SAMPLED_TRAINING_FORWARDS, False))
 
 
+_SAMPLED_TRAINING_LOSSES = "__nndoctor_sampled_training_losses__"
+# The route of the usual loss of an unsampled step: computed with autograd recording (a
+# training loss). It reaches only the ``on_loss`` handlers not marked
+# ``sampled_training_losses``; when none is left, the step's loss builds no event.
+TRAINING_LOSS = "loss/training"
+
+
+def sampled_training_losses(handler: _Handler) -> _Handler:
+    """Mark an ``on_loss`` handler that needs the training losses (autograd on) of sampled
+    steps only — it follows the training loss through the loss ledger's record of every loss
+    given to ``backward()`` — but every loss computed without gradients (an evaluation's)."""
+    setattr(handler, _SAMPLED_TRAINING_LOSSES, True)
+    return handler
+
+
+def is_sampled_training_losses(handler: Any) -> bool:
+    return bool(getattr(getattr(handler, "__func__", handler), _SAMPLED_TRAINING_LOSSES, False))
+
+
 def handler_names(cls: type) -> dict[str, str]:
     """Event kind -> method name, for every ``on_<kind>`` the class defines."""
     found = {}

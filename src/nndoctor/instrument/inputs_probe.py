@@ -126,7 +126,9 @@ def _make_probe(installation: Installation, probe: TargetProbe, name: str, wrapp
 
     @functools.wraps(wrapped)
     def probed(input, target, *args, **kwargs):
-        if session.active and session.sampled and not torch.compiler.is_compiling():
+        step = session.step  # ``session.sampled`` inlined (every loss)
+        if session.active and (step < session.full_window or step % session.sample_every == 0 or session._phase_sampled) \
+                and not torch.compiler.is_compiling():
             installation._safe(record, input, target, args, kwargs, sys._getframe(1))
         return wrapped(input, target, *args, **kwargs)
 

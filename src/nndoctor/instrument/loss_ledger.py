@@ -16,6 +16,13 @@ its version counter say so).
   sampled steps, where a synchronisation is allowed.
 
 Nothing of the user's is kept: a weak reference to the last loss and plain floats.
+
+**The training losses, without an event a step.** L106 (the curve), L107 (the training mean)
+and N101 (the first non-finite loss) follow the loss ``backward()`` ran on, on every step. The
+backward hook records it here itself (``record_backward``, when one of them ``follows``): one
+read or copy, no event, no handler call on an unsampled step. They read what they need on
+sampled steps (``backward_values``); a non-finite loss is announced to N101 as soon as its
+value is on the host (``on_nonfinite``): at once on the CPU, when its copy lands on CUDA.
 """
 
 from __future__ import annotations
@@ -90,6 +97,15 @@ class LossLedger:
         self._last_serial = -1
         self._cuda: dict[torch.device, _CudaSlots] = {}
         self._in_flight: list[tuple[int, _CudaSlots, int]] = []  # (serial, slots, index), oldest first
+        # The losses backward() ran on (``record_backward``): their serials and steps, from
+        # the ``_backward_base``-th on (older ones go with their values: ``_drop``).
+        self._backward: list[int] = []
+        self._backward_steps: list[int] = []
+        self._backward_base = 0
+        # Called with (serial, step, frame) of a backward loss found non-finite, as its value
+        # lands (the frame of the backward() call on the CPU, where that is at once; else None).
+        self._nonfinite_listeners: list[Callable[[int, int, Any], None]] = []
+        self._steps: dict[int, int] = {}  # serial -> step, of backward losses in flight (CUDA)
 
     def __len__(self) -> int:
         """Losses recorded so far (the next serial)."""
@@ -169,6 +185,88 @@ class LossLedger:
         base, values = self._base, self._values
         return [values[s - base] if s >= base else None for s in wanted]
 
+    # -- the losses backward() ran on ----------------------------------------------------------
+    def record_backward(self, tensor: torch.Tensor, step: int, frame: Any = None) -> None:
+        """The backward hook's call, on every backward() of a one-element floating-point
+        tensor while a reader follows them: recorded (read or copied, once), and checked for a
+        non-finite value once it is on the host."""
+        try:
+            version = tensor._version
+        except RuntimeError:  # an inference tensor has no version counter: never deduplicated
+            version = -1
+        if version >= 0 and version == self._last_version and self._last_ref() is tensor:
+            serial = self._last_serial  # read already this step (L108's loss handler)
+        elif not tensor.is_cuda and not self._asynchronous_cpu:  # record()'s CPU path, inlined (every step)
+            serial = self._base + len(self._values)
+            self._values.append(tensor.item())  # item() records nothing for autograd
+            self._last_ref = weakref.ref(tensor) if version >= 0 else _dead
+            self._last_version, self._last_serial = version, serial
+            if len(self._values) > 2 * self._keep:
+                self._drop(self._keep)
+        else:
+            serial = self.record(tensor)
+        self._backward.append(serial)
+        self._backward_steps.append(step)
+        value = self._values[serial - self._base]
+        if value is None:  # in flight (CUDA): checked when it lands (``_harvest``)
+            if self._nonfinite_listeners:
+                self._steps[serial] = step
+        elif value - value != 0.0 and self._nonfinite_listeners:  # NaN or ±Inf, without a call
+            self._announce(serial, step, frame)
+
+    @property
+    def backward_count(self) -> int:
+        """backward() losses recorded so far: a reader's cursor starts here."""
+        return self._backward_base + len(self._backward)
+
+    def backward_values(self, cursor: int, *, wait: bool = True) -> tuple[int, list[float]]:
+        """The values of the backward() losses from the ``cursor``-th on (dropped ones left
+        out), and the cursor past them. ``wait``: for the copies still in flight (a
+        synchronisation on CUDA, for sampled steps); otherwise only up to the first one that
+        has not landed."""
+        start = max(cursor - self._backward_base, 0)
+        serials = self._backward[start:]
+        if not serials:
+            return max(cursor, self._backward_base), []
+        if wait:
+            values = self.values(serials)
+        else:
+            if self._in_flight:
+                self._harvest(wait=False)
+            base, kept = self._base, self._values
+            values = []
+            for serial in serials:
+                value = kept[serial - base] if serial >= base else None
+                if value is None and serial >= base:
+                    break
+                values.append(value)
+            serials = serials[:len(values)]
+        return self._backward_base + start + len(serials), [v for v in values if v is not None]
+
+    def poll(self) -> None:
+        """Take in the copies that have landed, without waiting (announcing non-finite ones)."""
+        if self._in_flight:
+            self._harvest(wait=False)
+
+    def flush(self) -> None:
+        """Take in every copy in flight, waiting for them (the end of a run)."""
+        if self._in_flight:
+            self._harvest(wait=True, until=self._in_flight[-1][0])
+
+    def backward_step(self, cursor: int) -> int | None:
+        """The step of the ``cursor``-th backward() loss, if it is still kept."""
+        i = cursor - self._backward_base
+        return self._backward_steps[i] if 0 <= i < len(self._backward_steps) else None
+
+    def on_nonfinite(self, listener: Callable[[int, int, Any], None]) -> None:
+        """Call ``listener(serial, step, frame)`` for each backward() loss whose value is NaN
+        or ±Inf, once it is on the host (``frame``: the backward() call's, when that is now)."""
+        self._nonfinite_listeners.append(listener)
+
+    def _announce(self, serial: int, step: int, frame: Any) -> None:
+        for listener in self._nonfinite_listeners:
+            listener(serial, step, frame)
+
     # -- CUDA ----------------------------------------------------------------------------------
     def _copy(self, tensor: torch.Tensor, serial: int) -> None:
         device = tensor.device
@@ -200,7 +298,11 @@ class LossLedger:
                 event.synchronize()
             i = serial - self._base
             if i >= 0:
-                self._values[i] = float(slots.array[index])
+                self._values[i] = value = float(slots.array[index])
+                if self._steps:
+                    step = self._steps.pop(serial, None)
+                    if step is not None and value - value != 0.0:
+                        self._announce(serial, step, None)
             slots.serials[index] = -1
             done += 1
         if done:
@@ -212,16 +314,26 @@ class LossLedger:
             self._harvest(wait=True, until=max(in_flight))
         del self._values[:count]
         self._base += count
+        gone = 0  # the backward() losses whose values went
+        while gone < len(self._backward) and self._backward[gone] < self._base:
+            gone += 1
+        if gone:
+            del self._backward[:gone], self._backward_steps[:gone]
+            self._backward_base += gone
 
 
 LOSS_LEDGER = StashKey[LossLedger]("loss ledger")
 
 
-def loss_ledger(session: Any) -> LossLedger:
-    """The session's ledger (made on first use)."""
+def loss_ledger(session: Any, *, follow_backward: bool = False) -> LossLedger:
+    """The session's ledger (made on first use). ``follow_backward``: a reader of the losses
+    backward() runs on; from now on the backward hook records each of them here
+    (``session.state.loss_feed``)."""
     stash = session.stash
     try:
-        return stash[LOSS_LEDGER]
+        ledger = stash[LOSS_LEDGER]
     except KeyError:
         ledger = stash[LOSS_LEDGER] = LossLedger()
-        return ledger
+    if follow_backward:
+        session.state.loss_feed = ledger
+    return ledger

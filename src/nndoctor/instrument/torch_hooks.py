@@ -37,7 +37,8 @@ from torch.optim.optimizer import (
 
 from nndoctor.core import events as ev
 from nndoctor.core.engine import Session, StopRun
-from nndoctor.core.subscribers import LOSS_FORWARD, TRAINING_FORWARD
+from nndoctor.core.step_log import LoaderTally
+from nndoctor.core.subscribers import LOSS_FORWARD, TRAINING_FORWARD, TRAINING_LOSS
 from nndoctor.instrument.features import Feature, install_features
 from nndoctor.instrument.patches import Patcher
 from nndoctor.run.crash_context import crash_context
@@ -97,6 +98,9 @@ class Installation:
         self._last_stepped_without_values = False  # its parameters are meta or fake (asked once per optimizer)
         self._iterators: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._tallies: weakref.WeakKeyDictionary[Any, LoaderTally] = weakref.WeakKeyDictionary()
+        self._last_iterator: weakref.ref[Any] = _dead_ref  # the DataLoader pass of the last batch
+        self._last_info: dict[str, Any] = {}
         self._names: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
         # Names of the extra instrumentation installed for this session (instrument/extensions.py):
         # what the enabled checks asked for, besides the core hooks installed here.
@@ -234,6 +238,8 @@ class Installation:
                 # WeakSet.add costs three calls and a new weak reference: once per model, not per step.
                 state.roots.add(module)
                 self._last_root = weakref.ref(module)
+                for changed in state.on_loop_change:  # another model trained now (a copy swapped in?)
+                    changed()
         if is_loss:
             route = LOSS_FORWARD
         elif not sampled and grad_enabled and module.training:
@@ -253,14 +259,16 @@ class Installation:
 
     def _loss_module_called(self, module: Any, args: tuple, output: Any, frame: Any, sampled: bool) -> None:
         session = self.session
-        if "loss" not in (session._handlers if sampled else session._every_step):
+        # An unsampled step's training loss takes its own route: few handlers, often none.
+        route = "loss" if sampled or not torch.is_grad_enabled() else TRAINING_LOSS
+        if route not in (session._handlers if sampled else session._every_step):
             return
         name, options = _loss_module_options(module)
         session.emit(ev.LossComputed(
             step=session.step, sampled=sampled, frame=frame, function=name,
             module=module, input=args[0] if args else None,
             target=args[1] if len(args) > 1 else None, output=output, options=options,
-        ))
+        ), route)
 
     def qualname(self, root: Any, module: Any) -> str:
         """``layer3.1.conv2`` for a submodule of ``root`` ('' for the root itself)."""
@@ -320,13 +328,23 @@ class Installation:
             session.state.optimizers.add(optimizer)  # (a WeakSet: nothing removes a live one)
             self._last_stepped = weakref.ref(optimizer)
             self._last_stepped_without_values = _optimizer_without_values(optimizer)
-        sampled = session.step_sampled(optimizer)
+        step = session.step
+        if step < session.full_window or step % session.sample_every == 0:
+            sampled = True
+        else:  # ``session.step_sampled``: a new phase's optimizer is sampled in its first steps
+            sampled = session.step_sampled(optimizer) if session._plain_optimizer() is not optimizer else \
+                session.state.steps_of(optimizer) < session.full_window
+        state = session.state
+        if not state.backwards_since_step:  # no backward() since the last step (or a closure's to come)
+            state.steps_without_backward += 1
+            for changed in state.on_loop_change:
+                changed()
         if "step_start" in (session._handlers if sampled else session._every_step) and not self._last_stepped_without_values:
             session.emit(ev.StepStart(
                 step=session.step, sampled=sampled, frame=sys._getframe(1),
                 optimizer=optimizer, has_closure=bool(args[1:] or kwargs) and _has_closure(args, kwargs),
-                backwards_since_step=session.state.backwards_since_step,
-                zero_grads_since_backward=session.state.zero_grads_since_backward,
+                backwards_since_step=state.backwards_since_step,
+                zero_grads_since_backward=state.zero_grads_since_backward,
             ))
         return None
 
@@ -342,6 +360,9 @@ class Installation:
         if state.first_step_end is None:
             state.first_step_end = now
         state.step_ends += 1
+        log = state.step_log
+        if log is not None and len(log.values) < log.limit:  # StepLog.add's test, inlined (every step)
+            log.add(now, state.data_wait_s, session.step, sampled)
         if "step_end" in (session._handlers if sampled else session._every_step) and not (
                 self._last_stepped_without_values if self._last_stepped() is optimizer
                 else _optimizer_without_values(optimizer)):
@@ -412,7 +433,8 @@ class Installation:
                 result = original(owner, set_to_none, *args, **kwargs)
                 if session.active:
                     session.state.zero_grads_since_backward += 1
-                    sampled = session.sampled
+                    step = session.step  # ``session.sampled`` inlined (every step)
+                    sampled = step < session.full_window or step % session.sample_every == 0 or session._phase_sampled
                     if "zero_grad" in (session._handlers if sampled else session._every_step):
                         session.emit(ev.ZeroGrad(step=session.step, sampled=sampled,
                                                  frame=sys._getframe(1), owner=owner,
@@ -436,10 +458,15 @@ class Installation:
             index = state.backwards_since_step
             state.backwards_since_step += 1
             state.batches_at_last_backward = state.batches_fetched
-            sampled = session.sampled
+            step = session.step  # ``session.sampled`` inlined (every step)
+            sampled = step < session.full_window or step % session.sample_every == 0 or session._phase_sampled
             if _without_values(tensor) if type(tensor) is not torch.Tensor else tensor.is_meta:
                 return
             state.backwards_with_values += 1  # the step ledger (O103's closure steps read it)
+            feed = state.loss_feed  # the loss ledger, while a check follows the training loss
+            if feed is not None and (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) \
+                    and (not tensor.ndim or tensor.numel() == 1) and tensor.dtype.is_floating_point:
+                feed.record_backward(tensor, session.step, frame)
             if "backward" in (session._handlers if sampled else session._every_step):
                 session.emit(ev.Backward(step=session.step, sampled=sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
@@ -467,13 +494,23 @@ class Installation:
             if not session.active or inst._in_backward:
                 return original_tensor_backward(self, gradient, retain_graph, create_graph, inputs)
             frame = sys._getframe(1)
-            inst._safe(before, self, retain_graph, frame)
+            try:  # _safe, inlined (every step)
+                before(self, retain_graph, frame)
+            except StopRun:
+                raise
+            except Exception as error:  # noqa: BLE001
+                session.internal_error("before", error)
             inst._in_backward += 1
             try:
                 result = original_tensor_backward(self, gradient, retain_graph, create_graph, inputs)
             finally:
                 inst._in_backward -= 1
-            inst._safe(after, self, frame)
+            try:
+                after(self, frame)
+            except StopRun:
+                raise
+            except Exception as error:  # noqa: BLE001
+                session.internal_error("after", error)
             return result
 
         @functools.wraps(original_autograd_backward)
@@ -534,10 +571,15 @@ class Installation:
             session = inst.session
             if not session.active:
                 return original_next(iterator)
-            started = time.perf_counter()
+            started = _clock()
             batch = original_next(iterator)
-            waited = time.perf_counter() - started
-            inst._safe(inst._batch_fetched, iterator, batch, waited)
+            waited = _clock() - started
+            try:  # _safe, inlined (every batch)
+                inst._batch_fetched(iterator, batch, waited)
+            except StopRun:
+                raise
+            except Exception as error:  # noqa: BLE001
+                session.internal_error("batch fetched", error)
             return batch
 
         self.patcher.patch(DataLoader, "__iter__", loader_iter)
@@ -552,25 +594,36 @@ class Installation:
         except TypeError:
             length = None
         session.state.loader_lengths[loader] = length
+        tally = self._tallies.get(loader)
+        if tally is None:
+            tally = self._tallies[loader] = LoaderTally()
         self._iterators[iterator] = {"loader": weakref.ref(loader), "index": 0, "epoch": epoch,
-                                     "length": length}
+                                     "length": length, "tally": tally}
         if session.wants("epoch_start"):
             session.emit(ev.EpochStart(step=session.step, sampled=session.sampled,
                                        frame=sys._getframe(1), loader=loader, length=length,
-                                       epoch=epoch))
+                                       epoch=epoch, tally=tally))
 
     def _batch_fetched(self, iterator: Any, batch: Any, waited: float) -> None:
         session = self.session
         state = session.state
         state.batches_fetched += 1
         state.last_progress = "batch"
-        info = self._iterators.get(iterator)
-        if info is None:
-            return
+        if self._last_iterator() is iterator:  # the usual batch: the same pass as the last one
+            info = self._last_info
+        else:
+            info = self._iterators.get(iterator)
+            if info is None:
+                return
+            self._last_iterator, self._last_info = weakref.ref(iterator), info
         index = info["index"]
         info["index"] = index + 1
         state.data_wait_s += waited
-        sampled = session.sampled
+        tally = info["tally"]
+        tally.wait += waited
+        tally.batches += 1
+        step = session.step  # ``session.sampled`` inlined (every batch)
+        sampled = step < session.full_window or step % session.sample_every == 0 or session._phase_sampled
         if "batch" in (session._handlers if sampled else session._every_step):
             session.emit(ev.BatchFetched(step=session.step, sampled=sampled,
                                          frame=sys._getframe(1), loader=info["loader"](),
@@ -769,14 +822,16 @@ def _make_loss_wrapper(inst: Installation, name: str, original: Any) -> Any:
         if not session.active or inst._in_loss or _dynamo_compiling() or _compiler._is_compiling_flag:
             return original(input, target, *args, **kwargs)
         output = original(input, target, *args, **kwargs)
-        sampled = session.sampled
-        if "loss" in (session._handlers if sampled else session._every_step) and not (
+        step = session.step  # ``session.sampled`` inlined (every step)
+        sampled = step < session.full_window or step % session.sample_every == 0 or session._phase_sampled
+        route = "loss" if sampled or not torch.is_grad_enabled() else TRAINING_LOSS
+        if route in (session._handlers if sampled else session._every_step) and not (
                 _without_values(output) if type(output) is not torch.Tensor else output.is_meta):
             options = {k: v for k, v in kwargs.items() if k in _LOSS_OPTION_NAMES}
             frame = sys._getframe(1)
             inst._safe(lambda: session.emit(ev.LossComputed(
                 step=session.step, sampled=sampled, frame=frame, function=name,
-                input=input, target=target, output=output, options=options)))
+                input=input, target=target, output=output, options=options), route))
         return output
 
     return loss_function

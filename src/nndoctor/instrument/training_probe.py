@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -124,12 +125,12 @@ def install_scaler_step(installation: Installation) -> None:
     def step(scaler, optimizer, *args, **kwargs):
         if not session.active or not session.wants("scaler_step"):
             return original(scaler, optimizer, *args, **kwargs)
-        counts = session.state.step_counts
-        before = counts.get(optimizer, 0)
+        state = session.state
+        before = state.steps_of(optimizer)
         result = original(scaler, optimizer, *args, **kwargs)
         if scaler.is_enabled():
             frame = sys._getframe(1)
-            skipped = counts.get(optimizer, 0) == before
+            skipped = state.steps_of(optimizer) == before
             installation._safe(lambda: session.emit(ev.ScalerStep(
                 step=session.step, sampled=session.sampled, frame=frame, scaler=scaler,
                 optimizer=optimizer, skipped=skipped)))
@@ -311,13 +312,13 @@ class GcClock:
         self.seconds = 0.0
         self._started: float | None = None
 
-    def callback(self, phase: str, info: dict) -> None:
-        import time
-
+    def callback(self, phase: str, info: dict, clock: Any = time.perf_counter) -> None:
+        # The clock bound once: an import statement here ran on every collection, and failed
+        # ("import of time halted") in collections at interpreter shutdown.
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started = clock()
         elif self._started is not None:
-            self.seconds += time.perf_counter() - self._started
+            self.seconds += clock() - self._started
             self._started = None
 
 

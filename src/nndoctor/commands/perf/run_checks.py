@@ -85,35 +85,42 @@ class LoaderConfig(Check):
     def on_epoch_start(self, event: Any) -> None:
         info = self._loaders.get(id(event.loader))
         if info is None or info["ref"]() is not event.loader:
-            self._loaders[id(event.loader)] = {
-                "ref": weakref.ref(event.loader), "location": event.location, "wait": 0.0, "batches": 0,
+            # The hook adds every batch's wait to the loader's tally (no event a batch): this
+            # check reads it on sampled steps and at the end, from the first step's end on.
+            info = self._loaders[id(event.loader)] = {
+                "ref": weakref.ref(event.loader), "location": event.location, "tally": event.tally,
                 "num_workers": int(getattr(event.loader, "num_workers", 0) or 0)}
-        self._latest = id(event.loader)
+            if self._state.first_step_end is not None:
+                self._start_counting(info, time.perf_counter())
 
-    def on_batch(self, event: Any) -> None:
-        if event.loader is None:  # a loader built inline is freed once iterated: the latest one
-            info = self._loaders.get(self._latest) if self._latest is not None else None
-            if info is not None and info["ref"]() is not None:
-                info = None
-        else:
-            info = self._loaders.get(id(event.loader))
-            if info is not None and info["ref"]() is not event.loader:
-                info = None
-        first_step_end = self._state.first_step_end
-        if info is not None and first_step_end is not None:
-            info["wait"] += event.wait_s
-            info["batches"] += 1
-            # When each wait ended, for the halves of the run, in constant memory (a list of
-            # every batch's wait grew by ~120 bytes a batch for the whole run).
-            buckets = info.get("waits")
-            if buckets is None:
-                buckets = info["waits"] = TimeBuckets(first_step_end)
-            buckets.add(time.perf_counter(), event.wait_s)
+    @staticmethod
+    def _start_counting(info: dict[str, Any], at: float) -> None:
+        tally = info["tally"]
+        info["base"] = (tally.wait, tally.batches) if tally is not None else (0.0, 0)
+        info["waits"] = TimeBuckets(at)  # when the waits were, for the halves of the run
+        info["read"] = (at, info["base"][0])
+
+    def _read_tallies(self, now: float) -> None:
+        """The waits since the last read, placed in time at the middle of the interval they
+        came in (a sampled interval: the halves of the run are off by half of one at most)."""
+        for info in self._loaders.values():
+            tally = info["tally"]
+            if tally is None:
+                continue
+            if "base" not in info:
+                self._start_counting(info, now)
+                continue
+            then, waited = info["read"]
+            if tally.wait > waited:
+                info["waits"].add((then + now) / 2, tally.wait - waited)
+            info["read"] = (now, tally.wait)
 
     @sampled_only  # the first steps are sampled: three looks at the optimizer's device are enough
     def on_step_end(self, event: Any) -> None:
         if not event.sampled:
             return
+        if self._state.first_step_end is not None:
+            self._read_tallies(self._state.last_step_end)
         if not self._accelerated and self._devices_checked < 3:
             self._devices_checked += 1
             self._accelerated = trains_on_accelerator(event.optimizer)
@@ -125,8 +132,13 @@ class LoaderConfig(Check):
             return
         wall = last - first
         steps = state.step_ends - 1  # the steps after the first one's end
+        self._read_tallies(max(last, time.perf_counter()))
         for info in list(self._loaders.values()):
-            found = loader_costs_time(info["num_workers"], info["wait"], wall, info["batches"], steps)
+            if info.get("base") is None:
+                continue
+            tally, (base_wait, base_batches) = info["tally"], info["base"]
+            found = loader_costs_time(info["num_workers"], tally.wait - base_wait, wall,
+                                      tally.batches - base_batches, steps)
             if found is None:
                 continue
             buckets = info.get("waits")
