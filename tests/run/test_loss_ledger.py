@@ -78,7 +78,7 @@ def test_a_loss_is_read_once_however_many_ask():
 
 
 def test_copies_that_land_later_are_read_in_order_and_waited_for_only_when_asked():
-    ledger = LossLedger(cuda_slots=4, slots=_late_slots(delay=2))
+    ledger = LossLedger(cuda_slots=4, slots=_late_slots(delay=2), event_every=1)
     losses = [torch.tensor(float(v)) for v in (1, 2, float("nan"), 4, 5, 6)]
     serials = [ledger.record(loss) for loss in losses[:3]]
     assert ledger.landed(serials[0]) is None  # in flight: polling does not wait
@@ -89,6 +89,40 @@ def test_copies_that_land_later_are_read_in_order_and_waited_for_only_when_asked
     # Six losses through four slots: a slot still in flight is read before it is reused.
     serials += [ledger.record(loss) for loss in losses[3:]]
     assert ledger.values(serials)[3:] == [4.0, 5.0, 6.0]
+
+
+class _CountedEvent(_LateEvent):
+    records = 0
+
+    def record(self, stream: Any) -> None:
+        type(self).records += 1
+        super().record(stream)
+
+
+def test_one_event_marks_a_group_of_copies():
+    """An event behind every fourth copy (not one a copy): the copies before it are known
+    landed when it is; a reader that waits for a copy of the open group marks it at once; a
+    copy on another stream closes the group first (events order copies on their own stream)."""
+    def slots(device, size):
+        made = _late_slots(delay=0)(device, size)
+        made.events = [_CountedEvent(0) for _ in range(size)]
+        made.current = "default"
+        made.stream = lambda: made.current
+        return made
+
+    _CountedEvent.records = 0
+    ledger = LossLedger(cuda_slots=64, slots=slots, event_every=4)
+    serials = [ledger.record(torch.tensor(float(v))) for v in range(6)]
+    assert _CountedEvent.records == 1  # behind the fourth copy only
+    assert [ledger.landed(s) for s in serials[:4]] == [0.0, 1.0, 2.0, 3.0]
+    assert ledger.landed(serials[4]) is None  # no event behind it yet: not known to have landed
+    assert ledger.value(serials[5]) == 5.0 and _CountedEvent.records == 2  # the wait marks the group
+    ledger.record(torch.tensor(6.0))
+    ledger._cuda[torch.device("cpu")].current = "side"  # the user switched streams
+    ledger.record(torch.tensor(7.0))
+    assert _CountedEvent.records == 3  # the copy on the default stream got its own event
+    ledger.flush()
+    assert ledger.values(range(8)) == [float(v) for v in range(8)] and _CountedEvent.records == 4
 
 
 def test_values_older_than_the_kept_window_are_dropped_not_confused():

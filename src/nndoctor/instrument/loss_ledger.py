@@ -10,10 +10,11 @@ its version counter say so).
 
 - On the CPU (and any device that is not CUDA) the value is read at once with ``item()``:
   ~1 µs, nothing to wait for (on other accelerators it waits, as N101's flag did before).
-- On CUDA the value is copied, without waiting, into a pinned host slot and a CUDA event is
-  recorded behind the copy: one launch a step. ``landed`` answers when the copy is done
-  (polling the event never blocks); ``value`` waits for it — the readers do that only on
-  sampled steps, where a synchronisation is allowed.
+- On CUDA the value is copied, without waiting, into a pinned host slot: one launch a step.
+  A CUDA event recorded behind every 16th copy (``EVENT_EVERY``) marks the copies before it.
+  ``landed`` answers when a copy is known to be done (polling the event never blocks);
+  ``value`` waits for it — the readers do that only on sampled steps, where a
+  synchronisation is allowed.
 
 Nothing of the user's is kept: a weak reference to the last loss and plain floats.
 
@@ -39,6 +40,11 @@ from nndoctor.core.stash import StashKey
 # host list, waiting if its copy has not landed: rare) before it is written again. Enough for
 # several sampled intervals of the default 100 steps, gradient accumulation included.
 CUDA_SLOTS = 1024
+# One CUDA event marks a group of copies: copies queued on one stream land in order, so the
+# event recorded behind the last of them says that all of them have landed (an event a copy
+# cost a cudaEventRecord, ~4 µs of host time, on every step). A group closes after this many
+# copies, when the stream changes, or when a reader waits for one of its copies.
+EVENT_EVERY = 16
 # Values kept on the host (at most twice this many, ~2 MB): the readers read theirs at least
 # once per sampled interval. Older values are dropped in chunks (``value`` then answers None):
 # only a run sampled less than once in ~30,000 losses (NNDOCTOR_SAMPLE_EVERY) can lose some.
@@ -73,17 +79,20 @@ class _CudaSlots:
         return self._stream
 
 
+_CURRENT_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _raw_stream(index: int) -> int | None:
     """The current stream's handle on device ``index`` (None: this torch cannot tell)."""
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(index) if get is not None else None
+    return _CURRENT_RAW_STREAM(index) if _CURRENT_RAW_STREAM is not None else None
 
 
 class LossLedger:
     """Serial numbers for the scalar losses of a run, and their values on the host."""
 
     def __init__(self, cuda_slots: int = CUDA_SLOTS, keep: int = KEEP, *,
-                 slots: Callable[[torch.device, int], _CudaSlots] | None = None) -> None:
+                 slots: Callable[[torch.device, int], _CudaSlots] | None = None,
+                 event_every: int = EVENT_EVERY) -> None:
         # ``slots``: the tests' stand-in for pinned memory and CUDA events, through which a CPU
         # loss takes the CUDA path (copies that land later), on a machine without a GPU.
         self._make_slots = slots or _CudaSlots
@@ -96,7 +105,11 @@ class LossLedger:
         self._last_version = -1
         self._last_serial = -1
         self._cuda: dict[torch.device, _CudaSlots] = {}
-        self._in_flight: list[tuple[int, _CudaSlots, int]] = []  # (serial, slots, index), oldest first
+        # (serial, slots, index, index of the slot whose event marks its group), oldest first
+        self._in_flight: list[tuple[int, _CudaSlots, int, int]] = []
+        self._open: list[tuple[int, _CudaSlots, int]] = []  # copies queued since the last event
+        self._open_stream: Any = None  # the stream they were queued on
+        self._event_every = max(1, event_every)
         # The losses backward() ran on (``record_backward``): their serials and steps, from
         # the ``_backward_base``-th on (older ones go with their values: ``_drop``).
         self._backward: list[int] = []
@@ -169,6 +182,12 @@ class LossLedger:
             value = self._values[i]
         return value
 
+    def _pending(self) -> int | None:
+        """The oldest serial whose copy has not been taken in (None: none)."""
+        if self._in_flight:
+            return self._in_flight[0][0]
+        return self._open[0][0] if self._open else None
+
     def value(self, serial: int) -> float | None:
         """The value, waiting for its copy if needed (a synchronisation on CUDA: sampled steps
         only); None if it was dropped (``KEEP``)."""
@@ -180,7 +199,8 @@ class LossLedger:
 
     def values(self, serials: Iterable[int]) -> list[float | None]:
         wanted = list(serials)
-        if wanted and self._in_flight and self._in_flight[0][0] <= max(wanted):
+        pending = self._pending()
+        if wanted and pending is not None and pending <= max(wanted):
             self._harvest(wait=True, until=max(wanted))
         base, values = self._base, self._values
         return [values[s - base] if s >= base else None for s in wanted]
@@ -250,8 +270,8 @@ class LossLedger:
 
     def flush(self) -> None:
         """Take in every copy in flight, waiting for them (the end of a run)."""
-        if self._in_flight:
-            self._harvest(wait=True, until=self._in_flight[-1][0])
+        if self._in_flight or self._open:
+            self._harvest(wait=True, until=len(self))
 
     def backward_step(self, cursor: int) -> int | None:
         """The step of the ``cursor``-th backward() loss, if it is still kept."""
@@ -282,20 +302,39 @@ class LossLedger:
             slots.slots[index].copy_(tensor if tensor.dim() == 0 else tensor.reshape(()), non_blocking=True)
         finally:
             torch._C._set_grad_enabled(grad_mode)
-        slots.events[index].record(slots.stream())
+        stream = slots.stream()
+        if self._open and (stream is not self._open_stream or slots is not self._open[-1][1]):
+            self._close_group()  # the copies so far were queued elsewhere: their own event
         slots.serials[index] = serial
-        self._in_flight.append((serial, slots, index))
+        self._open.append((serial, slots, index))
+        self._open_stream = stream
+        if len(self._open) >= self._event_every:
+            self._close_group()
+
+    def _close_group(self) -> None:
+        """Record one event behind the open copies (on their stream): it marks all of them."""
+        open_, marker = self._open, self._open[-1]
+        marker[1].events[marker[2]].record(self._open_stream)
+        self._in_flight.extend((serial, slots, index, marker[2]) for serial, slots, index in open_)
+        self._open = []
 
     def _harvest(self, *, wait: bool, until: int = -1) -> None:
         """Move landed copies to the host list, oldest first; with ``wait``, every copy up to
-        serial ``until`` (blocking on its event)."""
+        serial ``until`` (blocking on its group's event)."""
+        if wait and self._open and self._open[0][0] <= until:
+            self._close_group()  # a reader waits for a copy of the open group: mark it now
         done = 0
-        for serial, slots, index in self._in_flight:
-            event = slots.events[index]
-            if not event.query():
+        event: Any = None
+        landed = False
+        for serial, slots, index, marker in self._in_flight:
+            if slots.events[marker] is not event:  # one query for a group
+                event = slots.events[marker]
+                landed = event.query()
+            if not landed:
                 if not (wait and serial <= until):
                     break
                 event.synchronize()
+                landed = True
             i = serial - self._base
             if i >= 0:
                 self._values[i] = value = float(slots.array[index])
@@ -309,9 +348,9 @@ class LossLedger:
             del self._in_flight[:done]
 
     def _drop(self, count: int) -> None:
-        in_flight = [serial for serial, _, _ in self._in_flight if serial < self._base + count]
-        if in_flight:
-            self._harvest(wait=True, until=max(in_flight))
+        pending = self._pending()
+        if pending is not None and pending < self._base + count:
+            self._harvest(wait=True, until=self._base + count - 1)
         del self._values[:count]
         self._base += count
         gone = 0  # the backward() losses whose values went

@@ -609,6 +609,7 @@ class Installation:
         state = session.state
         state.batches_fetched += 1
         state.last_progress = "batch"
+        info: dict[str, Any] | None
         if self._last_iterator() is iterator:  # the usual batch: the same pass as the last one
             info = self._last_info
         else:
