@@ -143,7 +143,7 @@ class _CountReads(TorchDispatchMode):
 
 
 def _train(session: Session, steps: int, *, nan_at: int = -1, reads: _CountReads | None = None,
-           count_from: int = 0) -> None:
+           count_from: int = 0, bad_inputs_from: int | None = None) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -154,6 +154,12 @@ def _train(session: Session, steps: int, *, nan_at: int = -1, reads: _CountReads
         if reads is not None and step == count_from:
             reads.__enter__()
         optimizer.zero_grad()
+        if bad_inputs_from is not None and step >= bad_inputs_from:  # a NaN in the data from then on
+            bad = x.clone()
+            bad[0, 0] = float("nan")
+            loss = criterion(model(bad), y)
+            loss.backward()
+            continue  # the loop's NaN guard: no update (GradScaler skips the step the same way)
         loss = criterion(model(x), y)
         if step == nan_at:
             loss = loss * float("nan")
@@ -185,6 +191,20 @@ def test_n101_finds_a_nonfinite_loss_whose_copy_lands_steps_later():
     (finding,) = [f for f in session.report.findings if f.code == "N101"]
     assert finding.first_step == 9, finding.message
     assert finding.evidence["traced_step"] > 9  # found when the copy landed, traced on a later forward
+    assert not session.report.internal_errors
+
+
+def test_n101_traces_a_nan_the_loop_skips_while_the_loop_still_runs():
+    """Copies that land later and a loop that skips the update on a NaN (no optimizer step, so
+    no sampled step comes): the backward() with no step since the last one makes the hook look
+    at the landed losses, so the NaN is found and traced on one of the next forwards (the first
+    module whose output is NaN, the first Linear), not left to the end of the run."""
+    session = Session(checks=[], sample_every=1000, full_window=4)
+    session.stash[LOSS_LEDGER] = LossLedger(slots=_late_slots(delay=1))
+    session.add_checks([NonfiniteLoss])
+    _train(session, 38, bad_inputs_from=30)
+    (finding,) = [f for f in session.report.findings if f.code == "N101"]
+    assert finding.first_step == 30 and finding.evidence["module"] == "0", finding.message
     assert not session.report.internal_errors
 
 

@@ -263,8 +263,11 @@ class LossLedger:
             serials = serials[:len(values)]
         return self._backward_base + start + len(serials), [v for v in values if v is not None]
 
-    def poll(self) -> None:
-        """Take in the copies that have landed, without waiting (announcing non-finite ones)."""
+    def poll(self, *, close: bool = False) -> None:
+        """Take in the copies that have landed, without waiting (announcing non-finite ones);
+        ``close``: mark the open group first, so that the next poll can take it in."""
+        if close and self._open:
+            self._close_group()
         if self._in_flight:
             self._harvest(wait=False)
 

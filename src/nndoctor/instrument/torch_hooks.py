@@ -467,6 +467,11 @@ class Installation:
             if feed is not None and (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) \
                     and (not tensor.ndim or tensor.numel() == 1) and tensor.dtype.is_floating_point:
                 feed.record_backward(tensor, session.step, frame)
+                if index:
+                    # A backward() with no optimizer step since the last one: accumulation, or a
+                    # step skipped (a NaN guard, GradScaler). Look at the landed losses now (one
+                    # event query): a NaN must be traced while the loop still runs forwards.
+                    feed.poll(close=True)
             if "backward" in (session._handlers if sampled else session._every_step):
                 session.emit(ev.Backward(step=session.step, sampled=sampled, frame=frame,
                                          tensor=tensor, index_since_step=index,
