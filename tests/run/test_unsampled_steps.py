@@ -598,3 +598,61 @@ def test_the_stall_watchdog_counts_progress_without_a_handler():
     state = session.state
     assert (state.batches_fetched, state.forwards, state.backwards_done, state.total_steps) == (5, 5, 5, 5)
     assert check.beats == 20 and check.armed and check.last_kind == "optimizer step"
+
+
+def test_an_unsampled_ddp_step_calls_no_handler(monkeypatch):
+    """The same under DistributedDataParallel (one gloo process, a DistributedSampler): the X
+    family adds no handler call to an unsampled step — at most one at the first step of a pass
+    (X107 looks at the training forwards of sampled steps: a loop's forward is the same call
+    on every step). L108, still deciding on this short run, is left out."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"),
+                        ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    session = Session(sample_every=10_000, sample_budget=0)
+    installation = install(session)
+    calls: Counter[str] = Counter()
+    original = Session.emit
+    warm = 300
+
+    def counting(self, event, route=None):
+        if not event.sampled and self.step >= warm and event.kind != "epoch_start":
+            for subscriber, handler in self._every_step.get(route or event.kind, ()):
+                calls[f"{getattr(subscriber, 'code', '?')}.{handler.__name__}"] += 1
+        return original(self, event, route)
+
+    dist.init_process_group("gloo")
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+        x = torch.randn(2048, 16)
+        data = TensorDataset(x, (x @ torch.randn(16, 4)).argmax(1))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, sampler=sampler, batch_size=32, drop_last=True)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        criterion = nn.CrossEntropyLoss()
+        Session.emit = counting  # type: ignore[method-assign]
+        for epoch in range(7):
+            sampler.set_epoch(epoch)
+            for inputs, labels in loader:
+                optimizer.zero_grad(set_to_none=True)
+                loss = criterion(model(inputs), labels)
+                loss.backward()
+                optimizer.step()
+                loss.item()
+    finally:
+        Session.emit = original  # type: ignore[method-assign]
+        finish(session, installation, "completed", None)
+        dist.destroy_process_group()
+    assert session.step == 7 * 64 and not session.report.internal_errors
+    passes = (7 * 64 - warm) // 64 + 1
+    ddp = {name: n for name, n in calls.items() if name.startswith("X")}
+    assert all(n <= passes for n in ddp.values()), sorted(calls.items())

@@ -20,7 +20,7 @@ from typing import Any
 
 from nndoctor.core.findings import Finding, Location, Severity
 from nndoctor.core.registry import Check, all_checks, is_enabled, register
-from nndoctor.core.subscribers import model_forwards_only, sampled_only
+from nndoctor.core.subscribers import model_forwards_only, sampled_only, sampled_training_forwards
 from nndoctor.run.distributed.parts import rank_data
 
 _MAX_RECORDED_BATCHES = 64
@@ -594,7 +594,9 @@ class DdpForwardBypass(Check):
     """
     ## What it does
     Reports a training forward (grad enabled, training mode) called directly on a module that
-    is wrapped by `DistributedDataParallel` — `model.module(x)` instead of `model(x)`.
+    is wrapped by `DistributedDataParallel` — `model.module(x)` instead of `model(x)`. Looked
+    for on sampled steps (the first 16, then periodically): a loop's forward is the same call
+    on every step.
 
     ## Why is this bad?
     DDP prepares its gradient all-reduce in its own `forward`. A forward through the inner
@@ -631,6 +633,7 @@ class DdpForwardBypass(Check):
         self._registry = registry(session)
         self._registry.on_built.append(lambda: session.arm(self, "forward"))
 
+    @sampled_training_forwards  # the unsampled steps' training forwards repeat the sampled ones'
     @model_forwards_only
     def on_forward(self, event: Any) -> None:
         if event.is_loss or not (event.training and event.grad_enabled) or event.inference_mode:
