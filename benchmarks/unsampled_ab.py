@@ -13,6 +13,7 @@ median of the paired differences in µs a step, and their ratio.
     python benchmarks/unsampled_ab.py --device cuda                 # ~1 minute on a GPU
     python benchmarks/unsampled_ab.py --device cpu --cycles 6       # the CPU patient (~0.3 ms a step)
     python benchmarks/unsampled_ab.py --device cpu --profile 2000   # plus cProfile of 2,000 steps on
+    python benchmarks/unsampled_ab.py --device cpu --tiny --ddp     # under DDP (one gloo process)
 
 The sampled steps (one in 100 by default, their interval widened by the sampling budget) are
 measured by ``ddp_overhead.py``, which times every step of separate launches.
@@ -72,6 +73,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true",
                         help="4 features wide, batches of 8: a step that is nearly all host overhead "
                              "(on a CPU, what a launch-bound GPU step pays)")
+    parser.add_argument("--ddp", action="store_true",
+                        help="wrap the model in DistributedDataParallel (one process: gloo on the CPU, "
+                             "NCCL on CUDA): what the X family and the DDP hooks add")
     parser.add_argument("--select", default="", help="comma-separated codes (default: every check)")
     parser.add_argument("--ignore", default="")
     parser.add_argument("--json", help="write the numbers here too")
@@ -88,6 +92,19 @@ def main() -> None:
     installation = install(session)
     session.active = True
     model, batches, optimizer, criterion = build(device, args.tiny)
+    if args.ddp:
+        import socket
+
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        model = DistributedDataParallel(model, device_ids=[device.index or 0] if device.type == "cuda" else None)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -125,7 +142,7 @@ def main() -> None:
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
         "torch": torch.__version__, "python": sys.version.split()[0], "block": args.block, "cycles": args.cycles,
-        "select": args.select, "ignore": args.ignore,
+        "select": args.select, "ignore": args.ignore, "ddp": args.ddp,
         "off_us_per_step": times[False], "on_us_per_step": times[True],
         "median_off_us": off, "median_on_us": on, "median_extra_us": statistics.median(paired),
         "ratio": on / off,
