@@ -262,8 +262,9 @@ class NonfiniteLoss(Check):
             self.session.every_step(self, False, "backward")  # the trace concluded since
             return
         tensor = event.tensor
-        if type(tensor) is torch.Tensor and (not tensor.ndim or tensor.numel() == 1) \
-                and tensor.dtype.is_floating_point:
+        # The losses the backward hook records in the ledger (its own test): announced from there.
+        if (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) \
+                and (not tensor.ndim or tensor.numel() == 1) and tensor.dtype.is_floating_point:
             if tensor.device.type != "cpu" and event.sampled and self._traces_sampled(event.step) \
                     and self._finding is None and not self._awaiting_trace:
                 # Where this step's modules were recorded, the answer decides the trace: wait
