@@ -297,14 +297,8 @@ class Overfitting(Check):
 
     def _training_mean(self, until: int | None) -> float | None:
         """The mean of the losses given to backward() since the last evaluation ended (up to
-        the ``until``-th: the one this backward() call brought is the next period's)."""
-        ledger = self._ledger
-        end = ledger.backward_count if until is None else until
-        cursor, values = ledger.backward_values(self._train_cursor)
-        if cursor > end:  # the loss of the backward() that ended the evaluation: the next period's
-            values = values[:len(values) - (cursor - end)] if len(values) >= cursor - end else []
-            cursor = end
-        self._train_cursor = cursor
+        the ``until``-th: the one the ending backward() call brought is the next period's)."""
+        self._train_cursor, values = self._ledger.backward_values(self._train_cursor, until)
         return sum(values) / len(values) if values else None
 
     def _conclude_evaluation(self, step: int, training_until: int | None = None) -> None:

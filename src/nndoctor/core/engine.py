@@ -128,7 +128,6 @@ class RunState:
         # that was not the last one (a copy swapped in). Checks that judge every step only
         # until the loop has settled (M106, O103) put their re-arming here.
         self.on_loop_change: list[Any] = []
-        self.steps_without_backward = 0  # optimizer steps with no backward() since the one before
         # When each optimizer step ended, written by the step hook while P114 times steps
         # (``nndoctor.core.step_log``): no event a step.
         self.step_log: Any = None
@@ -447,15 +446,7 @@ class Session:
         own = before + 1
         step = self.step  # is_sampled(step) inlined, here and in step_sampled: every step
         sampled = step < self.full_window or step % self.sample_every == 0 or before < self.full_window
-        # _count_round(id(optimizer)), inlined (every step)
-        self.state.total_steps += 1
-        key, round_ = id(optimizer), self._round
-        if not round_ or key in round_:
-            self.step += 1
-            if len(round_) != 1:  # the usual round, one optimizer's, is kept as it is
-                self._round = {key}
-        else:
-            round_.add(key)
+        self._count_round(id(optimizer))
         self._phase_sampled = own < self.full_window
         budget = self.sample_budget
         if budget is not None:
@@ -473,11 +464,13 @@ class Session:
 
     def _count_round(self, key: int) -> None:
         self.state.total_steps += 1
-        if not self._round or key in self._round:
+        round_ = self._round
+        if not round_ or key in round_:
             self.step += 1
-            self._round = {key}
+            if len(round_) != 1:  # the usual round, one optimizer's, is kept as it is
+                self._round = {key}
         else:
-            self._round.add(key)
+            round_.add(key)
 
     def step_sampled(self, optimizer: Any) -> bool:
         """Is the coming (or just finished) step of this optimizer fully instrumented?"""

@@ -33,13 +33,11 @@ class StepLog:
         self._find_clock = find_clock  # the session's GC clock, looked up at the first row
 
     def add(self, end: float, wait: float, step: int, sampled: bool) -> None:
-        values = self.values
-        if len(values) >= self.limit:
-            return
+        """One row; the caller (the optimizer hook) stops calling once ``limit`` is reached."""
         clock = self._clock
         if clock is None:
             clock = self._clock = self._find_clock() or _NoClock
-        values.extend((end, clock.seconds, wait, step, sampled))
+        self.values.extend((end, clock.seconds, wait, step, sampled))
 
     def __len__(self) -> int:
         return len(self.values) // FIELDS

@@ -210,21 +210,7 @@ class LossLedger:
         """The backward hook's call, on every backward() of a one-element floating-point
         tensor while a reader follows them: recorded (read or copied, once), and checked for a
         non-finite value once it is on the host."""
-        try:
-            version = tensor._version
-        except RuntimeError:  # an inference tensor has no version counter: never deduplicated
-            version = -1
-        if version >= 0 and version == self._last_version and self._last_ref() is tensor:
-            serial = self._last_serial  # read already this step (L108's loss handler)
-        elif not tensor.is_cuda and not self._asynchronous_cpu:  # record()'s CPU path, inlined (every step)
-            serial = self._base + len(self._values)
-            self._values.append(tensor.item())  # item() records nothing for autograd
-            self._last_ref = weakref.ref(tensor) if version >= 0 else _dead
-            self._last_version, self._last_serial = version, serial
-            if len(self._values) > 2 * self._keep:
-                self._drop(self._keep)
-        else:
-            serial = self.record(tensor)
+        serial = self.record(tensor)  # read once: L108's loss handler may have read it already
         self._backward.append(serial)
         self._backward_steps.append(step)
         value = self._values[serial - self._base]
@@ -239,28 +225,17 @@ class LossLedger:
         """backward() losses recorded so far: a reader's cursor starts here."""
         return self._backward_base + len(self._backward)
 
-    def backward_values(self, cursor: int, *, wait: bool = True) -> tuple[int, list[float]]:
-        """The values of the backward() losses from the ``cursor``-th on (dropped ones left
-        out), and the cursor past them. ``wait``: for the copies still in flight (a
-        synchronisation on CUDA, for sampled steps); otherwise only up to the first one that
-        has not landed."""
+    def backward_values(self, cursor: int, end: int | None = None) -> tuple[int, list[float]]:
+        """The values of the backward() losses from the ``cursor``-th on, up to the ``end``-th
+        (excluded; default: all; dropped ones left out), and the cursor past them. Waits for
+        copies still in flight: a synchronisation on CUDA, for sampled steps and the ends of
+        evaluations."""
         start = max(cursor - self._backward_base, 0)
-        serials = self._backward[start:]
+        stop = None if end is None else max(end - self._backward_base, start)
+        serials = self._backward[start:stop]
         if not serials:
             return max(cursor, self._backward_base), []
-        if wait:
-            values = self.values(serials)
-        else:
-            if self._in_flight:
-                self._harvest(wait=False)
-            base, kept = self._base, self._values
-            values = []
-            for serial in serials:
-                value = kept[serial - base] if serial >= base else None
-                if value is None and serial >= base:
-                    break
-                values.append(value)
-            serials = serials[:len(values)]
+        values = self.values(serials)
         return self._backward_base + start + len(serials), [v for v in values if v is not None]
 
     def poll(self, *, close: bool = False) -> None:

@@ -336,7 +336,6 @@ class Installation:
                 session.state.steps_of(optimizer) < session.full_window
         state = session.state
         if not state.backwards_since_step:  # no backward() since the last step (or a closure's to come)
-            state.steps_without_backward += 1
             for changed in state.on_loop_change:
                 changed()
         if "step_start" in (session._handlers if sampled else session._every_step) and not self._last_stepped_without_values:
@@ -361,7 +360,7 @@ class Installation:
             state.first_step_end = now
         state.step_ends += 1
         log = state.step_log
-        if log is not None and len(log.values) < log.limit:  # StepLog.add's test, inlined (every step)
+        if log is not None and len(log.values) < log.limit:  # full: the rows stop, the call too
             log.add(now, state.data_wait_s, session.step, sampled)
         if "step_end" in (session._handlers if sampled else session._every_step) and not (
                 self._last_stepped_without_values if self._last_stepped() is optimizer
